@@ -1,0 +1,27 @@
+"""Process set-up that must happen before litellm or tiktoken are imported.
+
+* litellm fetches its model price map from the network at import time unless told to use the
+  copy it ships; we default to the local copy (a user can still override the variable).
+* tiktoken downloads encodings on first use; litellm bundles ``cl100k_base`` and ``o200k_base``,
+  so we point ``TIKTOKEN_CACHE_DIR`` at that folder unless the user chose another one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+
+def litellm_tokenizer_dir() -> str | None:
+    """The folder in which litellm ships tiktoken's encodings, found without importing litellm."""
+    spec = importlib.util.find_spec("litellm")
+    if spec is None or spec.origin is None:
+        return None
+    return os.path.join(os.path.dirname(spec.origin), "litellm_core_utils", "tokenizers")
+
+
+def prepare_environment() -> None:
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    folder = litellm_tokenizer_dir()
+    if folder is not None and os.path.isdir(folder):
+        os.environ.setdefault("TIKTOKEN_CACHE_DIR", folder)

@@ -1,0 +1,322 @@
+"""The offline compaction baseline: salience-scored sentence extraction.
+
+This is a deterministic, model-free baseline, not a language model. It cannot paraphrase,
+infer or answer; it keeps the sentences that look most informative and tidies them:
+
+* **observe**: split each message into sentences, score them (names, numbers, dates, first-person
+  facts, preference/plan/decision verbs score up; greetings, filler and bare questions score
+  down), keep the best ones within the target length, in conversation order, as dated bullets
+  ``- (8 May 2023) Caroline: …``; relative dates ("yesterday", "last Friday", "two weeks ago")
+  get the absolute date from the message's timestamp appended in parentheses;
+* **reflect**: merge the current reflection's bullets with the new notes, drop near-duplicates
+  (the newer wording wins), then tighten until the result fits the target length: first drop the
+  weakest sentences inside long bullets, then the weakest bullets, older before newer on ties.
+
+Same input, same output, byte for byte.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from datetime import date, timedelta
+
+from .lexicon import CUE_WORDS, FILLER_WORDS, MONTHS, STOP_WORDS, WEEKDAYS
+
+_HEADER = re.compile(
+    r"^\[(?P<y>\d{4})-(?P<m>\d{2})-(?P<d>\d{2})[^\]]*\]\s+(?P<role>[a-z]+):\s?(?P<content>.*)$"
+)
+_SPEAKER = re.compile(r"^(?P<name>[A-Z][\w'’.-]*(?: [A-Z][\w'’.-]*){0,2}):\s+(?P<rest>.+)$")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'“(\[]?[A-Z0-9])|\s+/\s+")
+_WORD = re.compile(r"[A-Za-z][A-Za-z'’-]*|\d+(?:[.,:/]\d+)*")
+_TARGET = re.compile(r"Target length: at most (\d+) tokens")
+_BULLET = re.compile(r"^-\s+(?:\((?P<date>[^)]*)\)\s+)?(?P<body>.+)$")
+
+
+def estimate_tokens(text: str) -> int:
+    return -(-len(text) // 4)
+
+
+def content_words(text: str) -> list[str]:
+    return [w for w in (t.lower() for t in _WORD.findall(text)) if w not in STOP_WORDS]
+
+
+def human_date(day: date) -> str:
+    return f"{day.day} {MONTHS[day.month - 1].capitalize()} {day.year}"
+
+
+# -- relative dates -------------------------------------------------------------------------
+
+_NUMBER_WORDS = {
+    "a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6,
+    "seven": 7, "eight": 8, "nine": 9, "ten": 10, "a couple of": 2, "a few": 3, "few": 3,
+}
+_RELATIVE = re.compile(
+    r"\b(?P<phrase>yesterday|today|tonight|this morning|this afternoon|this evening|tomorrow"
+    r"|last night|(?:last|next|this) (?:week|weekend|month|year)"
+    r"|(?:last|next|this) (?:monday|tuesday|wednesday|thursday|friday|saturday|sunday)"
+    r"|(?P<n>\d+|a couple of|a few|few|an?|one|two|three|four|five|six|seven|eight|nine|ten)"
+    r" (?P<unit>day|week|month|year)s? ago)\b",
+    re.IGNORECASE,
+)
+
+
+def _shift_month(day: date, months: int) -> tuple[int, int]:
+    index = day.year * 12 + day.month - 1 + months
+    return index // 12, index % 12 + 1
+
+
+def resolve_relative(phrase: str, anchor: date, n: str | None = None, unit: str | None = None) -> str:
+    """The absolute date (or period) a relative phrase means on ``anchor``."""
+    p = phrase.lower()
+    if p in ("yesterday", "last night"):
+        return human_date(anchor - timedelta(days=1))
+    if p in ("today", "tonight", "this morning", "this afternoon", "this evening"):
+        return human_date(anchor)
+    if p == "tomorrow":
+        return human_date(anchor + timedelta(days=1))
+    if unit is not None and n is not None:
+        count = int(n) if n.isdigit() else _NUMBER_WORDS.get(n.lower(), 1)
+        unit = unit.lower()
+        if unit == "day":
+            return human_date(anchor - timedelta(days=count))
+        if unit == "week":
+            return f"the week of {human_date(anchor - timedelta(weeks=count))}"
+        if unit == "month":
+            y, m = _shift_month(anchor, -count)
+            return f"{MONTHS[m - 1].capitalize()} {y}"
+        return str(anchor.year - count)
+    which, _, what = p.partition(" ")
+    step = {"last": -1, "next": 1, "this": 0}[which]
+    if what in WEEKDAYS:
+        target = WEEKDAYS.index(what)
+        delta = target - anchor.weekday()
+        if step < 0:
+            delta = delta - 7 if delta >= 0 else delta
+        elif step > 0:
+            delta = delta + 7 if delta <= 0 else delta
+        return human_date(anchor + timedelta(days=delta))
+    if what == "week":
+        return f"the week of {human_date(anchor + timedelta(weeks=step))}"
+    if what == "weekend":
+        saturday = anchor + timedelta(days=(5 - anchor.weekday()) % 7)
+        if step < 0:
+            saturday -= timedelta(days=7)
+        elif step > 0 and saturday - anchor < timedelta(days=2):
+            saturday += timedelta(days=7)
+        return f"the weekend of {human_date(saturday)}"
+    if what == "month":
+        y, m = _shift_month(anchor, step)
+        return f"{MONTHS[m - 1].capitalize()} {y}"
+    return str(anchor.year + step)
+
+
+def annotate_relative_dates(text: str, anchor: date) -> str:
+    def repl(match: re.Match[str]) -> str:
+        resolved = resolve_relative(match["phrase"], anchor, match["n"], match["unit"])
+        return f"{match['phrase']} ({resolved})"
+
+    return _RELATIVE.sub(repl, text)
+
+
+# -- sentence salience ----------------------------------------------------------------------
+
+
+def sentence_score(sentence: str, *, role: str = "user") -> float:
+    words = _WORD.findall(sentence)
+    if not words:
+        return -10.0
+    lowered = [w.lower() for w in words]
+    proper = sum(
+        1
+        for i, w in enumerate(words)
+        if i > 0 and w[0].isupper() and lowered[i] not in STOP_WORDS and lowered[i] not in FILLER_WORDS
+    )
+    numbers = sum(1 for w in words if w[0].isdigit())
+    dates = sum(1 for w in lowered if w in MONTHS or w in WEEKDAYS) + len(_RELATIVE.findall(sentence))
+    cues = sum(1 for w in lowered if w in CUE_WORDS)
+    first_person = sum(1 for w in lowered if w in ("i", "my", "we", "our", "i'm", "i've", "me"))
+    content = [w for w in lowered if w not in STOP_WORDS]
+    filler = sum(1 for w in content if w in FILLER_WORDS)
+    score = (
+        2.0 * min(proper, 4)
+        + 2.0 * min(numbers, 3)
+        + 1.5 * min(dates, 2)
+        + 1.2 * min(cues, 3)
+        + 0.5 * min(first_person, 2)
+        + 0.25 * min(len(content), 12)
+        - 1.5 * filler
+    )
+    if len(content) < 3:
+        score -= 2.0
+    if sentence.rstrip().endswith("?"):
+        score -= 1.5
+    if role == "assistant":
+        score -= 0.5
+    return score / math.sqrt(1 + len(words) / 12)
+
+
+def split_sentences(text: str) -> list[str]:
+    return [s.strip() for s in _SENTENCE_END.split(text) if s and s.strip()]
+
+
+# -- observe --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    message: int
+    position: int
+    text: str
+    score: float
+    cost: int
+
+
+def parse_messages(block: str) -> list[tuple[date, str, str]]:
+    """``(day, speaker, text)`` per rendered message line; unparsable lines are skipped."""
+    parsed = []
+    for line in block.splitlines():
+        match = _HEADER.match(line.strip())
+        if match is None:
+            continue
+        day = date(int(match["y"]), int(match["m"]), int(match["d"]))
+        role, content = match["role"], match["content"].strip()
+        speaker = role.capitalize()
+        named = _SPEAKER.match(content)
+        if named is not None and named["name"].lower() not in STOP_WORDS:
+            speaker, content = named["name"], named["rest"]
+        parsed.append((day, f"{role}|{speaker}", content))
+    return parsed
+
+
+def observe(block: str, target_tokens: int) -> str:
+    """Dated bullets of the most salient sentences of ``block`` within ``target_tokens``."""
+    messages = parse_messages(block)
+    candidates: list[_Candidate] = []
+    for index, (day, who, content) in enumerate(messages):
+        role, speaker = who.split("|", 1)
+        for position, sentence in enumerate(split_sentences(content)):
+            text = annotate_relative_dates(sentence, day)
+            candidates.append(
+                _Candidate(index, position, text, sentence_score(sentence, role=role), estimate_tokens(text) + 1)
+            )
+    chosen: list[_Candidate] = []
+    used = 0
+    opened: set[int] = set()
+    for candidate in sorted(candidates, key=lambda c: (-c.score, c.message, c.position)):
+        if candidate.score <= 0 and chosen:
+            break
+        header = 0 if candidate.message in opened else 8
+        if used + candidate.cost + header > target_tokens and chosen:
+            continue
+        chosen.append(candidate)
+        opened.add(candidate.message)
+        used += candidate.cost + header
+    bullets: dict[int, list[str]] = {}
+    for candidate in sorted(chosen, key=lambda c: (c.message, c.position)):
+        bullets.setdefault(candidate.message, []).append(candidate.text)
+    lines = []
+    for index, sentences in bullets.items():
+        day, who, _ = messages[index]
+        speaker = who.split("|", 1)[1]
+        lines.append(f"- ({human_date(day)}) {speaker}: {' '.join(sentences)}")
+    return "\n".join(lines)
+
+
+# -- reflect --------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Bullet:
+    order: int
+    date: str
+    body: str
+    words: frozenset[str]
+
+    def render(self) -> str:
+        return f"- ({self.date}) {self.body}" if self.date else f"- {self.body}"
+
+
+def parse_bullets(text: str) -> list[tuple[str, str]]:
+    bullets = []
+    for line in text.splitlines():
+        match = _BULLET.match(line.strip())
+        if match is not None:
+            bullets.append((match["date"] or "", match["body"].strip()))
+        elif line.strip():
+            bullets.append(("", line.strip()))
+    return bullets
+
+
+def _body_sentences(body: str) -> tuple[str, list[str]]:
+    speaker, sep, rest = body.partition(": ")
+    if sep and len(speaker) <= 40:
+        return speaker + sep, split_sentences(rest)
+    return "", split_sentences(body)
+
+
+def reflect(reflection: str, observations: str, target_tokens: int) -> str:
+    """Merge, de-duplicate (newest wording wins) and tighten to ``target_tokens``."""
+    merged: list[_Bullet] = []
+    for order, (day, body) in enumerate(parse_bullets(reflection) + parse_bullets(observations)):
+        words = frozenset(content_words(body))
+        if not words:
+            continue
+        for existing in list(merged):
+            overlap = len(words & existing.words)
+            if overlap == len(existing.words) or (
+                overlap / len(words | existing.words) >= 0.7
+            ):
+                merged.remove(existing)  # the newer bullet says it at least as fully
+            elif overlap == len(words):
+                words = frozenset()  # an older bullet already says all of this
+                break
+        if words:
+            merged.append(_Bullet(order, day, body, words))
+    budget = max(16, int(target_tokens * 0.95))
+
+    def size() -> int:
+        return sum(estimate_tokens(b.render()) + 1 for b in merged)
+
+    if size() > budget:
+        # First tighten long bullets: keep their best sentences.
+        for bullet in merged:
+            head, sentences = _body_sentences(bullet.body)
+            if len(sentences) > 2:
+                ranked = sorted(range(len(sentences)), key=lambda i: -sentence_score(sentences[i]))
+                keep = sorted(ranked[: max(2, len(sentences) // 2)])
+                bullet.body = head + " ".join(sentences[i] for i in keep)
+    newest = max((b.order for b in merged), default=0) or 1
+    while merged and size() > budget:
+        weakest = min(
+            merged,
+            key=lambda b: (sentence_score(b.body) + 1.0 * b.order / newest, b.order),
+        )
+        merged.remove(weakest)
+    return "\n".join(bullet.render() for bullet in merged)
+
+
+def target_from(text: str, default: int) -> int:
+    match = _TARGET.search(text)
+    return int(match.group(1)) if match else default
+
+
+def between(text: str, tag: str) -> str | None:
+    start, end = text.find(f"<{tag}>"), text.find(f"</{tag}>")
+    if start < 0 or end < start:
+        return None
+    return text[start + len(tag) + 2 : end].strip("\n")
+
+
+def respond(user_content: str) -> str:
+    """The offline model's whole behaviour: route on the input layout of omem's prompts."""
+    target = target_from(user_content, 256)
+    messages = between(user_content, "messages")
+    if messages is not None:
+        return observe(messages, target)
+    observations = between(user_content, "observations")
+    if observations is not None:
+        return reflect(between(user_content, "reflection") or "", observations, target)
+    # Any other text: treat it as notes to tighten.
+    return reflect("", user_content, target)

@@ -1,0 +1,169 @@
+"""The memory port (``MemoryStore``), its in-memory default, and the ``Memory`` facade."""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+from .messages import Message
+
+
+@runtime_checkable
+class MemoryStore(Protocol):
+    """Where a conversation's messages live. Every method is async.
+
+    ``recall`` is the single query entry:
+
+    * without ``before``: the newest ``last`` messages of the thread, oldest first;
+    * with ``before`` (a message id, the cursor): the newest ``last`` messages strictly older
+      than that message, oldest first.
+
+    An unknown thread gives ``[]``; an unknown cursor id raises ``KeyError``.
+
+    A store may also offer the *working-memory capability*: ``get_working_memory(thread_id)``
+    and ``update_working_memory(thread_id, text)``.
+    """
+
+    async def save_messages(self, messages: Sequence[Message]) -> None: ...
+
+    async def recall(
+        self, thread_id: str, *, last: int, before: str | None = None
+    ) -> list[Message]: ...
+
+    async def delete_thread(self, thread_id: str) -> None: ...
+
+
+class _Thread:
+    """One thread's messages, kept sorted by ``(created_at, insertion number)``.
+
+    Appending in time order (the normal case) is O(1); an out-of-order message is inserted with
+    ``bisect`` (a memmove, never a re-sort). A cursor lookup is a dict hit plus a binary search.
+    """
+
+    __slots__ = ("keys", "messages", "key_of")
+
+    def __init__(self) -> None:
+        self.keys: list[tuple[datetime, int]] = []
+        self.messages: list[Message] = []
+        self.key_of: dict[str, tuple[datetime, int]] = {}
+
+    def add(self, message: Message, seq: int) -> None:
+        key = (message.created_at, seq)
+        if not self.keys or key >= self.keys[-1]:
+            self.keys.append(key)
+            self.messages.append(message)
+        else:
+            at = bisect_right(self.keys, key)
+            self.keys.insert(at, key)
+            self.messages.insert(at, message)
+        self.key_of[message.id] = key
+
+
+class InMemoryMemoryStore:
+    """The zero-dependency ``MemoryStore``: ordered by ``created_at``, ties by insertion.
+
+    Saving a message whose id is already stored is a no-op when the message is identical and a
+    ``ValueError`` otherwise (messages are immutable). Has the working-memory capability.
+    """
+
+    def __init__(self) -> None:
+        self._threads: dict[str, _Thread] = {}
+        self._working: dict[str, str] = {}
+        self._seq = 0
+
+    async def save_messages(self, messages: Sequence[Message]) -> None:
+        for message in messages:
+            if not isinstance(message, Message):
+                raise TypeError(f"save_messages takes Message objects, got {type(message).__name__}")
+            thread = self._threads.get(message.thread_id)
+            if thread is None:
+                thread = self._threads[message.thread_id] = _Thread()
+            key = thread.key_of.get(message.id)
+            if key is not None:
+                existing = thread.messages[bisect_left(thread.keys, key)]
+                if existing != message:
+                    raise ValueError(
+                        f"message {message.id!r} is already saved in thread "
+                        f"{message.thread_id!r} with other fields; messages are immutable"
+                    )
+                continue
+            self._seq += 1
+            thread.add(message, self._seq)
+
+    async def recall(
+        self, thread_id: str, *, last: int, before: str | None = None
+    ) -> list[Message]:
+        if last < 0:
+            raise ValueError(f"last must be >= 0, got {last}")
+        thread = self._threads.get(thread_id)
+        if before is not None:
+            key = thread.key_of.get(before) if thread is not None else None
+            if key is None:
+                raise KeyError(f"unknown cursor: no message {before!r} in thread {thread_id!r}")
+            end = bisect_left(thread.keys, key)  # type: ignore[union-attr]
+        elif thread is None:
+            return []
+        else:
+            end = len(thread.messages)
+        return thread.messages[max(0, end - last) : end]  # type: ignore[union-attr]
+
+    async def delete_thread(self, thread_id: str) -> None:
+        self._threads.pop(thread_id, None)
+        self._working.pop(thread_id, None)
+
+    async def get_working_memory(self, thread_id: str) -> str | None:
+        return self._working.get(thread_id)
+
+    async def update_working_memory(self, thread_id: str, text: str) -> None:
+        self._working[thread_id] = text
+
+
+class Memory:
+    """The facade an application holds.
+
+    Example::
+
+        memory = Memory(storage=create_observational_memory_store(observer="omem/extractive"))
+        await memory.save_messages([...])
+        context = await memory.recall("thread-1")   # memory system message + last 10 messages
+    """
+
+    def __init__(self, storage: MemoryStore | None = None, last_messages: int = 10) -> None:
+        if isinstance(last_messages, bool) or not isinstance(last_messages, int) or last_messages < 1:
+            raise ValueError(f"last_messages must be a positive integer, got {last_messages!r}")
+        self.storage: MemoryStore = storage if storage is not None else InMemoryMemoryStore()
+        self.last_messages = last_messages
+
+    async def save_messages(self, messages: Sequence[Message]) -> None:
+        await self.storage.save_messages(messages)
+
+    async def recall(
+        self, thread_id: str, *, before: str | None = None, last: int | None = None
+    ) -> list[Message]:
+        """``storage.recall`` with ``last=last or last_messages``."""
+        return await self.storage.recall(thread_id, last=last or self.last_messages, before=before)
+
+    async def delete_thread(self, thread_id: str) -> None:
+        await self.storage.delete_thread(thread_id)
+
+    @property
+    def has_working_memory(self) -> bool:
+        return hasattr(self.storage, "get_working_memory") and hasattr(
+            self.storage, "update_working_memory"
+        )
+
+    async def get_working_memory(self, thread_id: str) -> str | None:
+        self._require_working_memory()
+        return await self.storage.get_working_memory(thread_id)  # type: ignore[attr-defined]
+
+    async def update_working_memory(self, thread_id: str, text: str) -> None:
+        self._require_working_memory()
+        await self.storage.update_working_memory(thread_id, text)  # type: ignore[attr-defined]
+
+    def _require_working_memory(self) -> None:
+        if not self.has_working_memory:
+            raise NotImplementedError(
+                f"{type(self.storage).__name__} has no working-memory capability"
+            )

@@ -1,0 +1,67 @@
+"""The two record types of the library: conversation messages and derived observation records."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+ROLES = frozenset({"user", "assistant", "system", "tool"})
+
+RecordKind = Literal["observation", "reflection"]
+
+
+def _require_aware(value: datetime, what: str) -> None:
+    if not isinstance(value, datetime):
+        raise TypeError(f"{what}: created_at must be a datetime, got {type(value).__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"{what}: created_at must be timezone-aware, got {value.isoformat()}")
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One conversation message. Immutable: nothing in omem edits one.
+
+    Example::
+
+        Message(id="m1", thread_id="t1", role="user", content="hi",
+                created_at=datetime.now(timezone.utc))
+    """
+
+    id: str
+    thread_id: str
+    role: str
+    content: str
+    created_at: datetime
+    resource_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(
+                f"message {self.id!r}: role must be one of {sorted(ROLES)}, got {self.role!r}"
+            )
+        _require_aware(self.created_at, f"message {self.id!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ObservationRecord:
+    """A derived note. Records are additive: never edited, only deleted with their thread.
+
+    For an observation, ``source_ids`` are the ids of the messages it condenses, oldest first.
+    For a reflection, ``source_ids`` are the ids of every observation it covers.
+    """
+
+    id: str
+    thread_id: str
+    resource_id: str | None
+    created_at: datetime
+    kind: RecordKind
+    source_ids: tuple[str, ...]
+    text: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("observation", "reflection"):
+            raise ValueError(f"record {self.id!r}: kind must be observation or reflection")
+        _require_aware(self.created_at, f"record {self.id!r}")
+        if not isinstance(self.source_ids, tuple):
+            object.__setattr__(self, "source_ids", tuple(self.source_ids))

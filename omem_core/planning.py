@@ -1,0 +1,87 @@
+"""Pure steps of a read: what the records say, which segment is due, what the agent sees.
+
+No I/O and no model calls here; the wrapper feeds these functions what it read and acts on the
+answer. The same functions back the side-effect-free ``inspect``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .messages import Message, ObservationRecord
+
+MEMORY_MESSAGE_PREFIX = "omem-memory:"
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryView:
+    """What a thread's records amount to."""
+
+    reflection: ObservationRecord | None
+    unreflected: tuple[ObservationRecord, ...]
+    cursor: str | None  # id of the newest message an observation covers
+
+
+def view_of(records: Sequence[ObservationRecord]) -> MemoryView:
+    """The newest reflection, the observations it does not cover (oldest first), and the cursor.
+
+    ``records`` is a creation-ordered list: the whole store or its ``list_recent`` suffix.
+    """
+    reflection: ObservationRecord | None = None
+    cursor: str | None = None
+    for record in reversed(records):
+        if record.kind == "reflection":
+            if reflection is None:
+                reflection = record
+        elif cursor is None and record.source_ids:
+            cursor = record.source_ids[-1]
+        if reflection is not None and cursor is not None:
+            break
+    covered = frozenset(reflection.source_ids) if reflection is not None else frozenset()
+    unreflected = tuple(
+        record for record in records if record.kind == "observation" and record.id not in covered
+    )
+    return MemoryView(reflection=reflection, unreflected=unreflected, cursor=cursor)
+
+
+def segment_length(counts: Sequence[int], threshold: int) -> int:
+    """How many of the oldest backlog messages form the next segment.
+
+    The longest oldest-first run whose volume does not exceed ``threshold``, and at least one
+    message (a single message larger than the threshold is observed alone).
+    """
+    total = 0
+    for index, count in enumerate(counts):
+        total += count
+        if total > threshold:
+            return max(1, index)
+    return len(counts)
+
+
+def memory_text(view: MemoryView) -> str:
+    """The derived system message's text: the reflection, then unreflected observations."""
+    parts = [view.reflection.text] if view.reflection is not None else []
+    parts.extend(record.text for record in view.unreflected)
+    return "\n\n".join(parts)
+
+
+def render_memory(view: MemoryView, thread_id: str) -> Message | None:
+    """One ``system`` message carrying the memory, or ``None`` when the thread has no records."""
+    records = ([view.reflection] if view.reflection is not None else []) + list(view.unreflected)
+    if not records:
+        return None
+    newest = max(records, key=lambda record: record.created_at)
+    return Message(
+        id=f"{MEMORY_MESSAGE_PREFIX}{newest.id}",
+        thread_id=thread_id,
+        role="system",
+        content=memory_text(view),
+        created_at=newest.created_at,
+        resource_id=newest.resource_id,
+    )
+
+
+def observer_target_tokens(segment_volume: int) -> int:
+    """The length asked of the observer: about 30% of the segment, at least 48 tokens."""
+    return max(48, (segment_volume * 3 + 9) // 10)

@@ -1,0 +1,128 @@
+"""Observer and reflector prompts: versioned text, overridable per store.
+
+A prompt is the *system* message of a compaction call; the *user* message is built by
+:func:`render_observer_input` / :func:`render_reflector_input` in a fixed, documented layout that
+real models read easily and that the offline ``omem/extractive`` model parses:
+
+* observer input: ``<messages>`` with one line per message,
+  ``[YYYY-MM-DD HH:MM Ddd] role: content`` (newlines in content folded to `` / ``);
+* reflector input: ``<reflection>`` (the current reflection, possibly empty) and
+  ``<observations>`` (the unreflected notes, oldest first);
+* both end with ``Target length: at most N tokens.``
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from .messages import Message, ObservationRecord
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A named, versioned prompt. ``sha256`` identifies its exact text (stored with every run)."""
+
+    name: str
+    version: str
+    text: str
+    sha256: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not self.text.strip():
+            raise ValueError(f"prompt {self.name!r} version {self.version!r} is empty")
+        object.__setattr__(self, "sha256", hashlib.sha256(self.text.encode()).hexdigest())
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}@{self.version}"
+
+
+OBSERVER_PROMPT = Prompt(
+    name="observer",
+    version="v1",
+    text="""\
+You are the observer of a long-running conversation. The messages below have left the model's \
+context window; your notes are all that will remain of them. Write observation notes that let \
+someone answer any later question about these messages without reading them.
+
+Rules:
+- One bullet per fact, event, decision or preference, formatted `- YYYY-MM-DD Name: fact`.
+  Use the date of the message the fact comes from.
+- Say who said or did what, using the speaker's name (or "User"/"Assistant").
+- Keep every name, number, quantity, price, place, title and date exactly as written.
+- Resolve relative dates against the message timestamp: "yesterday" in a message of 2023-05-08 \
+becomes "2023-05-07"; "last week" becomes "the week before 2023-05-08"; "next month" becomes \
+"2023-06".
+- Record preferences and how they change, decisions, plans, commitments, and when something \
+planned was completed or cancelled. If a later message contradicts an earlier one, keep the later \
+state and say it changed.
+- Record what the assistant recommended or produced only when the user relied on it (names of \
+tools, final choices, numbers).
+- Skip greetings, small talk, filler and repetition. Do not invent or generalise.
+- Stay within the target length; prefer dropping the least specific facts over shortening names \
+or numbers.
+Output only the bullets.""",
+)
+
+REFLECTOR_PROMPT = Prompt(
+    name="reflector",
+    version="v1",
+    text="""\
+You maintain the long-term memory of a conversation. Merge the current reflection and the new \
+observation notes into one updated reflection.
+
+Rules:
+- Output bullets formatted `- YYYY-MM-DD Name: fact`, grouped by topic or person, oldest first \
+within a group.
+- Merge duplicates into one bullet. When facts conflict, the newest one wins: keep the latest \
+state and note what it replaced ("moved to Berlin in 2023-06, previously Paris").
+- Keep every name, number, quantity and date exactly. Keep plans with their status (planned, \
+done, cancelled).
+- Drop small talk and facts that later notes made obsolete, never specific facts that are still \
+true.
+- Stay within the target length: when space is short, shorten wording and merge related bullets \
+before dropping facts, and drop the least specific facts first.
+Output only the bullets.""",
+)
+
+
+def format_timestamp(value: datetime) -> str:
+    return value.strftime("%Y-%m-%d %H:%M %a")
+
+
+def render_message_line(message: Message) -> str:
+    content = " / ".join(part.strip() for part in message.content.splitlines() if part.strip())
+    return f"[{format_timestamp(message.created_at)}] {message.role}: {content}"
+
+
+def render_observer_input(segment: Iterable[Message], *, target_tokens: int) -> str:
+    lines = "\n".join(render_message_line(message) for message in segment)
+    return f"<messages>\n{lines}\n</messages>\n\nTarget length: at most {target_tokens} tokens."
+
+
+def render_reflector_input(
+    reflection: ObservationRecord | None,
+    observations: Iterable[ObservationRecord],
+    *,
+    target_tokens: int,
+) -> str:
+    current = reflection.text.strip() if reflection is not None else ""
+    notes = "\n".join(record.text.strip() for record in observations)
+    return (
+        f"<reflection>\n{current}\n</reflection>\n\n<observations>\n{notes}\n</observations>\n\n"
+        f"Target length: at most {target_tokens} tokens."
+    )
+
+
+def as_prompt(value: Prompt | str | None, default: Prompt) -> Prompt:
+    """Accept a ``Prompt``, a plain string (version ``custom``), or ``None`` for the default."""
+    if value is None:
+        return default
+    if isinstance(value, Prompt):
+        return value
+    if isinstance(value, str):
+        return Prompt(name=default.name, version="custom", text=value)
+    raise TypeError(f"{default.name} prompt must be a Prompt or a str, got {type(value).__name__}")

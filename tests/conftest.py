@@ -1,0 +1,112 @@
+"""Shared fixtures. Models are driven through litellm: a scripted custom provider registered in
+``litellm.custom_provider_map`` for the test (the production call path, never a patch)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import omem_core  # first: it sets litellm's offline environment before litellm is imported
+from omem_core import Message
+
+import litellm  # noqa: E402  (after omem_core on purpose)
+import pytest
+from litellm import CustomLLM, ModelResponse
+
+SHARED_DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+
+T0 = datetime(2024, 3, 1, 9, 0, tzinfo=timezone.utc)
+
+
+def msg(i: int, content: str | None = None, *, thread: str = "t", role: str | None = None) -> Message:
+    return Message(
+        id=f"m{i}",
+        thread_id=thread,
+        role=role or ("user" if i % 2 == 0 else "assistant"),
+        content=content if content is not None else f"message number {i}",
+        created_at=T0 + timedelta(minutes=i),
+    )
+
+
+def ones(texts: list[str]) -> list[int]:
+    """A counter that makes every message weigh 1: thresholds become message counts."""
+    return [1] * len(texts)
+
+
+Reply = str | BaseException | Callable[[list[dict[str, Any]]], str]
+
+
+@dataclass
+class Scripted(CustomLLM):
+    """A litellm custom provider with a queue of replies and a log of calls.
+
+    ``gate``: when set, each call waits for it (to hold a pass in flight); ``delay``: seconds
+    each call sleeps. When the queue is empty, ``default`` answers.
+    """
+
+    replies: list[Reply] = field(default_factory=list)
+    default: Reply = "- noted"
+    delay: float = 0.0
+    gate: asyncio.Event | None = None
+    calls: list[list[dict[str, Any]]] = field(default_factory=list)
+    started: int = 0
+    cancelled: int = 0
+
+    def __post_init__(self) -> None:
+        CustomLLM.__init__(self)
+
+    def _reply(self, messages: list[dict[str, Any]]) -> str:
+        reply = self.replies.pop(0) if self.replies else self.default
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply(messages) if callable(reply) else reply
+
+    async def acompletion(self, model: str, messages: list, *args: Any, **kwargs: Any) -> ModelResponse:  # type: ignore[override]
+        self.started += 1
+        try:
+            if self.gate is not None:
+                await self.gate.wait()
+            if self.delay:
+                await asyncio.sleep(self.delay)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        self.calls.append(messages)
+        return self._response(messages)
+
+    def completion(self, model: str, messages: list, *args: Any, **kwargs: Any) -> ModelResponse:  # type: ignore[override]
+        self.calls.append(messages)
+        return self._response(messages)
+
+    def _response(self, messages: list[dict[str, Any]]) -> ModelResponse:
+        text = self._reply(messages)
+        response = ModelResponse(choices=[{"message": {"role": "assistant", "content": text}}])
+        response.usage = litellm.Usage(prompt_tokens=11, completion_tokens=7, total_tokens=18)  # type: ignore[attr-defined]
+        return response
+
+
+@pytest.fixture
+def scripted() -> Iterator[Scripted]:
+    """A fresh scripted model reachable as ``scripted/model``."""
+    handler = Scripted()
+    entry = {"provider": "scripted", "custom_handler": handler}
+    litellm.custom_provider_map.append(entry)
+    litellm.utils.custom_llm_setup()
+    try:
+        yield handler
+    finally:
+        litellm.custom_provider_map.remove(entry)
+
+
+@pytest.fixture
+def shared_datasets() -> Path:
+    if not SHARED_DATASETS.is_dir():
+        pytest.skip(f"../shared/datasets is absent ({SHARED_DATASETS}): real-data tests need it")
+    return SHARED_DATASETS
+
+
+__all__ = ["Scripted", "msg", "ones", "omem_core"]

@@ -1,0 +1,161 @@
+"""The ports' in-memory defaults: MemoryStore, ObservationStore and the Memory facade."""
+
+from __future__ import annotations
+
+import random
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from conftest import T0, msg
+
+from omem_core import (
+    InMemoryMemoryStore,
+    Memory,
+    MemoryStore,
+    Message,
+    ObservationRecord,
+    ObservationStore,
+    create_in_memory_observation_store,
+)
+from omem_core.observations import recent_suffix_start
+
+
+def test_message_is_frozen_and_validated() -> None:
+    m = msg(1)
+    with pytest.raises(AttributeError):
+        m.content = "edited"  # type: ignore[misc]
+    with pytest.raises(ValueError, match="timezone-aware"):
+        Message(id="x", thread_id="t", role="user", content="", created_at=datetime(2024, 1, 1))
+    with pytest.raises(ValueError, match="role must be one of"):
+        Message(id="x", thread_id="t", role="robot", content="", created_at=T0)
+
+
+async def test_recall_newest_last_oldest_first_and_paging() -> None:
+    store = InMemoryMemoryStore()
+    assert isinstance(store, MemoryStore)
+    await store.save_messages([msg(i) for i in range(10)])
+    assert [m.id for m in await store.recall("t", last=3)] == ["m7", "m8", "m9"]
+    assert [m.id for m in await store.recall("t", last=3, before="m7")] == ["m4", "m5", "m6"]
+    assert [m.id for m in await store.recall("t", last=5, before="m2")] == ["m0", "m1"]
+    assert await store.recall("t", last=5, before="m0") == []
+    assert await store.recall("nobody", last=5) == []
+    assert await store.recall("t", last=0) == []
+
+
+async def test_unknown_cursor_raises_key_error() -> None:
+    store = InMemoryMemoryStore()
+    await store.save_messages([msg(0)])
+    with pytest.raises(KeyError, match="m404"):
+        await store.recall("t", last=3, before="m404")
+    with pytest.raises(KeyError):
+        await store.recall("other-thread", last=3, before="m0")
+
+
+async def test_order_is_created_at_then_insertion() -> None:
+    store = InMemoryMemoryStore()
+    same = T0
+    a = Message(id="a", thread_id="t", role="user", content="a", created_at=same)
+    b = Message(id="b", thread_id="t", role="user", content="b", created_at=same)
+    early = Message(id="early", thread_id="t", role="user", content="e", created_at=same - timedelta(hours=1))
+    late = Message(id="late", thread_id="t", role="user", content="l", created_at=same + timedelta(hours=1))
+    await store.save_messages([late, a])
+    await store.save_messages([b, early])
+    assert [m.id for m in await store.recall("t", last=10)] == ["early", "a", "b", "late"]
+    assert [m.id for m in await store.recall("t", last=10, before="b")] == ["early", "a"]
+
+
+async def test_random_insertion_order_matches_a_sort() -> None:
+    rng = random.Random(7)
+    store = InMemoryMemoryStore()
+    messages = [
+        Message(id=f"x{i}", thread_id="t", role="user", content=str(i),
+                created_at=T0 + timedelta(seconds=rng.randrange(50)))
+        for i in range(300)
+    ]
+    for m in messages:
+        await store.save_messages([m])
+    expected = [m.id for m in sorted(messages, key=lambda m: m.created_at)]  # stable: ties by insertion
+    assert [m.id for m in await store.recall("t", last=1000)] == expected
+    cursor = expected[150]
+    assert [m.id for m in await store.recall("t", last=20, before=cursor)] == expected[130:150]
+
+
+async def test_saving_an_id_twice() -> None:
+    store = InMemoryMemoryStore()
+    await store.save_messages([msg(0)])
+    await store.save_messages([msg(0)])  # identical: a no-op
+    assert len(await store.recall("t", last=10)) == 1
+    with pytest.raises(ValueError, match="immutable"):
+        await store.save_messages([msg(0, "changed")])
+
+
+async def test_delete_thread_and_working_memory() -> None:
+    store = InMemoryMemoryStore()
+    await store.save_messages([msg(0), msg(1, thread="u")])
+    await store.update_working_memory("t", "name: Ada")
+    assert await store.get_working_memory("t") == "name: Ada"
+    await store.delete_thread("t")
+    assert await store.recall("t", last=5) == []
+    assert await store.get_working_memory("t") is None
+    assert len(await store.recall("u", last=5)) == 1
+
+
+async def test_memory_facade_defaults_and_working_memory() -> None:
+    memory = Memory(last_messages=2)
+    await memory.save_messages([msg(i) for i in range(5)])
+    assert [m.id for m in await memory.recall("t")] == ["m3", "m4"]
+    assert [m.id for m in await memory.recall("t", last=3, before="m4")] == ["m1", "m2", "m3"]
+    await memory.update_working_memory("t", "x")
+    assert await memory.get_working_memory("t") == "x"
+    await memory.delete_thread("t")
+    assert await memory.recall("t") == []
+    with pytest.raises(ValueError, match="last_messages"):
+        Memory(last_messages=0)
+
+
+async def test_memory_without_working_memory_capability() -> None:
+    class Bare:
+        async def save_messages(self, messages): ...
+        async def recall(self, thread_id, *, last, before=None): return []
+        async def delete_thread(self, thread_id): ...
+
+    memory = Memory(Bare())
+    assert not memory.has_working_memory
+    with pytest.raises(NotImplementedError, match="Bare"):
+        await memory.get_working_memory("t")
+
+
+def record(i: int, kind: str = "observation", sources: tuple[str, ...] = ()) -> ObservationRecord:
+    return ObservationRecord(id=f"r{i}", thread_id="t", resource_id=None,
+                             created_at=T0 + timedelta(seconds=i), kind=kind,  # type: ignore[arg-type]
+                             source_ids=sources or (f"m{i}",), text=f"note {i}")
+
+
+async def test_observation_store_contract() -> None:
+    store = create_in_memory_observation_store()
+    assert isinstance(store, ObservationStore)
+    for i in range(3):
+        await store.save(record(i))
+    assert [r.id for r in await store.list("t")] == ["r0", "r1", "r2"]
+    with pytest.raises(ValueError, match="never edited"):
+        await store.save(record(1))
+    await store.delete_by_thread("t")
+    assert await store.list("t") == []
+
+
+async def test_list_recent_is_the_documented_suffix() -> None:
+    rng = random.Random(3)
+    for trial in range(50):
+        store = create_in_memory_observation_store()
+        kinds = [rng.choice(["observation", "observation", "reflection"]) for _ in range(rng.randrange(1, 15))]
+        kinds[0] = "observation"
+        for i, kind in enumerate(kinds):
+            await store.save(record(i, kind))
+        full = await store.list("t")
+        assert await store.list_recent("t") == full[recent_suffix_start(full):]  # type: ignore[attr-defined]
+        if "reflection" in kinds:
+            newest_ref = max(i for i, k in enumerate(kinds) if k == "reflection")
+            newest_obs = max(i for i, k in enumerate(kinds) if k == "observation")
+            assert recent_suffix_start(full) == min(newest_ref, newest_obs)
+        else:
+            assert recent_suffix_start(full) == 0

@@ -1,0 +1,476 @@
+"""The observational-memory wrapper: the read algorithm and its pins.
+
+Models run through litellm: the ``scripted`` custom provider (see conftest) or ``mock_response``.
+``count_tokens=ones`` makes every message weigh 1 so thresholds read as message counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from conftest import Scripted, msg, ones
+
+from omem_core import (
+    CompactionError,
+    CompactionEvent,
+    InMemoryMemoryStore,
+    Memory,
+    MemoryStore,
+    ObservationRecord,
+    create_in_memory_observation_store,
+    create_observational_memory_store,
+)
+
+MODEL = "scripted/model"
+
+
+def make(scripted: Scripted, *, observation: int = 5, reflection: int = 100, reflector: bool = False,
+         inner=None, observations=None, **kwargs):
+    return create_observational_memory_store(
+        inner,
+        observer=MODEL,
+        reflector=MODEL if reflector else None,
+        thresholds={"observation": observation, "reflection": reflection},
+        count_tokens=ones,
+        observations=observations,
+        **kwargs,
+    )
+
+
+async def fill(store: MemoryStore, n: int, start: int = 0) -> None:
+    await store.save_messages([msg(i) for i in range(start, start + n)])
+
+
+def user_input(call: list[dict]) -> str:
+    return call[-1]["content"]
+
+
+async def test_is_a_memory_store_and_renders_nothing_without_records(scripted: Scripted) -> None:
+    store = make(scripted)
+    assert isinstance(store, MemoryStore)
+    await fill(store, 8)  # backlog 5 of weight 1 == threshold: not over
+    got = await store.recall("t", last=3)
+    assert [m.id for m in got] == ["m5", "m6", "m7"]
+    assert scripted.calls == []
+
+
+async def test_exactly_at_threshold_runs_no_pass(scripted: Scripted) -> None:
+    store = make(scripted, observation=5)
+    await fill(store, 5 + 3)
+    await store.recall("t", last=3)
+    assert scripted.started == 0
+    await fill(store, 1, start=8)  # backlog now 6 > 5
+    await store.recall("t", last=3)
+    assert scripted.started == 1
+
+
+async def test_observe_oldest_segment_and_render(scripted: Scripted) -> None:
+    store = make(scripted, observation=4)
+    scripted.replies = ["- first note"]
+    await fill(store, 13)  # window 3 → backlog m0..m9 (10 > 4)
+    got = await store.recall("t", last=3)
+    records = await store.observations.list("t")
+    assert len(records) == 1 and records[0].kind == "observation"
+    assert records[0].source_ids == ("m0", "m1", "m2", "m3")  # longest run within 4
+    assert records[0].text == "- first note"
+    assert got[0].role == "system" and got[0].content == "- first note"
+    assert [m.id for m in got[1:]] == ["m10", "m11", "m12"]  # the window, untouched
+    assert got[1:] == await store.inner.recall("t", last=3)
+    # The observer saw the segment with timestamps and roles, oldest first.
+    text = user_input(scripted.calls[0])
+    assert "[2024-03-01 09:00 Fri] user: message number 0" in text
+    assert text.index("message number 0") < text.index("message number 3")
+    assert "message number 4" not in text
+
+
+async def test_one_pass_per_read_and_the_cursor_advances(scripted: Scripted) -> None:
+    store = make(scripted, observation=4)
+    scripted.replies = ["- a", "- b", "- c"]
+    await fill(store, 13)
+    await store.recall("t", last=3)
+    assert len(scripted.calls) == 1
+    state = await store.inspect("t", last=3)
+    assert state.cursor == "m3"
+    assert [m.id for m in state.backlog] == [f"m{i}" for i in range(4, 10)]
+    await store.recall("t", last=3)
+    records = await store.observations.list("t")
+    assert [r.source_ids for r in records] == [("m0", "m1", "m2", "m3"), ("m4", "m5", "m6", "m7")]
+    got = await store.recall("t", last=3)  # backlog m8, m9: 2 <= 4, nothing due
+    assert len(scripted.calls) == 2
+    assert got[0].content == "- a\n\n- b"
+
+
+async def test_single_oversized_message_is_observed_alone(scripted: Scripted) -> None:
+    store = create_observational_memory_store(
+        observer=MODEL, thresholds={"observation": 10}
+    )  # default volume: ceil(len/4)
+    await store.save_messages([msg(0, "x" * 400), msg(1, "short"), msg(2, "w1"), msg(3, "w2")])
+    await store.recall("t", last=2)
+    [record] = await store.observations.list("t")
+    assert record.source_ids == ("m0",)
+
+
+async def test_default_volume_is_ceil_len_over_four(scripted: Scripted) -> None:
+    store = create_observational_memory_store(observer=MODEL, thresholds={"observation": 3})
+    # 12 characters = 3 tokens: at the threshold, no pass; 13 characters = 4: a pass.
+    await store.save_messages([msg(0, "a" * 12), msg(1, "window")])
+    await store.recall("t", last=1)
+    assert scripted.started == 0
+    await store.save_messages([msg(2, "b"), msg(3, "window")])
+    await store.recall("t", last=1)  # backlog "a"*12 + "window" + "b" > 3
+    assert scripted.started == 1
+
+
+async def test_paging_read_is_the_raw_inner_answer_with_no_model_call(scripted: Scripted) -> None:
+    store = make(scripted, observation=2)
+    await fill(store, 20)
+    page = await store.recall("t", last=4, before="m10")
+    assert page == await store.inner.recall("t", last=4, before="m10")
+    assert [m.id for m in page] == ["m6", "m7", "m8", "m9"]
+    assert scripted.started == 0
+    with pytest.raises(KeyError):
+        await store.recall("t", last=4, before="nope")
+
+
+async def test_nothing_runs_outside_a_read(scripted: Scripted) -> None:
+    store = make(scripted, observation=1)
+    await fill(store, 50)
+    await asyncio.sleep(0.01)
+    assert scripted.started == 0
+    assert await store.observations.list("t") == []
+
+
+async def test_reflection_merges_and_carries_the_previous_one_forward(scripted: Scripted) -> None:
+    store = make(scripted, observation=2, reflection=2, reflector=True)
+    scripted.replies = ["- o1", "- o2", "- o3", "- R1", "- o4", "- o5", "- o6", "- R2"]
+
+    await fill(store, 30)
+    for _ in range(3):
+        await store.recall("t", last=2)
+    records = await store.observations.list("t")
+    # o1, o2: unreflected volume 2, not over; o3: 3 > 2 → reflect in the same read.
+    assert [r.kind for r in records] == ["observation"] * 3 + ["reflection"]
+    r1 = records[3]
+    assert r1.text == "- R1"
+    assert r1.source_ids == tuple(r.id for r in records[:3])
+    first_reflect_input = user_input(scripted.calls[3])
+    assert "<reflection>\n\n</reflection>" in first_reflect_input
+    assert "- o1\n- o2\n- o3" in first_reflect_input
+
+    got = await store.recall("t", last=2)
+    assert got[0].content == "- R1\n\n- o4"  # reflection, then unreflected oldest first
+    for _ in range(2):
+        await store.recall("t", last=2)
+    records = await store.observations.list("t")
+    r2 = records[-1]
+    assert r2.kind == "reflection" and r2.text == "- R2"
+    assert r2.source_ids == r1.source_ids + tuple(r.id for r in records[4:7])
+    second = user_input(scripted.calls[-1])
+    assert "<reflection>\n- R1\n</reflection>" in second  # previous reflection carried forward
+    assert "- o4\n- o5\n- o6" in second and "- o1" not in second
+    got = await store.recall("t", last=2)  # backlog still over: observes the next segment
+    assert got[0].content == "- R2\n\n- noted"
+
+
+async def test_without_reflector_observations_accumulate(scripted: Scripted) -> None:
+    store = make(scripted, observation=1, reflection=1)
+    await fill(store, 12)
+    for _ in range(5):
+        await store.recall("t", last=2)
+    records = await store.observations.list("t")
+    assert len(records) == 5 and {r.kind for r in records} == {"observation"}
+
+
+async def test_restart_with_empty_observation_store_reobserves_from_the_oldest(scripted: Scripted) -> None:
+    inner = InMemoryMemoryStore()
+    first = make(scripted, observation=3, inner=inner)
+    await fill(first, 12)
+    await first.recall("t", last=2)
+    await first.recall("t", last=2)
+    assert [r.source_ids[0] for r in await first.observations.list("t")] == ["m0", "m3"]
+    restarted = make(scripted, observation=3, inner=inner)  # records lost, messages kept
+    await restarted.recall("t", last=2)
+    [record] = await restarted.observations.list("t")
+    assert record.source_ids == ("m0", "m1", "m2")
+
+
+async def test_restart_with_persisted_records_continues_from_the_cursor(scripted: Scripted) -> None:
+    inner, records = InMemoryMemoryStore(), create_in_memory_observation_store()
+    first = make(scripted, observation=3, inner=inner, observations=records)
+    await fill(first, 12)
+    await first.recall("t", last=2)
+    again = make(scripted, observation=3, inner=inner, observations=records)
+    await again.recall("t", last=2)
+    assert [r.source_ids[0] for r in await records.list("t")] == ["m0", "m3"]
+
+
+async def test_read_cost_follows_window_and_backlog_not_history(scripted: Scripted) -> None:
+    class Counting(InMemoryMemoryStore):
+        returned = 0
+
+        async def recall(self, thread_id, *, last, before=None):
+            got = await super().recall(thread_id, last=last, before=before)
+            Counting.returned += len(got)
+            return got
+
+    inner = Counting()
+    store = make(scripted, observation=50, inner=inner)
+    await fill(inner, 5000)
+    # Persisted records: everything but the newest 30 messages is observed.
+    for start in range(0, 4970, 10):
+        await store.observations.save(ObservationRecord(
+            id=f"o{start}", thread_id="t", resource_id=None, created_at=msg(start).created_at,
+            kind="observation", source_ids=tuple(f"m{i}" for i in range(start, start + 10)), text="n"))
+    state = await store.inspect("t", last=10)
+    assert len(state.backlog) == 20
+    Counting.returned = 0
+    await store.recall("t", last=10)
+    assert Counting.returned <= 10 + 64  # the window and one backward page, of 5000 messages
+    assert scripted.started == 0
+
+
+async def test_concurrent_reads_share_one_pass(scripted: Scripted) -> None:
+    store = make(scripted, observation=3)
+    scripted.delay = 0.05
+    await fill(store, 10)
+    results = await asyncio.gather(*(store.recall("t", last=2) for _ in range(20)))
+    assert scripted.started == 1
+    assert len(await store.observations.list("t")) == 1
+    assert all(r[0].role == "system" and r[0].content == "- noted" for r in results)
+    # Different threads do not share.
+    await fill(store, 10, start=100)
+    await store.save_messages([msg(i, thread="u") for i in range(10)])
+    await asyncio.gather(store.recall("t", last=2), store.recall("u", last=2))
+    assert scripted.started == 3
+
+
+async def test_a_cancelled_waiter_does_not_cancel_the_shared_pass(scripted: Scripted) -> None:
+    store = make(scripted, observation=3)
+    scripted.gate = asyncio.Event()
+    await fill(store, 10)
+    first = asyncio.create_task(store.recall("t", last=2))
+    second = asyncio.create_task(store.recall("t", last=2))
+    while scripted.started == 0:
+        await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    first.cancel()
+    await asyncio.sleep(0)
+    scripted.gate.set()
+    got = await second
+    assert first.cancelled()
+    assert got[0].role == "system"
+    assert scripted.cancelled == 0 and scripted.started == 1
+    assert len(await store.observations.list("t")) == 1
+
+
+async def test_cancelling_the_only_reader_cancels_the_model_call(scripted: Scripted) -> None:
+    store = make(scripted, observation=3)
+    scripted.gate = asyncio.Event()
+    await fill(store, 10)
+    reader = asyncio.create_task(store.recall("t", last=2))
+    while scripted.started == 0:
+        await asyncio.sleep(0)
+    reader.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reader
+    await asyncio.sleep(0.01)
+    assert scripted.cancelled == 1
+    assert await store.observations.list("t") == []
+    scripted.gate.set()
+    got = await store.recall("t", last=2)  # a later read starts a fresh pass
+    assert got[0].role == "system" and scripted.started == 2
+
+
+async def test_delete_during_an_inflight_pass_saves_nothing(scripted: Scripted) -> None:
+    events: list[CompactionEvent] = []
+    store = make(scripted, observation=3, on_event=events.append)
+    scripted.gate = asyncio.Event()
+    await fill(store, 10)
+    reader = asyncio.create_task(store.recall("t", last=2))
+    while scripted.started == 0:
+        await asyncio.sleep(0)
+    await store.delete_thread("t")
+    scripted.gate.set()
+    await reader
+    assert await store.observations.list("t") == []
+    assert await store.inner.recall("t", last=5) == []
+    assert events[0].record is None and events[0].error is None
+
+
+async def test_delete_cascades_to_records(scripted: Scripted) -> None:
+    store = make(scripted, observation=3)
+    await fill(store, 10)
+    await store.recall("t", last=2)
+    assert await store.observations.list("t")
+    await store.delete_thread("t")
+    assert await store.observations.list("t") == []
+    assert await store.recall("t", last=2) == []
+
+
+@pytest.mark.parametrize(
+    "failure, reason",
+    [
+        (RuntimeError("provider exploded"), "provider exploded"),
+        ("", "empty output"),
+        ("   \n ", "empty output"),
+    ],
+)
+async def test_model_error_or_empty_output_raises_and_saves_nothing(scripted: Scripted, failure, reason) -> None:
+    store = make(scripted, observation=3)
+    scripted.replies = [failure]
+    await fill(store, 10)
+    with pytest.raises(CompactionError, match=reason) as caught:
+        await store.recall("t", last=2)
+    error = caught.value
+    assert error.stage == "observe" and error.model == MODEL and error.thread_id == "t"
+    assert MODEL in str(error) and "observe" in str(error)
+    if isinstance(failure, Exception):
+        assert error.__cause__ is not None
+    assert await store.observations.list("t") == []
+    assert len(await store.inner.recall("t", last=100)) == 10  # no message lost
+    got = await store.recall("t", last=2)  # the next read retries
+    assert got[0].content == "- noted"
+
+
+async def test_litellm_mock_errors_become_compaction_errors() -> None:
+    store = create_observational_memory_store(
+        observer="gpt-4o-mini", thresholds={"observation": 1}, count_tokens=ones,
+        completion_kwargs={"mock_response": "litellm.RateLimitError"},
+    )
+    await fill(store, 5)
+    with pytest.raises(CompactionError, match="RateLimitError") as caught:
+        await store.recall("t", last=2)
+    assert caught.value.model == "gpt-4o-mini"
+    import openai
+
+    assert isinstance(caught.value.__cause__, openai.APIError)
+
+
+async def test_mock_response_through_litellm_is_saved() -> None:
+    store = create_observational_memory_store(
+        observer="gpt-4o-mini", thresholds={"observation": 1}, count_tokens=ones,
+        completion_kwargs={"mock_response": "- (1 Mar 2024) User: likes tea"},
+    )
+    await fill(store, 5)
+    got = await store.recall("t", last=2)
+    assert got[0].content == "- (1 Mar 2024) User: likes tea"
+
+
+async def test_timeout_raises_compaction_error(scripted: Scripted) -> None:
+    store = make(scripted, observation=3, timeout=0.05)
+    scripted.delay = 1.0
+    await fill(store, 10)
+    with pytest.raises(CompactionError, match="timed out"):
+        await store.recall("t", last=2)
+    assert await store.observations.list("t") == []
+
+
+async def test_reflect_failure_keeps_the_observation_and_names_the_stage(scripted: Scripted) -> None:
+    store = make(scripted, observation=3, reflection=0 + 1, reflector=True)
+    scripted.replies = ["- o1", "- o2", RuntimeError("reflector down")]
+    await fill(store, 12)
+    await store.recall("t", last=2)  # o1: unreflected 1, not over 1
+    with pytest.raises(CompactionError) as caught:
+        await store.recall("t", last=2)
+    assert caught.value.stage == "reflect"
+    assert [r.kind for r in await store.observations.list("t")] == ["observation", "observation"]
+    await store.recall("t", last=2)  # retried: reflect now succeeds
+    assert (await store.observations.list("t"))[-1].kind == "reflection"
+
+
+async def test_event_callback_reports_each_pass(scripted: Scripted) -> None:
+    events: list[CompactionEvent] = []
+
+    async def on_event(event: CompactionEvent) -> None:
+        events.append(event)
+
+    store = make(scripted, observation=3, reflection=1, reflector=True, on_event=on_event)
+    scripted.replies = ["- o1", "- o2", "- R"]
+    await fill(store, 12)
+    await store.recall("t", last=2)
+    await store.recall("t", last=2)
+    stages = [e.stage for e in events]
+    assert stages == ["observe", "observe", "reflect"]
+    first = events[0]
+    assert first.source_ids == ("m0", "m1", "m2") and first.model == MODEL
+    assert first.volume_before == 10 and first.volume_after == 7 and first.input_volume == 3
+    assert first.tokens_in == 11 and first.tokens_out == 7 and first.latency_ms >= 0
+    assert first.record is not None and first.error is None
+    assert first.prompt_version == "v1" and len(first.prompt_sha256) == 64
+    reflect = events[2]
+    assert reflect.volume_before == 2 and reflect.source_ids == tuple(e.record.id for e in events[:2])
+
+    scripted.replies = [RuntimeError("boom")]
+    await fill(store, 5, start=12)
+    with pytest.raises(CompactionError):
+        await store.recall("t", last=2)
+    assert events[-1].error is not None and "boom" in events[-1].error and events[-1].record is None
+
+
+async def test_inspect_is_side_effect_free(scripted: Scripted) -> None:
+    store = make(scripted, observation=3, reflector=True, reflection=50)
+    await fill(store, 10)
+    state = await store.inspect("t", last=2)
+    assert state.observe_due and not state.reflect_due
+    assert state.next_segment_ids == ("m0", "m1", "m2")
+    assert state.backlog_volume == 8 and state.cursor is None and state.records == ()
+    assert [m.id for m in state.window] == ["m8", "m9"]
+    assert state.context == list(state.window)
+    assert scripted.started == 0 and await store.observations.list("t") == []
+    await store.recall("t", last=2)
+    state = await store.inspect("t", last=2)
+    assert state.cursor == "m2" and state.backlog_volume == 5
+    assert state.memory_message is not None and state.context[0].content == "- noted"
+    assert state.unreflected_volume == 1 and len(state.records) == 1
+
+
+async def test_working_memory_passes_through(scripted: Scripted) -> None:
+    store = make(scripted)
+    memory = Memory(store)
+    assert memory.has_working_memory
+    await memory.update_working_memory("t", "prefers tea")
+    assert await store.inner.get_working_memory("t") == "prefers tea"
+
+    class Bare:
+        async def save_messages(self, messages): ...
+        async def recall(self, thread_id, *, last, before=None): return []
+        async def delete_thread(self, thread_id): ...
+
+    bare = make(scripted, inner=Bare())
+    assert not hasattr(bare, "get_working_memory")
+    assert not Memory(bare).has_working_memory
+
+
+async def test_custom_prompt_per_store(scripted: Scripted) -> None:
+    store = make(scripted, observation=1, observer_prompt="Write haiku notes.")
+    await fill(store, 4)
+    await store.recall("t", last=2)
+    assert scripted.calls[0][0] == {"role": "system", "content": "Write haiku notes."}
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"thresholds": {"observation": 0}}, "positive integer"),
+        ({"thresholds": {"observation": 1.5}}, "positive integer"),
+        ({"thresholds": {"observe": 10}}, "unknown threshold 'observe'"),
+        ({"thresholds": {"reflection": True}}, "positive integer"),
+        ({"observer": "definitely-not-a-model"}, "unknown observer model"),
+        ({"observer": ""}, "litellm model string"),
+        ({"reflector": "nonsense-model-xyz"}, "unknown reflector model"),
+        ({"timeout": 0}, "timeout"),
+        ({"completion_kwargs": {"model": "x"}}, "cannot set"),
+    ],
+)
+def test_bad_configuration_is_rejected_up_front(kwargs, message) -> None:
+    arguments = {"observer": "omem/extractive", **kwargs}
+    with pytest.raises(ValueError, match=message):
+        create_observational_memory_store(**arguments)
+
+
+async def test_count_tokens_must_return_one_count_per_text(scripted: Scripted) -> None:
+    store = create_observational_memory_store(observer=MODEL, count_tokens=lambda texts: [1])
+    await fill(store, 5)
+    with pytest.raises(ValueError, match="1 counts for 3 texts"):
+        await store.recall("t", last=2)
