@@ -263,10 +263,12 @@ def reflect(reflection: str, observations: str, target_tokens: int) -> str:
         words = frozenset(content_words(body))
         if not words:
             continue
+        numbers = frozenset(w for w in words if w[0].isdigit())
         for existing in list(merged):
             overlap = len(words & existing.words)
+            same_numbers = {w for w in existing.words if w[0].isdigit()} <= numbers
             if overlap == len(existing.words) or (
-                overlap / len(words | existing.words) >= 0.7
+                same_numbers and overlap / len(words | existing.words) >= 0.7
             ):
                 merged.remove(existing)  # the newer bullet says it at least as fully
             elif overlap == len(words):

@@ -1,0 +1,65 @@
+"""Token counting offline, prompt versions, and the pinned public API."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import omem_core
+from omem_core import OBSERVER_PROMPT, REFLECTOR_PROMPT, Prompt, count_tokens, token_counter
+from omem_core.prompts import render_observer_input, render_reflector_input
+
+from conftest import msg
+
+SPEC_NAMES = {
+    "Message", "MemoryStore", "InMemoryMemoryStore", "Memory", "ObservationRecord", "ObservationStore",
+    "create_in_memory_observation_store", "CompactionError", "create_observational_memory_store",
+}
+
+
+def test_public_api_is_pinned() -> None:
+    assert SPEC_NAMES <= set(omem_core.__all__)
+    assert omem_core.__all__ == sorted(omem_core.__all__, key=lambda n: (not n.isupper(), n))
+    for name in omem_core.__all__:
+        assert getattr(omem_core, name) is not None
+
+
+def test_core_imports_neither_streamlit_nor_duckdb() -> None:
+    code = "import sys, omem_core; print(sorted(m for m in ('streamlit', 'duckdb', 'pandas', 'workbench') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("encoding, expected", [("o200k_base", [2, 1]), ("cl100k_base", [2, 1])])
+def test_count_tokens_offline(encoding: str, expected: list[int]) -> None:
+    assert count_tokens(["hello world", "x"], encoding=encoding) == expected
+    # special-token text is counted as plain text, not rejected
+    assert count_tokens(["<|endoftext|>"], encoding=encoding)[0] > 1
+    assert count_tokens([], encoding=encoding) == []
+
+
+def test_token_counter_factory() -> None:
+    assert token_counter("heuristic")(["abcde"]) == [2]
+    assert token_counter("o200k_base")(["hello world"]) == [2]
+    with pytest.raises(ValueError, match="unknown encoding 'gpt2'"):
+        token_counter("gpt2")
+
+
+def test_prompts_are_versioned_with_a_hash() -> None:
+    assert OBSERVER_PROMPT.version == "v1" and REFLECTOR_PROMPT.version == "v1"
+    assert len(OBSERVER_PROMPT.sha256) == 64
+    assert Prompt("observer", "v2", OBSERVER_PROMPT.text + "!").sha256 != OBSERVER_PROMPT.sha256
+    with pytest.raises(ValueError, match="empty"):
+        Prompt("observer", "v0", "  ")
+    for prompt in (OBSERVER_PROMPT, REFLECTOR_PROMPT):
+        assert count_tokens([prompt.text])[0] < 600  # size budget for a system prompt
+
+
+def test_observer_input_renders_timestamps_and_speakers() -> None:
+    text = render_observer_input([msg(0, "Ann: hi\nthere"), msg(1, "ok", role="assistant")], target_tokens=99)
+    assert text.splitlines()[1] == "[2024-03-01 09:00 Fri] user: Ann: hi / there"
+    assert text.splitlines()[2] == "[2024-03-01 09:01 Fri] assistant: ok"
+    assert text.endswith("Target length: at most 99 tokens.")
+    assert "<reflection>\n\n</reflection>" in render_reflector_input(None, [], target_tokens=5)
