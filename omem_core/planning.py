@@ -27,22 +27,38 @@ def view_of(records: Sequence[ObservationRecord]) -> MemoryView:
     """The newest reflection, the observations it does not cover (oldest first), and the cursor.
 
     ``records`` is a creation-ordered list: the whole store or its ``list_recent`` suffix.
+    An observation created after the newest reflection is never covered by it (a reflection
+    covers records that existed when it was made), so only the observations *before* it need a
+    membership check, and the reflection's (possibly long) source list is turned into a set only
+    when such an observation is not simply its newest source.
     """
-    reflection: ObservationRecord | None = None
+    reflection_at = -1
     cursor: str | None = None
-    for record in reversed(records):
+    for index in range(len(records) - 1, -1, -1):
+        record = records[index]
         if record.kind == "reflection":
-            if reflection is None:
-                reflection = record
+            if reflection_at < 0:
+                reflection_at = index
         elif cursor is None and record.source_ids:
             cursor = record.source_ids[-1]
-        if reflection is not None and cursor is not None:
+        if reflection_at >= 0 and cursor is not None:
             break
-    covered = frozenset(reflection.source_ids) if reflection is not None else frozenset()
-    unreflected = tuple(
-        record for record in records if record.kind == "observation" and record.id not in covered
-    )
-    return MemoryView(reflection=reflection, unreflected=unreflected, cursor=cursor)
+    if reflection_at < 0:
+        unreflected = tuple(r for r in records if r.kind == "observation")
+        return MemoryView(reflection=None, unreflected=unreflected, cursor=cursor)
+    reflection = records[reflection_at]
+    sources = reflection.source_ids
+    covered: frozenset[str] | None = None
+    earlier: list[ObservationRecord] = []
+    for record in records[:reflection_at]:
+        if record.kind != "observation" or (sources and record.id == sources[-1]):
+            continue
+        if covered is None:
+            covered = frozenset(sources)
+        if record.id not in covered:
+            earlier.append(record)
+    later = [r for r in records[reflection_at + 1 :] if r.kind == "observation"]
+    return MemoryView(reflection=reflection, unreflected=tuple(earlier + later), cursor=cursor)
 
 
 def segment_length(counts: Sequence[int], threshold: int) -> int:
