@@ -1,0 +1,110 @@
+"""Model-free retention: does the gold answer survive in what the agent would see?
+
+A probe's score is the share of its gold answer's content words (lower-cased alphanumeric
+words, common stop words removed) present anywhere in the visible text. Messages are rendered
+for scoring as ``[8 May 2023 13:56] Speaker: text``, so dates in the timestamps count.
+
+Baselines, scored the same way: *full history* (no compaction), *window only* (no memory), and
+*recent tokens* (the newest K tokens of history, K = the final context's size).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from omem_core import Message
+
+_WORD = re.compile(r"[a-z0-9]+")
+
+STOP_WORDS = frozenset(
+    """a an the and or but if of at by for with about against between into through during before after
+    above below to from up down in out on off over under again further then once here there when where
+    why how all any both each few more most other some such no nor not only own same so than too very
+    s t can will just don should now is are was were be been being have has had having do does did doing
+    i me my myself we our ours ourselves you your yours yourself yourselves he him his himself she her
+    hers herself it its itself they them their theirs themselves what which who whom this that these
+    those am would could also""".split()
+)
+
+METHODS = ("memory", "full_history", "window_only", "recent_tokens")
+
+
+def content_words(text: str) -> set[str]:
+    return {w for w in _WORD.findall(text.lower()) if w not in STOP_WORDS}
+
+
+def render_for_scoring(message: Message) -> str:
+    stamp = f"{message.created_at.day} {message.created_at:%B %Y %H:%M}"
+    return f"[{stamp}] {message.content}" if message.role != "system" else message.content
+
+
+def render_context(messages: Sequence[Message]) -> str:
+    return "\n".join(render_for_scoring(m) for m in messages)
+
+
+def probe_score(gold: str | None, visible: set[str]) -> float | None:
+    """Share of the gold answer's content words in ``visible``; ``None`` when unscorable."""
+    if gold is None:
+        return None
+    words = content_words(gold)
+    if not words:
+        return None
+    return len(words & visible) / len(words)
+
+
+def newest_tokens(history: Sequence[Message], budget: int, count: Callable[[list[str]], list[int]]) -> list[Message]:
+    """The newest messages of ``history`` whose volume fits ``budget`` (the recency baseline)."""
+    counts = count([m.content for m in history]) if history else []
+    kept: list[Message] = []
+    used = 0
+    for message, tokens in zip(reversed(history), reversed(counts)):
+        if used + tokens > budget:
+            break
+        kept.append(message)
+        used += tokens
+    return kept[::-1]
+
+
+@dataclass(frozen=True)
+class RetentionSummary:
+    retention: float | None
+    full_history: float | None
+    window_only: float | None
+    recent_tokens: float | None
+    scored: int
+    per_category: dict[str, dict[str, float | None]]
+
+    @property
+    def relative(self) -> float | None:
+        if self.retention is None or not self.full_history:
+            return None
+        return self.retention / self.full_history
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def summarise(rows: Sequence[dict]) -> RetentionSummary:
+    """Mean scores per method, overall and per category, over probes every method scored."""
+    by_probe: dict[str, dict[str, float]] = {}
+    category: dict[str, str] = {}
+    for row in rows:
+        if row["method"] in METHODS and row["score"] is not None:
+            by_probe.setdefault(row["probe_id"], {})[row["method"]] = row["score"]
+            category[row["probe_id"]] = row["category"]
+    complete = {p: s for p, s in by_probe.items() if all(m in s for m in METHODS)}
+
+    def means(probes: dict[str, dict[str, float]]) -> dict[str, float | None]:
+        return {m: _mean([s[m] for s in probes.values()]) for m in METHODS}
+
+    overall = means(complete)
+    per_category = {
+        cat: {**means({p: s for p, s in complete.items() if category[p] == cat}),
+              "probes": float(sum(1 for p in complete if category[p] == cat))}
+        for cat in sorted({category[p] for p in complete})
+    }
+    return RetentionSummary(overall["memory"], overall["full_history"], overall["window_only"],
+                            overall["recent_tokens"], len(complete), per_category)
