@@ -24,6 +24,7 @@ from omem_core import (
     CompactionEvent,
     InMemoryMemoryStore,
     Memory,
+    Message,
     Prompt,
     create_in_memory_observation_store,
     create_observational_memory_store,
@@ -114,6 +115,7 @@ class ReplayResult:
     elapsed_s: float
     error: str | None = None
     step_rows: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    context: list[Message] = field(default_factory=list, repr=False)  # what the agent sees at the end
 
     def summary(self) -> dict[str, Any]:
         """The figures the CLI prints with ``--json``."""
@@ -304,7 +306,7 @@ async def _finish(conversation, config, store, run_id, wrapper, memory, count, e
         full_history_tokens=full_history, final_context_tokens=final_context,
         compression=(full_history / final_context) if final_context else None,
         retention=retention, cost_usd=sum(costs) if costs else None,
-        elapsed_s=time.perf_counter() - started, error=error, step_rows=rows,
+        elapsed_s=time.perf_counter() - started, error=error, step_rows=rows, context=state.context,
     )
     if store is not None and run_id is not None:
         figures: dict[str, Any] = {

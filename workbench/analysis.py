@@ -1,0 +1,174 @@
+"""Pure functions over the run store's tables: comparisons, probe differences, narration.
+
+No Streamlit here: the app, the CLI and notebooks call these and display what they return.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pandas as pd
+
+from .runstore import RunStore
+
+SUMMARY_ROWS = [
+    ("label", "configuration"),
+    ("status", "status"),
+    ("messages", "messages"),
+    ("steps", "reads"),
+    ("observer_calls", "observer calls"),
+    ("reflector_calls", "reflector calls"),
+    ("cache_hits", "cache hits"),
+    ("full_history_tokens", "full-history tokens"),
+    ("final_context_tokens", "final context tokens"),
+    ("compression", "compression (x)"),
+    ("retention", "retention (memory)"),
+    ("retention_full_history", "retention (full history)"),
+    ("retention_window_only", "retention (window only)"),
+    ("retention_recent", "retention (newest K tokens)"),
+    ("cost_usd", "cost (USD)"),
+]
+
+
+def runs_with_config(store: RunStore) -> pd.DataFrame:
+    """The runs table with the configuration's main fields as columns."""
+    runs = store.runs()
+    if runs.empty:
+        return runs.assign(observer=[], reflector=[], observation_threshold=[], reflection_threshold=[], window=[])
+    configs = runs.config.map(json.loads)
+    runs = runs.assign(
+        observer=configs.map(lambda c: c.get("observer")),
+        reflector=configs.map(lambda c: c.get("reflector") or "none"),
+        observation_threshold=configs.map(lambda c: c.get("observation_threshold")),
+        reflection_threshold=configs.map(lambda c: c.get("reflection_threshold")),
+        window=configs.map(lambda c: c.get("last_messages")),
+        observer_prompt=configs.map(lambda c: (c.get("observer_prompt") or {}).get("version")),
+        reflector_prompt=configs.map(lambda c: (c.get("reflector_prompt") or {}).get("version")),
+    )
+    return runs
+
+
+def config_rows(config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "observer": config.get("observer"),
+        "reflector": config.get("reflector") or "none",
+        "observation threshold": config.get("observation_threshold"),
+        "reflection threshold": config.get("reflection_threshold"),
+        "window": config.get("last_messages"),
+        "token counter": config.get("token_counter"),
+        "observer prompt": (config.get("observer_prompt") or {}).get("version"),
+        "reflector prompt": (config.get("reflector_prompt") or {}).get("version"),
+    }
+
+
+def compare_runs(store: RunStore, run_a: str, run_b: str) -> pd.DataFrame:
+    """Configuration and figures of two runs, one column each, plus retention per category."""
+    columns = {}
+    for run_id in (run_a, run_b):
+        run = store.run(run_id)
+        values: dict[str, Any] = dict(config_rows(run["config"]))
+        for key, name in SUMMARY_ROWS:
+            values[name] = run.get(key)
+        tokens = store.model_calls(run_id)
+        values["model tokens in"] = int(tokens.input_tokens.fillna(0).sum()) if not tokens.empty else 0
+        values["model tokens out"] = int(tokens.output_tokens.fillna(0).sum()) if not tokens.empty else 0
+        for category, score in category_retention(store.probes(run_id)).items():
+            values[f"retention · category {category}"] = score
+        columns[run_id] = values
+    return pd.DataFrame(columns)
+
+
+def category_retention(probes: pd.DataFrame, method: str = "memory") -> dict[str, float]:
+    if probes.empty:
+        return {}
+    rows = probes[(probes.method == method) & probes.score.notna()]
+    return {str(k): float(v) for k, v in rows.groupby("category").score.mean().sort_index().items()}
+
+
+def retention_table(probes: pd.DataFrame) -> pd.DataFrame:
+    """Mean score per category (rows) and method (columns)."""
+    if probes.empty:
+        return pd.DataFrame()
+    scored = probes[probes.score.notna()]
+    table = scored.pivot_table(index="category", columns="method", values="score", aggfunc="mean")
+    table["probes"] = scored[scored.method == "memory"].groupby("category").size()
+    order = [c for c in ("memory", "recent_tokens", "window_only", "full_history", "llm_judge", "probes") if c in table]
+    return table[order]
+
+
+def probe_diff(store: RunStore, run_a: str, run_b: str, *, kept: float = 0.5) -> pd.DataFrame:
+    """Probes one run keeps (score >= ``kept``) and the other loses, with both scores."""
+    a = store.probes(run_a)
+    b = store.probes(run_b)
+    if a.empty or b.empty:
+        return pd.DataFrame(columns=["probe_id", "category", "question", "gold", "score_a", "score_b", "kept_by"])
+    a = a[a.method == "memory"][["probe_id", "category", "question", "gold", "score"]]
+    b = b[b.method == "memory"][["probe_id", "score"]]
+    merged = a.merge(b, on="probe_id", suffixes=("_a", "_b")).dropna(subset=["score_a", "score_b"])
+    keep_a = merged.score_a >= kept
+    keep_b = merged.score_b >= kept
+    merged = merged[keep_a != keep_b].copy()
+    merged["kept_by"] = merged.apply(lambda r: run_a if r.score_a >= kept else run_b, axis=1)
+    return merged.reset_index(drop=True)
+
+
+def records_at(records: pd.DataFrame, step: int) -> pd.DataFrame:
+    """Records written at or before ``step``."""
+    return records[records.step.fillna(-1) <= step]
+
+
+def sources_of(record: pd.Series, messages: pd.DataFrame) -> pd.DataFrame:
+    """The messages an observation condensed (for a reflection: the messages of its observations)."""
+    ids = json.loads(record["source_ids"]) if isinstance(record["source_ids"], str) else list(record["source_ids"])
+    return messages[messages.message_id.isin(ids)]
+
+
+def visible_at(step_row: pd.Series, records: pd.DataFrame, messages: pd.DataFrame, window: int) -> tuple[str, pd.DataFrame]:
+    """What the agent saw at a step: the rendered memory text and the window messages.
+
+    Rebuilt from stored rows with the library's own rendering rule (newest reflection, then the
+    observations it does not cover, oldest first).
+    """
+    from omem_core.planning import memory_text, view_of
+
+    step = int(step_row["step"])
+    written = records_at(records, step)
+    view = view_of([_record(row) for _, row in written.iterrows()])
+    end = int(step_row["message_index"])
+    return memory_text(view), messages[(messages.idx < end) & (messages.idx >= end - window)]
+
+
+def _record(row: pd.Series):
+    from omem_core import ObservationRecord
+
+    ids = json.loads(row["source_ids"]) if isinstance(row["source_ids"], str) else list(row["source_ids"])
+    return ObservationRecord(id=row["record_id"], thread_id=row["thread_id"], resource_id=row["resource_id"],
+                             created_at=row["created_at"].to_pydatetime() if hasattr(row["created_at"], "to_pydatetime")
+                             else row["created_at"], kind=row["kind"], source_ids=tuple(ids), text=row["text"])
+
+
+def narrate(step_row: pd.Series, previous: pd.Series | None, records: pd.DataFrame) -> str:
+    """One plain-language sentence about what happened at a step (presentation mode)."""
+    step = int(step_row["step"])
+    new = records[records.step == step]
+    parts = []
+    left = int(step_row["message_index"]) - (int(previous["message_index"]) if previous is not None else 0)
+    if step_row["observed"]:
+        obs = new[new.kind == "observation"]
+        lines = sum(len(t.splitlines()) for t in obs.text)
+        sources = sum(len(json.loads(s)) for s in obs.source_ids)
+        parts.append(f"{sources} older messages were condensed: the observer wrote {lines} line"
+                     f"{'s' if lines != 1 else ''}")
+    if step_row["reflected"]:
+        ref = new[new.kind == "reflection"]
+        lines = sum(len(t.splitlines()) for t in ref.text)
+        parts.append(f"the reflector merged the notes into a {lines}-line reflection")
+    if not parts:
+        backlog = int(step_row["backlog_tokens"])
+        parts.append(f"{left} new message{'s' if left != 1 else ''} arrived; {backlog:,} tokens wait behind the "
+                     "window, nothing to compact yet")
+    sentence = "; ".join(parts)
+    ratio = step_row["history_tokens"] / step_row["context_tokens"] if step_row["context_tokens"] else 1.0
+    return f"Step {step}: {sentence[0].upper()}{sentence[1:]}. The agent sees {int(step_row['context_tokens']):,} " \
+           f"tokens instead of {int(step_row['history_tokens']):,} ({ratio:.1f}x smaller)."

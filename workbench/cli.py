@@ -1,0 +1,358 @@
+"""``python -m workbench``: replay, sweep, compare and export runs headless.
+
+Every command writes to (or reads) the same DuckDB file as the app, ``runs.duckdb`` by default
+(``--db`` or ``$OMEM_DB`` to move it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from omem_core import OBSERVER_PROMPT, OFFLINE_MODEL, REFLECTOR_PROMPT, Prompt
+
+from .catalog import DEMO_DATASET, ROOT, known_datasets
+from .datasets import FORMATS, DatasetError, load_conversation, load_dataset
+from .replay import TOKEN_COUNTERS, ReplayConfig, ReplayFailed, ReplayResult, replay
+from .runstore import RunStore, RunStoreError
+
+DB_OPTION = click.option("--db", default=lambda: os.environ.get("OMEM_DB", "runs.duckdb"), show_default="runs.duckdb",
+                         help="DuckDB run store (env OMEM_DB).")
+
+
+def _open_store(db: str) -> RunStore:
+    try:
+        return RunStore(db)
+    except RunStoreError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _progress_printer(label: str, quiet: bool):
+    state = {"last": -1}
+
+    def progress(done: int, total: int, _: str) -> None:
+        if quiet:
+            return
+        percent = done * 100 // max(total, 1)
+        if percent != state["last"] and (percent % 5 == 0 or done == total):
+            state["last"] = percent
+            click.echo(f"\r{label} {percent:3d}% ({done}/{total} messages)", nl=done == total, err=True)
+
+    return progress
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _print_summary(result: ReplayResult) -> None:
+    s = result.summary()
+    click.echo(f"run {s['run_id'] or '(not recorded)'}: {s['status']}")
+    click.echo(f"  messages {s['messages']}, reads {s['steps']}, observer calls {s['observer_calls']}, "
+               f"reflector calls {s['reflector_calls']}, cache hits {s['cache_hits']}")
+    click.echo(f"  full history {s['full_history_tokens']:,} tokens -> final context {s['final_context_tokens']:,} "
+               f"tokens: compression {_fmt(s['compression'], 1)}x")
+    if "retention" in s:
+        click.echo(f"  retention {_fmt(s['retention'])} (full history {_fmt(s['retention_full_history'])}, "
+                   f"window only {_fmt(s['retention_window_only'])}, newest-K-tokens "
+                   f"{_fmt(s['retention_recent_tokens'])}; relative to full history "
+                   f"{_fmt(s['retention_relative'])}) over {s['probes_scored']} probes")
+        for category, figures in s["retention_per_category"].items():
+            click.echo(f"    {category:>28}: memory {_fmt(figures['memory'])}  full {_fmt(figures['full_history'])}  "
+                       f"window {_fmt(figures['window_only'])}  recent {_fmt(figures['recent_tokens'])}  "
+                       f"({int(figures['probes'])} probes)")
+    click.echo(f"  elapsed {s['elapsed_s']:.2f} s")
+
+
+def _resolve_prompt(store: RunStore | None, name: str, version: str | None) -> Prompt:
+    default = OBSERVER_PROMPT if name == "observer" else REFLECTOR_PROMPT
+    if version in (None, default.version):
+        return default
+    if store is None:
+        raise click.BadParameter(f"prompt {name}@{version} needs a run store to load from")
+    try:
+        return store.prompt(name, version)
+    except KeyError as exc:
+        raise click.BadParameter(f"no saved {name} prompt version {version!r} in {store.path}") from exc
+
+
+def _csv(kind):
+    def convert(ctx, param, value):
+        if value is None:
+            return None
+        try:
+            return [kind(v.strip()) for v in value.split(",") if v.strip()]
+        except ValueError as exc:
+            raise click.BadParameter(f"expected comma-separated {kind.__name__} values, got {value!r}") from exc
+    return convert
+
+
+@click.group()
+def cli() -> None:
+    """omem workbench: replay conversations through observational memory and study the runs."""
+
+
+@cli.command("replay")
+@click.option("--dataset", "dataset", type=click.Path(exists=True, path_type=Path), default=DEMO_DATASET,
+              show_default="datasets/demo.jsonl", help="Dataset file or folder.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), help="Override format detection.")
+@click.option("--conversation", help="Conversation id (default: the first).")
+@click.option("--observer", default=OFFLINE_MODEL, show_default=True, help="litellm model string.")
+@click.option("--reflector", default=OFFLINE_MODEL, show_default=True, help="litellm model string, or 'none'.")
+@click.option("--observation-threshold", type=int, default=1000, show_default=True)
+@click.option("--reflection-threshold", type=int, default=2000, show_default=True)
+@click.option("--last-messages", type=int, default=10, show_default=True, help="Recall window.")
+@click.option("--token-counter", type=click.Choice(TOKEN_COUNTERS), default="heuristic", show_default=True)
+@click.option("--recall-on", type=click.Choice(["assistant", "every"]), default="assistant", show_default=True,
+              help="Read memory before each assistant message, or before every message.")
+@click.option("--observer-prompt", help="Saved observer prompt version (default v1).")
+@click.option("--reflector-prompt", help="Saved reflector prompt version (default v1).")
+@click.option("--timeout", type=float, help="Seconds allowed to each compaction call.")
+@click.option("--no-cache", is_flag=True, help="Do not serve repeated model calls from litellm's cache.")
+@click.option("--answerer", help="LLM-judged retention: model that answers probes.")
+@click.option("--judge", help="LLM-judged retention: model that grades answers.")
+@click.option("--yes", is_flag=True, help="Do not ask before paid judge calls.")
+@click.option("--resume", "resume", metavar="RUN_ID", help="Continue an interrupted or failed run.")
+@click.option("--label", help="A name for the run.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line of stdout.")
+@DB_OPTION
+def replay_command(dataset: Path, fmt: str | None, conversation: str | None, observer: str, reflector: str,
+                   observation_threshold: int, reflection_threshold: int, last_messages: int, token_counter: str,
+                   recall_on: str, observer_prompt: str | None, reflector_prompt: str | None,
+                   timeout: float | None, no_cache: bool, answerer: str | None, judge: str | None, yes: bool,
+                   resume: str | None, label: str | None, as_json: bool, db: str) -> None:
+    """Replay one conversation and record every step."""
+    if bool(answerer) != bool(judge):
+        raise click.UsageError("--answerer and --judge go together")
+    store = _open_store(db)
+    try:
+        if resume:
+            try:
+                run = store.run(resume)
+            except KeyError as exc:
+                raise click.ClickException(str(exc)) from exc
+            conv = load_conversation(run["dataset"], run["conversation_id"], run["dataset_format"])
+            config = ReplayConfig.from_json(run["config"])
+        else:
+            conv = load_conversation(dataset, conversation, fmt)
+            config = ReplayConfig(
+                observer=observer, reflector=None if reflector.lower() == "none" else reflector,
+                observation_threshold=observation_threshold, reflection_threshold=reflection_threshold,
+                last_messages=last_messages, token_counter=token_counter, recall_on=recall_on,
+                observer_prompt=_resolve_prompt(store, "observer", observer_prompt),
+                reflector_prompt=_resolve_prompt(store, "reflector", reflector_prompt),
+                timeout=timeout, cache=not no_cache)
+        for warning in conv.warnings:
+            click.echo(f"warning: {warning}", err=True)
+        try:
+            result = asyncio.run(replay(conv, config, store, resume=resume, label=label,
+                                        progress=_progress_printer(f"replay {conv.id}", as_json)))
+        except ReplayFailed as exc:
+            click.echo(f"error: {exc}", err=True)
+            click.echo(f"the run {exc.result.run_id} kept {exc.result.steps} recorded steps; "
+                       f"resume with: python -m workbench replay --resume {exc.result.run_id}", err=True)
+            if as_json:
+                click.echo(json.dumps(exc.result.summary()))
+            sys.exit(1)
+        except KeyboardInterrupt:
+            click.echo("\ninterrupted: what was recorded is kept; resume with --resume", err=True)
+            sys.exit(130)
+        if answerer and judge and conv.probes:
+            _run_judge(store, result, conv, config, answerer, judge, yes, as_json)
+        if as_json:
+            click.echo(json.dumps(result.summary()))
+        else:
+            _print_summary(result)
+    except (DatasetError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        store.close()
+
+
+def _run_judge(store, result, conv, config, answerer, judge, yes, quiet) -> None:
+    from . import judge as judging
+    from .retention import render_context
+
+    context = render_context(result.context)
+    estimate = judging.estimate(conv.probes, context, answerer, judge)
+    click.echo(f"LLM-judged retention: {estimate.describe()}", err=True)
+    if not yes and not click.confirm("Run it?", default=True, err=True):
+        return
+    rows = asyncio.run(judging.judge_probes(conv.probes, context, answerer=answerer, judge=judge))
+    store.replace_probes(result.run_id, rows, ["llm_judge"])
+    scores = [r["score"] for r in rows]
+    if scores and not quiet:
+        click.echo(f"LLM-judged accuracy: {sum(scores) / len(scores):.3f} over {len(scores)} probes")
+
+
+@cli.command()
+@click.option("--dataset", type=click.Path(exists=True, path_type=Path), default=DEMO_DATASET,
+              show_default="datasets/demo.jsonl")
+@click.option("--format", "fmt", type=click.Choice(FORMATS))
+@click.option("--conversation")
+@click.option("--observer", "observers", default=OFFLINE_MODEL, callback=_csv(str), show_default=True,
+              help="Comma-separated models.")
+@click.option("--reflector", "reflectors", default=OFFLINE_MODEL, callback=_csv(str), show_default=True)
+@click.option("--observation-threshold", "observation", default="500,1000,2000", callback=_csv(int), show_default=True)
+@click.option("--reflection-threshold", "reflection", default="1000,2000,4000", callback=_csv(int), show_default=True)
+@click.option("--last-messages", "windows", default="10", callback=_csv(int), show_default=True)
+@click.option("--observer-prompt", "observer_prompts", default="v1", callback=_csv(str), show_default=True)
+@click.option("--reflector-prompt", "reflector_prompts", default="v1", callback=_csv(str), show_default=True)
+@click.option("--token-counter", type=click.Choice(TOKEN_COUNTERS), default="heuristic", show_default=True)
+@click.option("--concurrency", type=click.IntRange(1, 64), default=4, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@DB_OPTION
+def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflection, windows, observer_prompts,
+          reflector_prompts, token_counter, concurrency, as_json, db) -> None:
+    """Replay a grid of configurations (bounded concurrency) into one run store."""
+    store = _open_store(db)
+    try:
+        conv = load_conversation(dataset, conversation, fmt)
+        grid = [
+            ReplayConfig(observer=o, reflector=None if r.lower() == "none" else r, observation_threshold=ot,
+                         reflection_threshold=rt, last_messages=w, token_counter=token_counter,
+                         observer_prompt=_resolve_prompt(store, "observer", op),
+                         reflector_prompt=_resolve_prompt(store, "reflector", rp))
+            for o, r, ot, rt, w, op, rp in itertools.product(observers, reflectors, observation, reflection, windows,
+                                                             observer_prompts, reflector_prompts)
+        ]
+        results = asyncio.run(run_sweep(conv, grid, store, concurrency,
+                                        lambda line: None if as_json else click.echo(line, err=True)))
+        table = [r.summary() for r in results]
+        if as_json:
+            click.echo(json.dumps({"runs": table}))
+        else:
+            click.echo(f"{'run_id':<24} {'obs':>5} {'ref':>5} {'win':>4} {'compr':>7} {'retention':>9} {'status':>10}")
+            for config, row in zip(grid, table):
+                click.echo(f"{row['run_id'] or '-':<24} {config.observation_threshold:>5} "
+                           f"{config.reflection_threshold:>5} {config.last_messages:>4} "
+                           f"{_fmt(row['compression'], 1):>7} {_fmt(row.get('retention')):>9} {row['status']:>10}")
+    except (DatasetError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    except KeyboardInterrupt:
+        click.echo("\ninterrupted: finished runs are kept", err=True)
+        sys.exit(130)
+    finally:
+        store.close()
+
+
+async def run_sweep(conv, grid: list[ReplayConfig], store: RunStore, concurrency: int, echo=lambda line: None,
+                    on_done=None) -> list[ReplayResult]:
+    """Run every configuration, at most ``concurrency`` at once; a failed run does not stop the rest."""
+    gate = asyncio.Semaphore(concurrency)
+    finished = 0
+
+    async def one(config: ReplayConfig) -> ReplayResult:
+        nonlocal finished
+        async with gate:
+            try:
+                result = await replay(conv, config, store)
+            except ReplayFailed as exc:
+                result = exc.result
+        finished += 1
+        echo(f"[{finished}/{len(grid)}] {result.run_id} {config.label()}: {result.status}, "
+             f"compression {_fmt(result.compression, 1)}x, retention "
+             f"{_fmt(result.retention.retention if result.retention else None)}")
+        if on_done is not None:
+            on_done(finished, len(grid), result)
+        return result
+
+    return list(await asyncio.gather(*(one(c) for c in grid)))
+
+
+@cli.command()
+@click.argument("run_a")
+@click.argument("run_b")
+@click.option("--json", "as_json", is_flag=True)
+@DB_OPTION
+def compare(run_a: str, run_b: str, as_json: bool, db: str) -> None:
+    """Two runs side by side: calls, tokens, cost, compression, retention per category."""
+    from .analysis import compare_runs
+
+    store = _open_store(db)
+    try:
+        table = compare_runs(store, run_a, run_b)
+    except KeyError as exc:
+        raise click.ClickException(str(exc.args[0])) from exc
+    finally:
+        store.close()
+    if as_json:
+        click.echo(table.to_json(orient="index"))
+    else:
+        click.echo(table.to_string())
+
+
+@cli.command("runs")
+@click.option("--json", "as_json", is_flag=True)
+@DB_OPTION
+def runs_command(as_json: bool, db: str) -> None:
+    """List the recorded runs, newest first."""
+    store = _open_store(db)
+    try:
+        frame = store.runs()
+    finally:
+        store.close()
+    columns = ["run_id", "status", "conversation_id", "messages", "steps", "compression", "retention", "label"]
+    if as_json:
+        click.echo(frame[columns].to_json(orient="records"))
+    elif frame.empty:
+        click.echo(f"no runs in {db}")
+    else:
+        click.echo(frame[columns].to_string(index=False))
+
+
+@cli.command()
+@click.argument("run_id")
+@click.option("--parquet", "folder", required=True, type=click.Path(path_type=Path), help="Output folder.")
+@DB_OPTION
+def export(run_id: str, folder: Path, db: str) -> None:
+    """Export one run's tables as Parquet files."""
+    store = _open_store(db)
+    try:
+        written = store.export_parquet(run_id, folder)
+    except KeyError as exc:
+        raise click.ClickException(str(exc.args[0])) from exc
+    finally:
+        store.close()
+    for path in written:
+        click.echo(str(path))
+
+
+@cli.command()
+def datasets() -> None:
+    """List the datasets the workbench knows (project and ../shared)."""
+    for entry in known_datasets():
+        try:
+            conversations = load_dataset(entry.path, entry.format)
+            detail = f"{len(conversations)} conversation(s), {sum(len(c.turns) for c in conversations)} messages"
+        except DatasetError as exc:
+            detail = f"unreadable: {exc}"
+        click.echo(f"{entry.name:<18} {entry.origin:<8} {entry.path}  {detail}")
+
+
+@cli.command()
+@click.option("--port", type=int, default=8501, show_default=True)
+@click.option("--headless", is_flag=True, help="Do not open a browser.")
+def app(port: int, headless: bool) -> None:
+    """Open the Streamlit workbench."""
+    command = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
+               "--browser.gatherUsageStats", "false"]
+    if headless:
+        command += ["--server.headless", "true"]
+    raise SystemExit(subprocess.call(command))
+
+
+def main() -> None:
+    cli(prog_name="python -m workbench")

@@ -1,0 +1,92 @@
+"""LLM-judged retention: an answerer answers each probe from the visible context, a judge grades.
+
+Both are litellm model strings. Verdicts are stored per probe (method ``llm_judge``) with the
+answer. :func:`estimate` says how many calls and roughly what they cost before anything runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import litellm
+
+from omem_core.tokens import heuristic_count
+
+from .datasets import Probe
+
+ANSWER_PROMPT = (
+    "Answer the question using only the conversation memory and recent messages below. "
+    "Answer in one short sentence. If the context does not contain the answer, say \"I don't know\".\n\n"
+    "<context>\n{context}\n</context>\n\nQuestion: {question}"
+)
+JUDGE_PROMPT = (
+    "You grade answers. Given a question, a gold answer and a candidate answer, reply with exactly "
+    "one word: CORRECT if the candidate conveys the gold answer's key facts (wording may differ), "
+    "otherwise WRONG.\n\nQuestion: {question}\nGold answer: {gold}\nCandidate answer: {answer}"
+)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    calls: int
+    input_tokens: int
+    cost_usd: float | None
+
+    def describe(self) -> str:
+        cost = f"~${self.cost_usd:.4f}" if self.cost_usd is not None else "unknown cost (model not in litellm's price map)"
+        return f"{self.calls} model calls, ~{self.input_tokens:,} input tokens, {cost}"
+
+
+def _cost(model: str, prompt_tokens: int, completion_tokens: int) -> float | None:
+    try:
+        prompt_cost, completion_cost = litellm.cost_per_token(
+            model=model, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+        return float(prompt_cost + completion_cost)
+    except Exception:
+        return None
+
+
+def estimate(probes: Sequence[Probe], context: str, answerer: str, judge: str) -> Estimate:
+    scorable = [p for p in probes if p.gold]
+    context_tokens = heuristic_count([context])[0]
+    answer_in = sum(context_tokens + heuristic_count([p.question])[0] + 60 for p in scorable)
+    judge_in = sum(heuristic_count([p.question, p.gold or ""])[0] + 80 for p in scorable)
+    costs = [_cost(answerer, answer_in, 40 * len(scorable)), _cost(judge, judge_in, 3 * len(scorable))]
+    total = None if any(c is None for c in costs) else sum(costs)  # type: ignore[arg-type]
+    return Estimate(calls=2 * len(scorable), input_tokens=answer_in + judge_in, cost_usd=total)
+
+
+async def _ask(model: str, prompt: str, **kwargs) -> str:
+    response = await litellm.acompletion(model=model, messages=[{"role": "user", "content": prompt}], **kwargs)
+    return (response.choices[0].message.content or "").strip()
+
+
+async def judge_probes(
+    probes: Sequence[Probe], context: str, *, answerer: str, judge: str, concurrency: int = 4,
+    progress: Callable[[int, int], None] | None = None, completion_kwargs: dict | None = None,
+) -> list[dict]:
+    """Answer and grade every probe that has a gold answer; one row per probe."""
+    scorable = [p for p in probes if p.gold]
+    gate = asyncio.Semaphore(concurrency)
+    done = 0
+    kwargs = completion_kwargs or {}
+
+    async def one(probe: Probe) -> dict:
+        nonlocal done
+        async with gate:
+            answer = await _ask(answerer, ANSWER_PROMPT.format(context=context, question=probe.question), **kwargs)
+            verdict = await _ask(judge, JUDGE_PROMPT.format(question=probe.question, gold=probe.gold, answer=answer),
+                                 **kwargs)
+        done += 1
+        if progress is not None:
+            progress(done, len(scorable))
+        word = verdict.strip().split()[0].strip(".:!").upper() if verdict.strip() else ""
+        return {"probe_id": probe.id, "method": "llm_judge", "question": probe.question, "gold": probe.gold,
+                "category": probe.category, "evidence": json.dumps(list(probe.evidence)),
+                "evidence_in_window": None, "score": 1.0 if word == "CORRECT" else 0.0,
+                "answer": answer}
+
+    return list(await asyncio.gather(*(one(p) for p in scorable)))
