@@ -42,6 +42,15 @@ async def fill(store: MemoryStore, n: int, start: int = 0) -> None:
     await store.save_messages([msg(i) for i in range(start, start + n)])
 
 
+async def until_started(scripted: Scripted, count: int = 1) -> None:
+    """Wait (bounded) until the scripted model has been entered ``count`` times."""
+    for _ in range(5000):
+        if scripted.started >= count:
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("the model was never called")
+
+
 def user_input(call: list[dict]) -> str:
     return call[-1]["content"]
 
@@ -251,8 +260,7 @@ async def test_a_cancelled_waiter_does_not_cancel_the_shared_pass(scripted: Scri
     await fill(store, 10)
     first = asyncio.create_task(store.recall("t", last=2))
     second = asyncio.create_task(store.recall("t", last=2))
-    while scripted.started == 0:
-        await asyncio.sleep(0)
+    await until_started(scripted)
     await asyncio.sleep(0)
     first.cancel()
     await asyncio.sleep(0)
@@ -269,8 +277,7 @@ async def test_cancelling_the_only_reader_cancels_the_model_call(scripted: Scrip
     scripted.gate = asyncio.Event()
     await fill(store, 10)
     reader = asyncio.create_task(store.recall("t", last=2))
-    while scripted.started == 0:
-        await asyncio.sleep(0)
+    await until_started(scripted)
     reader.cancel()
     with pytest.raises(asyncio.CancelledError):
         await reader
@@ -288,8 +295,7 @@ async def test_delete_during_an_inflight_pass_saves_nothing(scripted: Scripted) 
     scripted.gate = asyncio.Event()
     await fill(store, 10)
     reader = asyncio.create_task(store.recall("t", last=2))
-    while scripted.started == 0:
-        await asyncio.sleep(0)
+    await until_started(scripted)
     await store.delete_thread("t")
     scripted.gate.set()
     await reader

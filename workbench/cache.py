@@ -81,13 +81,16 @@ class SQLiteCache(BaseCache):
 def enable_litellm_cache(path: str | Path | None = None) -> None:
     """Turn on litellm's response cache with the persistent backend (idempotent).
 
-    A cache the user already configured on ``litellm.cache`` is left alone.
+    The cache is opt-in per call (``caching=True``). A cache the user already configured on
+    ``litellm.cache`` is left alone.
     """
     import litellm
-    from litellm.caching.caching import Cache
+    from litellm.caching.caching import Cache, CacheMode
 
     if litellm.cache is not None:
         return
-    cache = Cache(type="local")
+    # Opt-in only: calls that pass caching=True (the workbench's) use it; other litellm calls in
+    # the same process are not cached behind their back.
+    cache = Cache(type="local", mode=CacheMode.default_off)
     cache.cache = SQLiteCache(path)
     litellm.cache = cache

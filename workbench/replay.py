@@ -220,7 +220,7 @@ async def replay(
         thresholds={"observation": config.observation_threshold, "reflection": config.reflection_threshold},
         count_tokens=count, observations=observations, observer_prompt=config.observer_prompt,
         reflector_prompt=config.reflector_prompt, timeout=config.timeout, on_event=on_event,
-        completion_kwargs={"caching": True} if config.cache else None,
+        completion_kwargs={"caching": True, "cache": {"use-cache": True}} if config.cache else None,
     )
     memory = Memory(wrapper, last_messages=config.last_messages)
     message_tokens = count([t.content for t in turns]) if turns else []

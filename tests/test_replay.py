@@ -1,0 +1,193 @@
+"""Replay, the DuckDB run store, resume, retention scoring and litellm caching."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from conftest import Scripted
+
+from omem_core import Message
+from workbench.catalog import DEMO_DATASET, PROJECT_DATASETS
+from workbench.datasets import load_conversation
+from workbench.replay import ReplayConfig, ReplayFailed, replay
+from workbench.retention import content_words, newest_tokens, probe_score, summarise
+from workbench.runstore import MIGRATIONS, RunStore, RunStoreLocked
+
+TINY = PROJECT_DATASETS / "tiny.jsonl"
+SMALL = dict(observation_threshold=40, reflection_threshold=60, last_messages=4)
+
+
+@pytest.fixture(autouse=True)
+def _cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMEM_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def store(tmp_path):
+    with RunStore(tmp_path / "runs.duckdb") as s:
+        yield s
+
+
+async def test_replay_records_every_step(store: RunStore) -> None:
+    conv = load_conversation(TINY)
+    result = await replay(conv, ReplayConfig(**SMALL, cache=False), store)
+    run = store.run(result.run_id)
+    assert run["status"] == "completed" and run["config"]["observation_threshold"] == 40
+    assert run["config"]["observer_prompt"]["version"] == "v1" and len(run["config"]["observer_prompt"]["sha256"]) == 64
+    steps = store.steps(result.run_id)
+    assert list(steps.step) == list(range(6))  # one read before each of the 6 assistant messages
+    assert list(steps.message_index) == [1, 3, 5, 7, 9, 11]
+    assert (steps.context_tokens == steps.memory_tokens + steps.window_tokens).all()
+    assert steps.history_tokens.is_monotonic_increasing
+    records = store.records(result.run_id)
+    calls = store.model_calls(result.run_id)
+    assert len(records) == int(steps.observed.sum() + steps.reflected.sum()) == len(calls)
+    assert set(calls.stage) == {"observe", "reflect"} and (calls.cost_usd == 0).all()
+    assert set(records.record_id) == set(calls.record_id)
+    first = records.iloc[0]
+    assert json.loads(first.source_ids)[0] == "t1" and first.tokens > 0
+    assert result.observer_calls == int((calls.stage == "observe").sum())
+    probes = store.probes(result.run_id)
+    assert set(probes.method) == {"memory", "full_history", "window_only", "recent_tokens"}
+    assert len(probes) == 3 * 4
+    assert run["compression"] == pytest.approx(run["full_history_tokens"] / run["final_context_tokens"])
+    messages = store.messages(result.run_id)
+    assert len(messages) == 12 and messages.content[0].startswith("Sam: ")
+
+
+async def test_recall_on_every_message(store: RunStore) -> None:
+    result = await replay(load_conversation(TINY), ReplayConfig(**SMALL, recall_on="every", cache=False), store)
+    assert len(store.steps(result.run_id)) == 12
+
+
+async def test_steps_match_a_replay_without_recording() -> None:
+    conv = load_conversation(DEMO_DATASET)
+    config = ReplayConfig(observation_threshold=300, reflection_threshold=600, cache=False)
+    with RunStore(":memory:") as store:
+        recorded = await replay(conv, config, store)
+        stored = store.steps(recorded.run_id)
+    plain = await replay(conv, config, None)
+    assert plain.run_id is None
+    stored = stored.drop(columns="run_id").astype(object).where(stored.drop(columns="run_id").notna(), None)
+    assert stored.to_dict("records") == plain.step_rows
+    assert plain.summary()["retention"] == recorded.summary()["retention"]
+
+
+async def test_model_error_marks_the_run_failed_and_resume_continues(store: RunStore, scripted: Scripted) -> None:
+    conv = load_conversation(DEMO_DATASET)
+    scripted.replies = ["- n1", "- n2", RuntimeError("provider down")]
+    config = ReplayConfig(observer="scripted/model", reflector=None, observation_threshold=200, cache=False)
+    with pytest.raises(ReplayFailed, match="provider down") as caught:
+        await replay(conv, config, store)
+    run_id = caught.value.result.run_id
+    run = store.run(run_id)
+    assert run["status"] == "failed" and "provider down" in run["error"]
+    kept = store.steps(run_id)
+    assert len(kept) > 0 and len(store.records(run_id)) == 2  # no partial record
+    calls = store.model_calls(run_id)
+    assert calls.error.notna().sum() == 1 and calls.record_id.isna().sum() == 1
+
+    resumed = await replay(conv, config, store, resume=run_id)
+    assert resumed.status == "completed" and store.run(run_id)["status"] == "completed"
+    steps = store.steps(run_id)
+    assert list(steps.step) == list(range(len(steps)))  # no gap, no duplicate
+    assert len(steps) == 100
+    records = store.records(run_id)
+    assert records.record_id.is_unique
+    # Compared with an uninterrupted run: the same records, byte for byte.
+    with RunStore(":memory:") as fresh:
+        scripted.replies = ["- n1", "- n2"]
+        clean = await replay(conv, config, fresh)
+        assert list(fresh.records(clean.run_id).text) == list(records.text)
+        assert list(fresh.records(clean.run_id).source_ids) == list(records.source_ids)
+
+
+async def test_repeated_configuration_is_served_from_litellm_cache(store: RunStore, scripted: Scripted) -> None:
+    conv = load_conversation(TINY)
+    config = ReplayConfig(observer="scripted/model", reflector=None, **SMALL)
+    first = await replay(conv, config, store)
+    calls_made = len(scripted.calls)
+    assert calls_made == first.observer_calls > 0 and first.cache_hits == 0
+    second = await replay(conv, config, store)
+    assert len(scripted.calls) == calls_made  # no new model call
+    assert second.cache_hits == second.observer_calls == first.observer_calls
+    assert store.run(second.run_id)["cache_hits"] == second.cache_hits
+
+
+def test_schema_is_versioned_and_migrations_are_idempotent(tmp_path) -> None:
+    path = tmp_path / "r.duckdb"
+    with RunStore(path) as s:
+        assert s.schema_version() == len(MIGRATIONS)
+    with RunStore(path) as s:  # reopening runs no migration twice
+        assert s.schema_version() == len(MIGRATIONS)
+        assert s.runs().empty
+
+
+def test_a_file_held_by_another_process_gets_a_clear_message(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "held.duckdb"
+    RunStore(path).close()
+    holder = subprocess.Popen([sys.executable, "-c", f"import duckdb,time; c=duckdb.connect({str(path)!r}); "
+                                                     "print('ready', flush=True); time.sleep(30)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        with pytest.raises(RunStoreLocked, match="open read-write in another process"):
+            RunStore(path)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_export_parquet(store: RunStore, tmp_path) -> None:
+    import pandas as pd
+
+    result = asyncio.run(replay(load_conversation(TINY), ReplayConfig(**SMALL, cache=False), store))
+    written = store.export_parquet(result.run_id, tmp_path / "out")
+    assert {p.name for p in written} >= {"runs.parquet", "steps.parquet", "records.parquet"}
+    assert len(pd.read_parquet(tmp_path / "out" / "steps.parquet")) == 6
+
+
+def test_retention_scoring_rules() -> None:
+    assert content_words("The 7 May, 2023 trip to Boston!") == {"7", "may", "2023", "trip", "boston"}
+    assert probe_score("Boston University", {"boston"}) == 0.5
+    assert probe_score(None, {"x"}) is None and probe_score("the of", {"x"}) is None
+    from datetime import datetime, timezone
+
+    history = [Message(id=str(i), thread_id="t", role="user", content="x" * 40,
+                       created_at=datetime(2024, 1, 1, tzinfo=timezone.utc)) for i in range(10)]
+    assert [m.id for m in newest_tokens(history, 25, lambda ts: [10] * len(ts))] == ["8", "9"]
+    rows = [
+        {"probe_id": "a", "method": m, "category": "x", "score": s}
+        for m, s in (("memory", 1.0), ("full_history", 1.0), ("window_only", 0.0), ("recent_tokens", 0.5))
+    ] + [{"probe_id": "b", "method": "memory", "category": "y", "score": 0.0}]  # incomplete: ignored
+    summary = summarise(rows)
+    assert summary.retention == 1.0 and summary.recent_tokens == 0.5 and summary.scored == 1
+    assert summary.relative == 1.0 and list(summary.per_category) == ["x"]
+
+
+def test_invalid_config_is_rejected() -> None:
+    with pytest.raises(ValueError, match="observation_threshold"):
+        ReplayConfig(observation_threshold=0)
+    with pytest.raises(ValueError, match="token_counter"):
+        ReplayConfig(token_counter="words")
+
+
+def test_replays_every_shared_dataset(shared_datasets, tmp_path) -> None:
+    from workbench.catalog import known_datasets
+    from workbench.datasets import load_dataset
+
+    entries = [e for e in known_datasets() if e.origin == "shared"]
+    assert {e.format for e in entries} == {"locomo", "beam", "memorybank"}
+    with RunStore(tmp_path / "all.duckdb") as store:
+        for entry in entries:
+            conv = load_dataset(entry.path, entry.format)[0]
+            result = asyncio.run(replay(conv, ReplayConfig(cache=False), store))
+            assert result.status == "completed" and result.steps > 0
+            if any(p.gold for p in conv.probes):
+                assert result.retention is not None and result.retention.scored > 0
+        assert len(store.runs()) == len(entries)
