@@ -1,0 +1,33 @@
+"""Prompts: view, edit and save observer/reflector prompt versions."""
+
+import streamlit as st
+
+from omem_core import Prompt
+from workbench import ui
+from workbench.runstore import RunStoreError
+
+store = ui.get_store()
+st.title("Prompts")
+st.caption("Saved versions appear in the configuration forms of the explorer and Compare.")
+
+name = st.radio("Prompt", ["observer", "reflector"], horizontal=True, key="pr_name")
+choices = ui.prompt_choices(store, name)
+version = st.selectbox("Version", list(choices), key=f"pr_version_{name}")
+prompt = choices[version]
+st.text(f"{prompt.label} · sha256 {prompt.sha256[:16]}… · {len(prompt.text)} characters")
+
+text = st.text_area("Text (the system message of each compaction call)", prompt.text, height=360,
+                    key=f"pr_text_{name}_{version}")
+new_version = st.text_input("Save as version", value="", placeholder="e.g. v2-shorter", key=f"pr_new_{name}")
+if st.button("Save version", type="primary", key="pr_save", disabled=not new_version.strip()):
+    try:
+        candidate = Prompt(name=name, version=new_version.strip(), text=text)
+        store.save_prompt(candidate)
+        st.success(f"Saved {candidate.label} (sha256 {candidate.sha256[:16]}…). Pick it in Compare.")
+    except (ValueError, RunStoreError) as exc:
+        st.error(str(exc))
+
+saved = store.prompts()
+if not saved.empty:
+    st.subheader("Saved versions")
+    st.dataframe(saved[["name", "version", "sha256", "created_at"]], hide_index=True, key="pr_table")

@@ -1,0 +1,62 @@
+"""Runs: the run history (filter, open, delete, export)."""
+
+import io
+import tempfile
+import zipfile
+from pathlib import Path
+
+import streamlit as st
+
+from workbench import analysis, ui
+
+store = ui.get_store()
+st.title("Runs")
+
+runs = analysis.runs_with_config(store)
+if runs.empty:
+    st.info("No runs yet: replay a conversation in the explorer or with `python -m workbench replay`.")
+    st.stop()
+
+left, middle, right = st.columns(3)
+conversations = left.multiselect("Conversation", sorted(runs.conversation_id.unique()), key="runs_conv")
+statuses = middle.multiselect("Status", sorted(runs.status.unique()), key="runs_status")
+search = right.text_input("Search labels", key="runs_search")
+shown = runs
+if conversations:
+    shown = shown[shown.conversation_id.isin(conversations)]
+if statuses:
+    shown = shown[shown.status.isin(statuses)]
+if search:
+    shown = shown[shown.label.fillna("").str.contains(search, case=False, regex=False)]
+
+st.dataframe(shown[["run_id", "created_at", "status", "conversation_id", "observer", "reflector",
+                    "observation_threshold", "reflection_threshold", "window", "steps", "compression",
+                    "retention", "cost_usd", "label"]], hide_index=True, key="runs_table")
+st.caption(f"{len(shown)} of {len(runs)} runs")
+
+if shown.empty:
+    st.stop()
+run_id = ui.run_picker(store, "Run", "runs_pick")
+if run_id not in set(shown.run_id):
+    run_id = shown.run_id.iloc[0]
+open_col, export_col, delete_col = st.columns(3)
+if open_col.button("Open in the explorer", key="runs_open"):
+    ui.open_run(run_id)
+    st.switch_page("workbench/app_pages/explorer.py")
+
+with tempfile.TemporaryDirectory() as folder:
+    files = store.export_parquet(run_id, Path(folder))
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for file in files:
+            archive.write(file, file.name)
+export_col.download_button("Export as Parquet (zip)", buffer.getvalue(), file_name=f"{run_id}.zip",
+                           mime="application/zip", key="runs_export")
+
+confirm = delete_col.checkbox("Confirm delete", key="runs_confirm")
+if delete_col.button("Delete run", disabled=not confirm or store.read_only, key="runs_delete"):
+    store.delete_run(run_id)
+    if st.session_state.get(ui.RUN_KEY) == run_id:
+        st.session_state.pop(ui.RUN_KEY)
+    st.success(f"Deleted {run_id}")
+    st.rerun()
