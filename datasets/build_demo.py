@@ -1,7 +1,7 @@
 """Builds datasets/demo.jsonl: a ~200-message conversation written for omem, with probes.
 
-Priya, a data engineer who has just moved to Lisbon, talks with her assistant over twelve
-sessions (February to May 2024). Facts are planted in the first sessions (names, dates, numbers,
+Priya, a data engineer who has just moved to Lisbon, talks with her assistant over thirteen
+sessions (February to June 2024). Facts are planted in the first sessions (names, dates, numbers,
 preferences), some change later (newest wins), and the probes ask about them at the end, after
 their evidence has long left any recall window.
 

@@ -112,7 +112,7 @@ def test_compare_two_configurations(db: Path) -> None:
     runs = store(db).runs()
     assert len(runs) == 3  # the explorer's demo run, then A and B
     table = at.dataframe[0].value
-    assert set(table.columns) == set(runs.run_id[:2])
+    assert list(table.columns) == [f"A · {runs.run_id[1]}", f"B · {runs.run_id[0]}"]
     assert table.loc["observation threshold"].astype(int).tolist() == [150, 600]
     assert len(at.get("plotly_chart")) == 4
 

@@ -18,7 +18,7 @@ COLORS = {
 def _marker_line(fig: go.Figure, step: int | None) -> None:
     if step is not None:
         fig.add_vline(x=step, line_dash="dot", line_color="#d63031", annotation_text=f"step {step}",
-                      annotation_position="top left")
+                      annotation_position="bottom left")
 
 
 def _layout(fig: go.Figure, title: str, y: str) -> go.Figure:

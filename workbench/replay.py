@@ -162,7 +162,7 @@ async def replay(
     resume: str | None = None,
     progress: Progress | None = None,
     label: str | None = None,
-    flush_every: int = 50,
+    flush_every: int = 100,
 ) -> ReplayResult:
     """Replay ``conversation`` under ``config``; record into ``store`` when given.
 
@@ -201,11 +201,12 @@ async def replay(
     observations = (RunObservationStore(store, run_id, count_tokens=count) if store is not None and run_id
                     else create_in_memory_observation_store())
     events: list[CompactionEvent] = []
+    pending_calls: list[dict[str, Any]] = []
 
     def on_event(event: CompactionEvent) -> None:
         events.append(event)
         if store is not None and run_id is not None:
-            store.add_model_call(run_id, {
+            pending_calls.append({
                 "step": step, "stage": event.stage, "model": event.model,
                 "prompt_version": event.prompt_version, "prompt_sha256": event.prompt_sha256,
                 "source_count": len(event.source_ids), "volume_before": event.volume_before,
@@ -232,9 +233,11 @@ async def replay(
     all_rows: list[dict[str, Any]] = []
 
     def flush() -> None:
-        if store is not None and run_id is not None and pending:
-            store.add_steps(run_id, pending)
+        """Write buffered step rows and model calls in one transaction (records are already saved)."""
+        if store is not None and run_id is not None and (pending or pending_calls):
+            store.add_steps(run_id, pending, pending_calls)
         pending.clear()
+        pending_calls.clear()
 
     status, error = "completed", None
     total = len(turns)
@@ -264,7 +267,7 @@ async def replay(
                 pending.append(row)
                 all_rows.append(row)
                 step += 1
-                if fired or len(pending) >= flush_every:
+                if len(pending) >= flush_every:
                     flush()
             await memory.save_messages([turn.to_message(thread)])
             history += message_tokens[i]

@@ -163,6 +163,16 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def _insert_many(cur: duckdb.DuckDBPyConnection, table: str, columns: list[str], rows: list[list[Any]],
+                 *, verb: str = "INSERT") -> None:
+    """One multi-row ``INSERT ... VALUES`` statement (DuckDB's executemany runs row by row)."""
+    placeholders = "(" + ", ".join("?" * len(columns)) + ")"
+    for start in range(0, len(rows), 200):
+        chunk = rows[start : start + 200]
+        cur.execute(f"{verb} INTO {table} ({', '.join(columns)}) VALUES " + ", ".join([placeholders] * len(chunk)),
+                    [value for row in chunk for value in row])
+
+
 def _is_lock_error(exc: Exception) -> bool:
     text = str(exc).lower()
     return "lock" in text or "conflicting" in text or "already open" in text
@@ -190,6 +200,7 @@ class RunStore:
             raise RunStoreError(f"cannot open {self.path}: {exc}") from exc
         self._local = threading.local()
         self._write_lock = threading.Lock()
+        self._seq: dict[tuple[str, str], int] = {}
         if not read_only:
             self.migrate()
         elif not self._has_table("omem_schema"):
@@ -264,34 +275,51 @@ class RunStore:
                 raise
         return run_id
 
-    def add_steps(self, run_id: str, rows: list[dict[str, Any]]) -> None:
-        if not rows:
+    def add_steps(self, run_id: str, rows: list[dict[str, Any]], calls: list[dict[str, Any]] = ()) -> None:
+        """Append step rows (and the model calls made during them) in one transaction."""
+        if not rows and not calls:
             return
-        frame = pd.DataFrame(rows)
-        frame.insert(0, "run_id", run_id)
         with self._write_lock:
             cur = self.cursor()
-            cur.register("_steps", frame)
-            columns = ", ".join(frame.columns)
-            cur.execute(f"INSERT OR REPLACE INTO steps ({columns}) SELECT {columns} FROM _steps")
-            cur.unregister("_steps")
-            cur.execute("UPDATE runs SET steps = (SELECT count(*) FROM steps WHERE run_id = ?), updated_at = ? "
-                        "WHERE run_id = ?", [run_id, _now(), run_id])
+            cur.execute("BEGIN TRANSACTION")
+            try:
+                if rows:
+                    _insert_many(cur, "steps", ["run_id", *rows[0]], [[run_id, *r.values()] for r in rows],
+                                 verb="INSERT OR REPLACE")
+                if calls:
+                    first = self._next_seq("model_calls", run_id, len(calls))
+                    _insert_many(cur, "model_calls", ["run_id", "seq", *calls[0]],
+                                 [[run_id, first + i, *c.values()] for i, c in enumerate(calls)])
+                last = rows[-1]["step"] + 1 if rows else None
+                cur.execute("UPDATE runs SET steps = coalesce(?, steps), updated_at = ? WHERE run_id = ?",
+                            [last, _now(), run_id])
+                cur.execute("COMMIT")
+            except Exception:
+                cur.execute("ROLLBACK")
+                self._seq.pop(("model_calls", run_id), None)
+                raise
+
+    def _next_seq(self, table: str, run_id: str, count: int = 1) -> int:
+        """The next ``seq`` of ``table`` for a run (read once from DuckDB, then counted here)."""
+        key = (table, run_id)
+        if key not in self._seq:
+            self._seq[key] = self.cursor().execute(
+                f"SELECT coalesce(max(seq), 0) FROM {table} WHERE run_id = ?", [run_id]).fetchone()[0]
+        first = self._seq[key] + 1
+        self._seq[key] += count
+        return first
+
+    def add_model_calls(self, run_id: str, rows: list[dict[str, Any]]) -> None:
+        if rows:
+            self.add_steps(run_id, [], rows)
 
     def add_model_call(self, run_id: str, row: dict[str, Any]) -> None:
-        with self._write_lock:
-            cur = self.cursor()
-            seq = cur.execute("SELECT coalesce(max(seq), 0) + 1 FROM model_calls WHERE run_id = ?",
-                              [run_id]).fetchone()[0]
-            columns = ["run_id", "seq", *row]
-            cur.execute(f"INSERT INTO model_calls ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
-                        [run_id, seq, *row.values()])
+        self.add_model_calls(run_id, [row])
 
     def save_record(self, run_id: str, record: ObservationRecord, *, step: int | None, tokens: int | None) -> None:
         with self._write_lock:
             cur = self.cursor()
-            seq = cur.execute("SELECT coalesce(max(seq), 0) + 1 FROM records WHERE run_id = ?",
-                              [run_id]).fetchone()[0]
+            seq = self._next_seq("records", run_id)
             cur.execute(
                 "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [run_id, seq, step, record.id, record.thread_id, record.resource_id, record.kind,
@@ -340,6 +368,7 @@ class RunStore:
             for table in ("probes", "model_calls", "records", "steps", "messages", "runs"):
                 cur.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
             cur.execute("COMMIT")
+            self._seq = {k: v for k, v in self._seq.items() if k[1] != run_id}
 
     def save_prompt(self, prompt: Prompt) -> None:
         with self._write_lock:

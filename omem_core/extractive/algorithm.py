@@ -290,12 +290,17 @@ def reflect(reflection: str, observations: str, target_tokens: int) -> str:
                 keep = sorted(ranked[: max(2, len(sentences) // 2)])
                 bullet.body = head + " ".join(sentences[i] for i in keep)
     newest = max((b.order for b in merged), default=0) or 1
-    while merged and size() > budget:
-        weakest = min(
-            merged,
-            key=lambda b: (sentence_score(b.body) + 1.0 * b.order / newest, b.order),
-        )
-        merged.remove(weakest)
+    total = size()
+    if total > budget:
+        # Drop the weakest bullets (salience plus a recency bonus; older first on ties) until it fits.
+        ranked = sorted(merged, key=lambda b: (sentence_score(b.body) + 1.0 * b.order / newest, b.order))
+        dropped: set[int] = set()
+        for bullet in ranked:
+            if total <= budget:
+                break
+            dropped.add(bullet.order)
+            total -= estimate_tokens(bullet.render()) + 1
+        merged = [b for b in merged if b.order not in dropped]
     return "\n".join(bullet.render() for bullet in merged)
 
 

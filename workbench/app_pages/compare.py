@@ -45,7 +45,9 @@ if info_a["conversation_id"] != info_b["conversation_id"]:
     st.warning("The two runs replayed different conversations; their figures are not directly comparable.")
 
 st.subheader("Figures")
-st.dataframe(analysis.compare_runs(store, run_a, run_b).astype(str), key="cmp_table")
+table = analysis.compare_runs(store, run_a, run_b).astype(str)
+table.columns = [f"A · {run_a}", f"B · {run_b}"] if run_a != run_b else [f"A · {run_a}"]
+st.dataframe(table, key="cmp_table", height=35 * (len(table) + 1) + 3)
 
 steps_a, steps_b = store.steps(run_a), store.steps(run_b)
 for title, build in (

@@ -1,0 +1,111 @@
+"""End to end in a real browser: Debian's Chromium driven by Playwright against `streamlit run`.
+
+Set OMEM_SCREENSHOT_DIR to keep the screenshots (the README's come from this test).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[dev]')")
+if not os.path.exists(CHROMIUM):
+    pytest.skip("Debian's chromium is not installed (apt-get install -y chromium); .ci/run installs it",
+                allow_module_level=True)
+
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def server(tmp_path):
+    port = free_port()
+    env = {**os.environ, "OMEM_DB": str(tmp_path / "e2e.duckdb"), "OMEM_CACHE_DIR": str(tmp_path / "cache"),
+           "OPENAI_API_KEY": "sk-omem-sentinel-never-stored"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.headless", "true",
+         "--server.address", "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
+                    break
+            except OSError:
+                time.sleep(0.3)
+        else:
+            raise RuntimeError("streamlit did not become healthy in 60 s")
+        yield url, tmp_path
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def settle(page) -> None:
+    page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=90_000)
+    page.wait_for_timeout(500)
+
+
+def test_replay_slider_compare_and_screenshots(server) -> None:
+    url, tmp = server
+    shots = Path(os.environ.get("OMEM_SCREENSHOT_DIR") or tmp)
+    shots.mkdir(parents=True, exist_ok=True)
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch_persistent_context(str(tmp / "profile"), executable_path=CHROMIUM, args=ARGS,
+                                                       viewport={"width": 1500, "height": 1100})
+        page = browser.new_page()
+        page.goto(url)
+        settle(page)
+        # A fresh store: the explorer replayed the demo conversation on the built-in model.
+        page.get_by_text("Replay explorer").first.wait_for()
+        assert page.get_by_text("priya-lisbon").count() > 0
+        compression = page.locator('[data-testid="stMetric"]').filter(has_text="Compression")
+        assert compression.inner_text().strip().endswith("x")
+        assert page.locator(".js-plotly-plot").count() >= 3
+        last_step = page.get_by_text("At step").first.inner_text()
+        page.screenshot(path=str(shots / "explorer.png"), full_page=False)
+
+        # Move the step slider with the keyboard: the step panel follows.
+        slider = page.get_by_role("slider").first
+        slider.focus()
+        for _ in range(5):
+            slider.press("ArrowLeft")
+        settle(page)
+        moved = page.get_by_text("At step").first.inner_text()
+        assert moved != last_step and int(moved.split()[-1]) == int(last_step.split()[-1]) - 5
+
+        # Run a second configuration from the sidebar, then compare the two.
+        page.get_by_label("Observation threshold (tokens)").fill("150")
+        page.get_by_label("Observation threshold (tokens)").press("Enter")
+        settle(page)
+        page.get_by_role("button", name="Run replay").click()
+        settle(page)
+        page.get_by_role("link", name="Compare").click()
+        settle(page)
+        page.get_by_text("Probes one keeps and the other loses").wait_for()
+        assert page.locator(".js-plotly-plot").count() == 4
+        page.screenshot(path=str(shots / "compare.png"), full_page=False)
+        # No script from dataset or model text ran, and the sentinel key is nowhere on the page.
+        assert "sk-omem-sentinel" not in page.content()
+        browser.close()
