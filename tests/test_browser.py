@@ -63,8 +63,15 @@ def server(tmp_path):
 
 
 def settle(page) -> None:
+    page.wait_for_timeout(300)
     page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=90_000)
     page.wait_for_timeout(500)
+
+
+def wait_for_charts(page, count: int) -> int:
+    """Plotly draws after the script finishes: wait (bounded) until ``count`` charts are on the page."""
+    page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot').length >= {count}", timeout=60_000)
+    return page.locator(".js-plotly-plot").count()
 
 
 def test_replay_slider_compare_and_screenshots(server) -> None:
@@ -78,11 +85,11 @@ def test_replay_slider_compare_and_screenshots(server) -> None:
         page.goto(url)
         settle(page)
         # A fresh store: the explorer replayed the demo conversation on the built-in model.
-        page.get_by_text("Replay explorer").first.wait_for()
+        page.get_by_text("At step").first.wait_for(timeout=90_000)
         assert page.get_by_text("priya-lisbon").count() > 0
         compression = page.locator('[data-testid="stMetric"]').filter(has_text="Compression")
         assert compression.inner_text().strip().endswith("x")
-        assert page.locator(".js-plotly-plot").count() >= 3
+        assert wait_for_charts(page, 3) >= 3
         last_step = page.get_by_text("At step").first.inner_text()
         page.screenshot(path=str(shots / "explorer.png"), full_page=False)
 
@@ -103,8 +110,8 @@ def test_replay_slider_compare_and_screenshots(server) -> None:
         settle(page)
         page.get_by_role("link", name="Compare").click()
         settle(page)
-        page.get_by_text("Probes one keeps and the other loses").wait_for()
-        assert page.locator(".js-plotly-plot").count() == 4
+        page.get_by_text("Probes one keeps and the other loses").wait_for(timeout=90_000)
+        assert wait_for_charts(page, 4) == 4
         page.screenshot(path=str(shots / "compare.png"), full_page=False)
         # No script from dataset or model text ran, and the sentinel key is nowhere on the page.
         assert "sk-omem-sentinel" not in page.content()
