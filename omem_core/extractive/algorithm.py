@@ -32,6 +32,7 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'“(\[]?[A-Z0-9])|\s+/\s+")
 _WORD = re.compile(r"[A-Za-z][A-Za-z'’-]*|\d+(?:[.,:/]\d+)*")
 _TARGET = re.compile(r"Target length: at most (\d+) tokens")
 _BULLET = re.compile(r"^-\s+(?:\((?P<date>[^)]*)\)\s+)?(?P<body>.+)$")
+_DATE_HEADING = re.compile(r"^(?P<date>\d{1,2} [A-Z][a-z]+ \d{4}):?$")
 
 
 def estimate_tokens(text: str) -> int:
@@ -161,6 +162,60 @@ def split_sentences(text: str) -> list[str]:
     return [s.strip() for s in _SENTENCE_END.split(text) if s and s.strip()]
 
 
+
+def word_weights(sentence: str) -> dict[str, float]:
+    """Information carried by each content word: names and numbers weigh most, then dates."""
+    weights: dict[str, float] = {}
+    words = _WORD.findall(sentence)
+    for i, word in enumerate(words):
+        lowered = word.lower()
+        if lowered in STOP_WORDS or lowered in FILLER_WORDS or len(lowered) < 2 and not lowered.isdigit():
+            continue
+        if word[0].isdigit():
+            weight = 2.5
+        elif lowered in MONTHS or lowered in WEEKDAYS:
+            weight = 1.5
+        elif word[0].isupper() and (i > 0 or word.isupper()):
+            weight = 2.5
+        elif lowered in CUE_WORDS:
+            weight = 1.3
+        else:
+            weight = 1.0
+        weights[lowered] = max(weights.get(lowered, 0.0), weight)
+    return weights
+
+
+def greedy_cover(units: list[tuple[dict[str, float], int, float]], budget: int,
+                 covered: set[str] | None = None, *, min_gain: float = 1.0) -> list[int]:
+    """Pick units (word weights, token cost, multiplier) maximising newly covered information per
+    token until ``budget`` is spent: a sentence that only repeats what is already kept gains
+    nothing, and one that adds less than ``min_gain`` is not worth a line. Returns the chosen
+    indexes in the order they were picked; deterministic."""
+    covered = set(covered or ())
+    chosen: list[int] = []
+    remaining = set(range(len(units)))
+    used = 0
+    while remaining:
+        best, best_value = -1, 0.0
+        for index in sorted(remaining):
+            weights, cost, multiplier = units[index]
+            if used + cost > budget and chosen:
+                continue
+            gain = sum(w for word, w in weights.items() if word not in covered) * multiplier
+            if gain < min_gain:
+                continue
+            value = gain / max(cost, 1)
+            if value > best_value:
+                best, best_value = index, value
+        if best < 0:
+            break
+        chosen.append(best)
+        remaining.discard(best)
+        used += units[best][1]
+        covered.update(units[best][0])
+    return chosen
+
+
 # -- observe --------------------------------------------------------------------------------
 
 
@@ -201,26 +256,39 @@ def observe(block: str, target_tokens: int) -> str:
             candidates.append(
                 _Candidate(index, position, text, sentence_score(sentence, role=role), estimate_tokens(text) + 1)
             )
-    chosen: list[_Candidate] = []
-    used = 0
-    opened: set[int] = set()
-    for candidate in sorted(candidates, key=lambda c: (-c.score, c.message, c.position)):
-        if candidate.score <= 0 and chosen:
-            break
-        header = 0 if candidate.message in opened else 8
-        if used + candidate.cost + header > target_tokens and chosen:
-            continue
-        chosen.append(candidate)
-        opened.add(candidate.message)
-        used += candidate.cost + header
+    # Information-per-token greedy selection: speakers' names are in every bullet already.
+    speakers = {word.lower() for _, who, _ in messages for word in who.split("|", 1)[1].split()}
+    units = []
+    for candidate in candidates:
+        multiplier = 0.5 if candidate.text.rstrip().endswith("?") else 1.0
+        if messages[candidate.message][1].startswith("assistant|"):
+            multiplier *= 0.8
+        if candidate.score <= 0:
+            multiplier *= 0.3
+        units.append((word_weights(candidate.text), candidate.cost + 3, multiplier))
+    chosen = [candidates[i] for i in greedy_cover(units, target_tokens, speakers)]
     bullets: dict[int, list[str]] = {}
     for candidate in sorted(chosen, key=lambda c: (c.message, c.position)):
         bullets.setdefault(candidate.message, []).append(candidate.text)
-    lines = []
-    for index, sentences in bullets.items():
-        day, who, _ = messages[index]
-        speaker = who.split("|", 1)[1]
-        lines.append(f"- ({human_date(day)}) {speaker}: {' '.join(sentences)}")
+    dated = [(human_date(messages[index][0]), f"{messages[index][1].split('|', 1)[1]}: {' '.join(sentences)}")
+             for index, sentences in bullets.items()]
+    return render_dated(dated)
+
+
+def render_dated(bullets: list[tuple[str, str]]) -> str:
+    """Bullets under a date heading each time the date changes::
+
+        8 May 2023
+        - Caroline: went to a support group yesterday (7 May 2023).
+        - Melanie: painted a sunrise.
+    """
+    lines: list[str] = []
+    current: str | None = None
+    for day, body in bullets:
+        if day and day != current:
+            lines.append(day)
+            current = day
+        lines.append(f"- {body}")
     return "\n".join(lines)
 
 
@@ -235,17 +303,26 @@ class _Bullet:
     words: frozenset[str]
 
     def render(self) -> str:
-        return f"- ({self.date}) {self.body}" if self.date else f"- {self.body}"
+        return f"- {self.body}"
 
 
 def parse_bullets(text: str) -> list[tuple[str, str]]:
+    """``(date, body)`` per bullet; a date comes from a heading line or a ``(date)`` prefix."""
     bullets = []
-    for line in text.splitlines():
-        match = _BULLET.match(line.strip())
+    current = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        heading = _DATE_HEADING.match(line)
+        if heading is not None:
+            current = heading["date"]
+            continue
+        match = _BULLET.match(line)
         if match is not None:
-            bullets.append((match["date"] or "", match["body"].strip()))
-        elif line.strip():
-            bullets.append(("", line.strip()))
+            bullets.append((match["date"] or current, match["body"].strip()))
+        else:
+            bullets.append((current, line))
     return bullets
 
 
@@ -279,7 +356,7 @@ def reflect(reflection: str, observations: str, target_tokens: int) -> str:
     budget = max(16, int(target_tokens * 0.95))
 
     def size() -> int:
-        return sum(estimate_tokens(b.render()) + 1 for b in merged)
+        return estimate_tokens(render_dated([(b.date, b.body) for b in merged]))
 
     if size() > budget:
         # First tighten long bullets: keep their best sentences.
@@ -290,18 +367,19 @@ def reflect(reflection: str, observations: str, target_tokens: int) -> str:
                 keep = sorted(ranked[: max(2, len(sentences) // 2)])
                 bullet.body = head + " ".join(sentences[i] for i in keep)
     newest = max((b.order for b in merged), default=0) or 1
-    total = size()
-    if total > budget:
-        # Drop the weakest bullets (salience plus a recency bonus; older first on ties) until it fits.
-        ranked = sorted(merged, key=lambda b: (sentence_score(b.body) + 1.0 * b.order / newest, b.order))
-        dropped: set[int] = set()
-        for bullet in ranked:
-            if total <= budget:
-                break
-            dropped.add(bullet.order)
-            total -= estimate_tokens(bullet.render()) + 1
-        merged = [b for b in merged if b.order not in dropped]
-    return "\n".join(bullet.render() for bullet in merged)
+    if size() > budget:
+        # Keep the bullets that add the most new information per token; newer ones weigh a
+        # little more (the newest fact wins), and the result stays in conversation order.
+        units = [(word_weights(b.body), estimate_tokens(b.render()) + 2, 1.0 + 0.5 * b.order / newest)
+                 for b in merged]
+        picked = greedy_cover(units, int(budget * 0.93))
+        keep = set(picked)
+        merged = [b for i, b in enumerate(merged) if i in keep]
+        while size() > budget and picked:  # date headings cost a little more than estimated
+            dropped = merged[[i for i in sorted(keep)].index(picked[-1])]
+            keep.discard(picked.pop())
+            merged.remove(dropped)
+    return render_dated([(b.date, b.body) for b in merged])
 
 
 def target_from(text: str, default: int) -> int:
