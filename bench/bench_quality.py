@@ -32,7 +32,7 @@ def run(config: ReplayConfig) -> None:
           f"window {config.last_messages}\n")
     for suite, conversations in suites.items():
         print(f"== {suite}")
-        print(f"{'conversation':<14} {'history':>8} {'context':>8} {'memory':>7} {'compr':>6} {'ret':>6} "
+        print(f"{'conversation':<14} {'history':>8} {'context':>8} {'memory':>7} {'max mem':>7} {'compr':>6} {'ret':>6} "
               f"{'full':>6} {'window':>6} {'recent':>6} {'ret/full':>8} {'ret/recent':>10}")
         pooled: dict[str, list[float]] = defaultdict(list)
         categories: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -41,7 +41,8 @@ def run(config: ReplayConfig) -> None:
             r = result.retention
             memory = result.context[0].content if result.context and result.context[0].role == "system" else ""
             print(f"{conversation.id:<14} {result.full_history_tokens:>8,} {result.final_context_tokens:>8,} "
-                  f"{-(-len(memory) // 4):>7,} {result.compression:>5.1f}x {r.retention:>6.3f} {r.full_history:>6.3f} "
+                  f"{-(-len(memory) // 4):>7,} {max(row['memory_tokens'] for row in result.step_rows):>7,} "
+                  f"{result.compression:>5.1f}x {r.retention:>6.3f} {r.full_history:>6.3f} "
                   f"{r.window_only:>6.3f} {r.recent_tokens:>6.3f} {r.relative:>8.3f} "
                   f"{r.retention / r.recent_tokens if r.recent_tokens else float('nan'):>10.2f}")
             pooled["compression"].append(result.compression)
@@ -52,7 +53,7 @@ def run(config: ReplayConfig) -> None:
                                   ("window_only", r.window_only), ("recent_tokens", r.recent_tokens)):
                 pooled[method].extend([value] * r.scored)
         mean = {k: sum(v) / len(v) for k, v in pooled.items()}
-        print(f"{'mean':<14} {'':>8} {'':>8} {'':>7} {mean['compression']:>5.1f}x {mean['memory']:>6.3f} "
+        print(f"{'mean':<14} {'':>8} {'':>8} {'':>7} {'':>7} {mean['compression']:>5.1f}x {mean['memory']:>6.3f} "
               f"{mean['full_history']:>6.3f} {mean['window_only']:>6.3f} {mean['recent_tokens']:>6.3f} "
               f"{mean['memory'] / mean['full_history']:>8.3f} {mean['memory'] / mean['recent_tokens']:>10.2f}"
               "   (retention pooled over probes)")

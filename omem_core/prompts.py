@@ -49,13 +49,13 @@ context window; your notes are all that will remain of them. Write observation n
 someone answer any later question about these messages without reading them.
 
 Rules:
-- One bullet per fact, event, decision or preference, formatted `- YYYY-MM-DD Name: fact`.
-  Use the date of the message the fact comes from.
+- Group notes under a date heading written like `8 May 2023` (the date of the messages they come \
+from), then one bullet per fact, event, decision or preference: `- Name: fact`.
 - Say who said or did what, using the speaker's name (or "User"/"Assistant").
 - Keep every name, number, quantity, price, place, title and date exactly as written.
-- Resolve relative dates against the message timestamp: "yesterday" in a message of 2023-05-08 \
-becomes "2023-05-07"; "last week" becomes "the week before 2023-05-08"; "next month" becomes \
-"2023-06".
+- Resolve relative dates against the message timestamp and write the absolute date: "yesterday" \
+in a message of 8 May 2023 becomes "yesterday (7 May 2023)"; "last week" becomes "the week of \
+1 May 2023"; "next month" becomes "June 2023".
 - Record preferences and how they change, decisions, plans, commitments, and when something \
 planned was completed or cancelled. If a later message contradicts an earlier one, keep the later \
 state and say it changed.
@@ -75,8 +75,8 @@ You maintain the long-term memory of a conversation. Merge the current reflectio
 observation notes into one updated reflection.
 
 Rules:
-- Output bullets formatted `- YYYY-MM-DD Name: fact`, grouped by topic or person, oldest first \
-within a group.
+- Keep the layout of the notes: a date heading written like `8 May 2023`, then bullets \
+`- Name: fact`, oldest date first.
 - Merge duplicates into one bullet. When facts conflict, the newest one wins: keep the latest \
 state and note what it replaced ("moved to Berlin in 2023-06, previously Paris").
 - Keep every name, number, quantity and date exactly. Keep plans with their status (planned, \

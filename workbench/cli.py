@@ -289,7 +289,7 @@ def compare(run_a: str, run_b: str, as_json: bool, db: str) -> None:
     finally:
         store.close()
     if as_json:
-        click.echo(table.to_json(orient="index"))
+        click.echo(table.to_json(orient="columns"))
     else:
         click.echo(table.to_string())
 

@@ -1,0 +1,153 @@
+"""`python -m workbench`: the CLI end to end (click's CliRunner, in process)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+from conftest import Scripted
+
+from workbench.catalog import DEMO_DATASET, PROJECT_DATASETS
+from workbench.cli import cli
+from workbench.datasets import load_conversation
+from workbench.replay import ReplayConfig, replay
+from workbench.runstore import RunStore
+
+TINY = str(PROJECT_DATASETS / "tiny.jsonl")
+SMALL = ["--observation-threshold", "40", "--reflection-threshold", "60", "--last-messages", "4"]
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMEM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("OMEM_DB", str(tmp_path / "cli.duckdb"))
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_replay_json_last_line(tmp_path) -> None:
+    code, out, _ = invoke("replay", "--dataset", TINY, *SMALL, "--json")
+    assert code == 0
+    summary = json.loads(out.strip().splitlines()[-1])
+    for key in ("run_id", "messages", "steps", "observer_calls", "reflector_calls", "full_history_tokens",
+                "final_context_tokens", "compression", "retention", "retention_full_history",
+                "retention_window_only"):
+        assert key in summary
+    assert summary["messages"] == 12 and summary["steps"] == 6
+    with RunStore(tmp_path / "cli.duckdb") as store:
+        assert store.run(summary["run_id"])["status"] == "completed"
+
+
+def test_replay_defaults_to_the_demo_and_prints_figures() -> None:
+    code, out, _ = invoke("replay")
+    assert code == 0
+    assert "messages 200" in out and "compression" in out and "retention" in out
+
+
+def test_sweep_compare_runs_export(tmp_path) -> None:
+    code, out, _ = invoke("sweep", "--dataset", TINY, "--observation-threshold", "30,60", "--reflection-threshold",
+                          "60", "--last-messages", "4", "--json")
+    assert code == 0
+    runs = json.loads(out.strip().splitlines()[-1])["runs"]
+    assert len(runs) == 2 and all(r["status"] == "completed" for r in runs)
+    a, b = runs[0]["run_id"], runs[1]["run_id"]
+    code, out, _ = invoke("compare", a, b, "--json")
+    table = json.loads(out)
+    assert table[a]["observation threshold"] == 30 and table[b]["observation threshold"] == 60
+    code, out, _ = invoke("runs")
+    assert a in out and b in out
+    code, out, _ = invoke("export", a, "--parquet", str(tmp_path / "export"))
+    assert code == 0 and "steps.parquet" in out
+    code, _, err = invoke("compare", a, "nope")
+    assert code != 0 and "no run 'nope'" in err
+
+
+def test_bad_input_gets_a_clear_error(tmp_path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"conversation_id": "c", "id": "m1", "role": "robot", "content": "x", "timestamp": "2024-01-01"}\n')
+    code, _, err = invoke("replay", "--dataset", str(bad))
+    assert code == 1 and "bad.jsonl: line 1: field 'role': unknown role 'robot'" in err
+    code, _, err = invoke("replay", "--dataset", TINY, "--observer", "no-such-model-xyz")
+    assert code == 1 and "unknown observer model 'no-such-model-xyz'" in err
+    code, _, err = invoke("replay", "--dataset", TINY, "--observation-threshold", "0")
+    assert code == 1 and "observation_threshold must be a positive integer" in err
+
+
+def test_model_error_then_resume(scripted: Scripted) -> None:
+    scripted.replies = ["- a", RuntimeError("rate limited")]
+    code, out, err = invoke("replay", "--dataset", str(DEMO_DATASET), "--observer", "scripted/model",
+                            "--reflector", "none", "--observation-threshold", "300", "--no-cache", "--json")
+    assert code == 1 and "rate limited" in err and "--resume" in err
+    failed = json.loads(out.strip().splitlines()[-1])
+    assert failed["status"] == "failed" and failed["steps"] > 0
+    code, out, _ = invoke("replay", "--resume", failed["run_id"], "--json")
+    resumed = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and resumed["run_id"] == failed["run_id"] and resumed["status"] == "completed"
+
+
+def test_llm_judged_retention_through_litellm(scripted: Scripted, tmp_path) -> None:
+    def answer(messages):
+        prompt = messages[-1]["content"]
+        if prompt.startswith("You grade answers"):
+            return "CORRECT" if "Biscuit" in prompt.split("Candidate answer:")[1] else "WRONG"
+        if "<messages>" in prompt:
+            return "- noted"
+        return "The dog is Biscuit." if "dog" in prompt else "I don't know"
+
+    scripted.default = answer
+    code, out, err = invoke("replay", "--dataset", TINY, *SMALL, "--answerer", "scripted/model", "--judge",
+                            "scripted/model", "--yes", "--no-cache")
+    assert code == 0, err
+    assert "6 model calls" in err  # announced before starting: 3 probes x (answer + judge)
+    assert "LLM-judged accuracy: 0.333 over 3 probes" in out
+    with RunStore(tmp_path / "cli.duckdb") as store:
+        run_id = store.runs().run_id[0]
+        judged = store.probes(run_id).query("method == 'llm_judge'")
+    assert len(judged) == 3 and judged.score.sum() == 1.0
+    assert judged[judged.score == 1.0].answer.iloc[0] == "The dog is Biscuit."
+
+
+async def test_cancelled_replay_is_marked_interrupted_and_keeps_its_steps(scripted: Scripted, tmp_path) -> None:
+    scripted.gate = asyncio.Event()
+    conv = load_conversation(DEMO_DATASET)
+    with RunStore(tmp_path / "i.duckdb") as store:
+        task = asyncio.create_task(replay(conv, ReplayConfig(observer="scripted/model", reflector=None,
+                                                             observation_threshold=300, cache=False), store))
+        for _ in range(5000):
+            if scripted.started:
+                break
+            await asyncio.sleep(0.001)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        run = store.runs().iloc[0]
+        assert run.status == "interrupted" and "--resume" in run.error
+        assert len(store.steps(run.run_id)) == int(run.steps) > 0
+
+
+def test_a_held_database_gets_a_clear_message(tmp_path) -> None:
+    path = tmp_path / "held.duckdb"
+    RunStore(path).close()
+    holder = subprocess.Popen([sys.executable, "-c", f"import duckdb,time; c=duckdb.connect({str(path)!r}); "
+                                                     "print('ready', flush=True); time.sleep(30)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        code, _, err = invoke("runs", "--db", str(path))
+        assert code == 1 and "open read-write in another process" in err and "--db" in err
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_module_entry_point_help() -> None:
+    out = subprocess.run([sys.executable, "-m", "workbench", "--help"], capture_output=True, text=True, check=True)
+    for command in ("replay", "sweep", "compare", "runs", "export", "app", "datasets"):
+        assert command in out.stdout
