@@ -165,12 +165,14 @@ def _now() -> datetime:
 
 def _insert_many(cur: duckdb.DuckDBPyConnection, table: str, columns: list[str], rows: list[list[Any]],
                  *, verb: str = "INSERT") -> None:
-    """One multi-row ``INSERT ... VALUES`` statement (DuckDB's executemany runs row by row)."""
-    placeholders = "(" + ", ".join("?" * len(columns)) + ")"
-    for start in range(0, len(rows), 200):
-        chunk = rows[start : start + 200]
-        cur.execute(f"{verb} INTO {table} ({', '.join(columns)}) VALUES " + ", ".join([placeholders] * len(chunk)),
-                    [value for row in chunk for value in row])
+    """Insert many rows in one vectorised statement (DuckDB's executemany runs row by row)."""
+    frame = pd.DataFrame(rows, columns=columns)
+    cur.register("_omem_rows", frame)
+    try:
+        names = ", ".join(columns)
+        cur.execute(f"{verb} INTO {table} ({names}) SELECT {names} FROM _omem_rows").fetchall()
+    finally:
+        cur.unregister("_omem_rows")
 
 
 def _is_lock_error(exc: Exception) -> bool:
@@ -225,7 +227,7 @@ class RunStore:
 
     def _has_table(self, name: str) -> bool:
         return bool(self.cursor().execute(
-            "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]).fetchone()[0])
+            "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]).fetchall()[0][0])
 
     def migrate(self) -> None:
         cur = self.cursor()
@@ -245,7 +247,7 @@ class RunStore:
                 raise
 
     def schema_version(self) -> int:
-        row = self.cursor().execute("SELECT max(version) FROM omem_schema").fetchone()
+        row = self.cursor().execute("SELECT max(version) FROM omem_schema").fetchall()[0]
         return int(row[0] or 0)
 
     # -- writing ------------------------------------------------------------------------------
@@ -304,7 +306,7 @@ class RunStore:
         key = (table, run_id)
         if key not in self._seq:
             self._seq[key] = self.cursor().execute(
-                f"SELECT coalesce(max(seq), 0) FROM {table} WHERE run_id = ?", [run_id]).fetchone()[0]
+                f"SELECT coalesce(max(seq), 0) FROM {table} WHERE run_id = ?", [run_id]).fetchall()[0][0]
         first = self._seq[key] + 1
         self._seq[key] += count
         return first
@@ -373,8 +375,9 @@ class RunStore:
     def save_prompt(self, prompt: Prompt) -> None:
         with self._write_lock:
             cur = self.cursor()
-            existing = cur.execute("SELECT sha256 FROM prompts WHERE name = ? AND version = ?",
-                                   [prompt.name, prompt.version]).fetchone()
+            found = cur.execute("SELECT sha256 FROM prompts WHERE name = ? AND version = ?",
+                                [prompt.name, prompt.version]).fetchall()
+            existing = found[0] if found else None
             if existing and existing[0] != prompt.sha256:
                 raise RunStoreError(f"prompt {prompt.label} already exists with other text; "
                                     "choose a new version name")
@@ -417,8 +420,9 @@ class RunStore:
         return self._df("SELECT * FROM prompts ORDER BY name, created_at")
 
     def prompt(self, name: str, version: str) -> Prompt:
-        row = self.cursor().execute("SELECT text FROM prompts WHERE name = ? AND version = ?",
-                                    [name, version]).fetchone()
+        rows = self.cursor().execute("SELECT text FROM prompts WHERE name = ? AND version = ?",
+                                     [name, version]).fetchall()
+        row = rows[0] if rows else None
         if row is None:
             raise KeyError(f"no saved prompt {name}@{version}")
         return Prompt(name=name, version=version, text=row[0])
