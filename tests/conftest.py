@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -100,6 +103,20 @@ def scripted() -> Iterator[Scripted]:
         yield handler
     finally:
         litellm.custom_provider_map.remove(entry)
+
+
+@contextlib.contextmanager
+def held_by_another_process(path: Path) -> Iterator[None]:
+    """Keep the DuckDB file ``path`` open read-write in a separate process while inside."""
+    holder = subprocess.Popen([sys.executable, "-c", f"import duckdb, time; c = duckdb.connect({str(path)!r}); "
+                                                     "print('ready', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        yield
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 @pytest.fixture

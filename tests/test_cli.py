@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from click.testing import CliRunner
-from conftest import Scripted
+from conftest import Scripted, held_by_another_process
 
 from workbench.catalog import DEMO_DATASET, PROJECT_DATASETS
 from workbench.cli import cli
@@ -135,16 +135,9 @@ async def test_cancelled_replay_is_marked_interrupted_and_keeps_its_steps(script
 def test_a_held_database_gets_a_clear_message(tmp_path) -> None:
     path = tmp_path / "held.duckdb"
     RunStore(path).close()
-    holder = subprocess.Popen([sys.executable, "-c", f"import duckdb,time; c=duckdb.connect({str(path)!r}); "
-                                                     "print('ready', flush=True); time.sleep(30)"],
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "ready"
+    with held_by_another_process(path):
         code, _, err = invoke("runs", "--db", str(path))
-        assert code == 1 and "open read-write in another process" in err and "--db" in err
-    finally:
-        holder.kill()
-        holder.wait()
+    assert code == 1 and "open read-write in another process" in err and "--db" in err
 
 
 def test_module_entry_point_help() -> None:

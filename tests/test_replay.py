@@ -6,7 +6,7 @@ import asyncio
 import json
 
 import pytest
-from conftest import Scripted
+from conftest import Scripted, held_by_another_process
 
 from omem_core import Message
 from workbench.catalog import DEMO_DATASET, PROJECT_DATASETS
@@ -126,21 +126,10 @@ def test_schema_is_versioned_and_migrations_are_idempotent(tmp_path) -> None:
 
 
 def test_a_file_held_by_another_process_gets_a_clear_message(tmp_path) -> None:
-    import subprocess
-    import sys
-
     path = tmp_path / "held.duckdb"
     RunStore(path).close()
-    holder = subprocess.Popen([sys.executable, "-c", f"import duckdb,time; c=duckdb.connect({str(path)!r}); "
-                                                     "print('ready', flush=True); time.sleep(30)"],
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "ready"
-        with pytest.raises(RunStoreLocked, match="open read-write in another process"):
-            RunStore(path)
-    finally:
-        holder.kill()
-        holder.wait()
+    with held_by_another_process(path), pytest.raises(RunStoreLocked, match="open read-write in another process"):
+        RunStore(path)
 
 
 def test_export_parquet(store: RunStore, tmp_path) -> None:
