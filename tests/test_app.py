@@ -94,6 +94,21 @@ def test_explorer_sidebar_and_slider_change_what_is_shown(db: Path) -> None:
     assert any(shape.get("x0") == 3 for shape in volumes["layout"]["shapes"])
 
 
+def test_a_provider_error_is_shown_and_the_recorded_steps_are_kept(db: Path, monkeypatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.setenv("OMEM_MODELS", "gpt-4o-mini")
+    at = app()
+    at.sidebar.selectbox(key="ex_observer").set_value("gpt-4o-mini").run()
+    assert any("gpt-4o-mini" in w.value and "OPENAI_API_KEY" in w.value for w in at.sidebar.warning)
+    at.sidebar.button(key="ex_run").click().run()
+    assert not at.exception
+    assert at.error and "observe pass failed" in at.error[0].value and "gpt-4o-mini" in at.error[0].value
+    runs = store(db).runs()
+    failed = runs[runs.status == "failed"].iloc[0]
+    assert store(db).steps(failed.run_id).shape[0] > 0  # what was recorded before the error is kept
+    assert store(db).records(failed.run_id).empty
+
+
 def test_explorer_opens_a_stored_run(db: Path) -> None:
     at = app()
     first = store(db).runs().run_id[0]

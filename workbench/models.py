@@ -43,8 +43,12 @@ def model_status(model: str) -> ModelStatus:
 
 
 def usable_models() -> list[str]:
-    """The offline model, then suggested models whose provider key is in the environment."""
+    """The offline model, models listed in ``$OMEM_MODELS`` (comma-separated), then suggested
+    models whose provider key is in the environment."""
     found = [OFFLINE_MODEL]
+    for model in os.environ.get("OMEM_MODELS", "").split(","):
+        if model.strip() and model.strip() not in found:
+            found.append(model.strip())
     for variable, model in SUGGESTED:
         if os.environ.get(variable) and model not in found:
             found.append(model)

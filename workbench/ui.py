@@ -107,6 +107,8 @@ def config_form(store: RunStore, prefix: str, conversation: Conversation | None,
     """Observer, reflector, thresholds, window, token counter and prompt versions."""
     box = container or st.sidebar
     models = usable_models()
+    box.caption("Usable here: " + ", ".join(models) + " (others need their provider's API key in the "
+                "environment)")
     is_demo = conversation is not None and conversation.source == str(DEMO_DATASET)
     obs_default, ref_default = DEMO_THRESHOLDS if is_demo else (1000, 2000)
     observer = box.selectbox("Observer model", models, key=f"{prefix}_observer", accept_new_options=True,

@@ -107,7 +107,7 @@ with seen:
     st.markdown("**system** (memory)")
     ui.text_block(memory or "(no memory yet)")
     for _, message in window.iterrows():
-        st.markdown(f"**{message.role}** · `{message.message_id}`")
+        st.text(f"{message.role} · {message.message_id}")
         ui.text_block(message.content)
 
 probes = store.probes(run_id)
