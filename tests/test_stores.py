@@ -1,4 +1,4 @@
-"""The ports' in-memory defaults: MemoryStore, ObservationStore and the Memory facade."""
+"""The ports' contract, run against every adapter (in-memory and SQLite), and the Memory facade."""
 
 from __future__ import annotations
 
@@ -18,6 +18,24 @@ from omem_core import (
     create_in_memory_observation_store,
 )
 from omem_core.observations import recent_suffix_start
+from omem_core.sqlite import SQLiteMemoryStore, SQLiteObservationStore, schema_version
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def make_memory_store(request, tmp_path):
+    """A factory of fresh MemoryStores of each adapter (SQLite: a new file each time)."""
+    counter = iter(range(1000))
+    if request.param == "memory":
+        return InMemoryMemoryStore
+    return lambda: SQLiteMemoryStore(tmp_path / f"m{next(counter)}.db")
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def make_observation_store(request, tmp_path):
+    counter = iter(range(1000))
+    if request.param == "memory":
+        return create_in_memory_observation_store
+    return lambda: SQLiteObservationStore(tmp_path / f"o{next(counter)}.db")
 
 
 def test_message_is_frozen_and_validated() -> None:
@@ -30,8 +48,8 @@ def test_message_is_frozen_and_validated() -> None:
         Message(id="x", thread_id="t", role="robot", content="", created_at=T0)
 
 
-async def test_recall_newest_last_oldest_first_and_paging() -> None:
-    store = InMemoryMemoryStore()
+async def test_recall_newest_last_oldest_first_and_paging(make_memory_store) -> None:
+    store = make_memory_store()
     assert isinstance(store, MemoryStore)
     await store.save_messages([msg(i) for i in range(10)])
     assert [m.id for m in await store.recall("t", last=3)] == ["m7", "m8", "m9"]
@@ -42,8 +60,8 @@ async def test_recall_newest_last_oldest_first_and_paging() -> None:
     assert await store.recall("t", last=0) == []
 
 
-async def test_unknown_cursor_raises_key_error() -> None:
-    store = InMemoryMemoryStore()
+async def test_unknown_cursor_raises_key_error(make_memory_store) -> None:
+    store = make_memory_store()
     await store.save_messages([msg(0)])
     with pytest.raises(KeyError, match="m404"):
         await store.recall("t", last=3, before="m404")
@@ -51,8 +69,8 @@ async def test_unknown_cursor_raises_key_error() -> None:
         await store.recall("other-thread", last=3, before="m0")
 
 
-async def test_order_is_created_at_then_insertion() -> None:
-    store = InMemoryMemoryStore()
+async def test_order_is_created_at_then_insertion(make_memory_store) -> None:
+    store = make_memory_store()
     same = T0
     a = Message(id="a", thread_id="t", role="user", content="a", created_at=same)
     b = Message(id="b", thread_id="t", role="user", content="b", created_at=same)
@@ -64,9 +82,9 @@ async def test_order_is_created_at_then_insertion() -> None:
     assert [m.id for m in await store.recall("t", last=10, before="b")] == ["early", "a"]
 
 
-async def test_random_insertion_order_matches_a_sort() -> None:
+async def test_random_insertion_order_matches_a_sort(make_memory_store) -> None:
     rng = random.Random(7)
-    store = InMemoryMemoryStore()
+    store = make_memory_store()
     messages = [
         Message(id=f"x{i}", thread_id="t", role="user", content=str(i),
                 created_at=T0 + timedelta(seconds=rng.randrange(50)))
@@ -80,8 +98,8 @@ async def test_random_insertion_order_matches_a_sort() -> None:
     assert [m.id for m in await store.recall("t", last=20, before=cursor)] == expected[130:150]
 
 
-async def test_saving_an_id_twice() -> None:
-    store = InMemoryMemoryStore()
+async def test_saving_an_id_twice(make_memory_store) -> None:
+    store = make_memory_store()
     await store.save_messages([msg(0)])
     await store.save_messages([msg(0)])  # identical: a no-op
     assert len(await store.recall("t", last=10)) == 1
@@ -89,8 +107,8 @@ async def test_saving_an_id_twice() -> None:
         await store.save_messages([msg(0, "changed")])
 
 
-async def test_delete_thread_and_working_memory() -> None:
-    store = InMemoryMemoryStore()
+async def test_delete_thread_and_working_memory(make_memory_store) -> None:
+    store = make_memory_store()
     await store.save_messages([msg(0), msg(1, thread="u")])
     await store.update_working_memory("t", "name: Ada")
     assert await store.get_working_memory("t") == "name: Ada"
@@ -131,8 +149,8 @@ def record(i: int, kind: str = "observation", sources: tuple[str, ...] = ()) -> 
                              source_ids=sources or (f"m{i}",), text=f"note {i}")
 
 
-async def test_observation_store_contract() -> None:
-    store = create_in_memory_observation_store()
+async def test_observation_store_contract(make_observation_store) -> None:
+    store = make_observation_store()
     assert isinstance(store, ObservationStore)
     for i in range(3):
         await store.save(record(i))
@@ -143,10 +161,10 @@ async def test_observation_store_contract() -> None:
     assert await store.list("t") == []
 
 
-async def test_list_recent_is_the_documented_suffix() -> None:
+async def test_list_recent_is_the_documented_suffix(make_observation_store) -> None:
     rng = random.Random(3)
     for trial in range(50):
-        store = create_in_memory_observation_store()
+        store = make_observation_store()
         kinds = [rng.choice(["observation", "observation", "reflection"]) for _ in range(rng.randrange(1, 15))]
         kinds[0] = "observation"
         for i, kind in enumerate(kinds):
@@ -159,3 +177,41 @@ async def test_list_recent_is_the_documented_suffix() -> None:
             assert recent_suffix_start(full) == min(newest_ref, newest_obs)
         else:
             assert recent_suffix_start(full) == 0
+
+
+async def test_records_round_trip_exactly(make_observation_store) -> None:
+    store = make_observation_store()
+    original = ObservationRecord(id="r", thread_id="t", resource_id="res", created_at=T0, kind="reflection",
+                                 source_ids=("a", "b"), text="line one\nline two <b>")
+    await store.save(original)
+    assert await store.list("t") == [original]
+    assert await store.list("other") == []
+
+
+async def test_messages_round_trip_exactly(make_memory_store) -> None:
+    from datetime import timezone as tz
+
+    store = make_memory_store()
+    plus_two = Message(id="x", thread_id="t", role="tool", content="ü <script>", resource_id="r",
+                       created_at=datetime(2024, 1, 1, 12, 0, 0, 123456, tzinfo=tz(timedelta(hours=2))))
+    await store.save_messages([plus_two])
+    [back] = await store.recall("t", last=1)
+    assert back == plus_two and back.created_at.utcoffset() == timedelta(hours=2)
+
+
+def test_sqlite_schema_is_versioned_and_reopens(tmp_path) -> None:
+    path = tmp_path / "both.db"
+    SQLiteMemoryStore(path).close()
+    SQLiteObservationStore(path).close()  # same file, both ports
+    assert schema_version(path) == 1
+    SQLiteMemoryStore(path).close()  # reopening migrates nothing twice
+    assert schema_version(path) == 1
+
+
+async def test_sqlite_persists_across_reopen(tmp_path) -> None:
+    path = tmp_path / "p.db"
+    first = SQLiteMemoryStore(path)
+    await first.save_messages([msg(i) for i in range(5)])
+    first.close()
+    again = SQLiteMemoryStore(path)
+    assert [m.id for m in await again.recall("t", last=2, before="m4")] == ["m2", "m3"]

@@ -23,17 +23,32 @@ from omem_core import (
 )
 
 MODEL = "scripted/model"
+BACKEND: dict = {}
+
+
+@pytest.fixture(autouse=True, params=["memory", "sqlite"])
+def backend(request, tmp_path):
+    """Every test here runs on the in-memory stores and on the SQLite adapters."""
+    from omem_core.sqlite import SQLiteMemoryStore, SQLiteObservationStore
+
+    if request.param == "sqlite":
+        BACKEND.update(inner=lambda: SQLiteMemoryStore(tmp_path / "omem.db"),
+                       observations=lambda: SQLiteObservationStore(tmp_path / "omem.db"))
+    else:
+        BACKEND.update(inner=InMemoryMemoryStore, observations=create_in_memory_observation_store)
+    yield request.param
+    BACKEND.clear()
 
 
 def make(scripted: Scripted, *, observation: int = 5, reflection: int = 100, reflector: bool = False,
          inner=None, observations=None, **kwargs):
     return create_observational_memory_store(
-        inner,
+        inner if inner is not None else BACKEND["inner"](),
         observer=MODEL,
         reflector=MODEL if reflector else None,
         thresholds={"observation": observation, "reflection": reflection},
         count_tokens=ones,
-        observations=observations,
+        observations=observations if observations is not None else BACKEND["observations"](),
         **kwargs,
     )
 
@@ -198,7 +213,8 @@ async def test_restart_with_empty_observation_store_reobserves_from_the_oldest(s
     await first.recall("t", last=2)
     await first.recall("t", last=2)
     assert [r.source_ids[0] for r in await first.observations.list("t")] == ["m0", "m3"]
-    restarted = make(scripted, observation=3, inner=inner)  # records lost, messages kept
+    restarted = make(scripted, observation=3, inner=inner,
+                     observations=create_in_memory_observation_store())  # records lost, messages kept
     await restarted.recall("t", last=2)
     [record] = await restarted.observations.list("t")
     assert record.source_ids == ("m0", "m1", "m2")
