@@ -256,19 +256,26 @@ def load_locomo(file: Path, data: Any = None) -> list[Conversation]:
                 ))
         probes = []
         warnings: list[str] = []
-        for q_index, qa in enumerate(sample.get("qa", []) or []):
+        qa_items = sample.get("qa") or []
+        if not isinstance(qa_items, list):
+            raise DatasetError(file, record, "qa", f"expected a list, got {type(qa_items).__name__}")
+        for q_index, qa in enumerate(qa_items):
             where = f"{record} qa {q_index}"
+            question = _require(qa, "question", file, where)
             category = qa.get("category")
             gold = qa.get("adversarial_answer") if category == 5 else qa.get("answer")
+            raw_evidence = qa.get("evidence") or []
+            if not isinstance(raw_evidence, list):
+                raise DatasetError(file, where, "evidence", f"expected a list, got {type(raw_evidence).__name__}")
             evidence: list[str] = []
-            for item in qa.get("evidence", []) or []:
+            for item in raw_evidence:
                 found = _EVIDENCE_ID.findall(str(item))
                 if not found:
                     warnings.append(f"evidence {item!r} of probe {sample_id}-q{q_index} is malformed")
                 evidence.extend(found)
             probes.append(Probe(
                 id=f"{sample_id}-q{q_index}",
-                question=_require(qa, "question", file, where),
+                question=question,
                 gold=None if gold is None else str(gold),
                 category=str(category),
                 evidence=tuple(evidence),
@@ -365,8 +372,9 @@ def _text_of(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):  # OpenAI content parts
-        return "\n".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content).strip()
-    if isinstance(content, dict) and "parts" in content:  # ChatGPT export
+        parts = [p.get("text") if isinstance(p, dict) else p for p in content]
+        return "\n".join(p for p in parts if isinstance(p, str)).strip()
+    if isinstance(content, dict) and isinstance(content.get("parts"), list):  # ChatGPT export
         return "\n".join(p for p in content["parts"] if isinstance(p, str)).strip()
     return ""
 
@@ -391,30 +399,35 @@ def _from_messages(conv_id: str, messages: list[Any], file: Path, record: str, f
 
 
 def _from_chatgpt(obj: dict[str, Any], index: int, file: Path) -> Conversation:
-    nodes = [n for n in obj["mapping"].values() if isinstance(n, dict) and n.get("message")]
-    nodes.sort(key=lambda n: (n["message"].get("create_time") or 0))
+    def stamp(message: dict[str, Any]) -> float:
+        value = message.get("create_time")
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+
+    nodes = [n for n in obj["mapping"].values() if isinstance(n, dict) and isinstance(n.get("message"), dict)]
+    nodes.sort(key=lambda n: stamp(n["message"]))
     turns = []
     for node in nodes:
         message = node["message"]
-        role = (message.get("author") or {}).get("role", "")
+        author = message.get("author")
+        role = author.get("role", "") if isinstance(author, dict) else ""
         text = _text_of(message.get("content"))
         if role not in ROLES or not text:
             continue
-        stamp = message.get("create_time")
-        created = (datetime.fromtimestamp(stamp, tz=timezone.utc) if isinstance(stamp, (int, float))
-                   else _EPOCH + timedelta(minutes=len(turns)))
+        try:
+            created = (datetime.fromtimestamp(stamp(message), tz=timezone.utc) if stamp(message)
+                       else _EPOCH + timedelta(minutes=len(turns)))
+        except (OverflowError, OSError, ValueError):
+            created = _EPOCH + timedelta(minutes=len(turns))
         turns.append(Turn(str(message.get("id", node.get("id"))), role, text, created))
     conv_id = str(obj.get("id") or obj.get("conversation_id") or obj.get("title") or f"conversation-{index}")
     return _check_unique_and_evidence(Conversation(conv_id, turns, [], str(file), "openai"), file)
 
 
-def load_chat_export(file: Path, fmt: str, data: Any = None) -> list[Conversation]:
-    if data is None:
-        if file.suffix == ".jsonl":
-            items = [obj for _, obj in _json_lines(file)]
-        else:
-            data = _load_json(file)
-    if data is not None:
+def load_chat_export(file: Path, fmt: str) -> list[Conversation]:
+    if file.suffix == ".jsonl":
+        items = [obj for _, obj in _json_lines(file)]
+    else:
+        data = _load_json(file)
         items = data if isinstance(data, list) else [data]
     conversations = []
     for index, obj in enumerate(items):
@@ -449,7 +462,8 @@ def load_memorybank(path: Path) -> list[Conversation]:
         for _, obj in _json_lines(question_file):
             if isinstance(obj, dict):
                 for name, items in obj.items():
-                    questions.setdefault(name.strip(), []).extend(q for q in items if isinstance(q, str))
+                    if isinstance(items, list):
+                        questions.setdefault(name.strip(), []).extend(q for q in items if isinstance(q, str))
     conversations = []
     for raw_name, user in data.items():
         name = raw_name.strip()
@@ -460,7 +474,10 @@ def load_memorybank(path: Path) -> list[Conversation]:
                 start = datetime.strptime(day, "%Y-%m-%d").replace(hour=9, tzinfo=timezone.utc)
             except ValueError as exc:
                 raise DatasetError(file, f"user {name!r} history", day, "not a YYYY-MM-DD date") from exc
-            for index, exchange in enumerate(history[day]):
+            exchanges = history[day]
+            if not isinstance(exchanges, list):
+                raise DatasetError(file, f"user {name!r} history", day, "expected a list of exchanges")
+            for index, exchange in enumerate(exchanges):
                 where = f"user {name!r} history {day} item {index}"
                 stamp = start + timedelta(minutes=2 * index)
                 turns.append(Turn(f"{day}-{index}-q", "user", _require(exchange, "query", file, where), stamp, name))

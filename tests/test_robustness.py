@@ -1,0 +1,169 @@
+"""Bad input and secrets: fuzzed dataset files, and API keys that must never be stored."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from workbench.catalog import DEMO_DATASET, PROJECT_DATASETS
+from workbench.datasets import FORMATS, DatasetError, load_dataset
+from workbench.replay import ReplayConfig, replay
+from workbench.runstore import RunStore
+
+VALID = (PROJECT_DATASETS / "tiny.jsonl").read_bytes()
+LOCOMO_LIKE = json.dumps([{"sample_id": "s", "qa": [{"question": "q", "answer": "a", "evidence": ["D1:1"],
+                                                       "category": 1}],
+                           "conversation": {"speaker_a": "A", "speaker_b": "B",
+                                            "session_1_date_time": "1:56 pm on 8 May, 2023",
+                                            "session_1": [{"speaker": "A", "dia_id": "D1:1", "text": "hi"}]}}]).encode()
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    max_leaves=12,
+)
+
+
+def mutate(data: bytes, cut: int, flips: list[tuple[int, int]]) -> bytes:
+    out = bytearray(data[: cut % (len(data) + 1)])
+    for position, value in flips:
+        if out:
+            out[position % len(out)] = value
+    return bytes(out)
+
+
+def only_dataset_errors(path: Path, fmt: str | None) -> None:
+    try:
+        load_dataset(path, fmt)
+    except DatasetError as exc:
+        assert str(path) in str(exc) and exc.record  # names the file and the record
+    # Any other exception fails the test: it would escape to the user as a crash.
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(source=st.sampled_from([VALID, LOCOMO_LIKE]), cut=st.integers(0, 5000),
+       flips=st.lists(st.tuples(st.integers(0, 5000), st.integers(0, 255)), max_size=6),
+       fmt=st.sampled_from([None, *FORMATS]))
+def test_truncated_and_corrupted_files_raise_only_dataset_errors(tmp_path, source, cut, flips, fmt) -> None:
+    path = tmp_path / ("f.jsonl" if source is VALID else "f.json")
+    path.write_bytes(mutate(source, cut, flips))
+    only_dataset_errors(path, fmt)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(records=st.lists(st.dictionaries(st.sampled_from(["conversation_id", "id", "role", "content", "timestamp",
+                                                         "type", "question", "answer", "evidence", "speaker"]),
+                                        JSON_VALUES, max_size=8), min_size=1, max_size=5),
+       fmt=st.sampled_from([None, "omem", "openai", "sharegpt"]))
+def test_wrong_types_raise_only_dataset_errors(tmp_path, records, fmt) -> None:
+    path = tmp_path / "typed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    only_dataset_errors(path, fmt)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(document=JSON_VALUES, fmt=st.sampled_from([None, *FORMATS]))
+def test_arbitrary_json_documents_raise_only_dataset_errors(tmp_path, document, fmt) -> None:
+    path = tmp_path / "doc.json"
+    path.write_text(json.dumps(document))
+    only_dataset_errors(path, fmt)
+
+
+def test_huge_fields_are_read(tmp_path) -> None:
+    line = {"conversation_id": "c", "id": "m1", "role": "user", "content": "x" * 5_000_000,
+            "timestamp": "2024-01-01T00:00:00Z"}
+    path = tmp_path / "huge.jsonl"
+    path.write_text(json.dumps(line) + "\n")
+    [conversation] = load_dataset(path)
+    assert len(conversation.turns[0].text) == 5_000_000
+
+
+SENTINEL = "sk-omem-sentinel-8c1f0e7a"
+
+
+def test_api_keys_never_reach_duckdb_exports_or_output(tmp_path, monkeypatch, capsys) -> None:
+    for variable in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY"):
+        monkeypatch.setenv(variable, SENTINEL)
+    monkeypatch.setenv("OMEM_CACHE_DIR", str(tmp_path / "cache"))
+    from workbench.datasets import load_conversation
+
+    db = tmp_path / "secret.duckdb"
+    with RunStore(db) as store:
+        result = asyncio.run(replay(load_conversation(DEMO_DATASET), ReplayConfig(), store))
+        store.export_parquet(result.run_id, tmp_path / "export")
+    files = [db, *(tmp_path / "export").iterdir(), *(tmp_path / "cache").rglob("*")]
+    for file in files:
+        if file.is_file():
+            assert SENTINEL.encode() not in file.read_bytes(), f"the key leaked into {file}"
+    captured = capsys.readouterr()
+    assert SENTINEL not in captured.out + captured.err
+
+
+@pytest.mark.parametrize("text", ["<script>alert(1)</script>", "<img src=x onerror=alert(1)>"])
+def test_html_in_datasets_is_kept_as_text(tmp_path, text) -> None:
+    path = tmp_path / "html.jsonl"
+    path.write_text(json.dumps({"conversation_id": "c", "id": "m1", "role": "user", "content": text,
+                                "timestamp": "2024-01-01T00:00:00Z"}) + "\n")
+    [conversation] = load_dataset(path)
+    assert conversation.turns[0].text == text  # stored verbatim; the app shows it as text
+
+
+def _paths(node, prefix=()):
+    yield prefix
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _paths(value, (*prefix, key))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _paths(value, (*prefix, index))
+
+
+def _replace(node, path, value):
+    if not path:
+        return value
+    copy = dict(node) if isinstance(node, dict) else list(node)
+    copy[path[0]] = _replace(node[path[0]], path[1:], value)
+    return copy
+
+
+BEAM_CHAT = [{"batch_number": 1, "time_anchor": "March-15-2024",
+              "turns": [[{"role": "user", "id": 0, "content": "plan ->-> 1,1", "time_anchor": "March-15-2024"},
+                         {"role": "assistant", "id": 1, "content": "ok"}]]}]
+BEAM_PROBES = {"information_extraction": [{"question": "q", "answer": "a", "source_chat_ids": [0]}],
+               "knowledge_update": [{"question": "q2", "ideal_answer": "b", "source_chat_ids": {"x": [1]}}]}
+SHAPES = {
+    "locomo": ("f.json", json.loads(LOCOMO_LIKE)),
+    "openai": ("f.json", [{"id": "c", "messages": [{"role": "user", "content": "hi"},
+                                                    {"role": "assistant", "content": [{"type": "text", "text": "yo"}]}]}]),
+    "sharegpt": ("f.json", [{"id": "c", "conversations": [{"from": "human", "value": "hi"}]}]),
+    "memorybank": ("memory_bank_en.json", {"Ann": {"name": "Ann", "history": {"2023-04-27": [
+        {"query": "hi", "response": "hello"}]}}}),
+}
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(fmt=st.sampled_from([*SHAPES, "beam"]), data=st.data())
+def test_structurally_wrong_records_raise_only_dataset_errors(tmp_path, fmt, data) -> None:
+    """Replace any one node of a valid document by an arbitrary JSON value."""
+    if fmt == "beam":
+        which = data.draw(st.sampled_from(["chat", "probes"]))
+        chat, probes = BEAM_CHAT, BEAM_PROBES
+        target = chat if which == "chat" else probes
+        path = data.draw(st.sampled_from(list(_paths(target))))
+        mutated = _replace(target, path, data.draw(JSON_VALUES))
+        chat, probes = (mutated, probes) if which == "chat" else (chat, mutated)
+        folder = tmp_path / "beam"
+        folder.mkdir(exist_ok=True)
+        (folder / "chat.json").write_text(json.dumps(chat))
+        (folder / "probing_questions.json").write_text(json.dumps(probes))
+        only_dataset_errors(folder, fmt)
+        return
+    name, document = SHAPES[fmt]
+    path = data.draw(st.sampled_from(list(_paths(document))))
+    file = tmp_path / name
+    file.write_text(json.dumps(_replace(document, path, data.draw(JSON_VALUES))))
+    only_dataset_errors(file, fmt)
