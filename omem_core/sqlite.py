@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
+import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -58,6 +59,14 @@ _MIGRATIONS: list[str] = [
     );
     CREATE INDEX IF NOT EXISTS omem_records_thread ON omem_records (thread_id, seq);
     CREATE INDEX IF NOT EXISTS omem_records_kind ON omem_records (thread_id, kind, seq);
+    """,
+    # 2: leases, so that one process at a time runs a thread's compaction pass
+    """
+    CREATE TABLE IF NOT EXISTS omem_leases (
+        thread_id TEXT PRIMARY KEY,
+        holder TEXT NOT NULL,
+        expires_at REAL NOT NULL
+    );
     """,
 ]
 
@@ -190,7 +199,9 @@ class SQLiteMemoryStore:
 
 
 class SQLiteObservationStore:
-    """An ``ObservationStore`` in one SQLite file, with the ``list_recent`` capability."""
+    """An ``ObservationStore`` in one SQLite file, with the ``list_recent`` capability and the lease
+    capability (``try_lease``/``release_lease``) that lets processes sharing the file run each
+    thread's compaction pass exactly once."""
 
     def __init__(self, path: str | Path) -> None:
         self._db = _Database(path)
@@ -240,3 +251,33 @@ class SQLiteObservationStore:
     async def delete_by_thread(self, thread_id: str) -> None:
         with self._db.lock:
             self._db.con.execute("DELETE FROM omem_records WHERE thread_id = ?", (thread_id,))
+
+    # -- the lease capability: cross-process dedup of compaction passes -------------------------
+
+    async def try_lease(self, thread_id: str, holder: str, ttl: float) -> bool:
+        """Take (or renew) the thread's lease for ``ttl`` seconds unless another live holder has it.
+
+        A holder that crashed stops renewing; its lease expires and the next caller takes it.
+        """
+        db = self._db
+        now = time.time()
+        with db.lock:
+            db.con.execute("BEGIN IMMEDIATE")
+            try:
+                row = db.con.execute("SELECT holder, expires_at FROM omem_leases WHERE thread_id = ?",
+                                     (thread_id,)).fetchone()
+                if row is not None and row[0] != holder and row[1] > now:
+                    db.con.execute("COMMIT")
+                    return False
+                db.con.execute("INSERT INTO omem_leases VALUES (?, ?, ?) ON CONFLICT (thread_id) DO UPDATE "
+                               "SET holder = excluded.holder, expires_at = excluded.expires_at",
+                               (thread_id, holder, now + ttl))
+                db.con.execute("COMMIT")
+                return True
+            except BaseException:
+                db.con.execute("ROLLBACK")
+                raise
+
+    async def release_lease(self, thread_id: str, holder: str) -> None:
+        with self._db.lock:
+            self._db.con.execute("DELETE FROM omem_leases WHERE thread_id = ? AND holder = ?", (thread_id, holder))

@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
+import socket
+import uuid
 import inspect as _inspect
 import time
 import weakref
@@ -117,6 +120,7 @@ EventCallback = Callable[[CompactionEvent], Awaitable[None] | None]
 @dataclass(slots=True)
 class _Plan:
     generation: int  # the thread's delete counter when the plan was read
+    last: int
     window: list[Message]
     view: MemoryView
     backlog: list[Message]
@@ -212,8 +216,13 @@ class ObservationalMemoryStore:
         on_event: EventCallback | None,
         completion_kwargs: Mapping[str, Any],
         clock: Callable[[], datetime],
+        on_busy: str = "wait",
+        lease_ttl: float = 120.0,
     ) -> None:
         self.inner = inner
+        self.on_busy = on_busy
+        self.lease_ttl = lease_ttl
+        self._holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.observations = observations
         self.observer = _StageConfig("observe", observer, observer_prompt, thresholds["observation"])
         self.reflector = (
@@ -311,6 +320,7 @@ class ObservationalMemoryStore:
         backlog = await self._backlog(thread_id, window, view.cursor, last)
         return _Plan(
             generation=generation,
+            last=last,
             window=window,
             view=view,
             backlog=backlog,
@@ -401,6 +411,26 @@ class ObservationalMemoryStore:
         entry.waiters -= 1
 
     async def _compact(self, thread_id: str, plan: _Plan) -> None:
+        try_lease = getattr(self.observations, "try_lease", None)
+        if try_lease is None:
+            return await self._passes(thread_id, plan)
+        # Processes sharing the store: one holds the thread's lease and runs the pass.
+        delay = 0.02
+        while not await try_lease(thread_id, self._holder, self.lease_ttl):
+            if self.on_busy == "render":
+                return  # render what exists; a later read compacts
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+            if self.on_busy == "wait":
+                continue
+        try:
+            fresh = await self._plan(thread_id, plan.last)  # another process may have done it
+            if fresh.generation == plan.generation and (self._observe_due(fresh) or self._reflect_due(fresh)):
+                await self._passes(thread_id, fresh)
+        finally:
+            await self.observations.release_lease(thread_id, self._holder)  # type: ignore[attr-defined]
+
+    async def _passes(self, thread_id: str, plan: _Plan) -> None:
         generation = plan.generation
         unreflected = list(plan.view.unreflected)
         unreflected_counts = list(plan.unreflected_counts)
@@ -568,6 +598,8 @@ def create_observational_memory_store(
     on_event: EventCallback | None = None,
     completion_kwargs: Mapping[str, Any] | None = None,
     clock: Callable[[], datetime] | None = None,
+    on_busy: str = "wait",
+    lease_ttl: float = 120.0,
 ) -> ObservationalMemoryStore:
     """Wrap ``inner`` (default ``InMemoryMemoryStore()``) with observational memory.
 
@@ -588,6 +620,12 @@ def create_observational_memory_store(
         completion_kwargs: extra keyword arguments for every ``litellm.acompletion`` call
             (``temperature``, ``api_base``, ``caching``, …).
         clock: returns the timezone-aware ``created_at`` of new records (default: now, UTC).
+        on_busy: when the observation store is shared between processes (it has the lease
+            capability, like ``omem_core.sqlite.SQLiteObservationStore``) and another process
+            is compacting the thread: ``"wait"`` for it, then render its result (default), or
+            ``"render"`` what exists now without waiting.
+        lease_ttl: seconds a process's lease lasts; a crashed holder blocks others at most this
+            long. Keep it above ``timeout``.
 
     Raises:
         ValueError: invalid thresholds, timeout, or a model string litellm cannot route.
@@ -598,6 +636,10 @@ def create_observational_memory_store(
         raise TypeError("count_tokens must be a callable (texts) -> counts")
     if completion_kwargs and {"model", "messages"} & set(completion_kwargs):
         raise ValueError("completion_kwargs cannot set 'model' or 'messages'")
+    if on_busy not in ("wait", "render"):
+        raise ValueError(f"on_busy must be 'wait' or 'render', got {on_busy!r}")
+    if isinstance(lease_ttl, bool) or not lease_ttl > 0:
+        raise ValueError(f"lease_ttl must be a positive number of seconds, got {lease_ttl!r}")
     return ObservationalMemoryStore(
         inner if inner is not None else InMemoryMemoryStore(),
         observer=_validate_model("observer", observer),
@@ -611,6 +653,8 @@ def create_observational_memory_store(
         on_event=on_event,
         completion_kwargs=completion_kwargs or {},
         clock=clock or (lambda: datetime.now(timezone.utc)),
+        on_busy=on_busy,
+        lease_ttl=lease_ttl,
     )
 
 

@@ -200,12 +200,30 @@ async def test_messages_round_trip_exactly(make_memory_store) -> None:
 
 
 def test_sqlite_schema_is_versioned_and_reopens(tmp_path) -> None:
+    from omem_core.sqlite import _MIGRATIONS
+
     path = tmp_path / "both.db"
     SQLiteMemoryStore(path).close()
     SQLiteObservationStore(path).close()  # same file, both ports
-    assert schema_version(path) == 1
+    assert schema_version(path) == len(_MIGRATIONS) == 2
     SQLiteMemoryStore(path).close()  # reopening migrates nothing twice
-    assert schema_version(path) == 1
+    assert schema_version(path) == 2
+
+
+async def test_sqlite_upgrades_an_older_file(tmp_path) -> None:
+    import sqlite3
+
+    from omem_core.sqlite import _MIGRATIONS
+
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as con:  # a file written by schema version 1
+        con.executescript(_MIGRATIONS[0] + "; PRAGMA user_version = 1;")
+        con.execute("INSERT INTO omem_records (id, thread_id, created_at, kind, source_ids, text) "
+                    "VALUES ('r1', 't', '2024-01-01T00:00:00+00:00', 'observation', '[\"m1\"]', 'kept')")
+    store = SQLiteObservationStore(path)
+    assert schema_version(path) == 2
+    assert [r.text for r in await store.list("t")] == ["kept"]
+    assert await store.try_lease("t", "me", 30)
 
 
 async def test_sqlite_persists_across_reopen(tmp_path) -> None:

@@ -1,0 +1,107 @@
+"""Several real processes sharing one SQLite file: exactly one runs a thread's pass."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from conftest import msg, ones
+
+from omem_core import create_observational_memory_store
+from omem_core.sqlite import SQLiteMemoryStore, SQLiteObservationStore
+
+WORKER = textwrap.dedent('''
+    import asyncio, json, sys, time
+    from pathlib import Path
+    import omem_core
+    import litellm
+    from litellm import CustomLLM, ModelResponse
+    from omem_core.sqlite import SQLiteMemoryStore, SQLiteObservationStore
+
+    db, calls, go, on_busy = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
+
+    class Slow(CustomLLM):
+        async def acompletion(self, model, messages, *args, **kwargs):
+            with calls.open("a") as f:
+                f.write("call\\n")
+            await asyncio.sleep(0.4)
+            r = ModelResponse(choices=[{"message": {"role": "assistant", "content": "- the one note"}}])
+            r.usage = litellm.Usage(prompt_tokens=1, completion_tokens=1, total_tokens=2)
+            return r
+
+    litellm.custom_provider_map.append({"provider": "slow", "custom_handler": Slow()})
+
+    async def main():
+        store = omem_core.create_observational_memory_store(
+            SQLiteMemoryStore(db), observer="slow/model", thresholds={"observation": 5},
+            count_tokens=lambda texts: [1] * len(texts), observations=SQLiteObservationStore(db),
+            on_busy=on_busy)
+        while not go.exists():
+            await asyncio.sleep(0.005)
+        got = await store.recall("t", last=2)
+        print(json.dumps({"memory": got[0].content if got[0].role == "system" else None}))
+
+    asyncio.run(main())
+''')
+
+
+def start_workers(tmp_path: Path, count: int, on_busy: str) -> tuple[list[subprocess.Popen], Path, Path]:
+    db, calls, go = tmp_path / "shared.db", tmp_path / "calls.log", tmp_path / "go"
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    asyncio.run(SQLiteMemoryStore(db).save_messages([msg(i) for i in range(12)]))  # one pass due
+    workers = [subprocess.Popen([sys.executable, str(script), str(db), str(calls), str(go), on_busy],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=Path(__file__).resolve().parents[1]) for _ in range(count)]
+    return workers, calls, go
+
+
+def finish(workers: list[subprocess.Popen]) -> list[dict]:
+    outputs = []
+    for worker in workers:
+        out, err = worker.communicate(timeout=120)
+        assert worker.returncode == 0, err[-2000:]
+        outputs.append(json.loads(out.strip().splitlines()[-1]))
+    return outputs
+
+
+def test_processes_sharing_a_file_run_the_pass_exactly_once(tmp_path) -> None:
+    workers, calls, go = start_workers(tmp_path, 4, "wait")
+    time.sleep(4)  # let every worker import and open the file
+    go.touch()
+    outputs = finish(workers)
+    assert calls.read_text().count("call") == 1
+    assert [o["memory"] for o in outputs] == ["- the one note"] * 4  # the waiters rendered its result
+    records = asyncio.run(SQLiteObservationStore(tmp_path / "shared.db").list("t"))
+    assert len(records) == 1 and records[0].source_ids == ("m0", "m1", "m2", "m3", "m4")
+
+
+def test_render_setting_does_not_wait(tmp_path) -> None:
+    workers, calls, go = start_workers(tmp_path, 3, "render")
+    time.sleep(4)
+    go.touch()
+    outputs = finish(workers)
+    assert calls.read_text().count("call") == 1
+    memories = [o["memory"] for o in outputs]
+    assert memories.count("- the one note") >= 1 and set(memories) <= {"- the one note", None}
+
+
+async def test_a_crashed_holder_blocks_only_until_its_lease_expires(tmp_path, scripted) -> None:
+    db = tmp_path / "crash.db"
+    observations = SQLiteObservationStore(db)
+    assert await observations.try_lease("t", "crashed-process", ttl=0.6)  # never released
+    store = create_observational_memory_store(SQLiteMemoryStore(db), observer="scripted/model",
+                                              thresholds={"observation": 5}, count_tokens=ones,
+                                              observations=observations)
+    await store.save_messages([msg(i) for i in range(12)])
+    started = time.perf_counter()
+    got = await store.recall("t", last=2)
+    waited = time.perf_counter() - started
+    assert got[0].content == "- noted" and scripted.started == 1
+    assert 0.4 < waited < 5
+    assert await observations.try_lease("t", "other", ttl=1)  # the pass released its lease
