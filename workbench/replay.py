@@ -239,6 +239,10 @@ async def replay(
         pending.clear()
         pending_calls.clear()
 
+    if isinstance(observations, RunObservationStore):
+        # Steps before a record are on disk before the record: a hard kill leaves no record
+        # newer than the recorded steps, so a resume never re-observes what a record covers.
+        observations.before_save = flush
     status, error = "completed", None
     total = len(turns)
     try:

@@ -461,6 +461,7 @@ class RunObservationStore:
     run_id: str
     step: int | None = None
     count_tokens: Any = None
+    before_save: Any = None  # called before a record is written (the replay flushes its steps)
 
     def __post_init__(self) -> None:
         self._mirror = InMemoryObservationStore()
@@ -483,6 +484,8 @@ class RunObservationStore:
     async def save(self, record: ObservationRecord) -> None:
         await self._ensure_loaded()
         tokens = self.count_tokens([record.text])[0] if self.count_tokens else None
+        if self.before_save is not None:
+            self.before_save()
         self.store.save_record(self.run_id, record, step=self.step, tokens=tokens)
         await self._mirror.save(record)
 
