@@ -226,11 +226,12 @@ class SQLiteObservationStore:
 
     async def list_recent(self, thread_id: str) -> list[ObservationRecord]:
         with self._db.lock:
-            newest = dict(self._db.con.execute(
-                "SELECT kind, max(seq) FROM omem_records WHERE thread_id = ? GROUP BY kind", (thread_id,)).fetchall())
+            newest = {kind: self._db.con.execute(  # two index lookups, not a scan of the thread
+                "SELECT max(seq) FROM omem_records WHERE thread_id = ? AND kind = ?", (thread_id, kind)).fetchone()[0]
+                for kind in ("reflection", "observation")}
             start = 0
-            if "reflection" in newest:
-                start = min(newest.values())
+            if newest["reflection"] is not None:
+                start = min(v for v in newest.values() if v is not None)
             rows = self._db.con.execute(
                 f"SELECT {self._COLUMNS} FROM omem_records WHERE thread_id = ? AND seq >= ? ORDER BY seq",
                 (thread_id, start)).fetchall()
