@@ -13,6 +13,7 @@ from streamlit.testing.v1 import AppTest
 from workbench.runstore import RunStore
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
+PROJECT_DEMO = Path(__file__).resolve().parents[1] / "datasets" / "demo.jsonl"
 PAGES = "workbench/app_pages/{}.py"
 
 
@@ -173,3 +174,27 @@ def test_presentation_steps_forward(db: Path) -> None:
     at.button(key="pres_next").click().run()
     assert at.subheader[0].value.startswith("Step 1:")
     assert {m.label for m in at.metric} >= {"Compression", "Facts retained"}
+
+
+def test_a_store_held_by_another_process_opens_read_only(db: Path) -> None:
+    from conftest import held_by_another_process
+
+    import asyncio
+
+    from workbench.datasets import load_conversation
+    from workbench.replay import ReplayConfig, replay
+
+    with RunStore(db) as writer:  # a run recorded earlier
+        asyncio.run(replay(load_conversation(PROJECT_DEMO), ReplayConfig(cache=False), writer))
+    with held_by_another_process(db):
+        at = AppTest.from_file(APP, default_timeout=120)
+        at.run()
+        assert not at.exception
+        assert any("Read-only snapshot" in w.value and "another process" in w.value for w in at.warning)
+        assert at.metric  # the stored run is shown from the snapshot
+        at.sidebar.button(key="ex_run").click().run()
+        assert at.error and "read-only" in at.error[0].value
+        for page in ("runs", "compare", "present"):
+            at.switch_page(PAGES.format(page)).run()
+            assert not at.exception
+    assert len(RunStore(db).runs()) == 1  # the original was never written

@@ -113,3 +113,50 @@ def test_replay_slider_compare_and_screenshots(server) -> None:
         assert wait_for_charts(page, 4) == 4
         page.screenshot(path=str(shots / "compare.png"), full_page=False)
         browser.close()
+
+
+PAYLOADS = [
+    "<script>window.__omem_pwned = 1</script> Anna booked Lisbon for 3 June.",
+    '<img src=x onerror="window.__omem_pwned = 2"> Bruno paid 40 euros.',
+    "**not bold** [a link](javascript:window.__omem_pwned=3) Carla moved to Porto on 9 May.",
+]
+
+
+def test_dataset_and_model_text_is_inert(server) -> None:
+    import json
+
+    url, tmp = server
+    dataset = tmp / "hostile.jsonl"
+    lines = []
+    for i in range(12):
+        lines.append({"conversation_id": "hostile<b>x</b>", "id": f"h{i}", "role": "user" if i % 2 == 0 else "assistant",
+                      "content": PAYLOADS[i % 3], "timestamp": f"2024-05-0{1 + i // 4}T10:0{i % 4}:00Z"})
+    dataset.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch_persistent_context(str(tmp / "profile2"), executable_path=CHROMIUM, args=ARGS,
+                                                       viewport={"width": 1400, "height": 1000})
+        page = browser.new_page()
+        page.goto(url)
+        settle(page)
+        page.get_by_text("At step").first.wait_for(timeout=90_000)
+        page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').first.click()
+        page.get_by_role("option", name="Upload a file…").click()
+        settle(page)
+        page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(dataset))
+        settle(page)
+        page.get_by_label("Observation threshold (tokens)").fill("20")
+        page.get_by_label("Observation threshold (tokens)").press("Enter")
+        settle(page)
+        page.get_by_role("button", name="Run replay").click()
+        settle(page)
+        page.get_by_text("hostile<b>x</b>").first.wait_for(timeout=60_000)  # shown literally
+        page.get_by_role("tab", name="What the agent sees").click()
+        page.wait_for_timeout(500)
+        text = page.locator('[data-testid="stMain"]').inner_text()
+        assert "<script>window.__omem_pwned = 1</script>" in text
+        assert '<img src=x onerror="window.__omem_pwned = 2">' in text
+        assert "**not bold**" in text  # not rendered as Markdown either
+        assert page.evaluate("window.__omem_pwned === undefined")
+        assert page.locator('[data-testid="stMain"] img[src="x"]').count() == 0
+        assert page.locator('[data-testid="stMain"] a[href^="javascript"]').count() == 0
+        browser.close()

@@ -186,6 +186,7 @@ class RunStore:
     def __init__(self, path: str | Path = "runs.duckdb", *, read_only: bool = False) -> None:
         self.path = str(path)
         self.read_only = read_only
+        self.snapshot_of: str | None = None
         try:
             self._con = duckdb.connect(self.path, read_only=read_only)
         except duckdb.IOException as exc:
@@ -207,6 +208,28 @@ class RunStore:
             self.migrate()
         elif not self._has_table("omem_schema"):
             raise RunStoreError(f"{self.path} is not an omem run store (no omem_schema table)")
+
+    @classmethod
+    def snapshot(cls, path: str | Path) -> RunStore:
+        """A read-only view of a file another process holds: a private copy taken now.
+
+        The original is only read (never locked or written), so it cannot be corrupted; the copy
+        shows what had reached the file (and its WAL) when it was taken.
+        """
+        import shutil
+        import tempfile
+
+        source = Path(path)
+        folder = Path(tempfile.mkdtemp(prefix="omem-snapshot-"))
+        target = folder / source.name
+        shutil.copy2(source, target)
+        wal = source.with_name(source.name + ".wal")
+        if wal.exists():
+            shutil.copy2(wal, target.with_name(target.name + ".wal"))
+        store = cls(target)
+        store.read_only = True
+        store.snapshot_of = str(source)
+        return store
 
     # -- connection ---------------------------------------------------------------------------
 

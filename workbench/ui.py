@@ -36,9 +36,10 @@ def _open_store(path: str) -> tuple[RunStore, str | None]:
     try:
         return RunStore(path), None
     except RunStoreLocked as exc:
+        # Another process (a CLI sweep, another app) writes the file: show a snapshot of it.
         try:
-            return RunStore(path, read_only=True), str(exc)
-        except RunStoreError:
+            return RunStore.snapshot(path), str(exc)
+        except (OSError, RunStoreError):
             raise exc from None
 
 
@@ -50,7 +51,11 @@ def get_store() -> RunStore:
         st.error(str(exc))
         st.stop()
     if notice:
-        st.warning(f"Read-only: {notice}")
+        st.warning(f"Read-only snapshot: {notice} This page shows a copy taken when the app opened it; "
+                   "replays and edits are disabled until the other process finishes.")
+        if st.button("Refresh the snapshot", key="omem_refresh"):
+            _open_store.clear()
+            st.rerun()
     return store
 
 

@@ -19,7 +19,7 @@ if mode == "Run two configurations":
         config_a = ui.config_form(store, "cmp_a", conversation, container=st)
     with right.expander("Configuration B", expanded=True):
         config_b = ui.config_form(store, "cmp_b", conversation, container=st)
-    if st.button("Run both", type="primary", key="cmp_run", disabled=conversation is None):
+    if st.button("Run both", type="primary", key="cmp_run", disabled=conversation is None or store.read_only):
         result_a = ui.run_replay(store, conversation, config_a, label="A · " + config_a.label())
         result_b = ui.run_replay(store, conversation, config_b, label="B · " + config_b.label())
         if result_a and result_b and result_a.run_id and result_b.run_id:

@@ -14,6 +14,8 @@ if mode == "Run a replay":
     conversation = ui.dataset_picker("ex")
     config = ui.config_form(store, "ex", conversation)
     start = st.sidebar.button("Run replay", type="primary", key="ex_run", disabled=conversation is None)
+    if store.read_only:
+        st.sidebar.caption("Replays are disabled: the run store is a read-only snapshot.")
     if start and conversation is not None:
         result = ui.run_replay(store, conversation, config)
         if result is not None and result.run_id:
@@ -29,8 +31,11 @@ else:
     if picked:
         ui.open_run(picked)
 
+stored = store.runs()
 run_id = st.session_state.get(ui.RUN_KEY)
-if run_id is None or store.runs().query("run_id == @run_id").empty:
+if (run_id is None or stored.query("run_id == @run_id").empty) and not stored.empty:
+    run_id = stored.run_id.iloc[0]  # the newest run, until another is opened
+if run_id is None:
     st.title("Replay explorer")
     st.info("Run a replay from the sidebar, or open a stored run.")
     st.stop()

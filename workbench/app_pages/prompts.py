@@ -19,7 +19,7 @@ st.text(f"{prompt.label} · sha256 {prompt.sha256[:16]}… · {len(prompt.text)}
 text = st.text_area("Text (the system message of each compaction call)", prompt.text, height=360,
                     key=f"pr_text_{name}_{version}")
 new_version = st.text_input("Save as version", value="", placeholder="e.g. v2-shorter", key=f"pr_new_{name}")
-if st.button("Save version", type="primary", key="pr_save", disabled=not new_version.strip()):
+if st.button("Save version", type="primary", key="pr_save", disabled=not new_version.strip() or store.read_only):
     try:
         candidate = Prompt(name=name, version=new_version.strip(), text=text)
         store.save_prompt(candidate)

@@ -36,7 +36,8 @@ grid = [ReplayConfig(observation_threshold=o, reflection_threshold=r, last_messa
         for o in observation for r in reflection for w in windows]
 st.sidebar.caption(f"{len(grid)} runs with the built-in offline model")
 
-if st.sidebar.button("Run sweep", type="primary", key="tune_run", disabled=conversation is None or not grid):
+if st.sidebar.button("Run sweep", type="primary", key="tune_run",
+                     disabled=conversation is None or not grid or store.read_only):
     bar = st.progress(0.0, text="Sweeping…")
 
     def done(finished, total, result):
