@@ -419,10 +419,8 @@ class ObservationalMemoryStore:
         while not await try_lease(thread_id, self._holder, self.lease_ttl):
             if self.on_busy == "render":
                 return  # render what exists; a later read compacts
-            await asyncio.sleep(delay)
+            await asyncio.sleep(delay)  # "wait": poll until the holder finishes or its lease expires
             delay = min(delay * 2, 0.5)
-            if self.on_busy == "wait":
-                continue
         try:
             fresh = await self._plan(thread_id, plan.last)  # another process may have done it
             if fresh.generation == plan.generation and (self._observe_due(fresh) or self._reflect_due(fresh)):
