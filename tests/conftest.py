@@ -92,9 +92,9 @@ class Scripted(CustomLLM):
         return response
 
 
-@pytest.fixture
-def scripted() -> Iterator[Scripted]:
-    """A fresh scripted model reachable as ``scripted/model``."""
+@contextlib.contextmanager
+def scripted_provider() -> Iterator[Scripted]:
+    """Register a fresh scripted model as ``scripted/model`` for the duration (then unregister)."""
     handler = Scripted()
     entry = {"provider": "scripted", "custom_handler": handler}
     litellm.custom_provider_map.append(entry)
@@ -103,6 +103,13 @@ def scripted() -> Iterator[Scripted]:
         yield handler
     finally:
         litellm.custom_provider_map.remove(entry)
+
+
+@pytest.fixture
+def scripted() -> Iterator[Scripted]:
+    """A fresh scripted model reachable as ``scripted/model``."""
+    with scripted_provider() as handler:
+        yield handler
 
 
 @contextlib.contextmanager

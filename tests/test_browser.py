@@ -5,6 +5,7 @@ Set OMEM_SCREENSHOT_DIR to keep the screenshots (the README's come from this tes
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -61,6 +62,18 @@ def server(tmp_path):
             process.kill()
 
 
+@contextlib.contextmanager
+def chromium(profile: Path, width: int = 1500, height: int = 1100):
+    """A page in Debian's Chromium (headless, no network side traffic), closed afterwards."""
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch_persistent_context(str(profile), executable_path=CHROMIUM, args=ARGS,
+                                                       viewport={"width": width, "height": height})
+        try:
+            yield browser.new_page()
+        finally:
+            browser.close()
+
+
 def settle(page) -> None:
     page.wait_for_timeout(300)
     page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=90_000)
@@ -77,10 +90,7 @@ def test_replay_slider_compare_and_screenshots(server) -> None:
     url, tmp = server
     shots = Path(os.environ.get("OMEM_SCREENSHOT_DIR") or tmp)
     shots.mkdir(parents=True, exist_ok=True)
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch_persistent_context(str(tmp / "profile"), executable_path=CHROMIUM, args=ARGS,
-                                                       viewport={"width": 1500, "height": 1100})
-        page = browser.new_page()
+    with chromium(tmp / "profile") as page:
         page.goto(url)
         settle(page)
         # A fresh store: the explorer replayed the demo conversation on the built-in model.
@@ -112,7 +122,6 @@ def test_replay_slider_compare_and_screenshots(server) -> None:
         page.get_by_text("Probes one keeps and the other loses").wait_for(timeout=90_000)
         assert wait_for_charts(page, 4) == 4
         page.screenshot(path=str(shots / "compare.png"), full_page=False)
-        browser.close()
 
 
 PAYLOADS = [
@@ -132,10 +141,7 @@ def test_dataset_and_model_text_is_inert(server) -> None:
         lines.append({"conversation_id": "hostile<b>x</b>", "id": f"h{i}", "role": "user" if i % 2 == 0 else "assistant",
                       "content": PAYLOADS[i % 3], "timestamp": f"2024-05-0{1 + i // 4}T10:0{i % 4}:00Z"})
     dataset.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch_persistent_context(str(tmp / "profile2"), executable_path=CHROMIUM, args=ARGS,
-                                                       viewport={"width": 1400, "height": 1000})
-        page = browser.new_page()
+    with chromium(tmp / "profile2", 1400, 1000) as page:
         page.goto(url)
         settle(page)
         page.get_by_text("At step").first.wait_for(timeout=90_000)
@@ -159,4 +165,3 @@ def test_dataset_and_model_text_is_inert(server) -> None:
         assert page.evaluate("window.__omem_pwned === undefined")
         assert page.locator('[data-testid="stMain"] img[src="x"]').count() == 0
         assert page.locator('[data-testid="stMain"] a[href^="javascript"]').count() == 0
-        browser.close()

@@ -13,13 +13,11 @@ restarts, on the in-memory and the SQLite adapters. After every operation:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import tempfile
 from datetime import timedelta
 from pathlib import Path
 
-import litellm
-from conftest import T0, Scripted, ones
+from conftest import T0, ones, scripted_provider
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -42,19 +40,6 @@ OPS = st.one_of(  # saves and reads weigh more, so passes and reflections happen
     st.tuples(st.just("fail")),
     st.tuples(st.just("restart"), st.booleans()),
 )
-
-
-@contextlib.contextmanager
-def scripted_provider():
-    handler = Scripted()
-    handler.default = lambda messages: f"- note {len(handler.calls)}"
-    entry = {"provider": "scripted", "custom_handler": handler}
-    litellm.custom_provider_map.append(entry)
-    litellm.utils.custom_llm_setup()
-    try:
-        yield handler
-    finally:
-        litellm.custom_provider_map.remove(entry)
 
 
 def check_invariants(reference: list[Message], stored: list[Message], records, memory: Message | None,
@@ -94,6 +79,7 @@ async def run_ops(ops, backend: str, folder: Path) -> None:
         return inner, observations
 
     with scripted_provider() as model:
+        model.default = lambda messages: f"- note {len(model.calls)}"
         events: list[CompactionEvent] = []
         inner, observations = stores(True)
 
