@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import builtins
+
 from typing import Protocol, runtime_checkable
 
 from .messages import ObservationRecord
@@ -63,7 +65,7 @@ class InMemoryObservationStore:
         thread = self._threads.get(thread_id)
         return list(thread.records) if thread else []
 
-    async def list_recent(self, thread_id: str) -> list[ObservationRecord]:
+    async def list_recent(self, thread_id: str) -> builtins.list[ObservationRecord]:
         thread = self._threads.get(thread_id)
         if thread is None:
             return []

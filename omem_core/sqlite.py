@@ -16,6 +16,8 @@ Queries are short local reads and writes, so they run inline on the event loop.
 
 from __future__ import annotations
 
+import builtins
+
 import json
 import sqlite3
 import threading
@@ -224,7 +226,7 @@ class SQLiteObservationStore:
                                         (thread_id,)).fetchall()
         return [self._record(row) for row in rows]
 
-    async def list_recent(self, thread_id: str) -> list[ObservationRecord]:
+    async def list_recent(self, thread_id: str) -> builtins.list[ObservationRecord]:
         with self._db.lock:
             newest = {kind: self._db.con.execute(  # two index lookups, not a scan of the thread
                 "SELECT max(seq) FROM omem_records WHERE thread_id = ? AND kind = ?", (thread_id, kind)).fetchone()[0]

@@ -373,12 +373,10 @@ def reflect(reflection: str, observations: str, target_tokens: int) -> str:
         units = [(word_weights(b.body), estimate_tokens(b.render()) + 2, 1.0 + 0.5 * b.order / newest)
                  for b in merged]
         picked = greedy_cover(units, int(budget * 0.93))
-        keep = set(picked)
-        merged = [b for i, b in enumerate(merged) if i in keep]
+        candidates = merged
+        merged = [candidates[i] for i in sorted(picked)]
         while size() > budget and picked:  # date headings cost a little more than estimated
-            dropped = merged[[i for i in sorted(keep)].index(picked[-1])]
-            keep.discard(picked.pop())
-            merged.remove(dropped)
+            merged.remove(candidates[picked.pop()])  # drop the last, least valuable pick
     return render_dated([(b.date, b.body) for b in merged])
 
 
