@@ -127,8 +127,6 @@ def test_sigkill_mid_run_then_resume(reference, tmp_path) -> None:
         assert 0 < len(kept) < len(reference) and kept.record_id.is_unique
         steps = store.steps(run.run_id)
         assert list(steps.step) == list(range(len(steps)))
-        if not kept.empty:
-            assert kept.step.max() <= len(steps)  # no record is newer than the recorded steps + 1
         run_id = run.run_id
     resumed = subprocess.run([sys.executable, str(script), str(db), "0", run_id], cwd=ROOT,
                              capture_output=True, text=True, timeout=120)

@@ -191,6 +191,9 @@ async def replay(
             last = steps.iloc[-1]
             step = int(last["step"]) + 1
             start_index = int(last["message_index"]) + 1
+        # A hard kill can leave records newer than the last recorded step: recompute them (with
+        # the litellm cache on, the repeated calls cost nothing).
+        store.discard_after(run_id, step - 1)
         store.set_status(run_id, "running")
     elif store is not None:
         run_id = store.create_run(
@@ -239,10 +242,6 @@ async def replay(
         pending.clear()
         pending_calls.clear()
 
-    if isinstance(observations, RunObservationStore):
-        # Steps before a record are on disk before the record: a hard kill leaves no record
-        # newer than the recorded steps, so a resume never re-observes what a record covers.
-        observations.before_save = flush
     status, error = "completed", None
     total = len(turns)
     try:

@@ -165,11 +165,16 @@ def _now() -> datetime:
 
 def _insert_many(cur: duckdb.DuckDBPyConnection, table: str, columns: list[str], rows: list[list[Any]],
                  *, verb: str = "INSERT") -> None:
-    """Insert many rows in one vectorised statement (DuckDB's executemany runs row by row)."""
-    frame = pd.DataFrame(rows, columns=columns)
-    cur.register("_omem_rows", frame)
+    """Insert many rows in one statement (DuckDB's executemany runs row by row): a VALUES list for
+    a few rows, a registered DataFrame for many."""
+    names = ", ".join(columns)
+    if len(rows) <= 20:
+        placeholders = "(" + ", ".join("?" * len(columns)) + ")"
+        cur.execute(f"{verb} INTO {table} ({names}) VALUES " + ", ".join([placeholders] * len(rows)),
+                    [value for row in rows for value in row])
+        return
+    cur.register("_omem_rows", pd.DataFrame(rows, columns=columns))
     try:
-        names = ", ".join(columns)
         cur.execute(f"{verb} INTO {table} ({names}) SELECT {names} FROM _omem_rows").fetchall()
     finally:
         cur.unregister("_omem_rows")
@@ -301,7 +306,7 @@ class RunStore:
         return run_id
 
     def add_steps(self, run_id: str, rows: list[dict[str, Any]], calls: list[dict[str, Any]] = ()) -> None:
-        """Append step rows (and the model calls made during them) in one transaction."""
+        """Append step rows and the model calls made during them, in one transaction."""
         if not rows and not calls:
             return
         with self._write_lock:
@@ -315,9 +320,9 @@ class RunStore:
                     first = self._next_seq("model_calls", run_id, len(calls))
                     _insert_many(cur, "model_calls", ["run_id", "seq", *calls[0]],
                                  [[run_id, first + i, *c.values()] for i, c in enumerate(calls)])
-                last = rows[-1]["step"] + 1 if rows else None
-                cur.execute("UPDATE runs SET steps = coalesce(?, steps), updated_at = ? WHERE run_id = ?",
-                            [last, _now(), run_id])
+                if rows:
+                    cur.execute("UPDATE runs SET steps = ?, updated_at = ? WHERE run_id = ?",
+                                [rows[-1]["step"] + 1, _now(), run_id])
                 cur.execute("COMMIT")
             except Exception:
                 cur.execute("ROLLBACK")
@@ -342,13 +347,31 @@ class RunStore:
         self.add_model_calls(run_id, [row])
 
     def save_record(self, run_id: str, record: ObservationRecord, *, step: int | None, tokens: int | None) -> None:
+        """Write one record at once (autocommit): it survives any interruption from here on."""
         with self._write_lock:
-            cur = self.cursor()
             seq = self._next_seq("records", run_id)
-            cur.execute(
+            self.cursor().execute(
                 "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [run_id, seq, step, record.id, record.thread_id, record.resource_id, record.kind,
                  json.dumps(list(record.source_ids)), record.text, tokens, record.created_at])
+
+    def discard_after(self, run_id: str, step: int) -> int:
+        """Drop the records and model calls a run wrote after its last recorded step.
+
+        Only a hard kill leaves such rows (steps are written in batches, records at once); a
+        resume recomputes them from the same state, so the run ends as if never interrupted.
+        Returns how many records were dropped.
+        """
+        with self._write_lock:
+            cur = self.cursor()
+            dropped = cur.execute("SELECT count(*) FROM records WHERE run_id = ? AND step > ?",
+                                  [run_id, step]).fetchall()[0][0]
+            cur.execute("BEGIN TRANSACTION")
+            cur.execute("DELETE FROM records WHERE run_id = ? AND step > ?", [run_id, step])
+            cur.execute("DELETE FROM model_calls WHERE run_id = ? AND step > ?", [run_id, step])
+            cur.execute("COMMIT")
+            self._seq = {k: v for k, v in self._seq.items() if k[1] != run_id}
+        return int(dropped)
 
     def delete_records(self, run_id: str, thread_id: str) -> None:
         with self._write_lock:
@@ -484,7 +507,7 @@ class RunObservationStore:
     run_id: str
     step: int | None = None
     count_tokens: Any = None
-    before_save: Any = None  # called before a record is written (the replay flushes its steps)
+
 
     def __post_init__(self) -> None:
         self._mirror = InMemoryObservationStore()
@@ -507,8 +530,6 @@ class RunObservationStore:
     async def save(self, record: ObservationRecord) -> None:
         await self._ensure_loaded()
         tokens = self.count_tokens([record.text])[0] if self.count_tokens else None
-        if self.before_save is not None:
-            self.before_save()
         self.store.save_record(self.run_id, record, step=self.step, tokens=tokens)
         await self._mirror.save(record)
 
