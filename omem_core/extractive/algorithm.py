@@ -358,25 +358,35 @@ def reflect(reflection: str, observations: str, target_tokens: int) -> str:
     def size() -> int:
         return estimate_tokens(render_dated([(b.date, b.body) for b in merged]))
 
-    if size() > budget:
-        # First tighten long bullets: keep their best sentences.
-        for bullet in merged:
-            head, sentences = _body_sentences(bullet.body)
-            if len(sentences) > 2:
-                ranked = sorted(range(len(sentences)), key=lambda i: -sentence_score(sentences[i]))
-                keep = sorted(ranked[: max(2, len(sentences) // 2)])
-                bullet.body = head + " ".join(sentences[i] for i in keep)
     newest = max((b.order for b in merged), default=0) or 1
     if size() > budget:
-        # Keep the bullets that add the most new information per token; newer ones weigh a
-        # little more (the newest fact wins), and the result stays in conversation order.
-        units = [(word_weights(b.body), estimate_tokens(b.render()) + 2, 1.0 + 0.5 * b.order / newest)
-                 for b in merged]
+        # Keep the sentences that add the most new information per token (each bullet's speaker
+        # is charged once, to its first kept sentence); newer bullets weigh a little more (the
+        # newest fact wins); the result stays in conversation order.
+        pieces: list[tuple[int, str, str]] = []  # (bullet index, head, sentence)
+        for index, bullet in enumerate(merged):
+            head, sentences = _body_sentences(bullet.body)
+            pieces.extend((index, head, sentence) for sentence in sentences or [bullet.body])
+        units = [(word_weights(sentence), estimate_tokens(sentence) + 1 + estimate_tokens(head) // 2,
+                  1.0 + 0.5 * merged[index].order / newest) for index, head, sentence in pieces]
         picked = greedy_cover(units, int(budget * 0.93))
+
         candidates = merged
-        merged = [candidates[i] for i in sorted(picked)]
-        while size() > budget and picked:  # date headings cost a little more than estimated
-            merged.remove(candidates[picked.pop()])  # drop the last, least valuable pick
+
+        def rebuild(chosen: list[int]) -> list[_Bullet]:
+            members: dict[int, list[int]] = {}
+            for piece in sorted(chosen):
+                members.setdefault(pieces[piece][0], []).append(piece)
+            return [
+                _Bullet(candidates[index].order, candidates[index].date,
+                        pieces[kept[0]][1] + " ".join(pieces[p][2] for p in kept), candidates[index].words)
+                for index, kept in members.items()
+            ]
+
+        merged = rebuild(picked)
+        while size() > budget and picked:  # headings cost a little more than estimated
+            picked.pop()  # drop the last, least valuable pick
+            merged = rebuild(picked)
     return render_dated([(b.date, b.body) for b in merged])
 
 
