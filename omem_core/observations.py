@@ -30,18 +30,6 @@ class ObservationStore(Protocol):
     async def delete_by_thread(self, thread_id: str) -> None: ...
 
 
-def recent_suffix_start(records: list[ObservationRecord]) -> int:
-    """Index where ``list_recent`` starts in a full, creation-ordered record list."""
-    newest: dict[str, int] = {}
-    for index in range(len(records) - 1, -1, -1):
-        newest.setdefault(records[index].kind, index)
-        if len(newest) == 2:
-            break
-    if "reflection" not in newest:
-        return 0
-    return min(newest.values())  # the newest observation when it precedes the reflection
-
-
 class _ThreadRecords:
     __slots__ = ("records", "ids", "newest_reflection", "newest_observation")
 

@@ -38,7 +38,6 @@ from .messages import Message, ObservationRecord
 from .observations import ObservationStore, create_in_memory_observation_store
 from .planning import (
     MemoryView,
-    memory_text,
     observer_target_tokens,
     render_memory,
     segment_length,
@@ -661,5 +660,4 @@ __all__ = [
     "ObservationalMemoryStore",
     "ThreadState",
     "create_observational_memory_store",
-    "memory_text",
 ]

@@ -75,7 +75,6 @@ def test_reflector_deduplicates_newest_wins_and_fits() -> None:
 
 async def test_reflector_through_litellm_routes_on_layout() -> None:
     from omem_core.prompts import render_reflector_input
-    from conftest import T0 as _  # noqa: F401
     from omem_core import ObservationRecord
 
     obs = [ObservationRecord(id=f"o{i}", thread_id="t", resource_id=None, created_at=T0, kind="observation",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 
 import pytest
 from conftest import T0, msg
@@ -17,7 +17,6 @@ from omem_core import (
     ObservationStore,
     create_in_memory_observation_store,
 )
-from omem_core.observations import recent_suffix_start
 from omem_core.sqlite import SQLiteMemoryStore, SQLiteObservationStore, schema_version
 
 
@@ -141,6 +140,18 @@ async def test_memory_without_working_memory_capability() -> None:
     assert not memory.has_working_memory
     with pytest.raises(NotImplementedError, match="Bare"):
         await memory.get_working_memory("t")
+
+
+def recent_suffix_start(records: list[ObservationRecord]) -> int:
+    """Reference: where ``list_recent`` starts in a full, creation-ordered record list."""
+    newest: dict[str, int] = {}
+    for index in range(len(records) - 1, -1, -1):
+        newest.setdefault(records[index].kind, index)
+        if len(newest) == 2:
+            break
+    if "reflection" not in newest:
+        return 0
+    return min(newest.values())  # the newest observation when it precedes the reflection
 
 
 def record(i: int, kind: str = "observation", sources: tuple[str, ...] = ()) -> ObservationRecord:

@@ -21,7 +21,7 @@ from omem_core import OBSERVER_PROMPT, OFFLINE_MODEL, REFLECTOR_PROMPT, Prompt
 
 from .catalog import DEMO_DATASET, ROOT, known_datasets
 from .datasets import FORMATS, DatasetError, load_conversation, load_dataset
-from .replay import TOKEN_COUNTERS, ReplayConfig, ReplayFailed, ReplayResult, replay
+from .replay import TOKEN_COUNTERS, ReplayConfig, ReplayFailed, ReplayResult, replay, run_sweep
 from .runstore import RunStore, RunStoreError
 
 DB_OPTION = click.option("--db", default=lambda: os.environ.get("OMEM_DB", "runs.duckdb"), show_default="runs.duckdb",
@@ -228,8 +228,13 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
             for o, r, ot, rt, w, op, rp in itertools.product(observers, reflectors, observation, reflection, windows,
                                                              observer_prompts, reflector_prompts)
         ]
-        results = asyncio.run(run_sweep(conv, grid, store, concurrency,
-                                        lambda line: None if as_json else click.echo(line, err=True)))
+        def report(finished: int, total: int, config: ReplayConfig, result: ReplayResult) -> None:
+            if not as_json:
+                click.echo(f"[{finished}/{total}] {result.run_id} {config.label()}: {result.status}, "
+                           f"compression {_fmt(result.compression, 1)}x, retention "
+                           f"{_fmt(result.retention.retention if result.retention else None)}", err=True)
+
+        results = asyncio.run(run_sweep(conv, grid, store, concurrency, on_done=report))
         table = [r.summary() for r in results]
         if as_json:
             click.echo(json.dumps({"runs": table}))
@@ -246,30 +251,6 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
         sys.exit(130)
     finally:
         store.close()
-
-
-async def run_sweep(conv, grid: list[ReplayConfig], store: RunStore, concurrency: int, echo=lambda line: None,
-                    on_done=None) -> list[ReplayResult]:
-    """Run every configuration, at most ``concurrency`` at once; a failed run does not stop the rest."""
-    gate = asyncio.Semaphore(concurrency)
-    finished = 0
-
-    async def one(config: ReplayConfig) -> ReplayResult:
-        nonlocal finished
-        async with gate:
-            try:
-                result = await replay(conv, config, store)
-            except ReplayFailed as exc:
-                result = exc.result
-        finished += 1
-        echo(f"[{finished}/{len(grid)}] {result.run_id} {config.label()}: {result.status}, "
-             f"compression {_fmt(result.compression, 1)}x, retention "
-             f"{_fmt(result.retention.retention if result.retention else None)}")
-        if on_done is not None:
-            on_done(finished, len(grid), result)
-        return result
-
-    return list(await asyncio.gather(*(one(c) for c in grid)))
 
 
 @cli.command()

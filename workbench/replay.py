@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from omem_core import (
@@ -360,8 +360,28 @@ def score_retention(conversation: Conversation, context, window, budget: int, co
     return summarise(rows)
 
 
-def replay_sync(*args: Any, **kwargs: Any) -> ReplayResult:
-    return asyncio.run(replay(*args, **kwargs))
+async def run_sweep(
+    conversation: Conversation, grid: list[ReplayConfig], store: RunStore, concurrency: int,
+    on_done: Callable[[int, int, ReplayConfig, ReplayResult], None] | None = None,
+) -> list[ReplayResult]:
+    """Replay every configuration, at most ``concurrency`` at once; a failed run does not stop the
+    rest (its result says ``failed``). ``on_done(finished, total, config, result)`` after each."""
+    gate = asyncio.Semaphore(concurrency)
+    finished = 0
+
+    async def one(config: ReplayConfig) -> ReplayResult:
+        nonlocal finished
+        async with gate:
+            try:
+                result = await replay(conversation, config, store)
+            except ReplayFailed as exc:
+                result = exc.result
+        finished += 1
+        if on_done is not None:
+            on_done(finished, len(grid), config, result)
+        return result
+
+    return list(await asyncio.gather(*(one(c) for c in grid)))
 
 
-__all__ = ["ReplayConfig", "ReplayFailed", "ReplayResult", "replay", "replay_sync", "score_retention", "replace"]
+__all__ = ["ReplayConfig", "ReplayFailed", "ReplayResult", "replay", "run_sweep", "score_retention"]

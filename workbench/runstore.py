@@ -32,8 +32,6 @@ import pandas as pd
 from omem_core import ObservationRecord, Prompt
 from omem_core.observations import InMemoryObservationStore
 
-SCHEMA_VERSION = 1
-
 _M001 = """
 CREATE TABLE runs (
     run_id VARCHAR PRIMARY KEY,
@@ -338,13 +336,6 @@ class RunStore:
         first = self._seq[key] + 1
         self._seq[key] += count
         return first
-
-    def add_model_calls(self, run_id: str, rows: list[dict[str, Any]]) -> None:
-        if rows:
-            self.add_steps(run_id, [], rows)
-
-    def add_model_call(self, run_id: str, row: dict[str, Any]) -> None:
-        self.add_model_calls(run_id, [row])
 
     def save_record(self, run_id: str, record: ObservationRecord, *, step: int | None, tokens: int | None) -> None:
         """Write one record at once (autocommit): it survives any interruption from here on."""

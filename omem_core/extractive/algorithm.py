@@ -302,9 +302,6 @@ class _Bullet:
     body: str
     words: frozenset[str]
 
-    def render(self) -> str:
-        return f"- {self.body}"
-
 
 def parse_bullets(text: str) -> list[tuple[str, str]]:
     """``(date, body)`` per bullet; a date comes from a heading line or a ``(date)`` prefix."""

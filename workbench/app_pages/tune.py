@@ -5,8 +5,7 @@ import asyncio
 import streamlit as st
 
 from workbench import analysis, charts, ui
-from workbench.cli import run_sweep
-from workbench.replay import ReplayConfig
+from workbench.replay import ReplayConfig, run_sweep
 
 store = ui.get_store()
 st.title("Tune thresholds")
@@ -40,7 +39,7 @@ if st.sidebar.button("Run sweep", type="primary", key="tune_run",
                      disabled=conversation is None or not grid or store.read_only):
     bar = st.progress(0.0, text="Sweeping…")
 
-    def done(finished, total, result):
+    def done(finished, total, config, result):
         bar.progress(finished / total, text=f"{finished}/{total} runs")
 
     asyncio.run(run_sweep(conversation, grid, store, concurrency, on_done=done))
