@@ -29,7 +29,7 @@ def run(config: ReplayConfig) -> None:
         "beam-100k-dev": [c for chat in ("1", "2", "3") for c in load_dataset(shared / "beam-100k-dev" / chat)],
     }
     print(f"offline model, thresholds {config.observation_threshold}/{config.reflection_threshold}, "
-          f"window {config.last_messages}\n")
+          f"window {config.last_messages}, recall before {config.recall_on} message(s)\n")
     for suite, conversations in suites.items():
         print(f"== {suite}")
         print(f"{'conversation':<14} {'history':>8} {'context':>8} {'memory':>7} {'max mem':>7} {'compr':>6} {'ret':>6} "
@@ -71,6 +71,8 @@ if __name__ == "__main__":
     parser.add_argument("--observation", type=int, default=1000)
     parser.add_argument("--reflection", type=int, default=2000)
     parser.add_argument("--window", type=int, default=10)
+    parser.add_argument("--recall-on", choices=("assistant", "every"), default="assistant",
+                        help="recall before each assistant message (default) or before every message")
     args = parser.parse_args()
     run(ReplayConfig(observation_threshold=args.observation, reflection_threshold=args.reflection,
-                     last_messages=args.window, cache=False))
+                     last_messages=args.window, recall_on=args.recall_on, cache=False))

@@ -101,3 +101,17 @@ def render_memory(view: MemoryView, thread_id: str) -> Message | None:
 def observer_target_tokens(segment_volume: int) -> int:
     """The length asked of the observer: about 30% of the segment, at least 48 tokens."""
     return max(48, (segment_volume * 3 + 9) // 10)
+
+
+REFLECTION_INPUT_RATIO = 0.55
+
+
+def reflector_target_tokens(threshold: int, input_volume: int) -> int:
+    """The length asked of the reflector: about half of what it condenses (the current reflection
+    plus the unreflected observations), never more than the reflection threshold.
+
+    A reflection therefore grows with the conversation only until it reaches the threshold, and
+    the rendered memory stays within the reflection (at most ``threshold``) plus the unreflected
+    observations (at most ``threshold`` plus one observation), whatever the thread's length.
+    """
+    return max(1, min(threshold, max(48, int(input_volume * REFLECTION_INPUT_RATIO))))

@@ -117,6 +117,20 @@ def render_reflector_input(
     )
 
 
+def render_tighten_input(draft: str, *, draft_tokens: int, limit_tokens: int, target_tokens: int) -> str:
+    """A second request to the reflector when its reflection came back over the threshold.
+
+    The over-long draft goes back as the observations to merge (there is no separate reflection),
+    with a stronger target, so the same prompt and the same input layout apply."""
+    return (
+        f"Your reflection was {draft_tokens} tokens; it must fit in {limit_tokens}. Rewrite it shorter: "
+        "merge duplicates, keep the newest state of each fact, keep exact names, numbers and dates, "
+        "and drop the least important lines.\n\n"
+        f"<reflection>\n\n</reflection>\n\n<observations>\n{draft.strip()}\n</observations>\n\n"
+        f"Target length: at most {target_tokens} tokens."
+    )
+
+
 def as_prompt(value: Prompt | str | None, default: Prompt) -> Prompt:
     """Accept a ``Prompt``, a plain string (version ``custom``), or ``None`` for the default."""
     if value is None:

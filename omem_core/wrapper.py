@@ -39,6 +39,7 @@ from .observations import ObservationStore, create_in_memory_observation_store
 from .planning import (
     MemoryView,
     observer_target_tokens,
+    reflector_target_tokens,
     render_memory,
     segment_length,
     view_of,
@@ -50,6 +51,7 @@ from .prompts import (
     as_prompt,
     render_observer_input,
     render_reflector_input,
+    render_tighten_input,
 )
 from .tokens import TokenCounter, heuristic_count
 
@@ -84,6 +86,12 @@ class CompactionEvent:
     cache_hit: bool
     error: str | None
     record: ObservationRecord | None
+    attempts: int = 1
+    """Model calls the pass made: 1, plus one per tightening request when a reflection came back
+    over the reflection threshold."""
+    trimmed: bool = False
+    """The reflection was still over the threshold after the tightening requests and was cut to fit
+    by dropping its least informative sentences (deterministic, no model call)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +156,19 @@ class _Reply:
     tokens_out: int | None
     cost_usd: float | None
     cache_hit: bool
+
+    def plus(self, other: _Reply) -> _Reply:
+        """``other``'s text with both calls' usage summed (unknown stays unknown)."""
+
+        def add(a: float | None, b: float | None) -> Any:
+            return None if a is None or b is None else a + b
+
+        return _Reply(other.text, add(self.tokens_in, other.tokens_in), add(self.tokens_out, other.tokens_out),
+                      add(self.cost_usd, other.cost_usd), self.cache_hit and other.cache_hit)
+
+
+TIGHTEN_ATTEMPTS = 2
+"""Extra requests made to a reflector whose reflection exceeds the reflection threshold."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -469,11 +490,13 @@ class ObservationalMemoryStore:
             source_ids=covered,
             resource_id=unreflected[-1].resource_id,
             user_content=render_reflector_input(
-                reflection, unreflected, target_tokens=self.reflector.threshold
+                reflection, unreflected,
+                target_tokens=reflector_target_tokens(self.reflector.threshold, volume + reflection_volume),
             ),
             volume_before=volume,
             input_volume=volume + reflection_volume,
             volume_after_without_output=0,
+            limit=self.reflector.threshold,
         )
 
     async def _pass(
@@ -489,16 +512,37 @@ class ObservationalMemoryStore:
         volume_before: int,
         input_volume: int,
         volume_after_without_output: int,
+        limit: int | None = None,
     ) -> tuple[ObservationRecord | None, int]:
-        """One model call and, if it succeeds and the thread still exists, one saved record."""
+        """One model call and, if it succeeds and the thread still exists, one saved record.
+
+        With a ``limit`` (the reflection threshold), an output over it is sent back up to
+        ``TIGHTEN_ATTEMPTS`` times with a stronger target; if it still does not fit, its least
+        informative sentences are dropped until it does, so a reflection never exceeds the limit.
+        """
         started = time.perf_counter()
         reply: _Reply | None = None
         record: ObservationRecord | None = None
         error: CompactionError | None = None
         output_volume = 0
+        attempts, trimmed = 0, False
         try:
             reply = await self._complete(config, thread_id, user_content)
+            attempts = 1
             output_volume = self._count([reply.text])[0]
+            while limit is not None and output_volume > limit and attempts <= TIGHTEN_ATTEMPTS:
+                request = render_tighten_input(
+                    reply.text, draft_tokens=output_volume, limit_tokens=limit,
+                    target_tokens=max(1, int(limit * 0.8**attempts)),
+                )
+                reply = reply.plus(await self._complete(config, thread_id, request))
+                attempts += 1
+                output_volume = self._count([reply.text])[0]
+            if limit is not None and output_volume > limit:
+                reply = _Reply(self._trim(reply.text, limit), reply.tokens_in, reply.tokens_out,
+                               reply.cost_usd, reply.cache_hit)
+                trimmed = True
+                output_volume = self._count([reply.text])[0]
             record = ObservationRecord(
                 id=_record_id(kind, thread_id, source_ids),
                 thread_id=thread_id,
@@ -536,6 +580,8 @@ class ObservationalMemoryStore:
                     cache_hit=reply.cache_hit if reply else False,
                     error=str(error) if error is not None else None,
                     record=record,
+                    attempts=max(attempts, 1),
+                    trimmed=trimmed,
                 )
             )
             if _inspect.isawaitable(result):
@@ -543,6 +589,28 @@ class ObservationalMemoryStore:
         if error is not None:
             raise error
         return record, output_volume
+
+    def _trim(self, text: str, limit: int) -> str:
+        """``text`` cut to at most ``limit`` tokens (by this store's counter) with the offline
+        reflector's sentence selection; deterministic, no model call. If no whole sentence fits,
+        the longest prefix of words that does."""
+        from .extractive.algorithm import reflect
+
+        target = limit
+        while target >= 1:
+            trimmed = reflect("", text, target)
+            if trimmed.strip() and self._count([trimmed])[0] <= limit:
+                return trimmed
+            target = int(target * 0.8)
+        words = text.split()
+        low, high = 1, len(words)  # the longest prefix that fits (at least one word)
+        while low < high:
+            middle = (low + high + 1) // 2
+            if self._count([" ".join(words[:middle])])[0] <= limit:
+                low = middle
+            else:
+                high = middle - 1
+        return " ".join(words[:low])
 
     async def _complete(self, config: _StageConfig, thread_id: str, user_content: str) -> _Reply:
         def failure(reason: str) -> CompactionError:

@@ -130,7 +130,9 @@ def test_locomo_dev(shared_datasets: Path) -> None:
     assert any(t.role == "assistant" and t.speaker == "Melanie" for t in conv.turns)
     assert any("[shares an image:" in t.text for t in conv.turns)
     adversarial = [p for c in conversations for p in c.probes if p.category == "5"]
-    assert adversarial and all(p.gold for p in adversarial)
+    assert adversarial and all(p.gold is None for p in adversarial)  # the trap answer is no fact
+    scorable = [p for c in conversations for p in c.probes if p.gold]
+    assert len(scorable) == 584  # every category 1–4 item (two category-5 items also carry a yes/no `answer`)
     assert sum(c.dangling_evidence for c in conversations) >= 1  # the dataset's malformed ids are counted
 
 

@@ -8,7 +8,7 @@ import litellm
 import pytest
 
 import omem_core
-from omem_core.extractive.algorithm import annotate_relative_dates, estimate_tokens, reflect, resolve_relative
+from omem_core.extractive.algorithm import annotate_relative_dates, estimate_tokens, reflect, resolve_relative, tidy
 from omem_core.prompts import OBSERVER_PROMPT, REFLECTOR_PROMPT, render_observer_input
 
 from conftest import T0, msg
@@ -126,3 +126,18 @@ async def test_the_offline_model_drives_the_wrapper_end_to_end() -> None:
     assert {r.kind for r in records} == {"observation", "reflection"}
     context = await memory.recall("t")
     assert context[0].role == "system" and "Vienna" in context[0].content
+
+
+@pytest.mark.parametrize(
+    ("sentence", "expected"),
+    [
+        ("Oh wow, I went to Paris yesterday!", "I went to Paris yesterday!"),
+        ("BTW, Yeah, my dog is called Max.", "My dog is called Max."),
+        ("Cheers! [shares an image: a photo of two glasses of champagne]", "Cheers! [image: two glasses of champagne]"),
+        ("Love it 😍 so much", "Love it so much"),
+        ("Oh wow!", "Oh wow!"),  # nothing would be left: kept as is
+        ("Well-known bakers sell bread.", "Well-known bakers sell bread."),  # a word, not an opener
+    ],
+)
+def test_tidy_drops_openers_emoji_and_caption_boilerplate(sentence: str, expected: str) -> None:
+    assert tidy(sentence) == expected

@@ -45,6 +45,7 @@ async def test_replay_records_every_step(store: RunStore) -> None:
     calls = store.model_calls(result.run_id)
     assert len(records) == int(steps.observed.sum() + steps.reflected.sum()) == len(calls)
     assert set(calls.stage) == {"observe", "reflect"} and (calls.cost_usd == 0).all()
+    assert (calls.attempts == 1).all() and not calls.trimmed.any()  # the offline reflector fits first time
     assert set(records.record_id) == set(calls.record_id)
     first = records.iloc[0]
     assert json.loads(first.source_ids)[0] == "t1" and first.tokens > 0
@@ -123,6 +124,22 @@ def test_schema_is_versioned_and_migrations_are_idempotent(tmp_path) -> None:
     with RunStore(path) as s:  # reopening runs no migration twice
         assert s.schema_version() == len(MIGRATIONS)
         assert s.runs().empty
+
+
+def test_a_version_1_store_is_upgraded_and_keeps_its_rows(tmp_path) -> None:
+    import duckdb
+
+    path = tmp_path / "v1.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE omem_schema (version INTEGER PRIMARY KEY, name VARCHAR, applied_at TIMESTAMPTZ)")
+    con.execute(MIGRATIONS[0][2])
+    con.execute("INSERT INTO omem_schema VALUES (1, 'initial', now())")
+    con.execute("INSERT INTO model_calls (run_id, seq, stage, model) VALUES ('old', 0, 'reflect', 'm')")
+    con.close()
+    with RunStore(path) as s:
+        assert s.schema_version() == 2
+        [row] = s.model_calls("old").to_dict("records")
+        assert row["stage"] == "reflect" and row["attempts"] == 1 and row["trimmed"] == False  # noqa: E712
 
 
 def test_a_file_held_by_another_process_gets_a_clear_message(tmp_path) -> None:

@@ -63,3 +63,21 @@ def test_observer_input_renders_timestamps_and_speakers() -> None:
     assert text.splitlines()[2] == "[2024-03-01 09:01 Fri] assistant: ok"
     assert text.endswith("Target length: at most 99 tokens.")
     assert "<reflection>\n\n</reflection>" in render_reflector_input(None, [], target_tokens=5)
+
+
+def test_reflector_target_is_half_its_input_capped_by_the_threshold() -> None:
+    from omem_core.planning import reflector_target_tokens
+
+    assert reflector_target_tokens(2000, 2400) == 1320  # 55% of reflection + new observations
+    assert reflector_target_tokens(2000, 9000) == 2000  # never above the threshold
+    assert reflector_target_tokens(2000, 10) == 48  # a floor for tiny inputs...
+    assert reflector_target_tokens(20, 10) == 20  # ...that the threshold still caps
+
+
+def test_tighten_input_sends_the_draft_back_with_a_stronger_target() -> None:
+    from omem_core.prompts import render_tighten_input
+
+    text = render_tighten_input("- a\n- b", draft_tokens=30, limit_tokens=20, target_tokens=16)
+    assert text.startswith("Your reflection was 30 tokens; it must fit in 20.")
+    assert "<observations>\n- a\n- b\n</observations>" in text
+    assert text.endswith("Target length: at most 16 tokens.")

@@ -41,13 +41,13 @@ def backend(request, tmp_path):
 
 
 def make(scripted: Scripted, *, observation: int = 5, reflection: int = 100, reflector: bool = False,
-         inner=None, observations=None, **kwargs):
+         inner=None, observations=None, count_tokens=ones, **kwargs):
     return create_observational_memory_store(
         inner if inner is not None else BACKEND["inner"](),
         observer=MODEL,
         reflector=MODEL if reflector else None,
         thresholds={"observation": observation, "reflection": reflection},
-        count_tokens=ones,
+        count_tokens=count_tokens,
         observations=observations if observations is not None else BACKEND["observations"](),
         **kwargs,
     )
@@ -195,6 +195,65 @@ async def test_reflection_merges_and_carries_the_previous_one_forward(scripted: 
     assert "- o4\n- o5\n- o6" in second and "- o1" not in second
     got = await store.recall("t", last=2)  # backlog still over: observes the next segment
     assert got[0].content == "- R2\n\n- noted"
+
+
+def words(texts: list[str]) -> list[int]:
+    return [len(t.split()) for t in texts]
+
+
+LONG_NOTE = "- " + " ".join(f"fact{i}" for i in range(11))  # 12 words: over a reflection threshold of 10
+
+
+async def test_a_reflection_over_the_threshold_is_sent_back_to_tighten(scripted: Scripted) -> None:
+    events: list[CompactionEvent] = []
+    store = make(scripted, observation=3, reflection=10, reflector=True, count_tokens=words,
+                 on_event=events.append)
+    draft = "- " + " ".join(f"w{i}" for i in range(30))
+    scripted.replies = [LONG_NOTE, draft, "- Ann moved to Oslo."]
+    await fill(store, 10)
+    await store.recall("t", last=2)
+
+    assert len(scripted.calls) == 3  # observe, reflect, one tightening request
+    tighten = user_input(scripted.calls[2])
+    assert "Your reflection was 31 tokens; it must fit in 10" in tighten
+    assert draft in tighten and "Target length: at most 8 tokens." in tighten
+    assert scripted.calls[2][0] == scripted.calls[1][0]  # the reflector's own system prompt
+    reflection = (await store.observations.list("t"))[-1]
+    assert reflection.kind == "reflection" and reflection.text == "- Ann moved to Oslo."
+    reflect = events[-1]
+    assert reflect.attempts == 2 and not reflect.trimmed
+    assert reflect.tokens_in == 22 and reflect.tokens_out == 14  # both calls' usage
+    assert reflect.output_volume == 5 and events[0].attempts == 1
+
+
+async def test_a_reflection_that_never_fits_is_trimmed_to_the_threshold(scripted: Scripted) -> None:
+    events: list[CompactionEvent] = []
+    store = make(scripted, observation=3, reflection=10, reflector=True, count_tokens=words,
+                 on_event=events.append)
+    draft = "\n".join(["- Ann moved to Oslo in 2021.", "- Bob keeps 3 cats.", "- Carol plays the cello.",
+                       "- Dan likes tea.", "- Eve sold her car."])  # 24 words
+    scripted.replies = [LONG_NOTE, draft, draft, draft]
+    await fill(store, 10)
+    await store.recall("t", last=2)
+
+    assert len(scripted.calls) == 4  # observe, reflect, two tightening requests, then no more calls
+    assert "Target length: at most 6 tokens." in user_input(scripted.calls[3])  # stronger each time
+    reflection = (await store.observations.list("t"))[-1]
+    assert 0 < words([reflection.text])[0] <= 10
+    kept = [line for line in reflection.text.splitlines() if line.strip()]
+    assert kept and all(line in draft.splitlines() for line in kept)  # whole lines of the draft
+    assert events[-1].attempts == 3 and events[-1].trimmed
+    assert events[-1].output_volume == words([reflection.text])[0]
+
+
+async def test_an_unsplittable_reflection_is_cut_to_a_prefix(scripted: Scripted) -> None:
+    store = make(scripted, observation=3, reflection=10, reflector=True, count_tokens=words)
+    blob = " ".join(f"token{i}" for i in range(40))  # one 40-word line, no sentence to drop
+    scripted.replies = [LONG_NOTE, blob, blob, blob]
+    await fill(store, 10)
+    await store.recall("t", last=2)
+    reflection = (await store.observations.list("t"))[-1]
+    assert words([reflection.text])[0] <= 10 and blob.startswith(reflection.text)
 
 
 async def test_without_reflector_observations_accumulate(scripted: Scripted) -> None:

@@ -263,7 +263,9 @@ def load_locomo(file: Path, data: Any = None) -> list[Conversation]:
             where = f"{record} qa {q_index}"
             question = _require(qa, "question", file, where)
             category = qa.get("category")
-            gold = qa.get("adversarial_answer") if category == 5 else qa.get("answer")
+            # Category 5 (adversarial) asks about something the conversation never says; its
+            # `adversarial_answer` is the trap, not a fact to retain, so such probes have no gold.
+            gold = None if category == 5 else qa.get("answer")
             raw_evidence = qa.get("evidence") or []
             if not isinstance(raw_evidence, list):
                 raise DatasetError(file, where, "evidence", f"expected a list, got {type(raw_evidence).__name__}")

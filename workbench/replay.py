@@ -217,6 +217,7 @@ async def replay(
                 "output_tokens": event.tokens_out, "latency_ms": event.latency_ms, "cost_usd": event.cost_usd,
                 "cache_hit": event.cache_hit, "error": event.error,
                 "record_id": event.record.id if event.record else None,
+                "attempts": event.attempts, "trimmed": event.trimmed,
             })
 
     wrapper = create_observational_memory_store(

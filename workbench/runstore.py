@@ -146,7 +146,12 @@ CREATE TABLE prompts (
 );
 """
 
-MIGRATIONS: list[tuple[int, str, str]] = [(1, "initial", _M001)]
+_M002 = """
+ALTER TABLE model_calls ADD COLUMN attempts INTEGER DEFAULT 1;   -- 1 + tightening requests
+ALTER TABLE model_calls ADD COLUMN trimmed BOOLEAN DEFAULT false; -- cut to the threshold without a model
+"""
+
+MIGRATIONS: list[tuple[int, str, str]] = [(1, "initial", _M001), (2, "reflection tightening", _M002)]
 
 
 class RunStoreError(RuntimeError):

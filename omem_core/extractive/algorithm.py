@@ -18,6 +18,7 @@ Same input, same output, byte for byte.
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
 from datetime import date, timedelta
@@ -158,6 +159,26 @@ def sentence_score(sentence: str, *, role: str = "user") -> float:
     return score / math.sqrt(1 + len(words) / 12)
 
 
+_INTERJECTION = re.compile(
+    r"^(?:(?:oh|wow|woah|whoa|yeah|yep|yup|hey|hi|haha|hahaha|lol|ok|okay|well|so|btw|anyway|"
+    r"also|plus|and|but|ah|aw|aww|omg|gosh|man|dude|hmm|um|uh|cool|nice|great|awesome|"
+    r"by the way|oh my gosh|oh wow|on another note)\b[,!.:-]*\s+)+",
+    re.IGNORECASE,
+)
+_CAPTION = re.compile(r"\[shares an image: (?:a (?:photo|photography|picture|close up|closeup) of )?", re.IGNORECASE)
+_EMOJI = re.compile("[\U0001F300-\U0001FAFF\u2600-\u27BF\uFE0F]+\s*")
+
+
+def tidy(sentence: str) -> str:
+    """The sentence without openers, emoji and caption boilerplate ("Oh wow, I went…" → "I went…")."""
+    text = _EMOJI.sub("", sentence)
+    text = _CAPTION.sub("[image: ", text)
+    stripped = _INTERJECTION.sub("", text)
+    if stripped and len(_WORD.findall(stripped)) >= 2:
+        text = stripped[0].upper() + stripped[1:]
+    return text.strip()
+
+
 def split_sentences(text: str) -> list[str]:
     return [s.strip() for s in _SENTENCE_END.split(text) if s and s.strip()]
 
@@ -252,7 +273,7 @@ def observe(block: str, target_tokens: int) -> str:
     for index, (day, who, content) in enumerate(messages):
         role, speaker = who.split("|", 1)
         for position, sentence in enumerate(split_sentences(content)):
-            text = annotate_relative_dates(sentence, day)
+            text = annotate_relative_dates(tidy(sentence), day)
             candidates.append(
                 _Candidate(index, position, text, sentence_score(sentence, role=role), estimate_tokens(text) + 1)
             )
@@ -350,7 +371,7 @@ def reflect(reflection: str, observations: str, target_tokens: int) -> str:
                 break
         if words:
             merged.append(_Bullet(order, day, body, words))
-    budget = max(16, int(target_tokens * 0.95))
+    budget = max(1, int(target_tokens * 0.95))
 
     def size() -> int:
         return estimate_tokens(render_dated([(b.date, b.body) for b in merged]))
@@ -381,7 +402,7 @@ def reflect(reflection: str, observations: str, target_tokens: int) -> str:
             ]
 
         merged = rebuild(picked)
-        while size() > budget and picked:  # headings cost a little more than estimated
+        while size() > budget and len(picked) > 1:  # headings cost a little more than estimated; keep one
             picked.pop()  # drop the last, least valuable pick
             merged = rebuild(picked)
     return render_dated([(b.date, b.body) for b in merged])
