@@ -147,13 +147,13 @@ def test_tune_sweep_runs_the_grid_and_plots_every_run(db: Path) -> None:
 
 def test_prompts_save_a_version(db: Path) -> None:
     at = app("prompts")
-    at.text_area(key="pr_text_observer_v1").set_value("Write short dated notes.")
+    at.text_area(key="pr_text_observer_v2").set_value("Write short dated notes.")
     at.text_input(key="pr_new_observer").set_value("v2-short").run()
     at.button(key="pr_save").click().run()
     assert not at.exception and at.success
     saved = store(db).prompts()
     assert list(saved.version) == ["v2-short"] and saved.text[0] == "Write short dated notes."
-    at.text_area(key="pr_text_observer_v1").set_value("Something else.")
+    at.text_area(key="pr_text_observer_v2").set_value("Something else.")
     at.button(key="pr_save").click().run()
     assert at.error and "already exists" in at.error[0].value
 

@@ -45,6 +45,19 @@ def test_replay_json_last_line(tmp_path) -> None:
         assert store.run(summary["run_id"])["status"] == "completed"
 
 
+def test_an_earlier_built_in_prompt_version_can_be_chosen(tmp_path) -> None:
+    from omem_core.prompts import OBSERVER_PROMPT_V1
+
+    code, out, _ = invoke("replay", "--dataset", TINY, *SMALL, "--observer-prompt", "v1", "--json")
+    assert code == 0
+    with RunStore(tmp_path / "cli.duckdb") as store:
+        config = store.run(json.loads(out.strip().splitlines()[-1])["run_id"])["config"]
+    assert config["observer_prompt"]["sha256"] == OBSERVER_PROMPT_V1.sha256
+    assert config["reflector_prompt"]["version"] == "v2"  # the default
+    code, _, err = invoke("replay", "--dataset", TINY, "--observer-prompt", "v9")
+    assert code != 0 and "no saved observer prompt version 'v9'" in err
+
+
 def test_replay_defaults_to_the_demo_and_prints_figures() -> None:
     code, out, _ = invoke("replay")
     assert code == 0

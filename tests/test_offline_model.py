@@ -135,6 +135,7 @@ async def test_the_offline_model_drives_the_wrapper_end_to_end() -> None:
         ("BTW, Yeah, my dog is called Max.", "My dog is called Max."),
         ("Cheers! [shares an image: a photo of two glasses of champagne]", "Cheers! [image: two glasses of champagne]"),
         ("Love it 😍 so much", "Love it so much"),
+        ("Just like you!🌟 [shares an image: a photography of a book]", "Just like you! [image: a book]"),
         ("Oh wow!", "Oh wow!"),  # nothing would be left: kept as is
         ("Well-known bakers sell bread.", "Well-known bakers sell bread."),  # a word, not an opener
     ],

@@ -35,7 +35,7 @@ async def test_replay_records_every_step(store: RunStore) -> None:
     result = await replay(conv, ReplayConfig(**SMALL, cache=False), store)
     run = store.run(result.run_id)
     assert run["status"] == "completed" and run["config"]["observation_threshold"] == 40
-    assert run["config"]["observer_prompt"]["version"] == "v1" and len(run["config"]["observer_prompt"]["sha256"]) == 64
+    assert run["config"]["observer_prompt"]["version"] == "v2" and len(run["config"]["observer_prompt"]["sha256"]) == 64
     steps = store.steps(result.run_id)
     assert list(steps.step) == list(range(6))  # one read before each of the 6 assistant messages
     assert list(steps.message_index) == [1, 3, 5, 7, 9, 11]

@@ -48,13 +48,22 @@ def test_token_counter_factory() -> None:
 
 
 def test_prompts_are_versioned_with_a_hash() -> None:
-    assert OBSERVER_PROMPT.version == "v1" and REFLECTOR_PROMPT.version == "v1"
+    assert OBSERVER_PROMPT.version == "v2" and REFLECTOR_PROMPT.version == "v2"
     assert len(OBSERVER_PROMPT.sha256) == 64
     assert Prompt("observer", "v2", OBSERVER_PROMPT.text + "!").sha256 != OBSERVER_PROMPT.sha256
     with pytest.raises(ValueError, match="empty"):
         Prompt("observer", "v0", "  ")
-    for prompt in (OBSERVER_PROMPT, REFLECTOR_PROMPT):
-        assert count_tokens([prompt.text])[0] < 600  # size budget for a system prompt
+    from omem_core.prompts import BUILTIN_PROMPTS
+
+    assert BUILTIN_PROMPTS["observer"][0] is OBSERVER_PROMPT and BUILTIN_PROMPTS["reflector"][0] is REFLECTOR_PROMPT
+    for name, versions in BUILTIN_PROMPTS.items():
+        assert len({p.version for p in versions}) == len({p.sha256 for p in versions}) == len(versions)
+        for prompt in versions:
+            assert prompt.name == name
+            assert count_tokens([prompt.text])[0] < 600  # size budget for a system prompt
+    for prompt in (OBSERVER_PROMPT, REFLECTOR_PROMPT):  # what the default notes must hold
+        for rule in ("date heading", "exactly", "Resolve relative dates" if prompt is OBSERVER_PROMPT else "newest"):
+            assert rule in prompt.text
 
 
 def test_observer_input_renders_timestamps_and_speakers() -> None:

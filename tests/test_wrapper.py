@@ -478,7 +478,7 @@ async def test_event_callback_reports_each_pass(scripted: Scripted) -> None:
     assert first.volume_before == 10 and first.volume_after == 7 and first.input_volume == 3
     assert first.tokens_in == 11 and first.tokens_out == 7 and first.latency_ms >= 0
     assert first.record is not None and first.error is None
-    assert first.prompt_version == "v1" and len(first.prompt_sha256) == 64
+    assert first.prompt_version == "v2" and len(first.prompt_sha256) == 64
     reflect = events[2]
     assert reflect.volume_before == 2 and reflect.source_ids == tuple(e.record.id for e in events[:2])
 

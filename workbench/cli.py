@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from omem_core import OBSERVER_PROMPT, OFFLINE_MODEL, REFLECTOR_PROMPT, Prompt
+from omem_core.prompts import BUILTIN_PROMPTS
 
 from .catalog import DEMO_DATASET, ROOT, known_datasets
 from .datasets import FORMATS, DatasetError, load_conversation, load_dataset
@@ -77,9 +78,11 @@ def _print_summary(result: ReplayResult) -> None:
 
 
 def _resolve_prompt(store: RunStore | None, name: str, version: str | None) -> Prompt:
-    default = OBSERVER_PROMPT if name == "observer" else REFLECTOR_PROMPT
-    if version in (None, default.version):
-        return default
+    builtin = {prompt.version: prompt for prompt in BUILTIN_PROMPTS[name]}
+    if version is None:
+        return builtin[(OBSERVER_PROMPT if name == "observer" else REFLECTOR_PROMPT).version]
+    if version in builtin:
+        return builtin[version]
     if store is None:
         raise click.BadParameter(f"prompt {name}@{version} needs a run store to load from")
     try:
@@ -117,8 +120,10 @@ def cli() -> None:
 @click.option("--token-counter", type=click.Choice(TOKEN_COUNTERS), default="heuristic", show_default=True)
 @click.option("--recall-on", type=click.Choice(["assistant", "every"]), default="assistant", show_default=True,
               help="Read memory before each assistant message, or before every message.")
-@click.option("--observer-prompt", help="Saved observer prompt version (default v1).")
-@click.option("--reflector-prompt", help="Saved reflector prompt version (default v1).")
+@click.option("--observer-prompt", help=f"Observer prompt version: built in ({', '.join(p.version for p in BUILTIN_PROMPTS['observer'])}) "
+              f"or saved (default {OBSERVER_PROMPT.version}).")
+@click.option("--reflector-prompt", help=f"Reflector prompt version: built in ({', '.join(p.version for p in BUILTIN_PROMPTS['reflector'])}) "
+              f"or saved (default {REFLECTOR_PROMPT.version}).")
 @click.option("--timeout", type=float, help="Seconds allowed to each compaction call.")
 @click.option("--no-cache", is_flag=True, help="Do not serve repeated model calls from litellm's cache.")
 @click.option("--answerer", help="LLM-judged retention: model that answers probes.")
@@ -208,8 +213,8 @@ def _run_judge(store, result, conv, config, answerer, judge, yes, quiet) -> None
 @click.option("--observation-threshold", "observation", default="500,1000,2000", callback=_csv(int), show_default=True)
 @click.option("--reflection-threshold", "reflection", default="1000,2000,4000", callback=_csv(int), show_default=True)
 @click.option("--last-messages", "windows", default="10", callback=_csv(int), show_default=True)
-@click.option("--observer-prompt", "observer_prompts", default="v1", callback=_csv(str), show_default=True)
-@click.option("--reflector-prompt", "reflector_prompts", default="v1", callback=_csv(str), show_default=True)
+@click.option("--observer-prompt", "observer_prompts", default=OBSERVER_PROMPT.version, callback=_csv(str), show_default=True)
+@click.option("--reflector-prompt", "reflector_prompts", default=REFLECTOR_PROMPT.version, callback=_csv(str), show_default=True)
 @click.option("--token-counter", type=click.Choice(TOKEN_COUNTERS), default="heuristic", show_default=True)
 @click.option("--concurrency", type=click.IntRange(1, 64), default=4, show_default=True)
 @click.option("--json", "as_json", is_flag=True)

@@ -14,7 +14,8 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from omem_core import OBSERVER_PROMPT, REFLECTOR_PROMPT, Prompt
+from omem_core import Prompt
+from omem_core.prompts import BUILTIN_PROMPTS
 
 from .catalog import DEMO_DATASET, known_datasets
 from .datasets import Conversation, DatasetError, load_dataset
@@ -100,8 +101,7 @@ def dataset_picker(prefix: str) -> Conversation | None:
 
 
 def prompt_choices(store: RunStore, name: str) -> dict[str, Prompt]:
-    default = OBSERVER_PROMPT if name == "observer" else REFLECTOR_PROMPT
-    choices = {default.version: default}
+    choices = {prompt.version: prompt for prompt in BUILTIN_PROMPTS[name]}  # the default first
     saved = store.prompts()
     for _, row in saved[saved.name == name].iterrows():
         choices.setdefault(row.version, Prompt(name=name, version=row.version, text=row.text))

@@ -166,12 +166,13 @@ _INTERJECTION = re.compile(
     re.IGNORECASE,
 )
 _CAPTION = re.compile(r"\[shares an image: (?:a (?:photo|photography|picture|close up|closeup) of )?", re.IGNORECASE)
-_EMOJI = re.compile("[\U0001F300-\U0001FAFF\u2600-\u27BF\uFE0F]+\s*")
+_EMOJI = re.compile("[\U0001F300-\U0001FAFF\u2600-\u27BF\uFE0F]+")
+_SPACES = re.compile(r"\s{2,}")
 
 
 def tidy(sentence: str) -> str:
     """The sentence without openers, emoji and caption boilerplate ("Oh wow, I went…" → "I went…")."""
-    text = _EMOJI.sub("", sentence)
+    text = _SPACES.sub(" ", _EMOJI.sub(" ", sentence)).strip()
     text = _CAPTION.sub("[image: ", text)
     stripped = _INTERJECTION.sub("", text)
     if stripped and len(_WORD.findall(stripped)) >= 2:
