@@ -118,6 +118,19 @@ def test_explorer_opens_a_stored_run(db: Path) -> None:
     assert at.sidebar.selectbox(key="ex_open").value == first
 
 
+def test_explorer_warns_when_the_observer_falls_behind(db: Path) -> None:
+    import asyncio
+
+    from workbench.datasets import load_conversation
+    from workbench.replay import ReplayConfig, replay
+
+    conversation = load_conversation(Path(__file__).resolve().parents[1] / "datasets" / "tiny.jsonl")
+    with RunStore(db) as s:  # one message per observe pass, two new messages per read
+        asyncio.run(replay(conversation, ReplayConfig(observation_threshold=1, last_messages=2, cache=False), s))
+    at = app()
+    assert any("observer is falling behind" in w.value for w in at.warning)
+
+
 def test_compare_two_configurations(db: Path) -> None:
     at = app("compare")
     at.sidebar.radio(key="cmp_mode").set_value("Run two configurations").run()

@@ -197,3 +197,23 @@ def test_replays_every_shared_dataset(shared_datasets, tmp_path) -> None:
             if any(p.gold for p in conv.probes):
                 assert result.retention is not None and result.retention.scored > 0
         assert len(store.runs()) == len(entries)
+
+
+def test_findings_flag_an_observer_that_falls_behind_and_tightened_reflections() -> None:
+    import pandas as pd
+
+    from workbench.analysis import findings
+
+    def steps(backlog: list[int]) -> pd.DataFrame:
+        return pd.DataFrame({"step": range(len(backlog)), "backlog_tokens": backlog,
+                             "history_tokens": [1500 * (i + 1) for i in range(len(backlog))]})
+
+    [note] = findings(steps([0, 800, 1500, 2600, 3900, 5200]), 1000)
+    assert "falling behind" in note and "5,200 tokens" in note and "1,500 tokens per read" in note
+    assert findings(steps([0, 900, 400, 950, 300, 700]), 1000) == []  # keeps up: nothing to say
+    assert findings(steps([0, 9000, 6000, 5000, 4000, 3500]), 1000) == []  # catching up
+
+    calls = pd.DataFrame({"stage": ["observe", "reflect", "reflect", "reflect"], "attempts": [1, 1, 2, 3],
+                          "trimmed": [False, False, False, True]})
+    [note] = findings(steps([0, 0, 0, 0]), 1000, calls)
+    assert note.startswith("2 of 3 reflections came back over the reflection threshold") and "1 still did not fit" in note

@@ -172,3 +172,41 @@ def narrate(step_row: pd.Series, previous: pd.Series | None, records: pd.DataFra
     ratio = step_row["history_tokens"] / step_row["context_tokens"] if step_row["context_tokens"] else 1.0
     return f"Step {step}: {sentence[0].upper()}{sentence[1:]}. The agent sees {int(step_row['context_tokens']):,} " \
            f"tokens instead of {int(step_row['history_tokens']):,} ({ratio:.1f}x smaller)."
+
+
+def findings(steps: pd.DataFrame, observation_threshold: int, calls: pd.DataFrame | None = None) -> list[str]:
+    """Plain-language warnings about a run a user tuning thresholds should know about.
+
+    * The observer falls behind: each read observes at most one segment (at most the observation
+      threshold, or one message), so when reads add more than that, the backlog (messages neither
+      observed nor in the window, so invisible to the agent) keeps growing.
+    * Reflections came back over the reflection threshold and were sent back or trimmed.
+    """
+    notes: list[str] = []
+    if len(steps) >= 4:
+        ordered = steps.sort_values("step")
+        backlog = ordered.backlog_tokens.to_numpy()
+        history = ordered.history_tokens.to_numpy()
+        final, middle = int(backlog[-1]), int(backlog[len(backlog) // 2])
+        if final > 3 * observation_threshold and final > middle:
+            added = pd.Series(history).diff().dropna()
+            per_read = int(added.median()) if not added.empty else 0
+            notes.append(
+                f"The observer is falling behind: at the end, {final:,} tokens of messages "
+                f"({final / max(int(history[-1]), 1):.0%} of the history) are neither in memory nor in the window, "
+                f"and the backlog was still growing. A read observes at most one segment of up to "
+                f"{observation_threshold:,} tokens (or one longer message), while this conversation adds about "
+                f"{per_read:,} tokens per read. Raise the observation threshold well above that (segments are "
+                f"whole messages), or read memory more often (recall before every message)."
+            )
+    if calls is not None and not calls.empty and "attempts" in calls:
+        reflect = calls[calls.stage == "reflect"]
+        tightened = int((reflect.attempts.fillna(1) > 1).sum())
+        trimmed = int(reflect.trimmed.fillna(False).astype(bool).sum())
+        if tightened:
+            notes.append(
+                f"{tightened} of {len(reflect)} reflections came back over the reflection threshold and were sent "
+                f"back to be shortened; {trimmed} still did not fit and were trimmed to it without a model "
+                "(their least informative sentences dropped)."
+            )
+    return notes

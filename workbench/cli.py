@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import pandas as pd
 
 from omem_core import OBSERVER_PROMPT, OFFLINE_MODEL, REFLECTOR_PROMPT, Prompt
 from omem_core.prompts import BUILTIN_PROMPTS
@@ -180,6 +181,11 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
             click.echo(json.dumps(result.summary()))
         else:
             _print_summary(result)
+            from .analysis import findings
+
+            calls = store.model_calls(result.run_id) if result.run_id else None
+            for note in findings(pd.DataFrame(result.step_rows), config.observation_threshold, calls):
+                click.echo(f"  note: {note}")
     except (DatasetError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     finally:

@@ -64,6 +64,8 @@ cols[5].metric("Cost", f"${run['cost_usd']:.4f}" if run["cost_usd"] is not None 
 if steps.empty:
     st.warning("This run recorded no steps yet.")
     st.stop()
+for note in analysis.findings(steps, config["observation_threshold"], calls):
+    st.warning(note)
 
 last = int(steps.step.max())
 step = st.slider("Step (memory read)", 0, last, last, key=f"ex_step_{run_id}")
