@@ -63,6 +63,19 @@ def run(config: ReplayConfig) -> None:
             count = len(categories[category]["memory"])
             print(f"  {category:<26} {m['memory']:.3f} / {m['full_history']:.3f} / {m['window_only']:.3f} / "
                   f"{m['recent_tokens']:.3f}  ({count} probes)")
+        if suite.startswith("beam"):
+            longest = max(conversations, key=lambda c: sum(len(t.text) for t in c.turns))
+            result = asyncio.run(replay(longest, config, None))
+            rows = result.step_rows
+            marks = [rows[min(len(rows) - 1, round(len(rows) * k / 10) - 1)] for k in range(1, 11)]
+            print(f"bounded memory on the longest chat ({longest.id}, {result.full_history_tokens:,} tokens): "
+                  "memory tokens at each tenth of the chat")
+            print("  history  " + " ".join(f"{r['history_tokens']:>7,}" for r in marks))
+            print("  memory   " + " ".join(f"{r['memory_tokens']:>7,}" for r in marks))
+            print("  reflect. " + " ".join(f"{r['reflection_tokens']:>7,}" for r in marks))
+            print(f"  max memory {max(r['memory_tokens'] for r in rows):,}, max reflection "
+                  f"{max(r['reflection_tokens'] for r in rows):,} (reflection threshold {config.reflection_threshold:,}); "
+                  f"backlog at the end {rows[-1]['backlog_tokens']:,} tokens")
         print()
 
 

@@ -238,6 +238,8 @@ def greedy_cover(units: list[tuple[dict[str, float], int, float]], budget: int,
     return chosen
 
 
+_FIRST_PERSON = frozenset(("i", "my", "me", "mine", "i'm", "i've", "i'll", "i'd", "we", "our", "us", "we're", "we've"))
+
 # -- observe --------------------------------------------------------------------------------
 
 
@@ -287,6 +289,8 @@ def observe(block: str, target_tokens: int) -> str:
             multiplier *= 0.8
         if candidate.score <= 0:
             multiplier *= 0.3
+        if _FIRST_PERSON & {w.lower().replace("’", "'") for w in _WORD.findall(candidate.text)}:
+            multiplier *= 1.4  # a self-disclosure ("I love sci-fi movies") is what memory is for
         units.append((word_weights(candidate.text), candidate.cost + 3, multiplier))
     chosen = [candidates[i] for i in greedy_cover(units, target_tokens, speakers)]
     bullets: dict[int, list[str]] = {}
