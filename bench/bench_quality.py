@@ -15,9 +15,47 @@ import asyncio
 import sys
 from collections import defaultdict
 
+from omem_core import Memory, create_observational_memory_store, token_counter
 from workbench.catalog import shared_datasets_dir
 from workbench.datasets import load_dataset
 from workbench.replay import ReplayConfig, replay
+from workbench.retention import content_words, newest_tokens, probe_score, render_context
+
+
+CUTS = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+async def at_cut_points(conversation, config: ReplayConfig) -> list[tuple[int, float, list[tuple[float, float]]]]:
+    """Stop the conversation at each fraction in CUTS: (messages, compression, [(memory, recent)]
+    scores of the probes whose evidence has been said by then). The end of a conversation is one
+    phase of the observe/reflect cycle; these points show the figures do not depend on it."""
+    count = token_counter(config.token_counter)
+    store = create_observational_memory_store(
+        observer=config.observer, reflector=config.reflector, count_tokens=count,
+        thresholds={"observation": config.observation_threshold, "reflection": config.reflection_threshold})
+    memory = Memory(storage=store, last_messages=config.last_messages)
+    history = [t.to_message(conversation.id) for t in conversation.turns]
+    position = {m.id: i for i, m in enumerate(history)}
+    cuts = {max(1, int(len(history) * f)) for f in CUTS}
+    points = []
+    for index, message in enumerate(history):
+        await memory.save_messages([message])
+        if index + 1 in cuts:
+            context = await memory.recall(conversation.id)
+            said = history[: index + 1]
+            size = sum(count([m.content for m in context]))
+            visible = content_words(render_context(context))
+            recent = content_words(render_context(newest_tokens(said, size, count)))
+            scores = []
+            for probe in conversation.probes:
+                if probe.gold and probe.evidence and all(position.get(e, len(history)) <= index for e in probe.evidence):
+                    mine, theirs = probe_score(probe.gold, visible), probe_score(probe.gold, recent)
+                    if mine is not None and theirs is not None:
+                        scores.append((mine, theirs))
+            points.append((index + 1, sum(count([m.content for m in said])) / size, scores))
+        elif config.recall_on == "every" or message.role == "assistant":
+            await memory.recall(conversation.id)
+    return points
 
 
 def run(config: ReplayConfig) -> None:
@@ -63,6 +101,21 @@ def run(config: ReplayConfig) -> None:
             count = len(categories[category]["memory"])
             print(f"  {category:<26} {m['memory']:.3f} / {m['full_history']:.3f} / {m['window_only']:.3f} / "
                   f"{m['recent_tokens']:.3f}  ({count} probes)")
+        if suite.startswith("locomo"):
+            print("at 50%, 60%, ..., 100% of each conversation (probes whose evidence was said by then):")
+            mine, theirs, ratios = [], [], []
+            for conversation in conversations:
+                points = asyncio.run(at_cut_points(conversation, config))
+                print(f"  {conversation.id:<12} compression " + " ".join(f"{c:>5.1f}x" for _, c, _ in points)
+                      + "   retention " + " ".join(
+                          f"{sum(m for m, _ in sc) / len(sc):.3f}" if sc else "  -  " for _, _, sc in points))
+                for _, compression, scores in points:
+                    ratios.append(compression)
+                    mine.extend(m for m, _ in scores)
+                    theirs.extend(t for _, t in scores)
+            print(f"  pooled over all points: retention {sum(mine) / len(mine):.3f}, recency of equal size "
+                  f"{sum(theirs) / len(theirs):.3f} ({sum(mine) / sum(theirs):.2f}x), compression "
+                  f"{min(ratios):.1f}x-{max(ratios):.1f}x")
         if suite.startswith("beam"):
             longest = max(conversations, key=lambda c: sum(len(t.text) for t in c.turns))
             result = asyncio.run(replay(longest, config, None))
