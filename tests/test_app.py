@@ -131,6 +131,35 @@ def test_explorer_warns_when_the_observer_falls_behind(db: Path) -> None:
     assert any("observer is falling behind" in w.value for w in at.warning)
 
 
+def test_explorer_shows_a_reflection_that_had_to_be_tightened(db: Path) -> None:
+    import asyncio
+
+    from conftest import scripted_provider
+
+    from workbench.datasets import load_conversation
+    from workbench.replay import ReplayConfig, replay
+
+    def reply(messages: list[dict]) -> str:
+        content = messages[-1]["content"]
+        if "Your reflection was" in content:
+            return "- Sam: short."
+        if "<observations>" in content:
+            return "- Sam: " + "a long merged note " * 30  # about 150 tokens, over the threshold of 60
+        return "- Sam: " + "observed " * 20
+
+    conversation = load_conversation(Path(__file__).resolve().parents[1] / "datasets" / "tiny.jsonl")
+    with scripted_provider() as scripted, RunStore(db) as s:
+        scripted.default = reply
+        config = ReplayConfig(observer="scripted/model", reflector="scripted/model", observation_threshold=20,
+                              reflection_threshold=60, last_messages=2, cache=False)
+        result = asyncio.run(replay(conversation, config, s))
+        assert result.reflector_calls >= 1
+    at = app()
+    assert any("reflections came back over the reflection threshold" in w.value for w in at.warning)
+    labels = [e.label for e in at.expander]
+    assert any(label.startswith("Reflection") and "2 calls (tightened)" in label for label in labels)
+
+
 def test_compare_two_configurations(db: Path) -> None:
     at = app("compare")
     at.sidebar.radio(key="cmp_mode").set_value("Run two configurations").run()

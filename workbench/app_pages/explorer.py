@@ -96,7 +96,9 @@ with timeline:
         call = cost_of.get(record.record_id)
         detail = (f" · {int(call.input_tokens or 0)}→{int(call.output_tokens or 0)} tokens · "
                   f"{call.latency_ms:.0f} ms" + (f" · ${call.cost_usd:.5f}" if call.cost_usd else "")
-                  + (" · cache hit" if call.cache_hit else "")) if call is not None else ""
+                  + (" · cache hit" if call.cache_hit else "")
+                  + (f" · {int(call.attempts)} calls (tightened)" if (call.get("attempts") or 1) > 1 else "")
+                  + (" · trimmed to the threshold" if bool(call.get("trimmed")) else "")) if call is not None else ""
         sources = json.loads(record.source_ids)
         with st.expander(f"{record.kind.capitalize()} written at step {int(record.step)} · "
                          f"{len(sources)} sources · {int(record.tokens or 0)} tokens{detail}",
