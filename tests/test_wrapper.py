@@ -246,6 +246,22 @@ async def test_a_reflection_that_never_fits_is_trimmed_to_the_threshold(scripted
     assert events[-1].output_volume == words([reflection.text])[0]
 
 
+async def test_a_failed_tightening_request_fails_the_pass_and_the_next_read_retries(scripted: Scripted) -> None:
+    store = make(scripted, observation=3, reflection=10, reflector=True, count_tokens=words)
+    draft = "- " + " ".join(f"w{i}" for i in range(30))
+    scripted.replies = [LONG_NOTE, draft, RuntimeError("rate limited")]
+    await fill(store, 10)
+    with pytest.raises(CompactionError) as caught:
+        await store.recall("t", last=2)
+    assert caught.value.stage == "reflect" and "rate limited" in str(caught.value)
+    assert [r.kind for r in await store.observations.list("t")] == ["observation"]  # the draft is not saved
+    scripted.replies = ["- o2", "- Ann moved to Oslo."]  # the next read observes, then reflects again
+    await store.recall("t", last=2)
+    records = await store.observations.list("t")
+    assert [r.kind for r in records] == ["observation", "observation", "reflection"]
+    assert records[-1].text == "- Ann moved to Oslo." and records[-1].source_ids == (records[0].id, records[1].id)
+
+
 async def test_an_unsplittable_reflection_is_cut_to_a_prefix(scripted: Scripted) -> None:
     store = make(scripted, observation=3, reflection=10, reflector=True, count_tokens=words)
     blob = " ".join(f"token{i}" for i in range(40))  # one 40-word line, no sentence to drop
