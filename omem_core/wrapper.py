@@ -690,7 +690,8 @@ def create_observational_memory_store(
             is compacting the thread: ``"wait"`` for it, then render its result (default), or
             ``"render"`` what exists now without waiting.
         lease_ttl: seconds a process's lease lasts; a crashed holder blocks others at most this
-            long. Keep it above ``timeout``.
+            long. It must exceed ``timeout``; a read can make up to four calls (observe, reflect,
+            two tightening requests), so keep it above four times ``timeout``.
 
     Raises:
         ValueError: invalid thresholds, timeout, or a model string litellm cannot route.
@@ -705,6 +706,9 @@ def create_observational_memory_store(
         raise ValueError(f"on_busy must be 'wait' or 'render', got {on_busy!r}")
     if isinstance(lease_ttl, bool) or not lease_ttl > 0:
         raise ValueError(f"lease_ttl must be a positive number of seconds, got {lease_ttl!r}")
+    if timeout is not None and lease_ttl <= timeout:
+        raise ValueError(f"lease_ttl ({lease_ttl} s) must exceed timeout ({timeout} s): a lease that expires "
+                         "while its holder still waits for the model lets another process run the same pass")
     return ObservationalMemoryStore(
         inner if inner is not None else InMemoryMemoryStore(),
         observer=_validate_model("observer", observer),

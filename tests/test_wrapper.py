@@ -558,6 +558,7 @@ async def test_custom_prompt_per_store(scripted: Scripted) -> None:
         ({"reflector": "nonsense-model-xyz"}, "unknown reflector model"),
         ({"timeout": 0}, "timeout"),
         ({"completion_kwargs": {"model": "x"}}, "cannot set"),
+        ({"timeout": 30, "lease_ttl": 30}, r"lease_ttl \(30 s\) must exceed timeout \(30 s\)"),
     ],
 )
 def test_bad_configuration_is_rejected_up_front(kwargs, message) -> None:
