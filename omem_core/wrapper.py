@@ -672,7 +672,9 @@ def create_observational_memory_store(
         observer: litellm model string for observation passes, e.g. ``"gpt-4o-mini"`` or the
             offline ``"omem/extractive"``.
         reflector: litellm model string for reflection passes; without it observations just
-            accumulate.
+            accumulate. It is asked for about half of its input, at most the reflection
+            threshold; a longer reflection is sent back to it twice to be shortened, then trimmed
+            without a model, so a reflection never exceeds the threshold.
         thresholds: ``{"observation": 1000, "reflection": 2000}`` (estimated tokens, the
             defaults); a pass runs when its pending volume *exceeds* the threshold.
         count_tokens: ``(texts) -> counts``, one per text; default ``ceil(len(text) / 4)``.
