@@ -56,7 +56,9 @@ cols = st.columns(6)
 cols[0].metric("Messages", run["messages"])
 cols[1].metric("Memory reads", int(run["steps"] or 0))
 cols[2].metric("Observer / reflector calls", f"{run['observer_calls'] or 0} / {run['reflector_calls'] or 0}")
-cols[3].metric("Compression", f"{run['compression']:.1f}x" if run["compression"] else "–")
+cols[3].metric("Compression", f"{run['compression']:.1f}x" if run["compression"] else "–",
+               help="Full-history tokens / what the agent sees after the last message (memory + window). "
+                    "The chart's figure is the same ratio at the chosen step.")
 cols[4].metric("Retention", f"{run['retention']:.2f}" if run["retention"] is not None else "–",
                help="Share of gold-answer words visible at the end (memory + window)")
 cols[5].metric("Cost", f"${run['cost_usd']:.4f}" if run["cost_usd"] is not None else "–")
