@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -94,12 +95,12 @@ def test_replay_slider_compare_and_screenshots(server) -> None:
         page.goto(url)
         settle(page)
         # A fresh store: the explorer replayed the demo conversation on the built-in model.
-        page.get_by_text("At step").first.wait_for(timeout=90_000)
+        page.get_by_role("heading", name=re.compile(r"^At step \d+")).first.wait_for(timeout=90_000)
         assert page.get_by_text("priya-lisbon").count() > 0
         compression = page.locator('[data-testid="stMetric"]').filter(has_text="Compression")
-        assert compression.inner_text().strip().endswith("x")
+        assert compression.locator('[data-testid="stMetricValue"]').text_content().strip().endswith("x")
         assert wait_for_charts(page, 3) >= 3
-        last_step = page.get_by_text("At step").first.inner_text()
+        last_step = page.get_by_role("heading", name=re.compile(r"^At step \d+")).first.inner_text()
         page.screenshot(path=str(shots / "explorer.png"), full_page=False)
 
         # Move the step slider with the keyboard: the step panel follows.
@@ -108,7 +109,7 @@ def test_replay_slider_compare_and_screenshots(server) -> None:
         for _ in range(5):
             slider.press("ArrowLeft")
         settle(page)
-        moved = page.get_by_text("At step").first.inner_text()
+        moved = page.get_by_role("heading", name=re.compile(r"^At step \d+")).first.inner_text()
         assert moved != last_step and int(moved.split()[-1]) == int(last_step.split()[-1]) - 5
 
         # Run a second configuration from the sidebar, then compare the two.
@@ -144,7 +145,7 @@ def test_dataset_and_model_text_is_inert(server) -> None:
     with chromium(tmp / "profile2", 1400, 1000) as page:
         page.goto(url)
         settle(page)
-        page.get_by_text("At step").first.wait_for(timeout=90_000)
+        page.get_by_role("heading", name=re.compile(r"^At step \d+")).first.wait_for(timeout=90_000)
         page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').first.click()
         page.get_by_role("option", name="Upload a file…").click()
         settle(page)

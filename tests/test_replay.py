@@ -217,3 +217,14 @@ def test_findings_flag_an_observer_that_falls_behind_and_tightened_reflections()
                           "trimmed": [False, False, False, True]})
     [note] = findings(steps([0, 0, 0, 0]), 1000, calls)
     assert note.startswith("2 of 3 reflections came back over the reflection threshold") and "1 still did not fit" in note
+
+
+def test_figures_are_displayed_as_people_read_them() -> None:
+    import numpy as np
+
+    from workbench.analysis import display
+
+    assert display(5.336322869955157) == "5.336" and display(np.float64(0.7613636)) == "0.761"
+    assert display(3570) == display(np.int64(3570)) == display(3570.0) == "3,570"
+    assert display(0.000123) == "0.00012" and display(None) == display(float("nan")) == "–"
+    assert display("v2") == "v2" and display(np.bool_(True)) == "True"

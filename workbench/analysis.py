@@ -6,8 +6,10 @@ No Streamlit here: the app, the CLI and notebooks call these and display what th
 from __future__ import annotations
 
 import json
+import numbers
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from .runstore import RunStore
@@ -77,6 +79,22 @@ def compare_runs(store: RunStore, run_a: str, run_b: str) -> pd.DataFrame:
             values[f"retention · category {category}"] = score
         columns[run_id] = values
     return pd.DataFrame(columns)
+
+
+def display(value: Any) -> str:
+    """A figure as people read it: floats to 3 significant decimals, counts with separators."""
+    if value is None or (isinstance(value, float) and value != value):
+        return "–"
+    if isinstance(value, (bool, np.bool_)):
+        return str(bool(value))
+    if isinstance(value, numbers.Integral):
+        return f"{int(value):,}"
+    if isinstance(value, numbers.Real):
+        value = float(value)
+        if value.is_integer() and abs(value) >= 1000:
+            return f"{int(value):,}"
+        return f"{value:.5f}" if 0 < abs(value) < 0.01 else f"{value:.3f}"
+    return str(value)
 
 
 def category_retention(probes: pd.DataFrame, method: str = "memory") -> dict[str, float]:
