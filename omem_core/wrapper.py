@@ -535,8 +535,8 @@ class ObservationalMemoryStore:
                     reply.text, draft_tokens=output_volume, limit_tokens=limit,
                     target_tokens=max(1, int(limit * 0.8**attempts)),
                 )
+                attempts += 1  # counted before the call, so a failed request is counted too
                 reply = reply.plus(await self._complete(config, thread_id, request))
-                attempts += 1
                 output_volume = self._count([reply.text])[0]
             if limit is not None and output_volume > limit:
                 reply = _Reply(self._trim(reply.text, limit), reply.tokens_in, reply.tokens_out,

@@ -142,3 +142,8 @@ async def test_the_offline_model_drives_the_wrapper_end_to_end() -> None:
 )
 def test_tidy_drops_openers_emoji_and_caption_boilerplate(sentence: str, expected: str) -> None:
     assert tidy(sentence) == expected
+
+
+def test_reflector_reads_markdown_date_headings_a_real_model_may_write() -> None:
+    notes = "## 8 May 2023\n- Ann: moved to Oslo.\n**9 May 2023**\n- Bob: has 3 cats."
+    assert reflect("", notes, 100) == "8 May 2023\n- Ann: moved to Oslo.\n9 May 2023\n- Bob: has 3 cats."

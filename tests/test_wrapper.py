@@ -247,13 +247,16 @@ async def test_a_reflection_that_never_fits_is_trimmed_to_the_threshold(scripted
 
 
 async def test_a_failed_tightening_request_fails_the_pass_and_the_next_read_retries(scripted: Scripted) -> None:
-    store = make(scripted, observation=3, reflection=10, reflector=True, count_tokens=words)
+    events: list[CompactionEvent] = []
+    store = make(scripted, observation=3, reflection=10, reflector=True, count_tokens=words,
+                 on_event=events.append)
     draft = "- " + " ".join(f"w{i}" for i in range(30))
     scripted.replies = [LONG_NOTE, draft, RuntimeError("rate limited")]
     await fill(store, 10)
     with pytest.raises(CompactionError) as caught:
         await store.recall("t", last=2)
     assert caught.value.stage == "reflect" and "rate limited" in str(caught.value)
+    assert events[-1].stage == "reflect" and events[-1].attempts == 2 and events[-1].record is None
     assert [r.kind for r in await store.observations.list("t")] == ["observation"]  # the draft is not saved
     scripted.replies = ["- o2", "- Ann moved to Oslo."]  # the next read observes, then reflects again
     await store.recall("t", last=2)

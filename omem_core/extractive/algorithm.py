@@ -33,7 +33,7 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'“(\[]?[A-Z0-9])|\s+/\s+")
 _WORD = re.compile(r"[A-Za-z][A-Za-z'’-]*|\d+(?:[.,:/]\d+)*")
 _TARGET = re.compile(r"Target length: at most (\d+) tokens")
 _BULLET = re.compile(r"^-\s+(?:\((?P<date>[^)]*)\)\s+)?(?P<body>.+)$")
-_DATE_HEADING = re.compile(r"^(?P<date>\d{1,2} [A-Z][a-z]+ \d{4}):?$")
+_DATE_HEADING = re.compile(r"^(?:#+\s*)?(?:\*\*)?(?P<date>\d{1,2} [A-Z][a-z]+ \d{4}):?(?:\*\*)?:?$")
 
 
 def estimate_tokens(text: str) -> int:
