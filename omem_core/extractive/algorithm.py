@@ -18,7 +18,6 @@ Same input, same output, byte for byte.
 from __future__ import annotations
 
 import math
-import os
 import re
 from dataclasses import dataclass
 from datetime import date, timedelta
