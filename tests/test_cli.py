@@ -57,6 +57,16 @@ def test_an_earlier_built_in_prompt_version_can_be_chosen(tmp_path) -> None:
     code, _, err = invoke("replay", "--dataset", TINY, "--observer-prompt", "v9")
     assert code != 0 and "no saved observer prompt version 'v9'" in err
 
+    code, out, _ = invoke("sweep", "--dataset", TINY, "--observation-threshold", "40", "--reflection-threshold", "60",
+                          "--observer-prompt", "v1,v2")
+    assert code == 0  # the table says which prompt each run used
+    rows = [line for line in out.splitlines() if "completed" in line]
+    assert len(rows) == 2 and rows[0].endswith("· v1/v2") and rows[1].endswith("· v2/v2")
+    code, out, _ = invoke("compare", rows[0].split()[0], rows[1].split()[0])
+    assert code == 0 and "observer prompt" in out
+    [compression] = [line for line in out.splitlines() if line.startswith("compression (x)")]
+    assert all(len(value.split(".")[1]) == 3 for value in compression.split()[2:])  # rounded, not 1.1666666
+
 
 def test_replay_defaults_to_the_demo_and_prints_figures() -> None:
     code, out, _ = invoke("replay")

@@ -250,11 +250,10 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
         if as_json:
             click.echo(json.dumps({"runs": table}))
         else:
-            click.echo(f"{'run_id':<24} {'obs':>5} {'ref':>5} {'win':>4} {'compr':>7} {'retention':>9} {'status':>10}")
+            click.echo(f"{'run_id':<24} {'compr':>7} {'retention':>9} {'status':>10}  configuration")
             for config, row in zip(grid, table):
-                click.echo(f"{row['run_id'] or '-':<24} {config.observation_threshold:>5} "
-                           f"{config.reflection_threshold:>5} {config.last_messages:>4} "
-                           f"{_fmt(row['compression'], 1):>7} {_fmt(row.get('retention')):>9} {row['status']:>10}")
+                click.echo(f"{row['run_id'] or '-':<24} {_fmt(row['compression'], 1):>7} "
+                           f"{_fmt(row.get('retention')):>9} {row['status']:>10}  {config.label()}")
     except (DatasetError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     except KeyboardInterrupt:
@@ -283,7 +282,9 @@ def compare(run_a: str, run_b: str, as_json: bool, db: str) -> None:
     if as_json:
         click.echo(table.to_json(orient="columns"))
     else:
-        click.echo(table.to_string())
+        from .analysis import display
+
+        click.echo(table.map(display).to_string())
 
 
 @cli.command("runs")
