@@ -114,4 +114,4 @@ def reflector_target_tokens(threshold: int, input_volume: int) -> int:
     the rendered memory stays within the reflection (at most ``threshold``) plus the unreflected
     observations (at most ``threshold`` plus one observation), whatever the thread's length.
     """
-    return max(1, min(threshold, max(48, int(input_volume * REFLECTION_INPUT_RATIO))))
+    return min(threshold, max(48, int(input_volume * REFLECTION_INPUT_RATIO)))

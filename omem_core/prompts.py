@@ -40,57 +40,6 @@ class Prompt:
         return f"{self.name}@{self.version}"
 
 
-OBSERVER_PROMPT = Prompt(
-    name="observer",
-    version="v2",
-    text="""\
-You are the observer of a long-running conversation. The messages below have left the model's \
-context window; your notes are all that will remain of them. Write observation notes that let \
-someone answer any later question about these messages without reading them.
-
-Rules:
-- Group notes under a date heading written like `8 May 2023` (the date of the messages they come \
-from), then one bullet per fact, event, decision or preference: `- Name: fact`.
-- Say who said or did what, using the speaker's name (or "User"/"Assistant").
-- Keep every name, number, quantity, price, place, title and date exactly as written.
-- Resolve relative dates against the message timestamp and write the absolute date: "yesterday" \
-in a message of 8 May 2023 becomes "yesterday (7 May 2023)"; "last week" becomes "the week of \
-1 May 2023"; "next month" becomes "June 2023".
-- Record preferences and how they change, decisions, plans, commitments, and when something \
-planned was completed or cancelled. If a later message contradicts an earlier one, keep the later \
-state and say it changed.
-- Record what the assistant recommended or produced only when the user relied on it (names of \
-tools, final choices, numbers).
-- Skip greetings, small talk, filler and repetition. Do not invent or generalise.
-- Stay within the target length; prefer dropping the least specific facts over shortening names \
-or numbers.
-Output only the date headings and their bullets.""",
-)
-
-REFLECTOR_PROMPT = Prompt(
-    name="reflector",
-    version="v2",
-    text="""\
-You maintain the long-term memory of a conversation. Merge the current reflection and the new \
-observation notes into one updated reflection.
-
-Rules:
-- Keep the layout of the notes: a date heading written like `8 May 2023`, then bullets \
-`- Name: fact`, oldest date first.
-- Merge duplicates into one bullet. When facts conflict, the newest one wins: keep the latest \
-state and note what it replaced ("moved to Berlin in June 2023, previously Paris").
-- Keep every name, number, quantity and date exactly. Keep plans with their status (planned, \
-done, cancelled).
-- Drop small talk and facts that later notes made obsolete, never specific facts that are still \
-true.
-- Stay within the target length: when space is short, shorten wording and merge related bullets \
-before dropping facts, and drop the least specific facts first. The length is a hard limit: a \
-reflection that is too long comes back to you to be rewritten shorter.
-Output only the date headings and their bullets.""",
-)
-
-
-# Earlier versions stay available, so runs can compare them with the defaults.
 OBSERVER_PROMPT_V1 = Prompt(
     name="observer",
     version="v1",
@@ -139,12 +88,38 @@ before dropping facts, and drop the least specific facts first.
 Output only the bullets.""",
 )
 
+
+def revised(prompt: Prompt, version: str, *edits: tuple[str, str]) -> Prompt:
+    """``prompt`` with each ``(old, new)`` edit applied, as ``version``: the change between two
+    versions reads as what it is. An ``old`` that is not in the text is an error, not a no-op."""
+    text = prompt.text
+    for old, new in edits:
+        if old not in text:
+            raise ValueError(f"{prompt.label}: {old!r} is not in the text")
+        text = text.replace(old, new)
+    return Prompt(name=prompt.name, version=version, text=text)
+
+
+# v2: date headings are part of the output, dates in examples use the heading format, and the
+# reflector knows its length is a hard limit.
+OBSERVER_PROMPT = revised(
+    OBSERVER_PROMPT_V1, "v2",
+    ("Output only the bullets.", "Output only the date headings and their bullets."),
+)
+REFLECTOR_PROMPT = revised(
+    REFLECTOR_PROMPT_V1, "v2",
+    ("moved to Berlin in 2023-06", "moved to Berlin in June 2023"),
+    ("drop the least specific facts first.\n",
+     "drop the least specific facts first. The length is a hard limit: a reflection that is too long "
+     "comes back to you to be rewritten shorter.\n"),
+    ("Output only the bullets.", "Output only the date headings and their bullets."),
+)
+
 BUILTIN_PROMPTS: dict[str, tuple[Prompt, ...]] = {
     "observer": (OBSERVER_PROMPT, OBSERVER_PROMPT_V1),
     "reflector": (REFLECTOR_PROMPT, REFLECTOR_PROMPT_V1),
 }
-"""Every shipped prompt version per role, the default first. v2: headings are part of the output,
-dates in examples use the heading format, and the reflector knows its length is a hard limit."""
+"""Every shipped prompt version per role, the default first."""
 
 
 def format_timestamp(value: datetime) -> str:

@@ -83,6 +83,14 @@ def test_reflector_target_is_half_its_input_capped_by_the_threshold() -> None:
     assert reflector_target_tokens(20, 10) == 20  # ...that the threshold still caps
 
 
+def test_a_revision_names_a_missing_edit() -> None:
+    from omem_core.prompts import OBSERVER_PROMPT_V1, revised
+
+    assert revised(OBSERVER_PROMPT_V1, "v9", ("observer", "watcher")).text.startswith("You are the watcher")
+    with pytest.raises(ValueError, match="observer@v1: 'no such words' is not in the text"):
+        revised(OBSERVER_PROMPT_V1, "v9", ("no such words", "x"))
+
+
 def test_tighten_input_sends_the_draft_back_with_a_stronger_target() -> None:
     from omem_core.prompts import render_tighten_input
 
