@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from datetime import datetime, timedelta
 
@@ -20,21 +21,22 @@ from omem_core import (
 from omem_core.sqlite import SQLiteMemoryStore, SQLiteObservationStore, schema_version
 
 
+def _fresh(request, in_memory, sqlite, directory, prefix):
+    """A factory of fresh stores of the fixture's adapter (SQLite: a new file each time)."""
+    if request.param == "memory":
+        return in_memory
+    paths = (directory / f"{prefix}{i}.db" for i in itertools.count())
+    return lambda: sqlite(next(paths))
+
+
 @pytest.fixture(params=["memory", "sqlite"])
 def make_memory_store(request, tmp_path):
-    """A factory of fresh MemoryStores of each adapter (SQLite: a new file each time)."""
-    counter = iter(range(1000))
-    if request.param == "memory":
-        return InMemoryMemoryStore
-    return lambda: SQLiteMemoryStore(tmp_path / f"m{next(counter)}.db")
+    return _fresh(request, InMemoryMemoryStore, SQLiteMemoryStore, tmp_path, "m")
 
 
 @pytest.fixture(params=["memory", "sqlite"])
 def make_observation_store(request, tmp_path):
-    counter = iter(range(1000))
-    if request.param == "memory":
-        return create_in_memory_observation_store
-    return lambda: SQLiteObservationStore(tmp_path / f"o{next(counter)}.db")
+    return _fresh(request, create_in_memory_observation_store, SQLiteObservationStore, tmp_path, "o")
 
 
 def test_message_is_frozen_and_validated() -> None:
