@@ -14,48 +14,28 @@ import argparse
 import asyncio
 import sys
 from collections import defaultdict
+from dataclasses import replace
 
-from omem_core import Memory, create_observational_memory_store, token_counter
 from workbench.catalog import shared_datasets_dir
-from workbench.datasets import load_dataset
+from workbench.datasets import Conversation, load_dataset
 from workbench.replay import ReplayConfig, replay
-from workbench.retention import content_words, newest_tokens, probe_score, render_context
 
 
 CUTS = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
-async def at_cut_points(conversation, config: ReplayConfig) -> list[tuple[int, float, list[tuple[float, float]]]]:
-    """Stop the conversation at each fraction in CUTS: (messages, compression, [(memory, recent)]
-    scores of the probes whose evidence has been said by then). The end of a conversation is one
-    phase of the observe/reflect cycle; these points show the figures do not depend on it."""
-    count = token_counter(config.token_counter)
-    store = create_observational_memory_store(
-        observer=config.observer, reflector=config.reflector, count_tokens=count,
-        thresholds={"observation": config.observation_threshold, "reflection": config.reflection_threshold})
-    memory = Memory(storage=store, last_messages=config.last_messages)
-    history = [t.to_message(conversation.id) for t in conversation.turns]
-    position = {m.id: i for i, m in enumerate(history)}
-    cuts = {max(1, int(len(history) * f)) for f in CUTS}
-    points = []
-    for index, message in enumerate(history):
-        await memory.save_messages([message])
-        if index + 1 in cuts:
-            context = await memory.recall(conversation.id)
-            said = history[: index + 1]
-            size = sum(count([m.content for m in context]))
-            visible = content_words(render_context(context))
-            recent = content_words(render_context(newest_tokens(said, size, count)))
-            scores = []
-            for probe in conversation.probes:
-                if probe.gold and probe.evidence and all(position.get(e, len(history)) <= index for e in probe.evidence):
-                    mine, theirs = probe_score(probe.gold, visible), probe_score(probe.gold, recent)
-                    if mine is not None and theirs is not None:
-                        scores.append((mine, theirs))
-            points.append((index + 1, sum(count([m.content for m in said])) / size, scores))
-        elif config.recall_on == "every" or message.role == "assistant":
-            await memory.recall(conversation.id)
-    return points
+def prefixes(conversation: Conversation) -> list[Conversation]:
+    """The conversation stopped at each fraction in CUTS, with the probes whose evidence has been
+    said by then. The end of a conversation is one phase of the observe/reflect cycle; replaying
+    these shows the figures do not depend on it (the offline model is deterministic, so a prefix
+    replays exactly as the start of the whole conversation)."""
+    out = []
+    for fraction in CUTS:
+        turns = conversation.turns[: max(1, int(len(conversation.turns) * fraction))]
+        said = {t.id for t in turns}
+        probes = [p for p in conversation.probes if p.evidence and set(p.evidence) <= said]
+        out.append(replace(conversation, turns=turns, probes=probes))
+    return out
 
 
 def run(config: ReplayConfig) -> None:
@@ -103,19 +83,19 @@ def run(config: ReplayConfig) -> None:
                   f"{m['recent_tokens']:.3f}  ({count} probes)")
         if suite.startswith("locomo"):
             print("at 50%, 60%, ..., 100% of each conversation (probes whose evidence was said by then):")
-            mine, theirs, ratios = [], [], []
+            mine = theirs = scored = 0.0
+            ratios = []
             for conversation in conversations:
-                points = asyncio.run(at_cut_points(conversation, config))
-                print(f"  {conversation.id:<12} compression " + " ".join(f"{c:>5.1f}x" for _, c, _ in points)
-                      + "   retention " + " ".join(
-                          f"{sum(m for m, _ in sc) / len(sc):.3f}" if sc else "  -  " for _, _, sc in points))
-                for _, compression, scores in points:
-                    ratios.append(compression)
-                    mine.extend(m for m, _ in scores)
-                    theirs.extend(t for _, t in scores)
-            print(f"  pooled over all points: retention {sum(mine) / len(mine):.3f}, recency of equal size "
-                  f"{sum(theirs) / len(theirs):.3f} ({sum(mine) / sum(theirs):.2f}x), compression "
-                  f"{min(ratios):.1f}x-{max(ratios):.1f}x")
+                results = [asyncio.run(replay(prefix, config, None)) for prefix in prefixes(conversation)]
+                print(f"  {conversation.id:<12} compression " + " ".join(f"{r.compression:>5.1f}x" for r in results)
+                      + "   retention " + " ".join(f"{r.retention.retention:.3f}" for r in results))
+                for r in results:
+                    ratios.append(r.compression)
+                    mine += r.retention.retention * r.retention.scored
+                    theirs += r.retention.recent_tokens * r.retention.scored
+                    scored += r.retention.scored
+            print(f"  pooled over all points: retention {mine / scored:.3f}, recency of equal size "
+                  f"{theirs / scored:.3f} ({mine / theirs:.2f}x), compression {min(ratios):.1f}x-{max(ratios):.1f}x")
         if suite.startswith("beam"):
             longest = max(conversations, key=lambda c: sum(len(t.text) for t in c.turns))
             result = asyncio.run(replay(longest, config, None))
