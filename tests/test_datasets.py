@@ -44,7 +44,7 @@ def test_project_datasets_load() -> None:
         ("{not json\n", "line 1", None, "invalid JSON"),
         (line(role="robot"), "line 1", "role", "unknown role 'robot'"),
         (line(content=...), "line 1", "content", "missing"),
-        (line(timestamp="yesterday"), "line 1", "timestamp", "not an ISO-8601"),
+        (line(timestamp="yesterday"), "line 1", "timestamp", "unrecognised date-time 'yesterday'"),
         (line(content=5), "line 1", "content", "expected str"),
         (line() + line(), "conversation 'c' message 1", "id", "duplicate message id 'm1'"),
         (line(type="poll"), "line 1", "type", "unknown record type"),
@@ -129,8 +129,10 @@ def test_locomo_dev(shared_datasets: Path) -> None:
     assert first.created_at.isoformat().startswith("2023-05-08T13:56")
     assert any(t.role == "assistant" and t.speaker == "Melanie" for t in conv.turns)
     assert any("[shares an image:" in t.text for t in conv.turns)
-    adversarial = [p for c in conversations for p in c.probes if p.category == "5"]
-    assert adversarial and all(p.gold is None for p in adversarial)  # the trap answer is no fact
+    adversarial = [p for c in conversations for p in c.probes if p.category == "adversarial"]
+    assert adversarial and all(p.gold is None and p.abstention for p in adversarial)  # the trap answer is no fact
+    assert {p.category for c in conversations for p in c.probes} == {
+        "multi-hop", "temporal", "open-domain", "single-hop", "adversarial"}
     scorable = [p for c in conversations for p in c.probes if p.gold]
     assert len(scorable) == 584  # every category 1–4 item (two category-5 items also carry a yes/no `answer`)
     assert sum(c.dangling_evidence for c in conversations) >= 1  # the dataset's malformed ids are counted
@@ -140,7 +142,9 @@ def test_beam_dev(shared_datasets: Path) -> None:
     for chat in ("1", "2", "3"):
         [conv] = load_dataset(shared_datasets / "beam-100k-dev" / chat)
         assert len(conv.turns) > 150 and len(conv.probes) == 20
-        assert all(p.gold for p in conv.probes)
+        abstention = [p for p in conv.probes if p.category == "abstention"]
+        assert len(abstention) == 2 and all(p.abstention and p.gold is None and p.reference for p in abstention)
+        assert all(p.gold for p in conv.probes if p not in abstention)
         assert sum(1 for p in conv.probes if p.evidence) >= 10
         assert "->->" not in conv.turns[0].text
         times = [t.created_at for t in conv.turns]

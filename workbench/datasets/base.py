@@ -1,0 +1,136 @@
+"""What every format loads into (:class:`Conversation`, :class:`Turn`, :class:`Probe`), the one
+error type (:class:`DatasetError`), and the checks all loaders share."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from omem_core import Message
+
+ROLES = ("user", "assistant", "system", "tool")
+EPOCH = datetime(2024, 1, 1, tzinfo=timezone.utc)  # the clock of formats without dates
+
+
+class DatasetError(ValueError):
+    """A dataset file that cannot be read, with where and what."""
+
+    def __init__(self, file: str | Path, record: str, field_name: str | None, problem: str) -> None:
+        self.file, self.record, self.field, self.problem = str(file), record, field_name, problem
+        where = f"{file}: {record}" + (f": field {field_name!r}" if field_name else "")
+        super().__init__(f"{where}: {problem}")
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One message of a dataset conversation."""
+
+    id: str
+    role: str
+    text: str
+    created_at: datetime
+    speaker: str | None = None
+
+    @property
+    def content(self) -> str:
+        """The message as the agent stores it: ``Speaker: text`` when a speaker is named."""
+        return f"{self.speaker}: {self.text}" if self.speaker else self.text
+
+    def to_message(self, thread_id: str) -> Message:
+        return Message(id=self.id, thread_id=thread_id, role=self.role, content=self.content,
+                       created_at=self.created_at)
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """A question about the conversation, with its gold answer and evidence message ids.
+
+    ``gold`` is what word retention scores; ``None`` leaves the probe unscored by words.
+    ``category`` is a name (``"temporal"``, ``"knowledge-update"``, …) where the format has one.
+    An ``abstention`` probe asks about something the conversation never says: the right answer
+    is to decline, so it has no gold; its ``reference`` (the dataset's answer text, when there is
+    one) is kept for a judge model.
+    """
+
+    id: str
+    question: str
+    gold: str | None
+    category: str
+    evidence: tuple[str, ...] = ()
+    abstention: bool = False
+    reference: str | None = None
+
+
+@dataclass
+class Conversation:
+    id: str
+    turns: list[Turn]
+    probes: list[Probe] = field(default_factory=list)
+    source: str = ""
+    format: str = ""
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def dangling_evidence(self) -> int:
+        return sum(1 for w in self.warnings if w.startswith("evidence"))
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationInfo:
+    """What a listing shows of a conversation without holding it: see ``list_conversations``."""
+
+    id: str
+    messages: int
+    probes: int
+    scored_probes: int  # probes with a gold answer (scored by word retention)
+    tokens: int  # estimated: characters / 4
+    format: str
+
+    @classmethod
+    def of(cls, conversation: Conversation) -> ConversationInfo:
+        return cls(conversation.id, len(conversation.turns), len(conversation.probes),
+                   sum(1 for p in conversation.probes if p.gold is not None),
+                   sum(len(t.content) for t in conversation.turns) // 4, conversation.format)
+
+
+def require(obj: Any, key: str, file: Path, record: str, kind: type | tuple[type, ...] = str) -> Any:
+    """``obj[key]``, checked to be present and of type ``kind``; else a :class:`DatasetError`."""
+    if not isinstance(obj, dict):
+        raise DatasetError(file, record, None, f"expected a JSON object, got {type(obj).__name__}")
+    if key not in obj or obj[key] is None:
+        raise DatasetError(file, record, key, "missing")
+    value = obj[key]
+    if not isinstance(value, kind) or isinstance(value, bool):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise DatasetError(file, record, key, f"expected {names}, got {type(value).__name__}")
+    return value
+
+
+def text_or_none(value: Any) -> str | None:
+    """A gold answer as text (some datasets give numbers); ``None`` stays ``None``."""
+    return None if value is None else str(value)
+
+
+def finish(conversation: Conversation, file: Path) -> Conversation:
+    """Check a loaded conversation: messages exist, ids are unique; evidence pointing nowhere is
+    dropped, counted and reported in ``warnings``."""
+    if not conversation.turns:
+        raise DatasetError(file, f"conversation {conversation.id!r}", None, "has no messages")
+    seen: set[str] = set()
+    for index, turn in enumerate(conversation.turns):
+        if turn.id in seen:
+            raise DatasetError(file, f"conversation {conversation.id!r} message {index}", "id",
+                               f"duplicate message id {turn.id!r}")
+        seen.add(turn.id)
+    probes = []
+    for probe in conversation.probes:
+        kept = tuple(e for e in probe.evidence if e in seen)
+        for missing in (e for e in probe.evidence if e not in seen):
+            conversation.warnings.append(
+                f"evidence {missing!r} of probe {probe.id!r} points to no message")
+        probes.append(dataclasses.replace(probe, evidence=kept))
+    conversation.probes = probes
+    return conversation

@@ -1,0 +1,101 @@
+"""BEAM: a chat folder with ``chat.json`` (batches of turns with ``time_anchor``s) and
+``probing_questions.json`` (probes by category; the gold field varies by category).
+
+``time_anchor``s set the clock (a minute per message after the newest anchor); ``source_chat_ids``
+may be ints, lists or dicts and point at message ids. Categories keep BEAM's names; the
+``abstention`` category asks about what the chat never says, so its probes have no gold (their
+``ideal_response`` is kept as the reference for a judge).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta
+from typing import Any
+
+from .base import EPOCH, ROLES, Conversation, DatasetError, Probe, Turn, finish, require, text_or_none
+from .dates import try_parse_datetime
+from .source import Source, load_json
+
+NAME = "beam"
+DESCRIPTION = "a BEAM chat folder: `chat.json` (batches of turns) + `probing_questions.json`"
+FOLDER = True
+FOLDER_FILES = ("chat.json",)  # what marks a folder of this format
+
+ABSTENTION = "abstention"
+_SUFFIX = re.compile(r"\s*->->\s*\d+\s*,\s*\d+\s*$")
+_GOLD = ("answer", "ideal_answer", "ideal_response", "ideal_summary", "expected_compliance")
+
+
+def sniff(source: Source) -> bool:
+    if source.is_dir:
+        return (source.path / "chat.json").is_file()
+    if source.path.name == "chat.json":
+        return True
+    first = source.first() if not source.lines else None
+    return isinstance(first, dict) and isinstance(first.get("turns"), list) and (
+        "batch_number" in first or "time_anchor" in first)
+
+
+def _flatten_ids(value: Any) -> list[str]:
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, (int, str)):
+        return [str(value)]
+    if isinstance(value, list):
+        return [i for item in value for i in _flatten_ids(item)]
+    if isinstance(value, dict):
+        return [i for item in value.values() for i in _flatten_ids(item)]
+    return []
+
+
+def load(source: Source) -> list[Conversation]:
+    path = source.path
+    folder = path if source.is_dir else path.parent
+    chat_file = folder / "chat.json" if source.is_dir else path
+    data = load_json(chat_file) if source.is_dir else source.document()
+    if not isinstance(data, list):
+        raise DatasetError(chat_file, "top level", None, "expected a list of batches")
+    turns: list[Turn] = []
+    clock: datetime | None = None
+    for b_index, batch in enumerate(data):
+        where = f"batch {b_index}"
+        groups = require(batch, "turns", chat_file, where, list)
+        clock = try_parse_datetime(batch.get("time_anchor")) or clock
+        for g_index, group in enumerate(groups):
+            items = group if isinstance(group, list) else [group]
+            for m_index, item in enumerate(items):
+                m_where = f"{where} turn {g_index} message {m_index}"
+                role = require(item, "role", chat_file, m_where)
+                if role not in ROLES:
+                    raise DatasetError(chat_file, m_where, "role", f"unknown role {role!r}")
+                message_id = require(item, "id", chat_file, m_where, (int, str))
+                anchor = try_parse_datetime(item.get("time_anchor"))
+                if anchor is not None and (clock is None or anchor > clock):
+                    clock = anchor
+                clock = (clock or EPOCH) + timedelta(minutes=1)
+                turns.append(Turn(str(message_id), role,
+                                  _SUFFIX.sub("", require(item, "content", chat_file, m_where)), clock))
+    probes = []
+    probe_file = folder / "probing_questions.json"
+    if probe_file.exists():
+        questions = load_json(probe_file)
+        if not isinstance(questions, dict):
+            raise DatasetError(probe_file, "top level", None, "expected an object of categories")
+        for category, items in questions.items():
+            for index, item in enumerate(items if isinstance(items, list) else []):
+                where = f"{category} {index}"
+                question = require(item, "question", probe_file, where)
+                gold = next((item[k] for k in _GOLD if item.get(k)), None)
+                abstention = category == ABSTENTION
+                probes.append(Probe(
+                    id=f"{category}-{index}",
+                    question=question,
+                    gold=None if abstention else text_or_none(gold),
+                    category=category,
+                    evidence=tuple(_flatten_ids(item.get("source_chat_ids"))),
+                    abstention=abstention,
+                    reference=text_or_none(gold),
+                ))
+    conversation = Conversation(f"beam-{folder.name}", turns, probes, str(folder), NAME)
+    return [finish(conversation, chat_file)]

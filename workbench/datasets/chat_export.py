@@ -1,0 +1,93 @@
+"""What the OpenAI and ShareGPT formats share: a file of chat objects, each a list of messages."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from .base import EPOCH, ROLES, Conversation, DatasetError, Turn, finish, require
+from .dates import parse_datetime
+from .source import Source
+
+
+def text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # OpenAI content parts
+        parts = [p.get("text") if isinstance(p, dict) else p for p in content]
+        return "\n".join(p for p in parts if isinstance(p, str)).strip()
+    if isinstance(content, dict) and isinstance(content.get("parts"), list):  # ChatGPT export
+        return "\n".join(p for p in content["parts"] if isinstance(p, str)).strip()
+    return ""
+
+
+def from_messages(conv_id: str, messages: list[Any], source: Source, record: str, fmt: str,
+                  role_key: str, text_key: str, roles: dict[str, str] | None) -> Conversation:
+    file = source.path
+    turns = []
+    for index, item in enumerate(messages):
+        where = f"{record} message {index}"
+        raw_role = require(item, role_key, file, where)
+        role = roles.get(raw_role.lower()) if roles is not None else raw_role
+        if role not in ROLES:
+            raise DatasetError(file, where, role_key, f"unknown role {raw_role!r}")
+        if text_key not in item:
+            raise DatasetError(file, where, text_key, "missing")
+        stamp = item.get("timestamp") or item.get("created_at")
+        created = (parse_datetime(stamp, file, where, "timestamp") if isinstance(stamp, str)
+                   else EPOCH + timedelta(minutes=index))
+        turns.append(Turn(str(item.get("id", f"{conv_id}-{index}")), role, text_of(item[text_key]),
+                          created, item.get("name") if isinstance(item.get("name"), str) else None))
+    return finish(Conversation(conv_id, turns, [], str(file), fmt), file)
+
+
+def from_chatgpt(obj: dict[str, Any], index: int, source: Source, fmt: str) -> Conversation:
+    """A ChatGPT data export conversation: a ``mapping`` tree of nodes, read in time order."""
+
+    def stamp(message: dict[str, Any]) -> float:
+        value = message.get("create_time")
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+
+    nodes = [n for n in obj["mapping"].values() if isinstance(n, dict) and isinstance(n.get("message"), dict)]
+    nodes.sort(key=lambda n: stamp(n["message"]))
+    turns = []
+    for node in nodes:
+        message = node["message"]
+        author = message.get("author")
+        role = author.get("role", "") if isinstance(author, dict) else ""
+        text = text_of(message.get("content"))
+        if role not in ROLES or not text:
+            continue
+        try:
+            created = (datetime.fromtimestamp(stamp(message), tz=timezone.utc) if stamp(message)
+                       else EPOCH + timedelta(minutes=len(turns)))
+        except (OverflowError, OSError, ValueError):
+            created = EPOCH + timedelta(minutes=len(turns))
+        turns.append(Turn(str(message.get("id", node.get("id"))), role, text, created))
+    conv_id = str(obj.get("id") or obj.get("conversation_id") or obj.get("title") or f"conversation-{index}")
+    return finish(Conversation(conv_id, turns, [], str(source.path), fmt), source.path)
+
+
+def load_objects(source: Source, convert: Callable[[dict[str, Any], int, str], Conversation]) -> list[Conversation]:
+    """Each chat object of the file (one JSON document, a list, or JSON Lines) through ``convert``."""
+    file = source.path
+    if source.is_dir:
+        raise DatasetError(file, "folder", None, "expected a JSON or JSON Lines file, not a folder")
+    if source.lines:
+        items = ((e.index, e.value, f"line {e.index}") for e in source.elements())
+    else:
+        document = source.document()
+        items = ((i, v, f"conversation {i}") for i, v in enumerate(document if isinstance(document, list) else [document]))
+    conversations = []
+    for index, obj, record in items:
+        if not isinstance(obj, dict):
+            raise DatasetError(file, record, None, "expected a JSON object")
+        conversations.append(convert(obj, index, record))
+    if not conversations:
+        raise DatasetError(file, "file", None, "has no conversations")
+    return conversations
+
+
+def conversation_id(obj: dict[str, Any], index: int) -> str:
+    return str(obj.get("id", obj.get("conversation_id", f"conversation-{index}")))

@@ -1,0 +1,65 @@
+"""The project's own format: JSON Lines, one message or probe per line (``datasets/README.md``)."""
+
+from __future__ import annotations
+
+from .base import ROLES, Conversation, DatasetError, Probe, Turn, finish, require
+from .dates import parse_datetime
+from .source import Source, json_lines
+
+NAME = "omem"
+DESCRIPTION = "the project's JSON Lines: one message or probe per line, grouped by `conversation_id`"
+FOLDER = False
+
+
+def sniff(source: Source) -> bool:
+    first = source.first() if source.lines else None
+    return isinstance(first, dict) and "conversation_id" in first and any(
+        key in first for key in ("role", "question", "type"))
+
+
+def load(source: Source) -> list[Conversation]:
+    file = source.path
+    conversations: dict[str, Conversation] = {}
+    for element in json_lines(file):
+        obj, record = element.value, f"line {element.index}"
+        conversation_id = require(obj, "conversation_id", file, record)
+        conversation = conversations.setdefault(
+            conversation_id, Conversation(conversation_id, [], source=str(file), format=NAME))
+        kind = obj.get("type", "probe" if "question" in obj else "message")
+        if kind == "message":
+            role = require(obj, "role", file, record)
+            if role not in ROLES:
+                raise DatasetError(file, record, "role", f"unknown role {role!r}; expected one of {', '.join(ROLES)}")
+            speaker = obj.get("speaker")
+            if speaker is not None and not isinstance(speaker, str):
+                raise DatasetError(file, record, "speaker", "expected str")
+            conversation.turns.append(Turn(
+                id=require(obj, "id", file, record),
+                role=role,
+                text=require(obj, "content", file, record),
+                created_at=parse_datetime(require(obj, "timestamp", file, record), file, record, "timestamp"),
+                speaker=speaker,
+            ))
+        elif kind == "probe":
+            evidence = obj.get("evidence", [])
+            if not isinstance(evidence, list) or not all(isinstance(e, str) for e in evidence):
+                raise DatasetError(file, record, "evidence", "expected a list of message ids")
+            abstention = obj.get("abstention", False)
+            if not isinstance(abstention, bool):
+                raise DatasetError(file, record, "abstention", "expected true or false")
+            gold = obj.get("answer")
+            gold = None if gold is None else str(gold)
+            conversation.probes.append(Probe(
+                id=require(obj, "id", file, record),
+                question=require(obj, "question", file, record),
+                gold=None if abstention else gold,
+                category=str(obj.get("category", "uncategorised")),
+                evidence=tuple(evidence),
+                abstention=abstention,
+                reference=gold,
+            ))
+        else:
+            raise DatasetError(file, record, "type", f"unknown record type {kind!r}; expected message or probe")
+    if not conversations:
+        raise DatasetError(file, "file", None, "has no records")
+    return [finish(c, file) for c in conversations.values()]

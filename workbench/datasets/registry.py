@@ -1,0 +1,158 @@
+"""The formats, in one place: detection order, the CLI's ``--format`` choices (:data:`FORMATS`),
+the app's format picker and ``datasets/README.md``'s table all come from :data:`REGISTRY`.
+
+A format is a module with ``NAME``, ``DESCRIPTION`` (one line), ``FOLDER`` (whether a dataset of
+it is a folder, e.g. a zip upload), ``sniff(source) -> bool`` and ``load(source) ->
+list[Conversation]``. A format whose files hold one conversation per list element (LongMemEval)
+also has ``conversations(source)`` (streaming, with byte offsets), ``conversation(value, index,
+source)`` and ``ID_KEY``: listing and single-conversation loads then go through a cached index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from . import beam, index, locomo, longmemeval, memorybank, omem, openai_export, sharegpt
+from .base import Conversation, ConversationInfo, DatasetError
+from .source import Element, Source, read_at
+
+
+@dataclass(frozen=True)
+class DatasetFormat:
+    name: str
+    description: str  # one line, Markdown
+    folder: bool  # a folder format (the path may be the folder or its main file)
+    sniff: Callable[[Source], bool]
+    load: Callable[[Source], list[Conversation]]
+    folder_files: tuple[str, ...] = ()  # the files that mark a folder of this format
+    stream: Callable[[Source], Iterator[tuple[Element, Conversation]]] | None = None
+    build: Callable[[Any, int, Source], Conversation] | None = None
+    id_key: str | None = None
+
+    @property
+    def indexed(self) -> bool:
+        return self.stream is not None
+
+
+def _format(module: ModuleType) -> DatasetFormat:
+    return DatasetFormat(module.NAME, module.DESCRIPTION, module.FOLDER, module.sniff, module.load,
+                         getattr(module, "FOLDER_FILES", ()), getattr(module, "conversations", None),
+                         getattr(module, "conversation", None), getattr(module, "ID_KEY", None))
+
+
+# Detection tries these in order; the first whose sniff says yes wins.
+REGISTRY: tuple[DatasetFormat, ...] = tuple(
+    _format(m) for m in (omem, locomo, longmemeval, beam, memorybank, openai_export, sharegpt))
+FORMATS: tuple[str, ...] = tuple(f.name for f in REGISTRY)
+_BY_NAME = {f.name: f for f in REGISTRY}
+
+
+def get_format(name: str) -> DatasetFormat:
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"unknown format {name!r}; choose one of {', '.join(FORMATS)}") from None
+
+
+def _detect(source: Source) -> DatasetFormat:
+    for fmt in REGISTRY:
+        if fmt.sniff(source):
+            return fmt
+    if source.is_dir:
+        marks = ", ".join(f"{file} ({f.name})" for f in REGISTRY for file in f.folder_files)
+        raise DatasetError(source.path, "folder", None, f"format not recognised: holds none of {marks}")
+    if source.first() is None:
+        raise DatasetError(source.path, "file", None, "is empty")
+    raise DatasetError(source.path, "top level", None, f"format not recognised; pass --format ({', '.join(FORMATS)})")
+
+
+def _open(path: str | Path | Source, format: str | None) -> tuple[Source, DatasetFormat]:
+    source = path if isinstance(path, Source) else Source(path)
+    if not source.path.exists():
+        raise DatasetError(source.path, "file", None, "does not exist")
+    if format is not None and format not in _BY_NAME:
+        raise DatasetError(source.path, "--format", None, f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
+    return source, (_BY_NAME[format] if format else _detect(source))
+
+
+def detect_format(path: str | Path) -> str:
+    """Guess a dataset's format from its content (``--format`` overrides). Reads only the start
+    of a large list."""
+    return _open(path, None)[1].name
+
+
+def load_dataset(path: str | Path, format: str | None = None) -> list[Conversation]:
+    """Load every conversation of a dataset file or folder (detection and loading share one parse)."""
+    source, fmt = _open(path, format)
+    return fmt.load(source)
+
+
+def _entries(source: Source, fmt: DatasetFormat) -> list[index.Entry]:
+    def build() -> list[index.Entry]:
+        if fmt.stream is not None:
+            return [index.Entry(ConversationInfo.of(c), e.index, e.offset, e.length) for e, c in fmt.stream(source)]
+        return [index.Entry(ConversationInfo.of(c), i, -1, -1) for i, c in enumerate(fmt.load(source))]
+
+    return index.get(source.path, fmt.name, build)
+
+
+def list_conversations(path: str | Path, format: str | None = None) -> list[ConversationInfo]:
+    """What a listing shows of each conversation (id, messages, probes, tokens), cheaply: a large
+    LongMemEval file is indexed once (a few seconds) and the index cached on disk."""
+    source, fmt = _open(path, format)
+    entries = _entries(source, fmt)
+    if not entries:
+        raise DatasetError(source.path, "top level", None, "has no conversations")
+    return [e.info for e in entries]
+
+
+def _not_found(path: Path, conversation_id: str, ids: list[str]) -> DatasetError:
+    shown = ", ".join(ids[:20]) + (f", … ({len(ids)} in all)" if len(ids) > 20 else "")
+    return DatasetError(path, f"conversation {conversation_id!r}", None, f"not found; available: {shown}")
+
+
+def load_conversation(path: str | Path, conversation_id: str | None = None,
+                      format: str | None = None) -> Conversation:
+    """One conversation (the first when ``conversation_id`` is None). From a LongMemEval file,
+    only that instance is parsed: found through the index when there is one, else by a scan."""
+    source, fmt = _open(path, format)
+    if fmt.stream is None or fmt.build is None:
+        conversations = fmt.load(source)
+        if conversation_id is None:
+            return conversations[0]
+        for conversation in conversations:
+            if conversation.id == conversation_id:
+                return conversation
+        raise _not_found(source.path, conversation_id, [c.id for c in conversations])
+    entries = index.lookup(source.path, fmt.name)
+    if entries is not None and all(e.offset >= 0 for e in entries):
+        if not entries:
+            raise DatasetError(source.path, "top level", None, "has no conversations")
+        entry = entries[0] if conversation_id is None else next(
+            (e for e in entries if e.info.id == conversation_id), None)
+        if entry is None:
+            raise _not_found(source.path, str(conversation_id), [e.info.id for e in entries])
+        return fmt.build(read_at(source.path, entry.offset, entry.length), entry.index, source)
+    ids: list[str] = []
+    for element in source.elements():
+        value = element.value
+        raw = value.get(fmt.id_key) if isinstance(value, dict) and fmt.id_key else None
+        found = str(raw) if raw is not None else None
+        if conversation_id is None or found == conversation_id:
+            return fmt.build(value, element.index, source)
+        if found is not None:
+            ids.append(found)
+    if conversation_id is None or not ids:
+        raise DatasetError(source.path, "top level", None, "has no conversations")
+    raise _not_found(source.path, conversation_id, ids)
+
+
+def markdown_table() -> str:
+    """The formats table of ``datasets/README.md``."""
+    rows = ["| format | what | folder |", "|---|---|---|"]
+    rows += [f"| `{f.name}` | {f.description} | {'yes' if f.folder else 'no'} |" for f in REGISTRY]
+    return "\n".join(rows)

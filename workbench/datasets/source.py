@@ -1,0 +1,261 @@
+"""A dataset path opened once for detection and loading: the document is parsed at most once,
+and a JSON list (or JSON Lines) can be read element by element without holding the whole file.
+
+Detection looks at :meth:`Source.first` (the first element of a list, the first line of JSON
+Lines, or the whole object) and never parses a large list to its end.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .base import DatasetError
+
+LINE_SUFFIXES = (".jsonl", ".ndjson")
+CHUNK = 1 << 22  # bytes read at a time when streaming a list (grows for larger elements)
+_WHITESPACE = " \t\n\r"
+_NOTHING = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Element:
+    """One element of a JSON list (or one line of JSON Lines) and where its bytes are."""
+
+    index: int
+    value: Any
+    offset: int
+    length: int
+
+
+def _invalid_json(file: Path, exc: json.JSONDecodeError, line_base: int = 1, column_base: int = 1) -> DatasetError:
+    """The error at ``exc``'s place, for text that starts at ``line_base``:``column_base`` of the file."""
+    column = exc.colno + (column_base - 1 if exc.lineno == 1 else 0)
+    return DatasetError(file, f"line {line_base + exc.lineno - 1} column {column}", None, f"invalid JSON: {exc.msg}")
+
+
+def _unreadable(file: Path, exc: OSError) -> DatasetError:
+    return DatasetError(file, "file", None, f"cannot be read: {exc.strerror or exc}")
+
+
+def load_json(file: Path) -> Any:
+    """A whole JSON document."""
+    try:
+        with file.open("rb") as handle:
+            return json.load(handle)
+    except UnicodeDecodeError as exc:
+        raise DatasetError(file, f"byte {exc.start}", None, "not valid UTF-8") from exc
+    except json.JSONDecodeError as exc:
+        raise _invalid_json(file, exc) from exc
+    except RecursionError as exc:
+        raise DatasetError(file, "top level", None, "nested too deeply") from exc
+    except OSError as exc:
+        raise _unreadable(file, exc) from exc
+
+
+def json_lines(file: Path) -> Iterator[Element]:
+    """Each non-empty line of a JSON Lines file, streaming; ``index`` is the line number."""
+    offset = 0
+    try:
+        with file.open("rb") as handle:
+            for number, raw in enumerate(handle, start=1):
+                start, offset = offset, offset + len(raw)
+                try:
+                    line = raw.decode("utf-8").strip()
+                except UnicodeDecodeError as exc:
+                    raise DatasetError(file, f"line {number}", None, "not valid UTF-8") from exc
+                if not line:
+                    continue
+                try:
+                    value = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DatasetError(file, f"line {number}", None, f"invalid JSON: {exc.msg}") from exc
+                except RecursionError as exc:
+                    raise DatasetError(file, f"line {number}", None, "nested too deeply") from exc
+                yield Element(number, value, start, len(raw))
+    except OSError as exc:
+        raise _unreadable(file, exc) from exc
+
+
+def _incomplete(exc: json.JSONDecodeError, text: str) -> bool:
+    """Whether a decode error may only mean that the text stops early (more is to be read)."""
+    return exc.msg.startswith("Unterminated string") or exc.pos >= len(text) - 8
+
+
+def json_array(file: Path) -> Iterator[Element]:
+    """The elements of a top-level JSON list, parsed one at a time from a bounded buffer
+    (stdlib ``raw_decode``), each with its byte offset and length for a later :func:`read_at`."""
+    decoder = json.JSONDecoder()
+    utf8 = codecs.getincrementaldecoder("utf-8")()
+    try:
+        handle = file.open("rb")
+    except OSError as exc:
+        raise _unreadable(file, exc) from exc
+    with handle:
+        buf = ""  # decoded text not yet consumed, from byte ``base`` of the file
+        base = 0  # byte offset of buf[0]
+        line_base, column_base = 1, 1  # line and column of buf[0]
+        read_bytes = 0
+        eof = False
+        ascii_only = True
+
+        def fill(at_least: int) -> None:
+            nonlocal buf, eof, read_bytes, ascii_only
+            data = handle.read(max(CHUNK, at_least))
+            try:
+                text = utf8.decode(data, final=not data)
+            except UnicodeDecodeError as exc:
+                raise DatasetError(file, f"byte {read_bytes + exc.start}", None, "not valid UTF-8") from exc
+            read_bytes += len(data)
+            eof = not data
+            ascii_only = ascii_only and text.isascii()
+            buf += text
+
+        def advance(pos: int) -> None:  # drop buf[:pos]
+            nonlocal buf, base, line_base, column_base
+            dropped = buf[:pos]
+            base += len(dropped) if ascii_only or dropped.isascii() else len(dropped.encode("utf-8"))
+            newlines = dropped.count("\n")
+            line_base += newlines
+            column_base = len(dropped) - dropped.rfind("\n") if newlines else column_base + len(dropped)
+            buf = buf[pos:]
+
+        def skip_space() -> bool:  # False at the end of the file
+            while True:
+                stripped = buf.lstrip(_WHITESPACE)
+                if stripped:
+                    advance(len(buf) - len(stripped))
+                    return True
+                advance(len(buf))
+                if eof:
+                    return False
+                fill(0)
+
+        def where() -> str:
+            return f"line {line_base} column {column_base}"
+
+        try:
+            fill(0)
+            if buf.startswith("\ufeff"):
+                buf = buf[1:]
+                base = 3
+            if not skip_space() or buf[0] != "[":
+                raise DatasetError(file, "top level", None, "expected a JSON list")
+            advance(1)
+            index = 0
+            while True:
+                if not skip_space():
+                    raise DatasetError(file, where(), None, "invalid JSON: the list is not closed")
+                if buf[0] == "]":
+                    advance(1)
+                    if skip_space():
+                        raise DatasetError(file, where(), None, "invalid JSON: extra data after the list")
+                    return
+                if index:
+                    if buf[0] != ",":
+                        raise DatasetError(file, where(), None, "invalid JSON: expecting ',' delimiter")
+                    advance(1)
+                    if not skip_space():
+                        raise DatasetError(file, where(), None, "invalid JSON: the list is not closed")
+                while True:
+                    try:
+                        value, end = decoder.raw_decode(buf)
+                        if end == len(buf) and not eof and buf[0] not in "[{\"":
+                            raise json.JSONDecodeError("number may continue", buf, end)
+                        break
+                    except json.JSONDecodeError as exc:
+                        if eof or not _incomplete(exc, buf):
+                            raise _invalid_json(file, exc, line_base, column_base) from exc
+                        fill(len(buf))  # read at least as much again: geometric growth
+                element = buf[:end]
+                length = len(element) if ascii_only or element.isascii() else len(element.encode("utf-8"))
+                yield Element(index, value, base, length)
+                advance(end)
+                index += 1
+        except RecursionError as exc:
+            raise DatasetError(file, where(), None, "nested too deeply") from exc
+        except OSError as exc:
+            raise _unreadable(file, exc) from exc
+
+
+def read_at(file: Path, offset: int, length: int) -> Any:
+    """The JSON value stored at ``offset`` (``length`` bytes), e.g. one element of a list."""
+    try:
+        with file.open("rb") as handle:
+            handle.seek(offset)
+            data = handle.read(length)
+        return json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DatasetError(file, f"byte {offset}", None, "changed since it was indexed; open it again") from exc
+    except OSError as exc:
+        raise _unreadable(file, exc) from exc
+
+
+class Source:
+    """A dataset path: a file (JSON or JSON Lines) or a folder."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.is_dir = self.path.is_dir()
+        self.lines = not self.is_dir and self.path.suffix.lower() in LINE_SUFFIXES
+        self._document: Any = _NOTHING
+        self._first: Any = _NOTHING
+        self._top: str | None = None
+
+    def __repr__(self) -> str:
+        return f"Source({str(self.path)!r})"
+
+    def top(self) -> str:
+        """The first character of a JSON file past whitespace (``""`` when empty or a folder)."""
+        if self._top is None:
+            self._top = ""
+            if not self.is_dir:
+                try:
+                    with self.path.open("rb") as handle:
+                        while chunk := handle.read(65536):
+                            text = chunk.decode("utf-8", errors="replace").lstrip("\ufeff" + _WHITESPACE)
+                            if text:
+                                self._top = text[0]
+                                break
+                except OSError as exc:
+                    raise _unreadable(self.path, exc) from exc
+        return self._top
+
+    def document(self) -> Any:
+        """The whole JSON document, parsed once."""
+        if self._document is _NOTHING:
+            if self.is_dir:
+                raise DatasetError(self.path, "folder", None, "is a folder, not a JSON file")
+            self._document = load_json(self.path)
+        return self._document
+
+    def first(self) -> Any:
+        """What detection looks at: the first element of a list or JSON Lines file, else the
+        document. ``None`` for an empty list or file."""
+        if self._first is _NOTHING:
+            if self.is_dir:
+                self._first = None
+            elif self.lines:
+                self._first = next((e.value for e in json_lines(self.path)), None)
+            elif self._document is not _NOTHING or self.top() != "[":
+                document = self.document()
+                self._first = (document[0] if document else None) if isinstance(document, list) else document
+            else:
+                self._first = next((e.value for e in json_array(self.path)), None)
+        return self._first
+
+    def elements(self) -> Iterator[Element]:
+        """Every element, streaming: of a list, of JSON Lines; a single object is one element."""
+        if self.lines:
+            yield from json_lines(self.path)
+        elif self._document is not _NOTHING and isinstance(self._document, list):
+            for index, value in enumerate(self._document):
+                yield Element(index, value, -1, -1)
+        elif self.top() == "[":
+            yield from json_array(self.path)
+        else:
+            yield Element(0, self.document(), -1, -1)
