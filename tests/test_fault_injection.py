@@ -102,7 +102,8 @@ WORKER = textwrap.dedent('''
     with RunStore(db) as store:
         def progress(done, total, _):
             print(f"progress {done}", flush=True)
-        asyncio.run(replay(load_conversation(DEMO_DATASET), config, store, resume=resume, progress=progress))
+        asyncio.run(replay(load_conversation(DEMO_DATASET), config, store, resume=resume, progress=progress,
+                           flush_every=10))
     print("finished", flush=True)
 ''')
 
@@ -120,9 +121,9 @@ def test_sigkill_mid_run_then_resume(reference, tmp_path) -> None:
             break
     os.kill(worker.pid, signal.SIGKILL)
     worker.wait()
-    with RunStore(db) as store:  # the file opens; what was written is intact
+    with RunStore(db) as store:  # the file opens; what was written is intact; the dead run says so
         run = store.runs().iloc[0]
-        assert run.status == "running"
+        assert run.status == "interrupted" and "stopped after" in run.error and "--resume" in run.error
         kept = store.records(run.run_id)
         assert 0 < len(kept) < len(reference) and kept.record_id.is_unique
         steps = store.steps(run.run_id)

@@ -135,18 +135,24 @@ def test_a_version_1_store_is_upgraded_and_keeps_its_rows(tmp_path) -> None:
     con.execute(MIGRATIONS[0][2])
     con.execute("INSERT INTO omem_schema VALUES (1, 'initial', now())")
     con.execute("INSERT INTO model_calls (run_id, seq, stage, model) VALUES ('old', 0, 'reflect', 'm')")
+    con.execute("INSERT INTO runs (run_id, created_at, updated_at, dataset, conversation_id, config, status, "
+                "messages) VALUES ('old', now(), now(), 'd', 'c', '{}', 'running', 3)")
     con.close()
     with RunStore(path) as s:
-        assert s.schema_version() == 2
+        assert s.schema_version() == len(MIGRATIONS) == 3
         [row] = s.model_calls("old").to_dict("records")
         assert row["stage"] == "reflect" and row["attempts"] == 1 and row["trimmed"] == False  # noqa: E712
+        run = s.run("old")  # an old 'running' row names no owner: nothing says it died, so it stays
+        assert run["status"] == "running" and run["owner_pid"] is None
 
 
 def test_a_file_held_by_another_process_gets_a_clear_message(tmp_path) -> None:
     path = tmp_path / "held.duckdb"
     RunStore(path).close()
+    waits = []
     with held_by_another_process(path), pytest.raises(RunStoreLocked, match="open read-write in another process"):
-        RunStore(path)
+        RunStore(path, wait_s=0.5, on_wait=waits.append)
+    assert len(waits) == 1 and "waiting for" in waits[0]  # said once, while it waited
 
 
 def test_export_parquet(store: RunStore, tmp_path) -> None:

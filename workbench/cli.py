@@ -1,39 +1,46 @@
 """``python -m workbench``: replay, sweep, compare and export runs headless.
 
 Every command writes to (or reads) the same DuckDB file as the app, ``runs.duckdb`` by default
-(``--db`` or ``$OMEM_DB`` to move it).
+(``--db`` or ``$OMEM_DB`` to move it). The file is opened for each operation, so the app and the
+CLI take turns on it; a command that finds it busy waits (and says so).
+
+``--help``, ``runs`` and ``datasets`` never import litellm or Streamlit (seconds each): the
+modules that need them are imported inside the commands that use them.
 """
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-import pandas as pd
-
-from omem_core import OBSERVER_PROMPT, OFFLINE_MODEL, REFLECTOR_PROMPT, Prompt
-from omem_core.prompts import BUILTIN_PROMPTS
 
 from .catalog import DEMO_DATASET, ROOT, known_datasets
-from .datasets import FORMATS, DatasetError, load_conversation, load_dataset
-from .replay import TOKEN_COUNTERS, ReplayConfig, ReplayFailed, ReplayResult, replay, run_sweep
-from .runstore import RunStore, RunStoreError
+from .errors import WorkbenchError
+from .models import OFFLINE_MODEL
+
+if TYPE_CHECKING:
+    from omem_core import Prompt
+
+    from .replay import ReplayResult
+    from .runstore import RunStore
+
+FORMATS = ("omem", "locomo", "beam", "openai", "sharegpt", "memorybank")
+TOKEN_COUNTERS = ("heuristic", "o200k_base", "cl100k_base")
 
 DB_OPTION = click.option("--db", default=lambda: os.environ.get("OMEM_DB", "runs.duckdb"), show_default="runs.duckdb",
                          help="DuckDB run store (env OMEM_DB).")
 
 
 def _open_store(db: str) -> RunStore:
+    from .runstore import RunStore
+
     try:
-        return RunStore(db)
-    except RunStoreError as exc:
+        return RunStore(db, on_wait=lambda message: click.echo(message + "…", err=True))
+    except WorkbenchError as exc:
         raise click.ClickException(str(exc)) from exc
 
 
@@ -52,16 +59,17 @@ def _progress_printer(label: str, quiet: bool):
 
 
 def _fmt(value: Any, digits: int = 3) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
+    from .formatting import number
+
+    return number(value, digits)
 
 
 def _print_summary(result: ReplayResult) -> None:
     s = result.summary()
-    click.echo(f"run {s['run_id'] or '(not recorded)'}: {s['status']}")
+    state = s["status"]
+    if result.partial:
+        state += f" at step {s['steps']} of {s['planned_steps']} (figures below are partial: that prefix only)"
+    click.echo(f"run {s['run_id'] or '(not recorded)'}: {state}")
     click.echo(f"  messages {s['messages']}, reads {s['steps']}, observer calls {s['observer_calls']}, "
                f"reflector calls {s['reflector_calls']}, cache hits {s['cache_hits']}")
     click.echo(f"  full history {s['full_history_tokens']:,} tokens -> final context {s['final_context_tokens']:,} "
@@ -79,6 +87,9 @@ def _print_summary(result: ReplayResult) -> None:
 
 
 def _resolve_prompt(store: RunStore | None, name: str, version: str | None) -> Prompt:
+    from omem_core import OBSERVER_PROMPT, REFLECTOR_PROMPT
+    from omem_core.prompts import BUILTIN_PROMPTS
+
     builtin = {prompt.version: prompt for prompt in BUILTIN_PROMPTS[name]}
     if version is None:
         return builtin[(OBSERVER_PROMPT if name == "observer" else REFLECTOR_PROMPT).version]
@@ -121,10 +132,10 @@ def cli() -> None:
 @click.option("--token-counter", type=click.Choice(TOKEN_COUNTERS), default="heuristic", show_default=True)
 @click.option("--recall-on", type=click.Choice(["assistant", "every"]), default="assistant", show_default=True,
               help="Read memory before each assistant message, or before every message.")
-@click.option("--observer-prompt", help=f"Observer prompt version: built in ({', '.join(p.version for p in BUILTIN_PROMPTS['observer'])}) "
-              f"or saved (default {OBSERVER_PROMPT.version}).")
-@click.option("--reflector-prompt", help=f"Reflector prompt version: built in ({', '.join(p.version for p in BUILTIN_PROMPTS['reflector'])}) "
-              f"or saved (default {REFLECTOR_PROMPT.version}).")
+@click.option("--observer-prompt", help="Observer prompt version: a built-in one (v1, v2) or one saved in the "
+              "app (default: the newest built-in).")
+@click.option("--reflector-prompt", help="Reflector prompt version: a built-in one (v1, v2) or one saved in the "
+              "app (default: the newest built-in).")
 @click.option("--timeout", type=float, help="Seconds allowed to each compaction call.")
 @click.option("--no-cache", is_flag=True, help="Do not serve repeated model calls from litellm's cache.")
 @click.option("--answerer", help="LLM-judged retention: model that answers probes.")
@@ -140,15 +151,17 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
                    timeout: float | None, no_cache: bool, answerer: str | None, judge: str | None, yes: bool,
                    resume: str | None, label: str | None, as_json: bool, db: str) -> None:
     """Replay one conversation and record every step."""
+    import asyncio
+
+    from .datasets import DatasetError, load_conversation
+    from .replay import ConfigurationError, ReplayConfig, ReplayFailed, replay
+
     if bool(answerer) != bool(judge):
         raise click.UsageError("--answerer and --judge go together")
     store = _open_store(db)
     try:
         if resume:
-            try:
-                run = store.run(resume)
-            except KeyError as exc:
-                raise click.ClickException(str(exc)) from exc
+            run = store.run(resume)
             conv = load_conversation(run["dataset"], run["conversation_id"], run["dataset_format"])
             config = ReplayConfig.from_json(run["config"])
         else:
@@ -165,12 +178,18 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
         try:
             result = asyncio.run(replay(conv, config, store, resume=resume, label=label,
                                         progress=_progress_printer(f"replay {conv.id}", as_json)))
-        except ReplayFailed as exc:
-            click.echo(f"error: {exc}", err=True)
-            click.echo(f"the run {exc.result.run_id} kept {exc.result.steps} recorded steps; "
-                       f"resume with: python -m workbench replay --resume {exc.result.run_id}", err=True)
+        except ConfigurationError as exc:
             if as_json:
-                click.echo(json.dumps(exc.result.summary()))
+                click.echo(json.dumps({"run_id": exc.run_id, "status": "failed", "error": str(exc)}))
+            raise click.ClickException(str(exc) + (f" (recorded as failed run {exc.run_id})" if exc.run_id else ""))
+        except ReplayFailed as exc:
+            partial = exc.result
+            click.echo(f"error: {exc}", err=True)
+            click.echo(f"the run {partial.run_id} failed at step {partial.steps} of {partial.planned_steps} and "
+                       f"kept its recorded steps; resume with: python -m workbench replay --resume {partial.run_id}",
+                       err=True)
+            if as_json:
+                click.echo(json.dumps(partial.summary()))
             sys.exit(1)
         except KeyboardInterrupt:
             click.echo("\ninterrupted: what was recorded is kept; resume with --resume", err=True)
@@ -180,13 +199,15 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
         if as_json:
             click.echo(json.dumps(result.summary()))
         else:
-            _print_summary(result)
+            import pandas as pd
+
             from .analysis import findings
 
+            _print_summary(result)
             calls = store.model_calls(result.run_id) if result.run_id else None
             for note in findings(pd.DataFrame(result.step_rows), config.observation_threshold, calls):
                 click.echo(f"  note: {note}")
-    except (DatasetError, ValueError) as exc:
+    except (WorkbenchError, DatasetError) as exc:
         raise click.ClickException(str(exc)) from exc
     finally:
         store.close()
@@ -201,6 +222,8 @@ def _run_judge(store, result, conv, config, answerer, judge, yes, quiet) -> None
     click.echo(f"LLM-judged retention: {estimate.describe()}", err=True)
     if not yes and not click.confirm("Run it?", default=True, err=True):
         return
+    import asyncio
+
     rows = asyncio.run(judging.judge_probes(conv.probes, context, answerer=answerer, judge=judge))
     store.replace_probes(result.run_id, rows, ["llm_judge"])
     scores = [r["score"] for r in rows]
@@ -219,15 +242,26 @@ def _run_judge(store, result, conv, config, answerer, judge, yes, quiet) -> None
 @click.option("--observation-threshold", "observation", default="500,1000,2000", callback=_csv(int), show_default=True)
 @click.option("--reflection-threshold", "reflection", default="1000,2000,4000", callback=_csv(int), show_default=True)
 @click.option("--last-messages", "windows", default="10", callback=_csv(int), show_default=True)
-@click.option("--observer-prompt", "observer_prompts", default=OBSERVER_PROMPT.version, callback=_csv(str), show_default=True)
-@click.option("--reflector-prompt", "reflector_prompts", default=REFLECTOR_PROMPT.version, callback=_csv(str), show_default=True)
+@click.option("--observer-prompt", "observer_prompts", default=None, callback=_csv(str),
+              help="Comma-separated prompt versions (default: the newest built-in).")
+@click.option("--reflector-prompt", "reflector_prompts", default=None, callback=_csv(str),
+              help="Comma-separated prompt versions (default: the newest built-in).")
 @click.option("--token-counter", type=click.Choice(TOKEN_COUNTERS), default="heuristic", show_default=True)
 @click.option("--concurrency", type=click.IntRange(1, 64), default=4, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 @DB_OPTION
 def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflection, windows, observer_prompts,
           reflector_prompts, token_counter, concurrency, as_json, db) -> None:
-    """Replay a grid of configurations (bounded concurrency) into one run store."""
+    """Replay a grid of configurations (bounded concurrency) into one run store.
+
+    A configuration that fails (an unknown model, a missing key, a model error) is listed with
+    its error; the others still run."""
+    import asyncio
+    import itertools
+
+    from .datasets import DatasetError, load_conversation
+    from .replay import ReplayConfig, ReplayResult, run_sweep
+
     store = _open_store(db)
     try:
         conv = load_conversation(dataset, conversation, fmt)
@@ -237,30 +271,44 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
                          observer_prompt=_resolve_prompt(store, "observer", op),
                          reflector_prompt=_resolve_prompt(store, "reflector", rp))
             for o, r, ot, rt, w, op, rp in itertools.product(observers, reflectors, observation, reflection, windows,
-                                                             observer_prompts, reflector_prompts)
+                                                             observer_prompts or [None], reflector_prompts or [None])
         ]
+
         def report(finished: int, total: int, config: ReplayConfig, result: ReplayResult) -> None:
-            if not as_json:
-                click.echo(f"[{finished}/{total}] {result.run_id} {config.label()}: {result.status}, "
-                           f"compression {_fmt(result.compression, 1)}x, retention "
-                           f"{_fmt(result.retention.retention if result.retention else None)}", err=True)
+            if as_json:
+                return
+            if result.status == "completed":
+                figures = (f"compression {_fmt(result.compression, 1)}x, retention "
+                           f"{_fmt(result.retention.retention if result.retention else None)}")
+            else:
+                figures = f"failed at step {result.steps}: {result.error}"
+            click.echo(f"[{finished}/{total}] {result.run_id or '-'} {config.label()}: {figures}", err=True)
 
         results = asyncio.run(run_sweep(conv, grid, store, concurrency, on_done=report))
-        table = [r.summary() for r in results]
+        table = [{**r.summary(), "config": config.label()} for config, r in zip(grid, results)]
         if as_json:
             click.echo(json.dumps({"runs": table}))
         else:
             click.echo(f"{'run_id':<24} {'compr':>7} {'retention':>9} {'status':>10}  configuration")
-            for config, row in zip(grid, table):
-                click.echo(f"{row['run_id'] or '-':<24} {_fmt(row['compression'], 1):>7} "
+            for config, result in zip(grid, results):
+                row = result.summary()
+                done = result.status == "completed"
+                click.echo(f"{row['run_id'] or '-':<24} {_fmt(row['compression'] if done else None, 1):>7} "
                            f"{_fmt(row.get('retention')):>9} {row['status']:>10}  {config.label()}")
-    except (DatasetError, ValueError) as exc:
+            failed = [(c, r) for c, r in zip(grid, results) if r.status != "completed"]
+            for config, result in failed:
+                click.echo(f"failed: {config.label()}: {result.error}", err=True)
+            if failed:
+                click.echo(f"{len(failed)} of {len(grid)} configurations failed", err=True)
+    except (WorkbenchError, DatasetError) as exc:
         raise click.ClickException(str(exc)) from exc
     except KeyboardInterrupt:
         click.echo("\ninterrupted: finished runs are kept", err=True)
         sys.exit(130)
     finally:
         store.close()
+    if any(r.status != "completed" for r in results):
+        sys.exit(1)
 
 
 @cli.command()
@@ -270,20 +318,18 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
 @DB_OPTION
 def compare(run_a: str, run_b: str, as_json: bool, db: str) -> None:
     """Two runs side by side: calls, tokens, cost, compression, retention per category."""
-    from .analysis import compare_runs
+    from .analysis import compare_runs, display
 
     store = _open_store(db)
     try:
         table = compare_runs(store, run_a, run_b)
-    except KeyError as exc:
-        raise click.ClickException(str(exc.args[0])) from exc
+    except WorkbenchError as exc:
+        raise click.ClickException(str(exc)) from exc
     finally:
         store.close()
     if as_json:
         click.echo(table.to_json(orient="columns"))
     else:
-        from .analysis import display
-
         click.echo(table.map(display).to_string())
 
 
@@ -292,9 +338,13 @@ def compare(run_a: str, run_b: str, as_json: bool, db: str) -> None:
 @DB_OPTION
 def runs_command(as_json: bool, db: str) -> None:
     """List the recorded runs, newest first."""
+    from .formatting import runs_table
+
     store = _open_store(db)
     try:
         frame = store.runs()
+    except WorkbenchError as exc:
+        raise click.ClickException(str(exc)) from exc
     finally:
         store.close()
     columns = ["run_id", "status", "conversation_id", "messages", "steps", "compression", "retention", "label"]
@@ -303,7 +353,7 @@ def runs_command(as_json: bool, db: str) -> None:
     elif frame.empty:
         click.echo(f"no runs in {db}")
     else:
-        click.echo(frame[columns].to_string(index=False))
+        click.echo(runs_table(frame[[*columns, "planned_steps"]]).to_string(index=False))
 
 
 @cli.command()
@@ -315,8 +365,8 @@ def export(run_id: str, folder: Path, db: str) -> None:
     store = _open_store(db)
     try:
         written = store.export_parquet(run_id, folder)
-    except KeyError as exc:
-        raise click.ClickException(str(exc.args[0])) from exc
+    except WorkbenchError as exc:
+        raise click.ClickException(str(exc)) from exc
     finally:
         store.close()
     for path in written:
@@ -326,6 +376,8 @@ def export(run_id: str, folder: Path, db: str) -> None:
 @cli.command()
 def datasets() -> None:
     """List the datasets the workbench knows (project and ../shared)."""
+    from .datasets import DatasetError, load_dataset
+
     for entry in known_datasets():
         try:
             conversations = load_dataset(entry.path, entry.format)
@@ -339,12 +391,16 @@ def datasets() -> None:
 @click.option("--port", type=int, default=8501, show_default=True)
 @click.option("--headless", is_flag=True, help="Do not open a browser.")
 def app(port: int, headless: bool) -> None:
-    """Open the Streamlit workbench."""
+    """Open the Streamlit workbench (this process becomes the Streamlit server)."""
     command = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
                "--browser.gatherUsageStats", "false"]
     if headless:
         command += ["--server.headless", "true"]
-    raise SystemExit(subprocess.call(command))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # exec, not a child: a signal to this process reaches the server itself, so stopping it
+    # never leaves an orphan holding the port and the run store.
+    os.execv(sys.executable, command)
 
 
 def main() -> None:

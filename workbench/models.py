@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from omem_core import OFFLINE_MODEL
+OFFLINE_MODEL = "omem/extractive"  # omem_core.OFFLINE_MODEL, without importing litellm for it
+# Providers whose only "missing key" is a server address with a local default: not a reason to refuse.
+_LOCAL_DEFAULTS = {"OLLAMA_API_BASE", "LM_STUDIO_API_BASE", "HOSTED_VLLM_API_BASE"}
 
 # A few common choices per provider; any litellm model string can also be typed in the app.
 SUGGESTED = [
@@ -27,19 +29,42 @@ class ModelStatus:
 
 
 def model_status(model: str) -> ModelStatus:
-    """Whether ``model`` can be called from this environment (keys present), without calling it."""
-    if model.startswith("omem/"):
-        return ModelStatus(model, True, "built-in offline model, no key needed")
+    """Whether ``model`` can be called from this environment, without calling it: litellm must
+    know which provider serves it, and that provider's keys must be in the environment."""
+    model = (model or "").strip()
+    if not model:
+        return ModelStatus(model, False, "no model given")
+    import omem_core  # noqa: F401  (registers the offline provider before litellm is asked)
+    from omem_core.extractive.provider import MODELS, PROVIDER
+
+    if model.startswith(f"{PROVIDER}/"):
+        if model.split("/", 1)[1] in MODELS:
+            return ModelStatus(model, True, "built-in offline model, no key needed")
+        return ModelStatus(model, False, "unknown offline model; the built-in one is " + OFFLINE_MODEL)
     import litellm
 
     try:
+        litellm.get_llm_provider(model)
+    except Exception:
+        return ModelStatus(model, False, "litellm does not know which provider serves it (write it as "
+                                         "provider/model, e.g. openai/" + model.split("/")[-1] + ")")
+    try:
         checked = litellm.validate_environment(model=model)
-    except Exception as exc:  # unknown provider
-        return ModelStatus(model, False, f"litellm cannot route it: {exc}")
-    missing = checked.get("missing_keys") or []
+    except Exception as exc:
+        return ModelStatus(model, False, f"litellm cannot check it: {type(exc).__name__}: {exc}")
+    missing = [key for key in checked.get("missing_keys") or [] if key not in _LOCAL_DEFAULTS]
     if missing:
-        return ModelStatus(model, False, "missing " + ", ".join(missing))
+        return ModelStatus(model, False, "missing " + ", ".join(missing) + " in the environment")
     return ModelStatus(model, True, "keys found in the environment")
+
+
+def unusable_models(models: list[str | None]) -> list[ModelStatus]:
+    """The statuses of the models in ``models`` (``None`` skipped) that cannot be called here."""
+    seen: dict[str, ModelStatus] = {}
+    for model in models:
+        if model is not None and model not in seen:
+            seen[model] = model_status(model)
+    return [status for status in seen.values() if not status.usable]
 
 
 def usable_models() -> list[str]:

@@ -3,9 +3,10 @@
 Each message is saved in order; before each assistant message (or every message, with
 ``recall_on="every"``) the replay makes the cursorless recall an agent would make, then records
 the thread's state through the library's public ``inspect`` and event callback, never by patching
-it. With a :class:`~workbench.runstore.RunStore` everything lands in DuckDB; the run's records
-live in the run store itself (its ``ObservationStore``), so an interrupted run keeps what it
-recorded and :func:`replay` with ``resume=RUN_ID`` continues from the last recorded step.
+it. With a :class:`~workbench.runstore.RunStore` everything lands in DuckDB through a
+:class:`~workbench.recorder.RunRecorder` (the run's records are its ``ObservationStore``), so an
+interrupted run keeps what it recorded and :func:`replay` with ``resume=RUN_ID`` continues from
+the last recorded step.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from omem_core import (
@@ -21,18 +23,17 @@ from omem_core import (
     OFFLINE_MODEL,
     REFLECTOR_PROMPT,
     CompactionError,
-    CompactionEvent,
     InMemoryMemoryStore,
     Memory,
     Message,
     Prompt,
-    create_in_memory_observation_store,
     create_observational_memory_store,
     token_counter,
 )
 
-from .cache import enable_litellm_cache
+from .cache import completion_kwargs, enable_litellm_cache, prepare_cache
 from .datasets import Conversation
+from .errors import ConfigurationError, WorkbenchError
 from .retention import (
     METHODS,
     RetentionSummary,
@@ -42,7 +43,8 @@ from .retention import (
     render_context,
     summarise,
 )
-from .runstore import RunObservationStore, RunStore
+from .recorder import NullRecorder, RunRecorder
+from .runstore import RunStore
 
 TOKEN_COUNTERS = ("heuristic", "o200k_base", "cl100k_base")
 Progress = Callable[[int, int, str], None]
@@ -68,11 +70,12 @@ class ReplayConfig:
         for name in ("observation_threshold", "reflection_threshold", "last_messages"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+                raise ConfigurationError(f"{name} must be a positive integer, got {value!r}")
         if self.token_counter not in TOKEN_COUNTERS:
-            raise ValueError(f"token_counter must be one of {', '.join(TOKEN_COUNTERS)}, got {self.token_counter!r}")
+            raise ConfigurationError(
+                f"token_counter must be one of {', '.join(TOKEN_COUNTERS)}, got {self.token_counter!r}")
         if self.recall_on not in ("assistant", "every"):
-            raise ValueError(f"recall_on must be 'assistant' or 'every', got {self.recall_on!r}")
+            raise ConfigurationError(f"recall_on must be 'assistant' or 'every', got {self.recall_on!r}")
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -101,7 +104,7 @@ class ReplayConfig:
 @dataclass
 class ReplayResult:
     run_id: str | None
-    status: str
+    status: str  # completed | failed | interrupted
     messages: int
     steps: int
     observer_calls: int
@@ -114,13 +117,27 @@ class ReplayResult:
     cost_usd: float | None
     elapsed_s: float
     error: str | None = None
+    planned_steps: int | None = None
     step_rows: list[dict[str, Any]] = field(default_factory=list, repr=False)
     context: list[Message] = field(default_factory=list, repr=False)  # what the agent sees at the end
 
+    @property
+    def partial(self) -> bool:
+        """The figures describe the prefix replayed before a failure or an interruption."""
+        return self.status != "completed"
+
+    @classmethod
+    def rejected(cls, run_id: str | None, conversation: Conversation, error: str) -> ReplayResult:
+        """A run refused before its first step (see :class:`ConfigurationError`)."""
+        return cls(run_id=run_id, status="failed", messages=len(conversation.turns), steps=0, observer_calls=0,
+                   reflector_calls=0, cache_hits=0, full_history_tokens=0, final_context_tokens=0,
+                   compression=None, retention=None, cost_usd=None, elapsed_s=0.0, error=error)
+
     def summary(self) -> dict[str, Any]:
-        """The figures the CLI prints with ``--json``."""
+        """The figures the CLI prints with ``--json`` (for a resumed run: the whole run)."""
         out: dict[str, Any] = {
             "run_id": self.run_id, "status": self.status, "messages": self.messages, "steps": self.steps,
+            "planned_steps": self.planned_steps, "partial": self.partial,
             "observer_calls": self.observer_calls, "reflector_calls": self.reflector_calls,
             "cache_hits": self.cache_hits, "full_history_tokens": self.full_history_tokens,
             "final_context_tokens": self.final_context_tokens, "compression": self.compression,
@@ -139,19 +156,82 @@ class ReplayResult:
         return out
 
 
-class ReplayFailed(RuntimeError):
+class ReplayFailed(WorkbenchError):
+    """A compaction call failed (or the replay was stopped by an error) mid-run; ``result`` holds
+    the partial figures and the run stays resumable."""
+
     def __init__(self, result: ReplayResult) -> None:
         self.result = result
         super().__init__(result.error)
 
 
-def _conversation_rows(conversation: Conversation, count: Callable[[list[str]], list[int]]) -> list[dict[str, Any]]:
-    counts = count([t.content for t in conversation.turns])
+def _conversation_rows(conversation: Conversation, counts: list[int]) -> list[dict[str, Any]]:
     return [
         {"idx": i, "message_id": t.id, "role": t.role, "speaker": t.speaker, "content": t.content,
          "created_at": t.created_at, "tokens": n}
         for i, (t, n) in enumerate(zip(conversation.turns, counts))
     ]
+
+
+def planned_reads(conversation: Conversation, config: ReplayConfig) -> int:
+    """How many memory reads the whole replay makes (one per step)."""
+    if config.recall_on == "every":
+        return len(conversation.turns)
+    return sum(1 for t in conversation.turns if t.role == "assistant")
+
+
+def configuration_problem(config: ReplayConfig) -> str | None:
+    """Why ``config`` cannot run here (unknown model, missing provider key), or ``None``.
+
+    Asked of litellm without calling any model, so a replay is refused in a second."""
+    from .models import unusable_models
+
+    bad = unusable_models([config.observer, config.reflector])
+    if not bad:
+        return None
+    return "; ".join(f"{s.model}: {s.reason}" for s in bad)
+
+
+def _start(conversation: Conversation, config: ReplayConfig, store: RunStore | None, resume: str | None,
+           label: str | None, counts: list[int], flush_every: int) -> tuple[ReplayConfig, Any, int]:
+    """The run's recorder and the message index to continue from, after checking the config."""
+    if resume is not None:
+        if store is None:
+            raise ValueError("resume needs the run store that holds the run")
+        run = store.run(resume)
+        if run["conversation_id"] != conversation.id:
+            raise ValueError(f"run {resume} replayed conversation {run['conversation_id']!r}, not {conversation.id!r}")
+        config = ReplayConfig.from_json(run["config"])
+    problem = configuration_problem(config)
+    if problem is not None:
+        run_id = resume
+        if store is not None and resume is None:
+            run_id = store.create_run(
+                dataset=conversation.source, dataset_format=conversation.format, conversation_id=conversation.id,
+                config=config.to_json(), messages=_conversation_rows(conversation, counts),
+                label=label or config.label(), planned_steps=planned_reads(conversation, config),
+                status="failed", error=problem)
+        elif store is not None and resume is not None:
+            store.set_status(resume, "failed", problem)
+        raise ConfigurationError(f"cannot replay: {problem}", run_id)
+    if store is None:
+        return config, NullRecorder(), 0
+    if resume is None:
+        run_id = store.create_run(
+            dataset=conversation.source, dataset_format=conversation.format, conversation_id=conversation.id,
+            config=config.to_json(), messages=_conversation_rows(conversation, counts),
+            label=label or config.label(), planned_steps=planned_reads(conversation, config))
+        return config, RunRecorder(store, run_id, token_counter(config.token_counter), flush_every=flush_every), 0
+    steps = store.steps(resume)
+    step, start_index = 0, 0
+    if not steps.empty:
+        step = int(steps.step.iloc[-1]) + 1
+        start_index = int(steps.message_index.iloc[-1]) + 1
+    # Records and calls newer than the last recorded step (a crash between writes) are recomputed.
+    store.discard_after(resume, step - 1)
+    store.claim_run(resume)
+    recorder = RunRecorder(store, resume, token_counter(config.token_counter), flush_every=flush_every, step=step)
+    return config, recorder, start_index
 
 
 async def replay(
@@ -163,98 +243,59 @@ async def replay(
     progress: Progress | None = None,
     label: str | None = None,
     flush_every: int = 100,
+    cache_dir: str | Path | None = None,
 ) -> ReplayResult:
     """Replay ``conversation`` under ``config``; record into ``store`` when given.
 
-    Raises :class:`ReplayFailed` (carrying the partial result) when a compaction call fails;
-    the run is then marked ``failed`` with the error and can be resumed.
+    Before anything runs, the models are checked with litellm (a known provider, its keys in the
+    environment) and the cache folder (``cache_dir``, default ``$OMEM_CACHE_DIR`` or
+    ``~/.cache/omem``) must be writable: otherwise :class:`ConfigurationError` (the run, when
+    recorded, is marked ``failed``). A compaction call that fails mid-run raises
+    :class:`ReplayFailed` carrying the partial result (run ``failed``, resumable); a cancellation
+    or Ctrl-C marks the run ``interrupted`` and propagates. No run is ever left ``running``.
     """
     started = time.perf_counter()
     count = token_counter(config.token_counter)
-    if config.cache:
-        enable_litellm_cache()
-    thread = conversation.id
     turns = conversation.turns
-    index_of = {t.id: i for i, t in enumerate(turns)}
-
-    run_id: str | None = None
-    start_index, step = 0, 0
-    if store is not None and resume is not None:
-        run = store.run(resume)
-        if run["conversation_id"] != conversation.id:
-            raise ValueError(f"run {resume} replayed conversation {run['conversation_id']!r}, not {conversation.id!r}")
-        config = ReplayConfig.from_json(run["config"])
-        count = token_counter(config.token_counter)
-        run_id = resume
-        steps = store.steps(run_id)
-        if not steps.empty:
-            last = steps.iloc[-1]
-            step = int(last["step"]) + 1
-            start_index = int(last["message_index"]) + 1
-        # A hard kill can leave records newer than the last recorded step: recompute them (with
-        # the litellm cache on, the repeated calls cost nothing).
-        store.discard_after(run_id, step - 1)
-        store.set_status(run_id, "running")
-    elif store is not None:
-        run_id = store.create_run(
-            dataset=conversation.source, dataset_format=conversation.format, conversation_id=conversation.id,
-            config=config.to_json(), messages=_conversation_rows(conversation, count),
-            label=label or config.label())
-
-    observations = (RunObservationStore(store, run_id, count_tokens=count) if store is not None and run_id
-                    else create_in_memory_observation_store())
-    events: list[CompactionEvent] = []
-    pending_calls: list[dict[str, Any]] = []
-
-    def on_event(event: CompactionEvent) -> None:
-        events.append(event)
-        if store is not None and run_id is not None:
-            pending_calls.append({
-                "step": step, "stage": event.stage, "model": event.model,
-                "prompt_version": event.prompt_version, "prompt_sha256": event.prompt_sha256,
-                "source_count": len(event.source_ids), "volume_before": event.volume_before,
-                "volume_after": event.volume_after, "input_tokens": event.tokens_in,
-                "output_tokens": event.tokens_out, "latency_ms": event.latency_ms, "cost_usd": event.cost_usd,
-                "cache_hit": event.cache_hit, "error": event.error,
-                "record_id": event.record.id if event.record else None,
-                "attempts": event.attempts, "trimmed": event.trimmed,
-            })
-
-    wrapper = create_observational_memory_store(
-        InMemoryMemoryStore(), observer=config.observer, reflector=config.reflector,
-        thresholds={"observation": config.observation_threshold, "reflection": config.reflection_threshold},
-        count_tokens=count, observations=observations, observer_prompt=config.observer_prompt,
-        reflector_prompt=config.reflector_prompt, timeout=config.timeout, on_event=on_event,
-        completion_kwargs={"caching": True, "cache": {"use-cache": True}} if config.cache else None,
-    )
-    memory = Memory(wrapper, last_messages=config.last_messages)
     message_tokens = count([t.content for t in turns]) if turns else []
+    config, recorder, start_index = _start(conversation, config, store, resume, label, message_tokens, flush_every)
+    count = token_counter(config.token_counter)
+    try:
+        completion = None
+        if config.cache:
+            path = prepare_cache(cache_dir)
+            if enable_litellm_cache():
+                completion = completion_kwargs(path)
+        thread = conversation.id
+        index_of = {t.id: i for i, t in enumerate(turns)}
+        wrapper = create_observational_memory_store(
+            InMemoryMemoryStore(), observer=config.observer, reflector=config.reflector,
+            thresholds={"observation": config.observation_threshold, "reflection": config.reflection_threshold},
+            count_tokens=count, observations=recorder.observations, observer_prompt=config.observer_prompt,
+            reflector_prompt=config.reflector_prompt, timeout=config.timeout, on_event=recorder.on_event,
+            completion_kwargs=completion,
+        )
+        memory = Memory(wrapper, last_messages=config.last_messages)
+    except BaseException as exc:
+        if recorder.run_id is not None and store is not None:
+            store.set_status(recorder.run_id, "failed", f"{type(exc).__name__}: {exc}")
+        raise
     history = sum(message_tokens[:start_index])
     if start_index:
         await memory.save_messages([t.to_message(thread) for t in turns[:start_index]])
 
-    pending: list[dict[str, Any]] = []
-    all_rows: list[dict[str, Any]] = []
-
-    def flush() -> None:
-        """Write buffered step rows and model calls in one transaction (records are already saved)."""
-        if store is not None and run_id is not None and (pending or pending_calls):
-            store.add_steps(run_id, pending, pending_calls)
-        pending.clear()
-        pending_calls.clear()
-
+    rows: list[dict[str, Any]] = []
     status, error = "completed", None
     total = len(turns)
     try:
         for i in range(start_index, total):
             turn = turns[i]
             if config.recall_on == "every" or turn.role == "assistant":
-                before = len(events)
-                if isinstance(observations, RunObservationStore):
-                    observations.step = step
+                step = recorder.step
+                before = len(recorder.events)
                 await memory.recall(thread)
                 state = await wrapper.inspect(thread, last=config.last_messages)
-                fired = [e for e in events[before:] if e.record is not None]
+                fired = [e for e in recorder.events[before:] if e.record is not None]
                 reflection_tokens = count([state.reflection.text])[0] if state.reflection else 0
                 row = {
                     "step": step, "message_index": i, "message_id": turn.id, "history_tokens": history,
@@ -268,74 +309,84 @@ async def replay(
                     "cursor_index": index_of.get(state.cursor, -1) if state.cursor else -1,
                     "records": len(state.records),
                 }
-                pending.append(row)
-                all_rows.append(row)
-                step += 1
-                if len(pending) >= flush_every:
-                    flush()
+                rows.append(row)
+                recorder.record_step(row)
             await memory.save_messages([turn.to_message(thread)])
             history += message_tokens[i]
             if progress is not None:
                 progress(i + 1, total, f"message {i + 1}/{total}")
     except CompactionError as exc:
         status, error = "failed", str(exc)
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        flush()
-        if store is not None and run_id is not None:
-            store.set_status(run_id, "interrupted", "stopped by the user; resume with --resume " + run_id)
+    except Exception as exc:  # a bug or an environment problem: the run says so, then it propagates
+        _finish_quietly(recorder, "failed", f"{type(exc).__name__}: {exc}")
         raise
-    flush()
+    except BaseException:  # Ctrl-C, a cancelled task, Streamlit stopping the script
+        _finish_quietly(recorder, "interrupted", "stopped before the end; resume with: "
+                                                 f"python -m workbench replay --resume {recorder.run_id}")
+        raise
 
-    result = await _finish(conversation, config, store, run_id, wrapper, memory, count, events,
-                           status, error, started, all_rows, step)
+    try:
+        result = await _finish(conversation, config, recorder, wrapper, count, status, error, started, rows,
+                               history, planned_reads(conversation, config))
+    except BaseException as exc:
+        _finish_quietly(recorder, "failed", f"{type(exc).__name__}: {exc}")
+        raise
     if status == "failed":
         raise ReplayFailed(result)
     return result
 
 
-async def _finish(conversation, config, store, run_id, wrapper, memory, count, events, status, error,
-                  started, rows, steps) -> ReplayResult:
+def _finish_quietly(recorder: Any, status: str, error: str) -> None:
+    """Record a run's end after an error without hiding that error."""
+    try:
+        recorder.finish(status, error, {})
+    except Exception:  # noqa: BLE001  (the original error is what the caller must see)
+        pass
+
+
+async def _finish(conversation, config, recorder, wrapper, count, status, error, started, rows, history,
+                  planned) -> ReplayResult:
+    """The run's figures, computed once from what was recorded (a resumed run's earlier steps and
+    calls included); for a failed run they describe the prefix replayed (``partial``)."""
     thread = conversation.id
-    full_history = sum(count([t.content for t in conversation.turns])) if conversation.turns else 0
+    completed = status == "completed"
     state = await wrapper.inspect(thread, last=config.last_messages)
     final_context = state.memory_volume + state.window_volume
+    full_history = (sum(count([t.content for t in conversation.turns])) if conversation.turns else 0) \
+        if completed else history
     retention = None
-    if status == "completed":
+    if completed:
         retention = score_retention(conversation, state.context, list(state.window), final_context, count,
-                                    store, run_id)
-    observer_calls = sum(1 for e in events if e.stage == "observe")
-    reflector_calls = sum(1 for e in events if e.stage == "reflect")
-    cache_hits = sum(1 for e in events if e.cache_hit)
-    costs = [e.cost_usd for e in events if e.cost_usd is not None]
+                                    recorder)
+    recorder.flush()
+    calls = recorder.recorded_calls()
+    costs = [c["cost_usd"] for c in calls if c.get("cost_usd") is not None and c["cost_usd"] == c["cost_usd"]]
     result = ReplayResult(
-        run_id=run_id, status=status, messages=len(conversation.turns), steps=steps,
-        observer_calls=observer_calls, reflector_calls=reflector_calls, cache_hits=cache_hits,
+        run_id=recorder.run_id, status=status, messages=len(conversation.turns), steps=recorder.step,
+        observer_calls=sum(1 for c in calls if c["stage"] == "observe"),
+        reflector_calls=sum(1 for c in calls if c["stage"] == "reflect"),
+        cache_hits=sum(1 for c in calls if c.get("cache_hit") is True),
         full_history_tokens=full_history, final_context_tokens=final_context,
         compression=(full_history / final_context) if final_context else None,
         retention=retention, cost_usd=sum(costs) if costs else None,
-        elapsed_s=time.perf_counter() - started, error=error, step_rows=rows, context=state.context,
+        elapsed_s=time.perf_counter() - started, error=error, planned_steps=planned, step_rows=rows,
+        context=state.context,
     )
-    if store is not None and run_id is not None:
-        figures: dict[str, Any] = {
-            "full_history_tokens": full_history, "final_context_tokens": final_context,
-            "compression": result.compression, "elapsed_s": result.elapsed_s,
-        }
-        calls = store.model_calls(run_id)
-        if not calls.empty:
-            figures.update(observer_calls=int((calls.stage == "observe").sum()),
-                           reflector_calls=int((calls.stage == "reflect").sum()),
-                           cache_hits=int(calls.cache_hit.fillna(False).sum()),
-                           cost_usd=float(calls.cost_usd.dropna().sum()) if calls.cost_usd.notna().any() else None)
-        if retention is not None and retention.scored:
-            figures.update(retention=retention.retention, retention_full_history=retention.full_history,
-                           retention_window_only=retention.window_only, retention_recent=retention.recent_tokens)
-        store.update_run(run_id, **figures)
-        store.set_status(run_id, status, error)
+    figures: dict[str, Any] = {
+        "full_history_tokens": full_history, "final_context_tokens": final_context,
+        "compression": result.compression, "elapsed_s": result.elapsed_s,
+        "observer_calls": result.observer_calls, "reflector_calls": result.reflector_calls,
+        "cache_hits": result.cache_hits, "cost_usd": result.cost_usd,
+    }
+    if retention is not None and retention.scored:
+        figures.update(retention=retention.retention, retention_full_history=retention.full_history,
+                       retention_window_only=retention.window_only, retention_recent=retention.recent_tokens)
+    recorder.finish(status, error, figures)
     return result
 
 
 def score_retention(conversation: Conversation, context, window, budget: int, count,
-                    store: RunStore | None = None, run_id: str | None = None) -> RetentionSummary:
+                    recorder: Any = None) -> RetentionSummary:
     """Score every probe against the final context and the three baselines; store the rows."""
     history = [t.to_message(conversation.id) for t in conversation.turns]
     visible = {
@@ -354,10 +405,11 @@ def score_retention(conversation: Conversation, context, window, budget: int, co
                 "evidence_in_window": bool(probe.evidence) and all(e in window_ids for e in probe.evidence),
                 "score": probe_score(probe.gold, visible[method]), "answer": None,
             })
-    if store is not None and run_id is not None:
+    if recorder is not None and recorder.run_id is not None:
         import json
 
-        store.replace_probes(run_id, [{**r, "evidence": json.dumps(r["evidence"])} for r in rows], METHODS)
+        recorder.store.replace_probes(recorder.run_id, [{**r, "evidence": json.dumps(r["evidence"])} for r in rows],
+                                      METHODS)
     return summarise(rows)
 
 
@@ -377,6 +429,8 @@ async def run_sweep(
                 result = await replay(conversation, config, store)
             except ReplayFailed as exc:
                 result = exc.result
+            except ConfigurationError as exc:
+                result = ReplayResult.rejected(exc.run_id, conversation, str(exc))
         finished += 1
         if on_done is not None:
             on_done(finished, len(grid), config, result)
@@ -385,4 +439,5 @@ async def run_sweep(
     return list(await asyncio.gather(*(one(c) for c in grid)))
 
 
-__all__ = ["ReplayConfig", "ReplayFailed", "ReplayResult", "replay", "run_sweep", "score_retention"]
+__all__ = ["ConfigurationError", "ReplayConfig", "ReplayFailed", "ReplayResult", "configuration_problem",
+           "planned_reads", "replay", "run_sweep", "score_retention"]

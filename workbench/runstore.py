@@ -1,6 +1,6 @@
 """The DuckDB run store: every replay step, record, model call and probe score.
 
-Schema (version 1, created on first use; see ``docs/run-store.md``):
+Schema (created on first use, migrated in place; see ``docs/run-store.md``):
 
 * ``runs``         one row per replay: dataset, conversation, config (JSON), status, figures;
 * ``messages``     the replayed conversation, so a run is self-contained;
@@ -10,27 +10,32 @@ Schema (version 1, created on first use; see ``docs/run-store.md``):
 * ``probes``       one row per probe and scoring method (memory, baselines, LLM judge);
 * ``prompts``      saved prompt versions (name, version, sha256, text).
 
-Migrations are append-only functions recorded in ``omem_schema``. One connection per process;
-each thread gets its own cursor. A file held read-write by another process raises
-:class:`RunStoreLocked` with what to do.
+Migrations are append-only SQL scripts recorded in ``omem_schema``. The file is opened for each
+operation (or ``session()``) and closed after it, so several processes take turns on it; a writer
+that finds it busy waits (bounded) and then raises :class:`RunStoreLocked` with what to do.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import socket
 import threading
+import time
 import uuid
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 import pandas as pd
 
-from omem_core import ObservationRecord, Prompt
-from omem_core.observations import InMemoryObservationStore
+from .errors import WorkbenchError
+
+if TYPE_CHECKING:  # omem_core imports litellm (seconds): quick CLI paths never load it
+    from omem_core import ObservationRecord, Prompt
 
 _M001 = """
 CREATE TABLE runs (
@@ -151,15 +156,23 @@ ALTER TABLE model_calls ADD COLUMN attempts INTEGER DEFAULT 1;   -- 1 + tighteni
 ALTER TABLE model_calls ADD COLUMN trimmed BOOLEAN DEFAULT false; -- cut to the threshold without a model
 """
 
-MIGRATIONS: list[tuple[int, str, str]] = [(1, "initial", _M001), (2, "reflection tightening", _M002)]
+_M003 = """
+ALTER TABLE runs ADD COLUMN planned_steps INTEGER;   -- memory reads the whole replay makes
+ALTER TABLE runs ADD COLUMN owner_host VARCHAR;      -- the process running it: a dead owner ...
+ALTER TABLE runs ADD COLUMN owner_pid INTEGER;       -- ... makes a 'running' run 'interrupted'
+ALTER TABLE runs ADD COLUMN owner_token VARCHAR;     -- pid + process start time (pid reuse)
+"""
+
+MIGRATIONS: list[tuple[int, str, str]] = [(1, "initial", _M001), (2, "reflection tightening", _M002),
+                                          (3, "run owners and planned steps", _M003)]
 
 
-class RunStoreError(RuntimeError):
-    pass
+class RunStoreError(WorkbenchError, RuntimeError):
+    """The run store cannot be opened, read or written as asked."""
 
 
 class RunStoreLocked(RunStoreError):
-    """The DuckDB file is held read-write by another process."""
+    """The DuckDB file is held read-write by another process (longer than we were willing to wait)."""
 
 
 def _now() -> datetime:
@@ -188,34 +201,83 @@ def _is_lock_error(exc: Exception) -> bool:
     return "lock" in text or "conflicting" in text or "already open" in text
 
 
-class RunStore:
-    """A DuckDB file of replay runs. ``RunStore(":memory:")`` for a throwaway store."""
+# No network here, and a file that is not a run store must never make DuckDB fetch an extension
+# (a SQLite file given as --db would otherwise try to install the sqlite scanner).
+_DUCKDB_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
 
-    def __init__(self, path: str | Path = "runs.duckdb", *, read_only: bool = False) -> None:
+DEFAULT_WAIT_S = 60.0  # how long a writer waits for a file another process is writing
+
+
+def _describe_unreadable(path: str, exc: Exception) -> str:
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(16)
+    except OSError:
+        head = b""
+    if head.startswith(b"SQLite format 3"):
+        what = "a SQLite database, not a DuckDB run store"
+    elif head[8:12] == b"DUCK" or head.startswith(b"DUCK"):
+        what = "a DuckDB file that is truncated or corrupt"
+    else:
+        what = "not a DuckDB run store (or a truncated or corrupt one)"
+    return (f"cannot open {path}: it is {what}. Pass --db with another file (or set OMEM_DB); "
+            f"the file was not changed. ({type(exc).__name__}: {exc})")
+
+
+def process_token(pid: int | None = None) -> str | None:
+    """An identity for a live process that survives pid reuse: pid + its start time (Linux).
+
+    ``None`` where the start time cannot be read (then only the pid is compared)."""
+    pid = os.getpid() if pid is None else pid
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+        return f"{pid}:{int(fields[19])}"  # field 22 of stat: start time in clock ticks
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def process_alive(pid: int, token: str | None) -> bool:
+    """Whether the process that wrote ``pid``/``token`` is still running on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, owned by someone else
+    current = process_token(pid)
+    return token is None or current is None or current == token
+
+
+class RunStore:
+    """A DuckDB file of replay runs. ``RunStore(":memory:")`` for a throwaway store.
+
+    The file is opened for each operation and closed after it, so the process holds DuckDB's
+    write lock only while it reads or writes: the app, the CLI and notebooks take turns on one
+    file. An operation that finds the file held by another process waits up to ``wait_s``
+    seconds (calling ``on_wait(message)`` once), then raises :class:`RunStoreLocked`. Group
+    several reads under one open with ``with store.session(): ...``.
+    """
+
+    def __init__(self, path: str | Path = "runs.duckdb", *, read_only: bool = False,
+                 wait_s: float | None = None, on_wait: Callable[[str], None] | None = None) -> None:
         self.path = str(path)
         self.read_only = read_only
         self.snapshot_of: str | None = None
-        try:
-            self._con = duckdb.connect(self.path, read_only=read_only)
-        except duckdb.IOException as exc:
-            if _is_lock_error(exc):
-                raise RunStoreLocked(
-                    f"{self.path} is open read-write in another process (the app or a CLI run). "
-                    "DuckDB lets only one process write a file: stop the other process, wait for "
-                    "it to finish, or pass --db with another file"
-                    + ("" if read_only else "; the app can still open it read-only")
-                    + f". ({exc})"
-                ) from exc
-            raise RunStoreError(f"cannot open {self.path}: {exc}") from exc
-        except duckdb.Error as exc:
-            raise RunStoreError(f"cannot open {self.path}: {exc}") from exc
+        self.wait_s = DEFAULT_WAIT_S if wait_s is None else wait_s
+        self.on_wait = on_wait
         self._local = threading.local()
-        self._write_lock = threading.Lock()
+        self._write_lock = threading.RLock()
         self._seq: dict[tuple[str, str], int] = {}
-        if not read_only:
-            self.migrate()
-        elif not self._has_table("omem_schema"):
-            raise RunStoreError(f"{self.path} is not an omem run store (no omem_schema table)")
+        self._keep: duckdb.DuckDBPyConnection | None = None  # ":memory:" and snapshots stay open
+        if self.path == ":memory:":
+            self._keep = self._open()
+        with self.session() as cur:
+            if not read_only:
+                self.migrate()
+                self._reap_orphans(cur)
+            elif not self._has_table("omem_schema"):
+                raise RunStoreError(f"{self.path} is not an omem run store (no omem_schema table)")
 
     @classmethod
     def snapshot(cls, path: str | Path) -> RunStore:
@@ -235,20 +297,67 @@ class RunStore:
         if wal.exists():
             shutil.copy2(wal, target.with_name(target.name + ".wal"))
         store = cls(target)
+        store._keep = store._open()
         store.read_only = True
         store.snapshot_of = str(source)
         return store
 
     # -- connection ---------------------------------------------------------------------------
 
+    def _open(self) -> duckdb.DuckDBPyConnection:
+        deadline = time.monotonic() + self.wait_s
+        told = False
+        delay = 0.02
+        while True:
+            try:
+                return duckdb.connect(self.path, config=_DUCKDB_CONFIG)
+            except duckdb.IOException as exc:
+                if not _is_lock_error(exc):
+                    raise RunStoreError(_describe_unreadable(self.path, exc)) from exc
+                if time.monotonic() >= deadline:
+                    raise RunStoreLocked(
+                        f"{self.path} is open read-write in another process (a notebook or a program "
+                        f"that keeps it open) and stayed busy for {self.wait_s:g} s. Stop that process, "
+                        "or pass --db with another file. The app can still show a read-only snapshot."
+                    ) from exc
+                if not told and self.on_wait is not None:
+                    self.on_wait(f"waiting for {self.path}: another process is using it "
+                                 f"(up to {self.wait_s:g} s)")
+                    told = True
+                time.sleep(min(delay, max(deadline - time.monotonic(), 0)))
+                delay = min(delay * 2, 0.5)
+            except duckdb.Error as exc:
+                raise RunStoreError(_describe_unreadable(self.path, exc)) from exc
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """One open of the file for everything inside (re-entrant per thread); yields a cursor."""
+        cur = getattr(self._local, "cursor", None)
+        if cur is not None:
+            yield cur
+            return
+        con = self._keep if self._keep is not None else self._open()
+        cur = con.cursor()
+        self._local.cursor = cur
+        try:
+            yield cur
+        finally:
+            self._local.cursor = None
+            cur.close()
+            if con is not self._keep:
+                con.close()
+
     def cursor(self) -> duckdb.DuckDBPyConnection:
+        """The open cursor of the current session (call inside ``session()``)."""
         cur = getattr(self._local, "cursor", None)
         if cur is None:
-            cur = self._local.cursor = self._con.cursor()
+            raise RuntimeError("RunStore.cursor() outside a session: use `with store.session() as cur:`")
         return cur
 
     def close(self) -> None:
-        self._con.close()
+        if self._keep is not None:
+            self._keep.close()
+            self._keep = None
 
     def __enter__(self) -> RunStore:
         return self
@@ -257,70 +366,109 @@ class RunStore:
         self.close()
 
     def _has_table(self, name: str) -> bool:
-        return bool(self.cursor().execute(
-            "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]).fetchall()[0][0])
+        with self.session() as cur:
+            return bool(cur.execute(
+                "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]).fetchall()[0][0])
 
     def migrate(self) -> None:
-        cur = self.cursor()
-        cur.execute("CREATE TABLE IF NOT EXISTS omem_schema "
-                    "(version INTEGER PRIMARY KEY, name VARCHAR, applied_at TIMESTAMPTZ)")
-        done = {row[0] for row in cur.execute("SELECT version FROM omem_schema").fetchall()}
-        for version, name, sql in MIGRATIONS:
-            if version in done:
-                continue
-            cur.execute("BEGIN TRANSACTION")
-            try:
-                cur.execute(sql)
-                cur.execute("INSERT INTO omem_schema VALUES (?, ?, ?)", [version, name, _now()])
-                cur.execute("COMMIT")
-            except Exception:
-                cur.execute("ROLLBACK")
-                raise
+        with self.session() as cur:
+            cur.execute("CREATE TABLE IF NOT EXISTS omem_schema "
+                        "(version INTEGER PRIMARY KEY, name VARCHAR, applied_at TIMESTAMPTZ)")
+            done = {row[0] for row in cur.execute("SELECT version FROM omem_schema").fetchall()}
+            for version, name, sql in MIGRATIONS:
+                if version in done:
+                    continue
+                cur.execute("BEGIN TRANSACTION")
+                try:
+                    cur.execute(sql)
+                    cur.execute("INSERT INTO omem_schema VALUES (?, ?, ?)", [version, name, _now()])
+                    cur.execute("COMMIT")
+                except Exception:
+                    cur.execute("ROLLBACK")
+                    raise
 
     def schema_version(self) -> int:
-        row = self.cursor().execute("SELECT max(version) FROM omem_schema").fetchall()[0]
+        with self.session() as cur:
+            row = cur.execute("SELECT max(version) FROM omem_schema").fetchall()[0]
         return int(row[0] or 0)
+
+    def _reap_orphans(self, cur: duckdb.DuckDBPyConnection) -> None:
+        """Mark ``interrupted`` the runs left ``running`` by a process of this host that is gone."""
+        rows = cur.execute("SELECT run_id, owner_pid, owner_token, steps FROM runs WHERE status = 'running' "
+                           "AND owner_host = ?", [socket.gethostname()]).fetchall()
+        for run_id, pid, token, steps in rows:
+            if pid is None or process_alive(int(pid), token):
+                continue
+            cur.execute("UPDATE runs SET status = 'interrupted', error = ?, updated_at = ? WHERE run_id = ?",
+                        [f"the process that ran it (pid {pid}) stopped after {int(steps or 0)} recorded steps; "
+                         f"resume with: python -m workbench replay --resume {run_id}", _now(), run_id])
 
     # -- writing ------------------------------------------------------------------------------
 
+    def _writing(self) -> contextlib.AbstractContextManager[duckdb.DuckDBPyConnection]:
+        if self.read_only:
+            raise RunStoreError(f"{self.snapshot_of or self.path} is open read-only here: nothing can be written")
+        return self.session()
+
     def create_run(self, *, dataset: str, dataset_format: str, conversation_id: str, config: dict[str, Any],
-                   messages: Sequence[dict[str, Any]], label: str | None = None) -> str:
+                   messages: Sequence[dict[str, Any]], label: str | None = None, planned_steps: int | None = None,
+                   status: str = "running", error: str | None = None) -> str:
+        """A new run owned by this process (a dead owner makes it ``interrupted`` on the next open)."""
         run_id = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         now = _now()
-        with self._write_lock:
-            cur = self.cursor()
+        with self._write_lock, self._writing() as cur:
             cur.execute("BEGIN TRANSACTION")
             try:
                 cur.execute(
                     "INSERT INTO runs (run_id, created_at, updated_at, dataset, dataset_format, conversation_id, "
-                    "label, config, status, messages) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running', ?)",
+                    "label, config, status, error, messages, planned_steps, owner_host, owner_pid, owner_token) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [run_id, now, now, dataset, dataset_format, conversation_id, label,
-                     json.dumps(config, sort_keys=True), len(messages)])
-                frame = pd.DataFrame(messages, columns=["idx", "message_id", "role", "speaker", "content",
-                                                        "created_at", "tokens"])
-                frame.insert(0, "run_id", run_id)
-                cur.register("_messages", frame)
-                cur.execute("INSERT INTO messages SELECT * FROM _messages")
-                cur.unregister("_messages")
+                     json.dumps(config, sort_keys=True), status, error, len(messages), planned_steps,
+                     socket.gethostname(), os.getpid(), process_token()])
+                if messages:
+                    frame = pd.DataFrame(messages, columns=["idx", "message_id", "role", "speaker", "content",
+                                                            "created_at", "tokens"])
+                    frame.insert(0, "run_id", run_id)
+                    cur.register("_messages", frame)
+                    cur.execute("INSERT INTO messages SELECT * FROM _messages")
+                    cur.unregister("_messages")
                 cur.execute("COMMIT")
             except Exception:
                 cur.execute("ROLLBACK")
                 raise
         return run_id
 
-    def add_steps(self, run_id: str, rows: list[dict[str, Any]], calls: list[dict[str, Any]] = ()) -> None:
-        """Append step rows and the model calls made during them, in one transaction."""
-        if not rows and not calls:
+    def claim_run(self, run_id: str) -> None:
+        """This process continues ``run_id`` (a resume): it is ``running`` and owned by us."""
+        with self._write_lock, self._writing() as cur:
+            cur.execute("UPDATE runs SET status = 'running', error = NULL, owner_host = ?, owner_pid = ?, "
+                        "owner_token = ?, updated_at = ? WHERE run_id = ?",
+                        [socket.gethostname(), os.getpid(), process_token(), _now(), run_id])
+
+    def add_steps(self, run_id: str, rows: list[dict[str, Any]], calls: Sequence[dict[str, Any]] = (),
+                  records: Sequence[dict[str, Any]] = ()) -> None:
+        """Append step rows, the records written and the model calls made during them, in one
+        transaction. ``records`` are dicts with ``record`` (an ObservationRecord), ``step`` and
+        ``tokens``."""
+        if not rows and not calls and not records:
             return
-        with self._write_lock:
-            cur = self.cursor()
+        with self._write_lock, self._writing() as cur:
             cur.execute("BEGIN TRANSACTION")
             try:
                 if rows:
                     _insert_many(cur, "steps", ["run_id", *rows[0]], [[run_id, *r.values()] for r in rows],
                                  verb="INSERT OR REPLACE")
+                if records:
+                    first = self._next_seq(cur, "records", run_id, len(records))
+                    _insert_many(cur, "records", ["run_id", "seq", "step", "record_id", "thread_id", "resource_id",
+                                                  "kind", "source_ids", "text", "tokens", "created_at"],
+                                 [[run_id, first + i, r["step"], r["record"].id, r["record"].thread_id,
+                                   r["record"].resource_id, r["record"].kind, json.dumps(list(r["record"].source_ids)),
+                                   r["record"].text, r["tokens"], r["record"].created_at]
+                                  for i, r in enumerate(records)])
                 if calls:
-                    first = self._next_seq("model_calls", run_id, len(calls))
+                    first = self._next_seq(cur, "model_calls", run_id, len(calls))
                     _insert_many(cur, "model_calls", ["run_id", "seq", *calls[0]],
                                  [[run_id, first + i, *c.values()] for i, c in enumerate(calls)])
                 if rows:
@@ -330,36 +478,27 @@ class RunStore:
             except Exception:
                 cur.execute("ROLLBACK")
                 self._seq.pop(("model_calls", run_id), None)
+                self._seq.pop(("records", run_id), None)
                 raise
 
-    def _next_seq(self, table: str, run_id: str, count: int = 1) -> int:
+    def _next_seq(self, cur: duckdb.DuckDBPyConnection, table: str, run_id: str, count: int = 1) -> int:
         """The next ``seq`` of ``table`` for a run (read once from DuckDB, then counted here)."""
         key = (table, run_id)
         if key not in self._seq:
-            self._seq[key] = self.cursor().execute(
+            self._seq[key] = cur.execute(
                 f"SELECT coalesce(max(seq), 0) FROM {table} WHERE run_id = ?", [run_id]).fetchall()[0][0]
         first = self._seq[key] + 1
         self._seq[key] += count
         return first
 
-    def save_record(self, run_id: str, record: ObservationRecord, *, step: int | None, tokens: int | None) -> None:
-        """Write one record at once (autocommit): it survives any interruption from here on."""
-        with self._write_lock:
-            seq = self._next_seq("records", run_id)
-            self.cursor().execute(
-                "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [run_id, seq, step, record.id, record.thread_id, record.resource_id, record.kind,
-                 json.dumps(list(record.source_ids)), record.text, tokens, record.created_at])
-
     def discard_after(self, run_id: str, step: int) -> int:
         """Drop the records and model calls a run wrote after its last recorded step.
 
-        Only a hard kill leaves such rows (steps are written in batches, records at once); a
-        resume recomputes them from the same state, so the run ends as if never interrupted.
-        Returns how many records were dropped.
+        Records and calls are written with their steps, so only an older store or a crash between
+        writes leaves such rows; a resume recomputes them from the same state, so the run ends as
+        if never interrupted. Returns how many records were dropped.
         """
-        with self._write_lock:
-            cur = self.cursor()
+        with self._write_lock, self._writing() as cur:
             dropped = cur.execute("SELECT count(*) FROM records WHERE run_id = ? AND step > ?",
                                   [run_id, step]).fetchall()[0][0]
             cur.execute("BEGIN TRANSACTION")
@@ -370,25 +509,24 @@ class RunStore:
         return int(dropped)
 
     def delete_records(self, run_id: str, thread_id: str) -> None:
-        with self._write_lock:
-            self.cursor().execute("DELETE FROM records WHERE run_id = ? AND thread_id = ?", [run_id, thread_id])
+        with self._write_lock, self._writing() as cur:
+            cur.execute("DELETE FROM records WHERE run_id = ? AND thread_id = ?", [run_id, thread_id])
 
     def set_status(self, run_id: str, status: str, error: str | None = None) -> None:
-        with self._write_lock:
-            self.cursor().execute("UPDATE runs SET status = ?, error = ?, updated_at = ? WHERE run_id = ?",
-                                  [status, error, _now(), run_id])
+        with self._write_lock, self._writing() as cur:
+            cur.execute("UPDATE runs SET status = ?, error = ?, updated_at = ? WHERE run_id = ?",
+                        [status, error, _now(), run_id])
 
     def update_run(self, run_id: str, **figures: Any) -> None:
         if not figures:
             return
         assignments = ", ".join(f"{key} = ?" for key in figures)
-        with self._write_lock:
-            self.cursor().execute(f"UPDATE runs SET {assignments}, updated_at = ? WHERE run_id = ?",
-                                  [*figures.values(), _now(), run_id])
+        with self._write_lock, self._writing() as cur:
+            cur.execute(f"UPDATE runs SET {assignments}, updated_at = ? WHERE run_id = ?",
+                        [*figures.values(), _now(), run_id])
 
     def replace_probes(self, run_id: str, rows: list[dict[str, Any]], methods: Iterable[str]) -> None:
-        with self._write_lock:
-            cur = self.cursor()
+        with self._write_lock, self._writing() as cur:
             cur.execute("BEGIN TRANSACTION")
             try:
                 for method in methods:
@@ -406,8 +544,7 @@ class RunStore:
                 raise
 
     def delete_run(self, run_id: str) -> None:
-        with self._write_lock:
-            cur = self.cursor()
+        with self._write_lock, self._writing() as cur:
             cur.execute("BEGIN TRANSACTION")
             for table in ("probes", "model_calls", "records", "steps", "messages", "runs"):
                 cur.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
@@ -415,8 +552,7 @@ class RunStore:
             self._seq = {k: v for k, v in self._seq.items() if k[1] != run_id}
 
     def save_prompt(self, prompt: Prompt) -> None:
-        with self._write_lock:
-            cur = self.cursor()
+        with self._write_lock, self._writing() as cur:
             found = cur.execute("SELECT sha256 FROM prompts WHERE name = ? AND version = ?",
                                 [prompt.name, prompt.version]).fetchall()
             existing = found[0] if found else None
@@ -430,12 +566,13 @@ class RunStore:
     # -- reading ------------------------------------------------------------------------------
 
     def _df(self, sql: str, params: Sequence[Any] = ()) -> pd.DataFrame:
-        return self.cursor().execute(sql, list(params)).df()
+        with self.session() as cur:
+            return cur.execute(sql, list(params)).df()
 
     def run(self, run_id: str) -> dict[str, Any]:
         frame = self._df("SELECT * FROM runs WHERE run_id = ?", [run_id])
         if frame.empty:
-            raise KeyError(f"no run {run_id!r} in {self.path}")
+            raise UnknownRun(run_id, self.path)
         row = frame.iloc[0].to_dict()
         row["config"] = json.loads(row["config"])
         return row
@@ -462,73 +599,59 @@ class RunStore:
         return self._df("SELECT * FROM prompts ORDER BY name, created_at")
 
     def prompt(self, name: str, version: str) -> Prompt:
-        rows = self.cursor().execute("SELECT text FROM prompts WHERE name = ? AND version = ?",
-                                     [name, version]).fetchall()
-        row = rows[0] if rows else None
-        if row is None:
+        from omem_core import Prompt
+
+        with self.session() as cur:
+            rows = cur.execute("SELECT text FROM prompts WHERE name = ? AND version = ?",
+                               [name, version]).fetchall()
+        if not rows:
             raise KeyError(f"no saved prompt {name}@{version}")
-        return Prompt(name=name, version=version, text=row[0])
+        return Prompt(name=name, version=version, text=rows[0][0])
 
     def load_records(self, run_id: str) -> list[ObservationRecord]:
-        rows = self.cursor().execute(
-            "SELECT record_id, thread_id, resource_id, created_at, kind, source_ids, text FROM records "
-            "WHERE run_id = ? ORDER BY seq", [run_id]).fetchall()
+        from omem_core import ObservationRecord
+
+        with self.session() as cur:
+            rows = cur.execute(
+                "SELECT record_id, thread_id, resource_id, created_at, kind, source_ids, text FROM records "
+                "WHERE run_id = ? ORDER BY seq", [run_id]).fetchall()
         return [ObservationRecord(id=r[0], thread_id=r[1], resource_id=r[2], created_at=r[3], kind=r[4],
                                   source_ids=tuple(json.loads(r[5])), text=r[6]) for r in rows]
 
     def export_parquet(self, run_id: str, folder: str | Path) -> list[Path]:
+        """Write the run's rows of every table as ``folder/<table>.parquet``.
+
+        The paths never enter SQL text (DuckDB's COPY takes no parameter for its target): rows are
+        fetched as Arrow tables and written by pyarrow, so any file name works.
+        """
+        import pyarrow.parquet as pq
+
         self.run(run_id)
         out = Path(folder)
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RunStoreError(f"cannot create the export folder {out}: {exc.strerror or exc}") from exc
         written = []
-        for table in ("runs", "messages", "steps", "records", "model_calls", "probes"):
-            target = out / f"{table}.parquet"
-            self.cursor().execute(
-                f"COPY (SELECT * FROM {table} WHERE run_id = ?) TO '{target.as_posix()}' (FORMAT parquet)",
-                [run_id])
-            written.append(target)
+        with self.session() as cur:
+            for table in ("runs", "messages", "steps", "records", "model_calls", "probes"):
+                target = out / f"{table}.parquet"
+                rows = cur.execute(f"SELECT * FROM {table} WHERE run_id = ?", [run_id]).to_arrow_table()
+                try:
+                    pq.write_table(rows, target)
+                except OSError as exc:
+                    raise RunStoreError(f"cannot write {target}: {exc}") from exc
+                written.append(target)
         return written
 
 
-@dataclass
-class RunObservationStore:
-    """The run store as the library's ``ObservationStore`` port, scoped to one run.
+class UnknownRun(WorkbenchError, KeyError):
+    """No run with this id in the store (``str()`` is the plain sentence, without KeyError's quotes)."""
 
-    Writes go straight to DuckDB (a record survives any interruption once ``save`` returns);
-    reads are served from an in-memory mirror loaded from DuckDB at start, so a replay's reads
-    do not query the database. ``step`` is set by the replay before each read.
-    """
+    def __init__(self, run_id: str, path: str) -> None:
+        super().__init__(run_id)
+        self.run_id = run_id
+        self.message = f"no run {run_id} in {path} (python -m workbench runs lists them)"
 
-    store: RunStore
-    run_id: str
-    step: int | None = None
-    count_tokens: Any = None
-
-
-    def __post_init__(self) -> None:
-        self._mirror = InMemoryObservationStore()
-        self._loaded: list[ObservationRecord] | None = self.store.load_records(self.run_id)
-
-    async def _ensure_loaded(self) -> None:
-        if self._loaded is not None:
-            records, self._loaded = self._loaded, None
-            for record in records:
-                await self._mirror.save(record)
-
-    async def list(self, thread_id: str) -> list[ObservationRecord]:
-        await self._ensure_loaded()
-        return await self._mirror.list(thread_id)
-
-    async def list_recent(self, thread_id: str) -> list[ObservationRecord]:
-        await self._ensure_loaded()
-        return await self._mirror.list_recent(thread_id)
-
-    async def save(self, record: ObservationRecord) -> None:
-        await self._ensure_loaded()
-        tokens = self.count_tokens([record.text])[0] if self.count_tokens else None
-        self.store.save_record(self.run_id, record, step=self.step, tokens=tokens)
-        await self._mirror.save(record)
-
-    async def delete_by_thread(self, thread_id: str) -> None:
-        self.store.delete_records(self.run_id, thread_id)
-        await self._mirror.delete_by_thread(thread_id)
+    def __str__(self) -> str:
+        return self.message

@@ -1,0 +1,74 @@
+"""Figures as people read them, for the CLI and the app alike: never ``nan``, ``$nan`` or ``nanx``.
+
+A missing value (``None``, NaN, a figure a failed run never reached) is shown as an en dash.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+MISSING = "–"
+
+
+def missing(value: Any) -> bool:
+    """``None``, NaN and pandas' missing markers."""
+    if value is None:
+        return True
+    try:
+        return isinstance(value, numbers.Real) and math.isnan(float(value))
+    except (TypeError, ValueError):
+        return str(value) in {"<NA>", "NaT"}
+
+
+def number(value: Any, digits: int = 3) -> str:
+    """A float to ``digits`` decimals, an integer with thousands separators, else ``str``."""
+    if missing(value):
+        return MISSING
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, numbers.Integral):
+        return f"{int(value):,}"
+    if isinstance(value, numbers.Real):
+        return f"{float(value):.{digits}f}"
+    return str(value)
+
+
+def ratio(value: Any, *, partial: bool = False) -> str:
+    """A compression figure: ``3.9x``; ``3.9x (partial)`` for a run that did not finish."""
+    if missing(value):
+        return MISSING
+    return f"{float(value):.1f}x" + (" (partial)" if partial else "")
+
+
+def money(value: Any, digits: int = 4) -> str:
+    return MISSING if missing(value) else f"${float(value):.{digits}f}"
+
+
+def share(value: Any, digits: int = 2) -> str:
+    return MISSING if missing(value) else f"{float(value):.{digits}f}"
+
+
+def progress(status: str, steps: Any, planned: Any) -> str:
+    """``completed``; ``failed at step 26 of 100``; ``interrupted at step 3 of 100``."""
+    if status in ("completed", "running") or missing(steps):
+        return status
+    total = "" if missing(planned) else f" of {int(planned)}"
+    return f"{status} at step {int(steps)}{total}"
+
+
+def runs_table(frame: Any) -> Any:
+    """The runs table for a terminal: status says where a run stopped, figures of a run that did
+    not finish are marked partial (retention is only scored on completed runs), no NaN."""
+    shown = frame.copy()
+    done = shown["status"] == "completed"
+    planned = shown["planned_steps"] if "planned_steps" in shown else [None] * len(shown)
+    shown["status"] = [progress(s, k, n) for s, k, n in zip(shown["status"], shown["steps"], planned)]
+    shown["compression"] = [ratio(v, partial=not d) for v, d in zip(shown["compression"], done)]
+    shown["retention"] = [share(v) for v in shown["retention"]]
+    shown = shown.drop(columns=[c for c in ("planned_steps",) if c in shown])
+    return shown.astype(object).map(lambda v: MISSING if missing(v) else v)
+
+
+__all__ = ["MISSING", "missing", "money", "number", "progress", "ratio", "runs_table", "share"]

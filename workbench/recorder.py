@@ -1,0 +1,155 @@
+"""What a replay writes to the run store, in one place.
+
+A :class:`RunRecorder` owns one run: it creates (or resumes) it, buffers step rows together with the
+records written and the model calls made during those steps, and writes each batch in one
+transaction; :meth:`finish` stores the figures and the final status. :class:`NullRecorder` is the
+same interface when nothing is recorded, so the replay loop has no "is there a store?" branches.
+
+Records are written with their step's batch, not one by one: a hard kill loses at most the
+unflushed batch, and a resume recomputes it from the last recorded step (with litellm's cache on,
+the repeated model calls cost nothing).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from omem_core import CompactionEvent, ObservationRecord, create_in_memory_observation_store
+from omem_core.observations import InMemoryObservationStore
+
+from .runstore import RunStore
+
+TokenCounter = Callable[[list[str]], list[int]]
+
+
+def call_row(step: int, event: CompactionEvent) -> dict[str, Any]:
+    """One ``model_calls`` row for a compaction event."""
+    return {
+        "step": step, "stage": event.stage, "model": event.model,
+        "prompt_version": event.prompt_version, "prompt_sha256": event.prompt_sha256,
+        "source_count": len(event.source_ids), "volume_before": event.volume_before,
+        "volume_after": event.volume_after, "input_tokens": event.tokens_in,
+        "output_tokens": event.tokens_out, "latency_ms": event.latency_ms, "cost_usd": event.cost_usd,
+        "cache_hit": event.cache_hit, "error": event.error,
+        "record_id": event.record.id if event.record else None,
+        "attempts": event.attempts, "trimmed": event.trimmed,
+    }
+
+
+@dataclass
+class NullRecorder:
+    """Records nothing; the run's records live in memory."""
+
+    run_id: str | None = None
+    step: int = 0
+    observations: Any = field(default_factory=create_in_memory_observation_store)
+    events: list[CompactionEvent] = field(default_factory=list)
+    calls: list[dict[str, Any]] = field(default_factory=list)
+
+    def on_event(self, event: CompactionEvent) -> None:
+        self.events.append(event)
+        self.calls.append(call_row(self.step, event))
+
+    def record_step(self, row: dict[str, Any]) -> None:
+        self.step = row["step"] + 1
+
+    def flush(self) -> None:
+        pass
+
+    def finish(self, status: str, error: str | None, figures: dict[str, Any]) -> None:
+        pass
+
+    def recorded_calls(self) -> list[dict[str, Any]]:
+        return self.calls
+
+
+class RunRecorder:
+    """Writes one run of ``store``: steps, records and model calls in batches of ``flush_every``
+    steps (or every ``flush_seconds``, whichever comes first)."""
+
+    def __init__(self, store: RunStore, run_id: str, count_tokens: TokenCounter, *, flush_every: int = 100,
+                 flush_seconds: float = 5.0, step: int = 0) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.step = step  # the step the next read belongs to
+        self.flush_every = flush_every
+        self.flush_seconds = flush_seconds  # slow models: progress reaches the file at least this often
+        self._flushed_at = time.monotonic()
+        self._count = count_tokens
+        self._steps: list[dict[str, Any]] = []
+        self._records: list[dict[str, Any]] = []
+        self._calls: list[dict[str, Any]] = []
+        self.events: list[CompactionEvent] = []  # this process's, for what each read fired
+        self.observations = RunObservationStore(self, store.load_records(run_id))
+
+    def on_event(self, event: CompactionEvent) -> None:
+        self.events.append(event)
+        self._calls.append(call_row(self.step, event))
+
+    def add_record(self, record: ObservationRecord) -> None:
+        self._records.append({"record": record, "step": self.step, "tokens": self._count([record.text])[0]})
+
+    def record_step(self, row: dict[str, Any]) -> None:
+        self._steps.append(row)
+        self.step = row["step"] + 1
+        if len(self._steps) >= self.flush_every or time.monotonic() - self._flushed_at >= self.flush_seconds:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write what is buffered in one transaction."""
+        if self._steps or self._records or self._calls:
+            self.store.add_steps(self.run_id, self._steps, self._calls, self._records)
+        self._steps, self._records, self._calls = [], [], []
+        self._flushed_at = time.monotonic()
+
+    def finish(self, status: str, error: str | None, figures: dict[str, Any]) -> None:
+        self.flush()
+        self.store.update_run(self.run_id, **figures)
+        self.store.set_status(self.run_id, status, error)
+
+    def recorded_calls(self) -> list[dict[str, Any]]:
+        """Every model call of the run as recorded (a resumed run's earlier calls included)."""
+        return self.store.model_calls(self.run_id).to_dict("records")
+
+
+class RunObservationStore:
+    """The library's ``ObservationStore`` port for one recorded run.
+
+    Reads are served from an in-memory mirror (loaded from the run store at start, so a resumed
+    run sees what it had written); a save goes to the mirror and to the recorder's next batch.
+    """
+
+    def __init__(self, recorder: RunRecorder, existing: Sequence[ObservationRecord] = ()) -> None:
+        self._recorder = recorder
+        self._mirror = InMemoryObservationStore()
+        self._pending = list(existing)
+
+    async def _load(self) -> None:
+        pending, self._pending = self._pending, []
+        for record in pending:
+            await self._mirror.save(record)
+
+    async def list(self, thread_id: str) -> list[ObservationRecord]:
+        await self._load()
+        return await self._mirror.list(thread_id)
+
+    async def list_recent(self, thread_id: str) -> list[ObservationRecord]:
+        await self._load()
+        return await self._mirror.list_recent(thread_id)
+
+    async def save(self, record: ObservationRecord) -> None:
+        await self._load()
+        await self._mirror.save(record)
+        self._recorder.add_record(record)
+
+    async def delete_by_thread(self, thread_id: str) -> None:
+        await self._load()
+        self._recorder.flush()
+        self._recorder.store.delete_records(self._recorder.run_id, thread_id)
+        await self._mirror.delete_by_thread(thread_id)
+
+
+__all__ = ["NullRecorder", "RunObservationStore", "RunRecorder", "call_row"]
