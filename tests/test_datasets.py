@@ -3,12 +3,31 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from workbench.catalog import DEMO_DATASET, PROJECT_DATASETS
-from workbench.datasets import DatasetError, detect_format, load_conversation, load_dataset
+from workbench.datasets import (
+    FORMATS,
+    REGISTRY,
+    DatasetError,
+    detect_format,
+    get_format,
+    list_conversations,
+    load_conversation,
+    load_dataset,
+    markdown_table,
+    parse_datetime,
+)
+from workbench.datasets.source import Source
+from workbench.retention import content_words, probe_score
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -158,3 +177,337 @@ def test_memorybank(shared_datasets: Path) -> None:
     assert emily.turns[0].speaker == "Emily" and len(emily.probes) > 0
     assert all(p.gold is None for p in emily.probes)
     assert all(c.id == c.id.strip() for c in conversations)
+
+
+# -- the registry and the README ----------------------------------------------------------------
+
+README = PROJECT_DATASETS / "README.md"
+SAMPLES = PROJECT_DATASETS / "samples"
+
+
+def test_the_readme_table_is_the_registry() -> None:
+    text = README.read_text(encoding="utf-8")
+    table = text.split("<!-- formats:start", 1)[1].split("-->", 1)[1].split("<!-- formats:end -->", 1)[0]
+    assert table.strip() == markdown_table()
+    assert FORMATS == tuple(f.name for f in REGISTRY) and len(set(FORMATS)) == len(FORMATS)
+    for fmt in REGISTRY:
+        assert fmt.description and "\n" not in fmt.description and "|" not in fmt.description
+        assert f"### `{fmt.name}`" in text, f"datasets/README.md has no section for {fmt.name}"
+    assert {f.name for f in REGISTRY if f.folder} == {"beam", "memorybank"}
+
+
+def readme_examples() -> dict[str, list[dict[str, str]]]:
+    """Per format section, its examples: groups of ``{file name: text}`` (a folder format's files
+    form one example)."""
+    sections = re.split(r"^### `(\w+)`$", README.read_text(encoding="utf-8"), flags=re.M)
+    examples: dict[str, list[dict[str, str]]] = {}
+    for name, body in zip(sections[1::2], sections[2::2]):
+        blocks = dict(re.findall(r"^```jsonl? ([\w.-]+)\n(.*?)^```$", body, flags=re.M | re.S))
+        examples[name] = [blocks] if get_format(name).folder else [{k: v} for k, v in blocks.items()]
+    return examples
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_readme_example_loads_by_detection(tmp_path, fmt) -> None:
+    examples = readme_examples()[fmt]
+    assert examples, f"no example for {fmt}"
+    for number, files in enumerate(examples):
+        folder = tmp_path / f"{fmt}-{number}"
+        folder.mkdir()
+        for name, text in files.items():
+            (folder / name).write_text(text, encoding="utf-8")
+        path = folder if get_format(fmt).folder else folder / next(iter(files))
+        assert detect_format(path) == fmt
+        conversations = load_dataset(path)
+        assert conversations and all(c.turns and c.format == fmt and not c.warnings for c in conversations)
+
+
+def test_every_registry_format_loads_its_own_kind_only(tmp_path) -> None:
+    """Each sniff says yes to its own example and no to the others' (detection is unambiguous)."""
+    examples = readme_examples()
+    for fmt in FORMATS:
+        for number, files in enumerate(examples[fmt]):
+            folder = tmp_path / f"{fmt}-{number}"
+            folder.mkdir()
+            for name, text in files.items():
+                (folder / name).write_text(text, encoding="utf-8")
+            path = folder if get_format(fmt).folder else folder / next(iter(files))
+            saying_yes = [f.name for f in REGISTRY if f.sniff(Source(path))]
+            assert saying_yes == [fmt], (fmt, number, saying_yes)
+
+
+# -- dates ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("2024-02-05T08:30:00Z", "2024-02-05T08:30:00+00:00"),
+    ("2024-02-05T08:30:00+02:00", "2024-02-05T08:30:00+02:00"),
+    ("2024-02-05 08:30", "2024-02-05T08:30:00+00:00"),
+    ("2024-02-05", "2024-02-05T00:00:00+00:00"),
+    ("1:56 pm on 8 May, 2023", "2023-05-08T13:56:00+00:00"),
+    ("12:05 am on 1 January, 2024", "2024-01-01T00:05:00+00:00"),
+    ("12:30 PM on 3 Sept, 2022", "2022-09-03T12:30:00+00:00"),
+    ("08.05.2023, 13:56:07", "2023-05-08T13:56:07+00:00"),
+    ("8.5.2023 13:56", "2023-05-08T13:56:00+00:00"),
+    ("2023/05/20 (Sat) 02:21", "2023-05-20T02:21:00+00:00"),
+    ("2023/05/20 02:21", "2023-05-20T02:21:00+00:00"),
+    ("March-15-2024", "2024-03-15T00:00:00+00:00"),
+    ("Mar-15-2024", "2024-03-15T00:00:00+00:00"),
+])
+def test_one_date_parser_reads_every_form(value, expected) -> None:
+    assert parse_datetime(value, "f.json", "record", "when").isoformat() == expected
+
+
+@pytest.mark.parametrize("value", ["yesterday", "13:56 pm on 8 May, 2023", "1:56 pm on 8 Maytember, 2023",
+                                   "31.02.2023, 10:00:00", "2023/13/01 (Sat) 02:21", "", "2023-05-08T25:00", 5, None])
+def test_unreadable_dates_name_file_record_field_and_value(value) -> None:
+    with pytest.raises(DatasetError) as caught:
+        parse_datetime(value, "f.json", "sample 0 session_1 turn 2", "date_time")
+    error = caught.value
+    assert (error.file, error.record, error.field) == ("f.json", "sample 0 session_1 turn 2", "date_time")
+    assert (repr(value) in str(error)) if isinstance(value, str) else "expected a date-time string" in str(error)
+
+
+# -- LongMemEval ----------------------------------------------------------------------------------
+
+LME_SAMPLE = SAMPLES / "longmemeval-sample.json"
+
+
+def lme_instance(**fields) -> dict:
+    base = {"question_id": "q1", "question_type": "temporal-reasoning", "question": "When?", "answer": "May",
+            "question_date": "2023/06/01 (Thu) 10:00", "haystack_session_ids": ["a", "b"],
+            "haystack_dates": ["2023/05/01 (Mon) 09:00", "2023/05/02 (Tue) 09:00"],
+            "haystack_sessions": [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+                                  [{"role": "user", "content": "it was May", "has_answer": True}]],
+            "answer_session_ids": ["b"]}
+    base.update(fields)
+    return {k: v for k, v in base.items() if v is not ...}
+
+
+def test_longmemeval_sample_loads_by_detection() -> None:
+    assert detect_format(LME_SAMPLE) == "longmemeval"
+    conversations = {c.id: c for c in load_dataset(LME_SAMPLE)}
+    assert list(conversations) == ["omem-lme-001", "omem-lme-002", "omem-lme-003", "omem-lme-004_abs"]
+    pottery = conversations["omem-lme-001"]
+    [probe] = pottery.probes
+    assert (probe.id, probe.category, probe.gold) == ("omem-lme-001", "single-session-user", "Clayworks studio on Elm Street")
+    assert probe.evidence == ("sess-a2:0",) and "Clayworks" in next(t.text for t in pottery.turns if t.id == "sess-a2:0")
+    assert [t.role for t in pottery.turns[:2]] == ["user", "assistant"] and pottery.turns[0].speaker is None
+    assert pottery.turns[0].created_at.isoformat() == "2023-05-02T09:10:00+00:00"
+    # sessions replay in date order even when the file lists them otherwise
+    commute = conversations["omem-lme-002"]
+    assert [t.id for t in commute.turns] == ["sess-b1:0", "sess-b1:1", "sess-b2:0", "sess-b2:1"]
+    assert commute.probes[0].category == "knowledge-update" and set(commute.probes[0].evidence) == {"sess-b1:0", "sess-b2:0"}
+    assert conversations["omem-lme-003"].probes[0].gold == "7"  # a numeric answer is text
+    for conversation in conversations.values():
+        times = [t.created_at for t in conversation.turns]
+        assert times == sorted(times) and len(set(times)) == len(times)
+
+
+def test_longmemeval_abstention_is_not_scored_by_words() -> None:
+    [probe] = load_conversation(LME_SAMPLE, "omem-lme-004_abs").probes
+    assert probe.abstention and probe.gold is None and "did not mention" in probe.reference
+    assert probe_score(probe.gold, content_words(probe.reference or "")) is None  # unscored, not 0 or 1
+    scored = load_conversation(LME_SAMPLE, "omem-lme-001").probes[0]
+    assert not scored.abstention and probe_score(scored.gold, content_words(scored.reference or "")) == 1.0
+
+
+@pytest.mark.parametrize("instance, record, field, problem", [
+    (lme_instance(haystack_dates=["2023/05/01 (Mon) 09:00"]), "instance 0", "haystack_dates", "has 1 entries for 2"),
+    (lme_instance(haystack_dates=["2023/05/01 (Mon) 09:00", "next week"]), "instance 0 session 1",
+     "haystack_dates", "unrecognised date-time 'next week'"),
+    (lme_instance(haystack_sessions=[[{"role": "user", "content": "hi"}], [{"role": "bot", "content": "x"}]]),
+     "instance 0 session 1 turn 0", "role", "unknown role 'bot'"),
+    (lme_instance(haystack_sessions=[[{"role": "user", "content": "hi"}], [{"role": "user"}]]),
+     "instance 0 session 1 turn 0", "content", "missing"),
+    (lme_instance(haystack_sessions=[[{"role": "user", "content": "hi"}], "oops"]), "instance 0 session 1",
+     "haystack_sessions", "expected a list of turns"),
+    (lme_instance(question=...), "instance 0", "question", "missing"),
+    (lme_instance(haystack_sessions=[[], []]), "instance 0", "haystack_sessions", "has no turns"),
+])
+def test_bad_longmemeval_instances_name_file_record_and_field(tmp_path, instance, record, field, problem) -> None:
+    path = write(tmp_path, "lme.json", json.dumps([instance]))
+    with pytest.raises(DatasetError) as caught:
+        load_dataset(path)
+    error = caught.value
+    assert (error.file, error.record, error.field) == (str(path), record, field) and problem in str(error)
+
+
+def test_longmemeval_optional_fields_and_repeated_session_ids(tmp_path) -> None:
+    bare = lme_instance(haystack_session_ids=..., haystack_dates=..., question_type=..., answer=...)
+    repeated = lme_instance(question_id=7, haystack_session_ids=["a", "a"])
+    path = write(tmp_path, "lme.json", json.dumps([bare, repeated]))
+    first, second = load_dataset(path)
+    assert first.probes[0].category == "uncategorised" and first.probes[0].gold is None
+    assert [t.id for t in first.turns] == ["session-0:0", "session-0:1", "session-1:0"]
+    assert second.id == "7" and len({t.id for t in second.turns}) == 3 and second.probes[0].evidence
+
+
+def test_longmemeval_lines_file_loads_too(tmp_path) -> None:
+    path = write(tmp_path, "lme.jsonl", "".join(json.dumps(lme_instance(question_id=f"q{i}")) + "\n" for i in range(3)))
+    assert detect_format(path) == "longmemeval"
+    assert [c.id for c in load_dataset(path)] == ["q0", "q1", "q2"]
+    assert load_conversation(path, "q2").id == "q2"
+    with pytest.raises(DatasetError, match="line 2: field 'question'"):
+        load_dataset(write(tmp_path, "bad.jsonl", "\n" + json.dumps(lme_instance(question=5)) + "\n"))
+
+
+# -- LoCoMo variants (REALTALK) -------------------------------------------------------------------
+
+REALTALK_SAMPLE = SAMPLES / "realtalk-sample.json"
+
+
+def test_realtalk_style_chat_loads_by_detection() -> None:
+    assert detect_format(REALTALK_SAMPLE) == "locomo"
+    [conv] = load_dataset(REALTALK_SAMPLE)
+    assert conv.id == "realtalk-sample" and conv.format == "locomo" and conv.warnings == []
+    turns = {t.id: t for t in conv.turns}
+    # speaker 1 is the user whatever the case of the turn's speaker; the name is the header's
+    assert [(turns[i].role, turns[i].speaker) for i in ("D1:1", "D1:2", "D1:4")] == [
+        ("assistant", "Ravi"), ("user", "Noa"), ("user", "Noa")]
+    assert turns["D1:1"].text == "hey! did the allotment application go through?"  # clean_text, not text
+    assert turns["D2:2"].text == "oh nice, how long is she staying?"  # text when there is no clean_text
+    assert "[shares an image: a small garden plot" in turns["D2:3"].text
+    assert turns["D1:2"].created_at.isoformat() == "2024-02-03T18:06:40+00:00"  # its own date_time
+    assert [(p.category, p.gold is not None, p.evidence) for p in conv.probes] == [
+        ("multi-hop", True, ("D1:2",)), ("temporal", True, ("D2:1",)), ("open-domain", True, ("D2:3", "D1:2"))]
+
+
+def test_locomo_variant_shapes(tmp_path) -> None:
+    flat = {"name": {"speaker_1": "ann", "speaker_2": "Bo"}, "session_1_date_time": "01.03.2024, 10:00:00",
+            "session_1": [{"speaker": "ANN", "dia_id": "D1:1", "text": "hi"}, {"speaker": "bo", "dia_id": "D1:2", "text": "yo"}],
+            "events_session_1": [1, 2, 3], "qa": [{"question": "q", "answer": 3, "evidence": ["D1:1"], "category": "2"}]}
+    [conv] = load_dataset(write(tmp_path, "flat.json", json.dumps(flat)))
+    assert [(t.role, t.speaker) for t in conv.turns] == [("user", "ann"), ("assistant", "Bo")]
+    assert conv.turns[1].created_at.isoformat() == "2024-03-01T10:00:30+00:00"  # session time + 30 s
+    assert (conv.probes[0].category, conv.probes[0].gold) == ("temporal", "3")
+    wrapped = {"sample_id": "w", "conversation": flat, "qa": flat["qa"]}
+    assert load_dataset(write(tmp_path, "wrapped.json", json.dumps([wrapped])))[0].id == "w"
+    nameless = {k: v for k, v in flat.items() if k != "name"}
+    with pytest.raises(DatasetError, match="sample 0: field 'speaker_a': missing: name the speakers"):
+        load_dataset(write(tmp_path, "nameless.json", json.dumps(nameless)), "locomo")
+    undated = {**flat, "session_1_date_time": None}
+    with pytest.raises(DatasetError, match="sample 0: field 'session_1_date_time': missing"):
+        load_dataset(write(tmp_path, "undated.json", json.dumps(undated)))
+    bad_turn_date = json.loads(json.dumps(flat))
+    bad_turn_date["session_1"][1]["date_time"] = "1.3.2024 at ten"
+    with pytest.raises(DatasetError, match="sample 0 session_1 turn 1: field 'date_time': unrecognised date-time"):
+        load_dataset(write(tmp_path, "bad.json", json.dumps(bad_turn_date)))
+
+
+# -- large files: streaming, the index and its cache -----------------------------------------------
+
+
+def lme_file(tmp_path: Path, count: int, name: str = "big.json") -> Path:
+    instances = [lme_instance(question_id=f"q{i}", question=f"Où {i}? ✓",
+                              haystack_sessions=[[{"role": "user", "content": f"naïve café {i} " * (i + 1)}],
+                                                 [{"role": "assistant", "content": "ok", "has_answer": True}]])
+                 for i in range(count)]
+    return write(tmp_path, name, json.dumps(instances, ensure_ascii=False, indent=1))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    """A private dataset-index cache on disk, used for every file size; the in-process one empty."""
+    from workbench.datasets import index
+
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("OMEM_CACHE_DIR", str(folder))
+    monkeypatch.setattr(index, "MIN_BYTES", 0)
+    index.clear_memory()
+    yield folder / "datasets"
+    index.clear_memory()
+
+
+def test_listing_builds_an_index_once_and_loads_read_only_their_instance(tmp_path, cache, monkeypatch) -> None:
+    from workbench.datasets import index, source
+
+    path = lme_file(tmp_path, 5)
+    infos = list_conversations(path)
+    assert [i.id for i in infos] == [f"q{i}" for i in range(5)]
+    assert infos[3].messages == 2 and infos[3].probes == 1 and infos[3].scored_probes == 1 and infos[3].tokens > 0
+    assert len(list(cache.glob("*.json"))) == 1
+    index.clear_memory()
+
+    streamed = source.json_array
+
+    def first_element_only(*args, **kwargs):  # detection reads the first instance; nothing more
+        for number, element in enumerate(streamed(*args, **kwargs)):
+            assert number == 0, "the file was parsed past its first element"
+            yield element
+
+    monkeypatch.setattr(source, "json_array", first_element_only)
+    assert list_conversations(path) == infos  # from the cache on disk
+    for i in (4, 0, 2):  # each instance read alone at its byte offset (non-ASCII text included)
+        conv = load_conversation(path, f"q{i}")
+        assert conv.id == f"q{i}" and conv.turns[0].text == f"naïve café {i} " * (i + 1)
+    with pytest.raises(DatasetError, match="conversation 'q9': not found; available: q0, q1, q2, q3, q4"):
+        load_conversation(path, "q9")
+
+
+def test_an_edited_file_is_indexed_again(tmp_path, cache) -> None:
+    path = lme_file(tmp_path, 3)
+    assert len(list_conversations(path)) == 3
+    lme_file(tmp_path, 4)  # same path, new content
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 10_000_000))
+    assert [i.id for i in list_conversations(path)] == ["q0", "q1", "q2", "q3"]
+    assert load_conversation(path, "q3").id == "q3"
+
+
+def test_an_unwritable_cache_folder_is_no_error(tmp_path, monkeypatch) -> None:
+    from workbench.datasets import index
+
+    blocker = write(tmp_path, "not-a-folder", "")
+    monkeypatch.setenv("OMEM_CACHE_DIR", str(blocker))
+    monkeypatch.setattr(index, "MIN_BYTES", 0)
+    index.clear_memory()
+    path = lme_file(tmp_path, 3)
+    assert [i.id for i in list_conversations(path)] == ["q0", "q1", "q2"]
+    assert load_conversation(path, "q1").id == "q1"
+    index.clear_memory()
+
+
+def test_one_instance_loads_without_reading_past_it(tmp_path) -> None:
+    good = json.dumps([lme_instance(question_id="first"), lme_instance(question_id="second")])
+    path = write(tmp_path, "cut.json", good[:-1] + ", {broken")
+    assert load_conversation(path, "first").id == "first" and load_conversation(path).id == "first"
+    assert detect_format(path) == "longmemeval"  # detection reads the first instance only
+    with pytest.raises(DatasetError, match=r"line 1 column \d+: invalid JSON"):
+        load_dataset(path)
+
+
+@settings(max_examples=80, deadline=None)
+@given(values=st.lists(st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3),
+    max_leaves=8), max_size=6), indent=st.sampled_from([None, 1]), chunk=st.integers(1, 64))
+def test_streamed_elements_match_the_document_and_their_offsets(values, indent, chunk) -> None:
+    from workbench.datasets import source
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "list.json"
+        path.write_text(json.dumps(values, indent=indent, ensure_ascii=False), encoding="utf-8")
+        original = source.CHUNK
+        source.CHUNK = chunk  # tiny reads: elements straddle every buffer boundary
+        try:
+            elements = list(source.json_array(path))
+        finally:
+            source.CHUNK = original
+        assert [e.value for e in elements] == values
+        assert [source.read_at(path, e.offset, e.length) for e in elements] == values
+
+
+@pytest.mark.parametrize("text, record, problem", [
+    ('[{"a": 1},\n {"a": }]', "line 2 column 8", "invalid JSON: Expecting value"),
+    ('[{"a": 1} {"a": 2}]', "line 1 column 11", "expecting ','"),
+    ('[{"a": 1}] x', "line 1 column 12", "extra data"),
+    ('[{"a": 1},', "line 1 column 11", "not closed"),
+    ('[{"a": "\u00e9', "line 1 column 8", "Unterminated string"),
+])
+def test_streaming_errors_say_where(tmp_path, text, record, problem) -> None:
+    from workbench.datasets.source import json_array
+
+    path = write(tmp_path, "bad.json", text)
+    with pytest.raises(DatasetError) as caught:
+        list(json_array(path))
+    assert caught.value.record == record and problem in str(caught.value)

@@ -1,4 +1,5 @@
-"""Where datasets are: the project's own (``datasets/``) and the shared real ones when present."""
+"""Where datasets are: the project's own (``datasets/``: its JSON Lines files and, under
+``datasets/samples/``, small samples of the public formats) and the shared real ones when present."""
 
 from __future__ import annotations
 
@@ -6,8 +7,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .datasets import DatasetError, detect_format
+
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT_DATASETS = ROOT / "datasets"
+SAMPLES = PROJECT_DATASETS / "samples"
 DEMO_DATASET = PROJECT_DATASETS / "demo.jsonl"
 
 
@@ -20,12 +24,21 @@ def shared_datasets_dir() -> Path:
 class DatasetEntry:
     name: str
     path: Path
-    format: str | None
+    format: str | None  # None: detected when loaded
     origin: str  # "project" | "shared"
+
+
+def _detected(path: Path) -> str | None:
+    try:
+        return detect_format(path)
+    except DatasetError:
+        return None  # loading it will say what is wrong
 
 
 def known_datasets() -> list[DatasetEntry]:
     entries = [DatasetEntry(p.stem, p, "omem", "project") for p in sorted(PROJECT_DATASETS.glob("*.jsonl"))]
+    samples = sorted(p for p in SAMPLES.glob("*") if p.is_dir() or p.suffix in (".json", ".jsonl"))
+    entries += [DatasetEntry(p.stem, p, _detected(p), "project") for p in samples]
     shared = shared_datasets_dir()
     candidates = [
         ("locomo-dev", shared / "locomo-dev" / "locomo-dev.json", "locomo"),

@@ -19,6 +19,8 @@ from .base import DatasetError
 LINE_SUFFIXES = (".jsonl", ".ndjson")
 CHUNK = 1 << 22  # bytes read at a time when streaming a list (grows for larger elements)
 _WHITESPACE = " \t\n\r"
+_NUMBER_START = frozenset("-0123456789")
+_NUMBER_PART = frozenset("0123456789+-.eE")
 _NOTHING = object()
 
 
@@ -164,8 +166,8 @@ def json_array(file: Path) -> Iterator[Element]:
                 while True:
                     try:
                         value, end = decoder.raw_decode(buf)
-                        if end == len(buf) and not eof and buf[0] not in "[{\"":
-                            raise json.JSONDecodeError("number may continue", buf, end)
+                        if not eof and buf[0] in _NUMBER_START and (end == len(buf) or buf[end] in _NUMBER_PART):
+                            raise json.JSONDecodeError("the number may go on", buf, end)  # read more
                         break
                     except json.JSONDecodeError as exc:
                         if eof or not _incomplete(exc, buf):
