@@ -11,11 +11,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from workbench.catalog import DEMO_DATASET, PROJECT_DATASETS
-from workbench.datasets import FORMATS, DatasetError, load_dataset
+from workbench.datasets import FORMATS, DatasetError, list_conversations, load_conversation, load_dataset
 from workbench.replay import ReplayConfig, replay
 from workbench.runstore import RunStore
 
 VALID = (PROJECT_DATASETS / "tiny.jsonl").read_bytes()
+LONGMEMEVAL = (PROJECT_DATASETS / "samples" / "longmemeval-sample.json").read_bytes()
+REALTALK = (PROJECT_DATASETS / "samples" / "realtalk-sample.json").read_bytes()
 LOCOMO_LIKE = json.dumps([{"sample_id": "s", "qa": [{"question": "q", "answer": "a", "evidence": ["D1:1"],
                                                        "category": 1}],
                            "conversation": {"speaker_a": "A", "speaker_b": "B",
@@ -37,16 +39,19 @@ def mutate(data: bytes, cut: int, flips: list[tuple[int, int]]) -> bytes:
 
 
 def only_dataset_errors(path: Path, fmt: str | None) -> None:
-    try:
-        load_dataset(path, fmt)
-    except DatasetError as exc:
-        assert str(path) in str(exc) and exc.record  # names the file and the record
-    # Any other exception fails the test: it would escape to the user as a crash.
+    """Every entry point (whole file, listing, one conversation) fails only with a DatasetError
+    naming the file and the record. Any other exception fails the test: it would escape to the
+    user as a crash."""
+    for read in (load_dataset, list_conversations, load_conversation):
+        try:
+            read(path, format=fmt)
+        except DatasetError as exc:
+            assert str(path) in str(exc) and exc.record  # names the file and the record
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(source=st.sampled_from([VALID, LOCOMO_LIKE]), cut=st.integers(0, 5000),
-       flips=st.lists(st.tuples(st.integers(0, 5000), st.integers(0, 255)), max_size=6),
+@given(source=st.sampled_from([VALID, LOCOMO_LIKE, LONGMEMEVAL, REALTALK]), cut=st.integers(0, 8000),
+       flips=st.lists(st.tuples(st.integers(0, 8000), st.integers(0, 255)), max_size=6),
        fmt=st.sampled_from([None, *FORMATS]))
 def test_truncated_and_corrupted_files_raise_only_dataset_errors(tmp_path, source, cut, flips, fmt) -> None:
     path = tmp_path / ("f.jsonl" if source is VALID else "f.json")
@@ -137,6 +142,19 @@ BEAM_PROBES = {"information_extraction": [{"question": "q", "answer": "a", "sour
                "knowledge_update": [{"question": "q2", "ideal_answer": "b", "source_chat_ids": {"x": [1]}}]}
 SHAPES = {
     "locomo": ("f.json", json.loads(LOCOMO_LIKE)),
+    "longmemeval": ("f.json", [{"question_id": "q1_abs", "question_type": "single-session-user", "question": "q",
+                                "answer": 3, "question_date": "2023/05/20 (Sat) 02:21",
+                                "haystack_session_ids": ["s1", "s2"],
+                                "haystack_dates": ["2023/05/20 (Sat) 02:21", "2023/05/19 (Fri) 10:00"],
+                                "haystack_sessions": [[{"role": "user", "content": "hi", "has_answer": True}],
+                                                      [{"role": "assistant", "content": "yo"}]],
+                                "answer_session_ids": ["s1"]}]),
+    "realtalk": ("f.json", {"name": {"speaker_1": "Ann", "speaker_2": "Bo"},
+                            "session_1": [{"clean_text": "hi", "text": "hi!", "speaker": "ann",
+                                           "date_time": "08.05.2023, 13:56:00", "dia_id": "D1:1"}],
+                            "session_1_date_time": "08.05.2023, 13:56:00",
+                            "events_session_1": {"agent_a": [], "agent_b": []},
+                            "qa": [{"question": "q", "answer": "a", "evidence": ["D1:1"], "category": 2}]}),
     "openai": ("f.json", [{"id": "c", "messages": [{"role": "user", "content": "hi"},
                                                     {"role": "assistant", "content": [{"type": "text", "text": "yo"}]}]}]),
     "sharegpt": ("f.json", [{"id": "c", "conversations": [{"from": "human", "value": "hi"}]}]),
@@ -145,11 +163,16 @@ SHAPES = {
 }
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(fmt=st.sampled_from([*SHAPES, "beam"]), data=st.data())
-def test_structurally_wrong_records_raise_only_dataset_errors(tmp_path, fmt, data) -> None:
-    """Replace any one node of a valid document by an arbitrary JSON value."""
-    if fmt == "beam":
+FORMAT_OF = {"realtalk": "locomo"}
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(shape=st.sampled_from([*SHAPES, "beam"]), detect=st.booleans(), data=st.data())
+def test_structurally_wrong_records_raise_only_dataset_errors(tmp_path, shape, detect, data) -> None:
+    """Replace any one node of a valid document by an arbitrary JSON value; load it as its format
+    and by detection."""
+    fmt = None if detect else FORMAT_OF.get(shape, shape)
+    if shape == "beam":
         which = data.draw(st.sampled_from(["chat", "probes"]))
         chat, probes = BEAM_CHAT, BEAM_PROBES
         target = chat if which == "chat" else probes
@@ -162,7 +185,7 @@ def test_structurally_wrong_records_raise_only_dataset_errors(tmp_path, fmt, dat
         (folder / "probing_questions.json").write_text(json.dumps(probes))
         only_dataset_errors(folder, fmt)
         return
-    name, document = SHAPES[fmt]
+    name, document = SHAPES[shape]
     path = data.draw(st.sampled_from(list(_paths(document))))
     file = tmp_path / name
     file.write_text(json.dumps(_replace(document, path, data.draw(JSON_VALUES))))
