@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
-from .messages import Message
+from .messages import Message, check_message
 
 
 @runtime_checkable
@@ -33,6 +33,13 @@ class MemoryStore(Protocol):
     ) -> list[Message]: ...
 
     async def delete_thread(self, thread_id: str) -> None: ...
+
+
+def check_last(last: object) -> int:
+    """``last`` if it is a non-negative int, else a ``ValueError``."""
+    if isinstance(last, bool) or not isinstance(last, int) or last < 0:
+        raise ValueError(f"last must be a non-negative integer, got {last!r}")
+    return last
 
 
 class _Thread:
@@ -74,29 +81,33 @@ class InMemoryMemoryStore:
         self._seq = 0
 
     async def save_messages(self, messages: Sequence[Message]) -> None:
+        # Validate the whole batch first, so that a bad message saves nothing (as in SQLite).
+        fresh: dict[tuple[str, str], Message] = {}
         for message in messages:
-            if not isinstance(message, Message):
-                raise TypeError(f"save_messages takes Message objects, got {type(message).__name__}")
+            check_message(message)
             thread = self._threads.get(message.thread_id)
-            if thread is None:
-                thread = self._threads[message.thread_id] = _Thread()
-            key = thread.key_of.get(message.id)
-            if key is not None:
-                existing = thread.messages[bisect_left(thread.keys, key)]
+            key = thread.key_of.get(message.id) if thread is not None else None
+            existing = thread.messages[bisect_left(thread.keys, key)] if thread is not None and key is not None \
+                else fresh.get((message.thread_id, message.id))
+            if existing is not None:
                 if existing != message:
                     raise ValueError(
                         f"message {message.id!r} is already saved in thread "
                         f"{message.thread_id!r} with other fields; messages are immutable"
                     )
                 continue
+            fresh[(message.thread_id, message.id)] = message
+        for message in fresh.values():
+            thread = self._threads.get(message.thread_id)
+            if thread is None:
+                thread = self._threads[message.thread_id] = _Thread()
             self._seq += 1
             thread.add(message, self._seq)
 
     async def recall(
         self, thread_id: str, *, last: int, before: str | None = None
     ) -> list[Message]:
-        if last < 0:
-            raise ValueError(f"last must be >= 0, got {last}")
+        check_last(last)
         thread = self._threads.get(thread_id)
         if before is not None:
             key = thread.key_of.get(before) if thread is not None else None
@@ -142,8 +153,10 @@ class Memory:
     async def recall(
         self, thread_id: str, *, before: str | None = None, last: int | None = None
     ) -> list[Message]:
-        """``storage.recall`` with ``last=last or last_messages``."""
-        return await self.storage.recall(thread_id, last=last or self.last_messages, before=before)
+        """``storage.recall`` with ``last`` (default ``last_messages``). ``last=0`` is honoured: no
+        window (a wrapped store still returns its memory message)."""
+        return await self.storage.recall(
+            thread_id, last=self.last_messages if last is None else check_last(last), before=before)
 
     async def delete_thread(self, thread_id: str) -> None:
         await self.storage.delete_thread(thread_id)

@@ -11,6 +11,31 @@ ROLES = frozenset({"user", "assistant", "system", "tool"})
 RecordKind = Literal["observation", "reflection"]
 
 
+def check_text(value: object, what: str, field: str) -> str:
+    """``value`` if it is a ``str`` that can be stored (valid Unicode: no lone surrogate), else a
+    ``TypeError``/``ValueError`` naming ``what`` and ``field``. Every adapter applies it the same way."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what}: {field} must be a str, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{what}: {field} is not valid Unicode (a lone surrogate {value[exc.start]!r} at "
+                         f"position {exc.start}); decode the text with errors='replace' first") from None
+    return value
+
+
+def check_message(message: object) -> Message:
+    """``message`` if it is a storable ``Message``, else a clear error (used by every adapter)."""
+    if not isinstance(message, Message):
+        raise TypeError(f"save_messages takes Message objects, got {type(message).__name__}")
+    what = f"message {message.id!r}"
+    for name in ("id", "thread_id", "role", "content"):
+        check_text(getattr(message, name), what, name)
+    if message.resource_id is not None:
+        check_text(message.resource_id, what, "resource_id")
+    return message
+
+
 def _require_aware(value: datetime, what: str) -> None:
     if not isinstance(value, datetime):
         raise TypeError(f"{what}: created_at must be a datetime, got {type(value).__name__}")

@@ -1,12 +1,23 @@
-"""The observation port (``ObservationStore``) and its in-memory default."""
+"""The observation port (``ObservationStore``), its optional capabilities, and the in-memory default.
+
+A store implements the three methods of :class:`ObservationStore`. It may add capabilities that
+the wrapper uses when present (each is a ``runtime_checkable`` Protocol, so
+``isinstance(store, Leases)`` tells):
+
+* :class:`RecentRecords` — ``list_recent``: reads stay flat in the thread's history;
+* :class:`Leases` — ``try_lease`` / ``release_lease``: processes sharing the store run a thread's
+  pass once;
+* :class:`DeleteEpochs` — ``delete_epoch`` / ``save_unless_deleted``: a delete made anywhere is
+  never undone by a pass still in flight elsewhere.
+"""
 
 from __future__ import annotations
 
 import builtins
-
+import itertools
 from typing import Protocol, runtime_checkable
 
-from .messages import ObservationRecord
+from .messages import ObservationRecord, check_text
 
 
 @runtime_checkable
@@ -14,13 +25,10 @@ class ObservationStore(Protocol):
     """Where observation and reflection records live. Every method is async.
 
     * ``list(thread_id)``: the thread's records in creation order;
-    * ``save(record)``: append one record;
+    * ``save(record)``: append one record. Saving a record whose id is already saved with the
+      same thread and ``source_ids`` is a no-op (a pass that ran twice); the same id with other
+      sources is a ``ValueError`` (records are never edited);
     * ``delete_by_thread(thread_id)``: drop the thread's records.
-
-    Optional capability, used by the wrapper when present so that a read stays flat in the
-    thread's history: ``list_recent(thread_id)`` returns the suffix of ``list(thread_id)`` that
-    starts at the newest reflection or at the newest observation, whichever is older (the whole
-    list when there is no reflection).
     """
 
     async def list(self, thread_id: str) -> list[ObservationRecord]: ...
@@ -30,24 +38,95 @@ class ObservationStore(Protocol):
     async def delete_by_thread(self, thread_id: str) -> None: ...
 
 
+@runtime_checkable
+class RecentRecords(Protocol):
+    """Optional capability: the part of ``list`` a read needs, so that reads stay flat.
+
+    ``list_recent(thread_id)`` returns the suffix of ``list(thread_id)`` that starts at the oldest
+    of: the newest reflection, the newest observation, and every observation older than the newest
+    reflection that this reflection does not cover. Without a reflection it is the whole list.
+    A view of the thread (:func:`omem_core.planning.view_of`) is then the same from either read.
+    """
+
+    async def list_recent(self, thread_id: str) -> builtins.list[ObservationRecord]: ...
+
+
+@runtime_checkable
+class Leases(Protocol):
+    """Optional capability: one holder at a time runs a thread's pass (across processes).
+
+    ``try_lease(thread_id, holder, ttl)`` takes the lease for ``ttl`` seconds, or renews it when
+    ``holder`` already has it, and returns ``False`` when another holder's lease is still live.
+    ``release_lease(thread_id, holder)`` gives it back (a no-op if ``holder`` lost it).
+    """
+
+    async def try_lease(self, thread_id: str, holder: str, ttl: float) -> bool: ...
+
+    async def release_lease(self, thread_id: str, holder: str) -> None: ...
+
+
+@runtime_checkable
+class DeleteEpochs(Protocol):
+    """Optional capability: deletes that an in-flight pass (in any process) cannot undo.
+
+    ``delete_epoch(thread_id)`` returns an int that identifies the thread's current incarnation;
+    ``delete_by_thread`` ends that incarnation, and a later incarnation of the same thread id never
+    gets the same number. ``save_unless_deleted(record, epoch)`` saves ``record`` and returns
+    ``True`` only if the thread is still in incarnation ``epoch``, checked in the same transaction
+    as the save; otherwise it saves nothing and returns ``False``.
+
+    A pass reads the epoch *before* it reads the messages it condenses, so a record is saved only
+    if no delete happened in between.
+    """
+
+    async def delete_epoch(self, thread_id: str) -> int: ...
+
+    async def save_unless_deleted(self, record: ObservationRecord, epoch: int) -> bool: ...
+
+
+def check_record(record: object) -> ObservationRecord:
+    """``record`` if it is a storable ``ObservationRecord`` (valid Unicode text), else a clear error."""
+    if not isinstance(record, ObservationRecord):
+        raise TypeError(f"save takes an ObservationRecord, got {type(record).__name__}")
+    what = f"record {record.id!r}"
+    for name in ("id", "thread_id", "text"):
+        check_text(getattr(record, name), what, name)
+    if record.resource_id is not None:
+        check_text(record.resource_id, what, "resource_id")
+    for source in record.source_ids:
+        check_text(source, what, "source_ids")
+    return record
+
+
+def already_saved(existing: ObservationRecord, record: ObservationRecord) -> bool:
+    """Whether saving ``record`` over ``existing`` (same id) is a no-op, or raise ``ValueError``."""
+    if existing.thread_id == record.thread_id and existing.source_ids == record.source_ids:
+        return True
+    raise ValueError(f"record {record.id!r} is already saved with other sources; records are never edited")
+
+
 class _ThreadRecords:
-    __slots__ = ("records", "ids", "newest_reflection", "newest_observation")
+    __slots__ = ("records", "ids", "newest_reflection", "newest_observation", "uncovered_from")
 
     def __init__(self) -> None:
         self.records: list[ObservationRecord] = []
-        self.ids: set[str] = set()
+        self.ids: dict[str, ObservationRecord] = {}
         self.newest_reflection = -1
         self.newest_observation = -1
+        self.uncovered_from = -1  # the oldest observation the newest reflection does not cover
 
 
 class InMemoryObservationStore:
-    """The default ``ObservationStore``: records live as long as the process.
+    """The default ``ObservationStore``, with the ``list_recent`` and delete-epoch capabilities.
 
-    Losing them (a restart) costs correctness nothing: the next read re-observes.
+    Records live as long as the process; losing them (a restart) costs correctness nothing: the
+    next read re-observes. A deleted thread leaves nothing behind (no tombstone).
     """
 
     def __init__(self) -> None:
         self._threads: dict[str, _ThreadRecords] = {}
+        self._epochs: dict[str, int] = {}
+        self._serial = itertools.count(1)
 
     async def list(self, thread_id: str) -> list[ObservationRecord]:
         thread = self._threads.get(thread_id)
@@ -59,26 +138,53 @@ class InMemoryObservationStore:
             return []
         if thread.newest_reflection < 0:
             return list(thread.records)
-        start = thread.newest_reflection
-        if 0 <= thread.newest_observation < start:
-            start = thread.newest_observation
+        start = min(i for i in (thread.newest_reflection, thread.newest_observation, thread.uncovered_from) if i >= 0)
         return thread.records[start:]
 
     async def save(self, record: ObservationRecord) -> None:
-        if not isinstance(record, ObservationRecord):
-            raise TypeError(f"save takes an ObservationRecord, got {type(record).__name__}")
+        self._save(check_record(record))
+
+    def _save(self, record: ObservationRecord) -> None:
         thread = self._threads.setdefault(record.thread_id, _ThreadRecords())
-        if record.id in thread.ids:
-            raise ValueError(f"record {record.id!r} is already saved; records are never edited")
-        thread.ids.add(record.id)
+        existing = thread.ids.get(record.id)
+        if existing is not None and already_saved(existing, record):
+            return
+        thread.ids[record.id] = record
         thread.records.append(record)
+        index = len(thread.records) - 1
         if record.kind == "reflection":
-            thread.newest_reflection = len(thread.records) - 1
+            thread.newest_reflection = index
+            thread.uncovered_from = _oldest_uncovered(thread.records, record)
         else:
-            thread.newest_observation = len(thread.records) - 1
+            thread.newest_observation = index
 
     async def delete_by_thread(self, thread_id: str) -> None:
         self._threads.pop(thread_id, None)
+        self._epochs.pop(thread_id, None)
+
+    async def delete_epoch(self, thread_id: str) -> int:
+        epoch = self._epochs.get(thread_id)
+        if epoch is None:
+            epoch = self._epochs[thread_id] = next(self._serial)
+        return epoch
+
+    async def save_unless_deleted(self, record: ObservationRecord, epoch: int) -> bool:
+        check_record(record)
+        if self._epochs.get(record.thread_id) != epoch:
+            return False
+        self._save(record)
+        return True
+
+
+def _oldest_uncovered(records: builtins.list[ObservationRecord], reflection: ObservationRecord) -> int:
+    """Index of the oldest observation before ``reflection`` (the last record) that it does not
+    cover, or -1. Runs once per saved reflection (its cost is the reflection's source list)."""
+    sources = frozenset(reflection.source_ids)
+    for index in range(len(records) - 1):
+        record = records[index]
+        if record.kind == "observation" and record.id not in sources:
+            return index
+    return -1
 
 
 def create_in_memory_observation_store() -> ObservationStore:

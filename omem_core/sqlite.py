@@ -20,13 +20,16 @@ import builtins
 
 import json
 import sqlite3
+from collections import OrderedDict
 import threading
 import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .messages import Message, ObservationRecord
+from .memory import check_last
+from .messages import Message, ObservationRecord, check_message
+from .observations import already_saved, check_record
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -69,6 +72,21 @@ _MIGRATIONS: list[str] = [
         holder TEXT NOT NULL,
         expires_at REAL NOT NULL
     );
+    """,
+    # 3: delete epochs (one row per live thread that had a pass; a delete removes it, and
+    # AUTOINCREMENT never hands the same number out again), and per reflection the oldest older
+    # observation it does not cover (so that list_recent can include it without decoding sources)
+    """
+    CREATE TABLE IF NOT EXISTS omem_threads (
+        epoch INTEGER PRIMARY KEY AUTOINCREMENT,
+        thread_id TEXT NOT NULL UNIQUE
+    );
+    ALTER TABLE omem_records ADD COLUMN uncovered_from INTEGER;
+    UPDATE omem_records SET uncovered_from = (
+        SELECT min(o.seq) FROM omem_records AS o
+        WHERE o.thread_id = omem_records.thread_id AND o.kind = 'observation' AND o.seq < omem_records.seq
+          AND o.id NOT IN (SELECT value FROM json_each(omem_records.source_ids)))
+    WHERE kind = 'reflection';
     """,
 ]
 
@@ -129,13 +147,13 @@ class SQLiteMemoryStore:
         self._db.close()
 
     async def save_messages(self, messages: Sequence[Message]) -> None:
+        for message in messages:
+            check_message(message)  # the whole batch first, the same checks as the in-memory store
         db = self._db
         with db.lock:
             db.con.execute("BEGIN IMMEDIATE")
             try:
                 for message in messages:
-                    if not isinstance(message, Message):
-                        raise TypeError(f"save_messages takes Message objects, got {type(message).__name__}")
                     row = db.con.execute(
                         "SELECT role, content, created_at, resource_id FROM omem_messages "
                         "WHERE thread_id = ? AND id = ?", (message.thread_id, message.id)).fetchone()
@@ -161,8 +179,7 @@ class SQLiteMemoryStore:
                        created_at=datetime.fromisoformat(created_at), resource_id=resource_id)
 
     async def recall(self, thread_id: str, *, last: int, before: str | None = None) -> list[Message]:
-        if last < 0:
-            raise ValueError(f"last must be >= 0, got {last}")
+        check_last(last)
         db = self._db
         with db.lock:
             if before is not None:
@@ -201,15 +218,118 @@ class SQLiteMemoryStore:
 
 
 class SQLiteObservationStore:
-    """An ``ObservationStore`` in one SQLite file, with the ``list_recent`` capability and the lease
+    """An ``ObservationStore`` in one SQLite file, with the ``list_recent`` capability, the lease
     capability (``try_lease``/``release_lease``) that lets processes sharing the file run each
-    thread's compaction pass exactly once."""
+    thread's compaction pass exactly once, and the delete-epoch capability
+    (``delete_epoch``/``save_unless_deleted``) that keeps a delete made by any process from being
+    undone by a pass still in flight in another.
 
-    def __init__(self, path: str | Path) -> None:
+    ``cache_ids`` bounds the decoded long reflections kept in memory (counted in source ids): a
+    reflection's source list grows with the thread, and decoding it on every read would make
+    reads grow with the history. Rows are immutable and their ``seq`` is never reused, so the
+    cache is valid across processes.
+    """
+
+    def __init__(self, path: str | Path, *, cache_ids: int = 500_000) -> None:
         self._db = _Database(path)
+        self._cache: OrderedDict[int, ObservationRecord] = OrderedDict()
+        self._cached_ids = 0
+        self._cache_ids = cache_ids
 
     def close(self) -> None:
         self._db.close()
+
+    _COLUMNS = "id, thread_id, resource_id, created_at, kind, source_ids, text"
+    _LIGHT = ("seq, id, thread_id, resource_id, created_at, kind, "
+              "CASE WHEN kind = 'reflection' THEN NULL ELSE source_ids END, text")
+
+    def _records(self, rows: builtins.list[tuple]) -> builtins.list[ObservationRecord]:
+        """Records from ``_LIGHT`` rows; a reflection's source list is decoded once per process
+        (then served from the cache). Call with the lock held."""
+        records = []
+        for seq, record_id, thread_id, resource_id, created_at, kind, source_ids, text in rows:
+            if kind == "reflection":
+                cached = self._cache.get(seq)
+                if cached is not None:
+                    self._cache.move_to_end(seq)
+                    records.append(cached)
+                    continue
+                source_ids = self._db.con.execute("SELECT source_ids FROM omem_records WHERE seq = ?",
+                                                  (seq,)).fetchone()[0]
+            record = ObservationRecord(id=record_id, thread_id=thread_id, resource_id=resource_id,
+                                       created_at=datetime.fromisoformat(created_at), kind=kind,
+                                       source_ids=tuple(json.loads(source_ids)), text=text)
+            if kind == "reflection" and 512 <= len(record.source_ids) <= self._cache_ids:
+                self._cache[seq] = record
+                self._cached_ids += len(record.source_ids)
+                while self._cached_ids > self._cache_ids:
+                    _, evicted = self._cache.popitem(last=False)
+                    self._cached_ids -= len(evicted.source_ids)
+            records.append(record)
+        return records
+
+    async def list(self, thread_id: str) -> list[ObservationRecord]:
+        with self._db.lock:
+            rows = self._db.con.execute(f"SELECT {self._LIGHT} FROM omem_records WHERE thread_id = ? ORDER BY seq",
+                                        (thread_id,)).fetchall()
+            return self._records(rows)
+
+    async def list_recent(self, thread_id: str) -> builtins.list[ObservationRecord]:
+        con = self._db.con
+        with self._db.lock:  # three index lookups, not a scan of the thread
+            reflection = con.execute("SELECT seq, uncovered_from FROM omem_records WHERE thread_id = ? AND "
+                                     "kind = 'reflection' ORDER BY seq DESC LIMIT 1", (thread_id,)).fetchone()
+            start = 0
+            if reflection is not None:
+                observation = con.execute("SELECT max(seq) FROM omem_records WHERE thread_id = ? AND "
+                                          "kind = 'observation'", (thread_id,)).fetchone()[0]
+                start = min(v for v in (*reflection, observation) if v is not None)
+            rows = con.execute(f"SELECT {self._LIGHT} FROM omem_records WHERE thread_id = ? AND seq >= ? "
+                               "ORDER BY seq", (thread_id, start)).fetchall()
+            return self._records(rows)
+
+    async def save(self, record: ObservationRecord) -> None:
+        await self.save_unless_deleted(record, None)
+
+    async def save_unless_deleted(self, record: ObservationRecord, epoch: int | None) -> bool:
+        """Save ``record`` if its thread is still in incarnation ``epoch`` (``None``: always), in
+        one transaction with that check; ``False`` when it was deleted meanwhile."""
+        check_record(record)
+        con = self._db.con
+        with self._db.lock:
+            con.execute("BEGIN IMMEDIATE")
+            try:
+                if epoch is not None:
+                    row = con.execute("SELECT epoch FROM omem_threads WHERE thread_id = ?",
+                                      (record.thread_id,)).fetchone()
+                    if row is None or row[0] != epoch:
+                        con.execute("ROLLBACK")
+                        return False
+                existing = con.execute(f"SELECT {self._COLUMNS} FROM omem_records WHERE id = ?",
+                                       (record.id,)).fetchone()
+                if existing is not None:
+                    already_saved(self._record(existing), record)  # a no-op, or ValueError
+                    con.execute("ROLLBACK")
+                    return True
+                uncovered = None
+                if record.kind == "reflection":
+                    sources = frozenset(record.source_ids)
+                    for seq, record_id in con.execute(
+                            "SELECT seq, id FROM omem_records WHERE thread_id = ? AND kind = 'observation' "
+                            "ORDER BY seq", (record.thread_id,)):
+                        if record_id not in sources:
+                            uncovered = seq
+                            break
+                con.execute(
+                    f"INSERT INTO omem_records ({self._COLUMNS}, uncovered_from) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (record.id, record.thread_id, record.resource_id, record.created_at.isoformat(), record.kind,
+                     json.dumps(list(record.source_ids)), record.text, uncovered))
+                con.execute("COMMIT")
+                return True
+            except BaseException:
+                if con.in_transaction:
+                    con.execute("ROLLBACK")
+                raise
 
     @staticmethod
     def _record(row: tuple) -> ObservationRecord:
@@ -218,42 +338,30 @@ class SQLiteObservationStore:
                                  created_at=datetime.fromisoformat(created_at), kind=kind,
                                  source_ids=tuple(json.loads(source_ids)), text=text)
 
-    _COLUMNS = "id, thread_id, resource_id, created_at, kind, source_ids, text"
-
-    async def list(self, thread_id: str) -> list[ObservationRecord]:
-        with self._db.lock:
-            rows = self._db.con.execute(f"SELECT {self._COLUMNS} FROM omem_records WHERE thread_id = ? ORDER BY seq",
-                                        (thread_id,)).fetchall()
-        return [self._record(row) for row in rows]
-
-    async def list_recent(self, thread_id: str) -> builtins.list[ObservationRecord]:
-        with self._db.lock:
-            newest = {kind: self._db.con.execute(  # two index lookups, not a scan of the thread
-                "SELECT max(seq) FROM omem_records WHERE thread_id = ? AND kind = ?", (thread_id, kind)).fetchone()[0]
-                for kind in ("reflection", "observation")}
-            start = 0
-            if newest["reflection"] is not None:
-                start = min(v for v in newest.values() if v is not None)
-            rows = self._db.con.execute(
-                f"SELECT {self._COLUMNS} FROM omem_records WHERE thread_id = ? AND seq >= ? ORDER BY seq",
-                (thread_id, start)).fetchall()
-        return [self._record(row) for row in rows]
-
-    async def save(self, record: ObservationRecord) -> None:
-        if not isinstance(record, ObservationRecord):
-            raise TypeError(f"save takes an ObservationRecord, got {type(record).__name__}")
-        try:
-            with self._db.lock:
-                self._db.con.execute(
-                    f"INSERT INTO omem_records ({self._COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (record.id, record.thread_id, record.resource_id, record.created_at.isoformat(), record.kind,
-                     json.dumps(list(record.source_ids)), record.text))
-        except sqlite3.IntegrityError as exc:
-            raise ValueError(f"record {record.id!r} is already saved; records are never edited") from exc
-
     async def delete_by_thread(self, thread_id: str) -> None:
+        """Drop the thread's records and end its incarnation (a pass in flight anywhere then
+        saves nothing), in one transaction. Nothing about the thread is kept."""
+        con = self._db.con
         with self._db.lock:
-            self._db.con.execute("DELETE FROM omem_records WHERE thread_id = ?", (thread_id,))
+            con.execute("BEGIN IMMEDIATE")
+            try:
+                con.execute("DELETE FROM omem_records WHERE thread_id = ?", (thread_id,))
+                con.execute("DELETE FROM omem_threads WHERE thread_id = ?", (thread_id,))
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+            for seq in [seq for seq, record in self._cache.items() if record.thread_id == thread_id]:
+                self._cached_ids -= len(self._cache.pop(seq).source_ids)
+
+    async def delete_epoch(self, thread_id: str) -> int:
+        con = self._db.con
+        with self._db.lock:
+            row = con.execute("SELECT epoch FROM omem_threads WHERE thread_id = ?", (thread_id,)).fetchone()
+            if row is None:
+                con.execute("INSERT OR IGNORE INTO omem_threads (thread_id) VALUES (?)", (thread_id,))
+                row = con.execute("SELECT epoch FROM omem_threads WHERE thread_id = ?", (thread_id,)).fetchone()
+            return int(row[0])
 
     # -- the lease capability: cross-process dedup of compaction passes -------------------------
 

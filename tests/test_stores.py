@@ -145,19 +145,23 @@ async def test_memory_without_working_memory_capability() -> None:
 
 
 def recent_suffix_start(records: list[ObservationRecord]) -> int:
-    """Reference: where ``list_recent`` starts in a full, creation-ordered record list."""
-    newest: dict[str, int] = {}
-    for index in range(len(records) - 1, -1, -1):
-        newest.setdefault(records[index].kind, index)
-        if len(newest) == 2:
-            break
-    if "reflection" not in newest:
+    """Reference: where ``list_recent`` starts in a full, creation-ordered record list: the oldest
+    of the newest reflection, the newest observation, and every older observation the newest
+    reflection does not cover."""
+    reflections = [i for i, r in enumerate(records) if r.kind == "reflection"]
+    if not reflections:
         return 0
-    return min(newest.values())  # the newest observation when it precedes the reflection
+    newest = reflections[-1]
+    covered = set(records[newest].source_ids)
+    candidates = [newest] + [i for i, r in enumerate(records) if r.kind == "observation"][-1:]
+    candidates += [i for i, r in enumerate(records[:newest]) if r.kind == "observation" and r.id not in covered]
+    return min(candidates)
 
 
-def record(i: int, kind: str = "observation", sources: tuple[str, ...] = ()) -> ObservationRecord:
-    return ObservationRecord(id=f"r{i}", thread_id="t", resource_id=None,
+def record(i: int, kind: str = "observation", sources: tuple[str, ...] = (), *, thread: str = "t") -> ObservationRecord:
+    """Ids sort in the opposite order of creation (``r999`` first, then ``r998``…), so an adapter
+    that orders by id instead of creation fails."""
+    return ObservationRecord(id=f"r{999 - i}", thread_id=thread, resource_id=None,
                              created_at=T0 + timedelta(seconds=i), kind=kind,  # type: ignore[arg-type]
                              source_ids=sources or (f"m{i}",), text=f"note {i}")
 
@@ -167,29 +171,83 @@ async def test_observation_store_contract(make_observation_store) -> None:
     assert isinstance(store, ObservationStore)
     for i in range(3):
         await store.save(record(i))
-    assert [r.id for r in await store.list("t")] == ["r0", "r1", "r2"]
+    assert [r.id for r in await store.list("t")] == ["r999", "r998", "r997"]  # creation order, not id order
+    await store.save(record(1))  # the same id and sources again (a pass that ran twice): a no-op
+    assert [r.id for r in await store.list("t")] == ["r999", "r998", "r997"]
     with pytest.raises(ValueError, match="never edited"):
-        await store.save(record(1))
+        await store.save(record(1, sources=("m7",)))
     await store.delete_by_thread("t")
     assert await store.list("t") == []
 
 
-async def test_list_recent_is_the_documented_suffix(make_observation_store) -> None:
-    rng = random.Random(3)
-    for trial in range(50):
-        store = make_observation_store()
-        kinds = [rng.choice(["observation", "observation", "reflection"]) for _ in range(rng.randrange(1, 15))]
-        kinds[0] = "observation"
-        for i, kind in enumerate(kinds):
-            await store.save(record(i, kind))
-        full = await store.list("t")
-        assert await store.list_recent("t") == full[recent_suffix_start(full):]  # type: ignore[attr-defined]
-        if "reflection" in kinds:
-            newest_ref = max(i for i, k in enumerate(kinds) if k == "reflection")
-            newest_obs = max(i for i, k in enumerate(kinds) if k == "observation")
-            assert recent_suffix_start(full) == min(newest_ref, newest_obs)
+def random_records(rng: random.Random) -> list[ObservationRecord]:
+    """Records as passes (and lease expiries) leave them: each reflection covers a random subset of
+    the observations before it — usually all of them, sometimes leaving some out."""
+    records: list[ObservationRecord] = []
+    for i in range(rng.randrange(1, 15)):
+        kind = "observation" if i == 0 else rng.choice(["observation", "observation", "reflection"])
+        if kind == "reflection":
+            observations = [r.id for r in records if r.kind == "observation"]
+            keep = 1.0 if rng.random() < 0.5 else rng.random()
+            records.append(record(i, kind, tuple(o for o in observations if rng.random() < keep) or ("m0",)))
         else:
-            assert recent_suffix_start(full) == 0
+            records.append(record(i, kind))
+    return records
+
+
+async def test_list_recent_is_the_documented_suffix(make_observation_store) -> None:
+    from omem_core.observations import RecentRecords
+
+    rng = random.Random(3)
+    for trial in range(80):
+        store = make_observation_store()
+        assert isinstance(store, RecentRecords)
+        for r in random_records(rng):
+            await store.save(r)
+        full = await store.list("t")
+        assert await store.list_recent("t") == full[recent_suffix_start(full):]
+
+
+async def test_memory_is_the_same_from_list_and_list_recent(make_observation_store) -> None:
+    """A reflection that leaves older observations uncovered (e.g. after a lease expiry) must not
+    hide any of them when the wrapper reads only ``list_recent``."""
+    from omem_core.planning import memory_text, view_of
+
+    store = make_observation_store()
+    for i in range(3):
+        await store.save(record(i))
+    await store.save(record(3, "reflection", ("r999",)))  # covers the first observation only
+    full, recent = await store.list("t"), await store.list_recent("t")
+    assert memory_text(view_of(recent)) == memory_text(view_of(full)) == "note 3\n\nnote 1\n\nnote 2"
+    rng = random.Random(11)
+    for trial in range(80):
+        store = make_observation_store()
+        for r in random_records(rng):
+            await store.save(r)
+        full, recent = await store.list("t"), await store.list_recent("t")
+        assert view_of(recent) == view_of(full)
+
+
+async def test_delete_epochs(make_observation_store) -> None:
+    """A save checked against the epoch read before the delete saves nothing; the thread's next
+    incarnation has a new epoch; other threads are untouched; nothing of a deleted thread stays."""
+    from omem_core.observations import DeleteEpochs
+
+    store = make_observation_store()
+    assert isinstance(store, DeleteEpochs)
+    first = await store.delete_epoch("t")
+    assert await store.delete_epoch("t") == first  # reading does not change it
+    other = await store.delete_epoch("u")
+    assert await store.save_unless_deleted(record(0), first)
+    await store.delete_by_thread("t")
+    assert not await store.save_unless_deleted(record(1), first)  # a pass from before the delete
+    assert await store.list("t") == []
+    second = await store.delete_epoch("t")
+    assert second != first
+    assert not await store.save_unless_deleted(record(2), first)
+    assert await store.save_unless_deleted(record(3), second)
+    assert await store.save_unless_deleted(record(4, thread="u"), other)
+    assert [r.id for r in await store.list("t")] == ["r996"]
 
 
 async def test_records_round_trip_exactly(make_observation_store) -> None:
@@ -218,9 +276,9 @@ def test_sqlite_schema_is_versioned_and_reopens(tmp_path) -> None:
     path = tmp_path / "both.db"
     SQLiteMemoryStore(path).close()
     SQLiteObservationStore(path).close()  # same file, both ports
-    assert schema_version(path) == len(_MIGRATIONS) == 2
+    assert schema_version(path) == len(_MIGRATIONS) == 3
     SQLiteMemoryStore(path).close()  # reopening migrates nothing twice
-    assert schema_version(path) == 2
+    assert schema_version(path) == 3
 
 
 async def test_sqlite_upgrades_an_older_file(tmp_path) -> None:
@@ -233,10 +291,17 @@ async def test_sqlite_upgrades_an_older_file(tmp_path) -> None:
         con.executescript(_MIGRATIONS[0] + "; PRAGMA user_version = 1;")
         con.execute("INSERT INTO omem_records (id, thread_id, created_at, kind, source_ids, text) "
                     "VALUES ('r1', 't', '2024-01-01T00:00:00+00:00', 'observation', '[\"m1\"]', 'kept')")
+        for i, source in ((2, "m2"), (3, "m3")):
+            con.execute("INSERT INTO omem_records (id, thread_id, created_at, kind, source_ids, text) "
+                        f"VALUES ('r{i}', 't', '2024-01-01T00:00:00+00:00', 'observation', '[\"{source}\"]', 'o{i}')")
+        con.execute("INSERT INTO omem_records (id, thread_id, created_at, kind, source_ids, text) "
+                    "VALUES ('ref', 't', '2024-01-01T00:00:00+00:00', 'reflection', '[\"r1\", \"r3\"]', 'R')")
     store = SQLiteObservationStore(path)
-    assert schema_version(path) == 2
-    assert [r.text for r in await store.list("t")] == ["kept"]
+    assert schema_version(path) == 3
+    assert [r.text for r in await store.list("t")] == ["kept", "o2", "o3", "R"]
+    assert [r.text for r in await store.list_recent("t")] == ["o2", "o3", "R"]  # r2 is not covered
     assert await store.try_lease("t", "me", 30)
+    assert await store.save_unless_deleted(record(9), await store.delete_epoch("t"))
 
 
 async def test_sqlite_persists_across_reopen(tmp_path) -> None:
@@ -246,3 +311,48 @@ async def test_sqlite_persists_across_reopen(tmp_path) -> None:
     first.close()
     again = SQLiteMemoryStore(path)
     assert [m.id for m in await again.recall("t", last=2, before="m4")] == ["m2", "m3"]
+
+
+async def test_order_does_not_follow_ids(make_memory_store) -> None:
+    """Ids whose sort order is the reverse of creation: order is by time, then insertion."""
+    store = make_memory_store()
+    messages = [Message(id=f"z{999 - i}", thread_id="t", role="user", content=str(i),
+                        created_at=T0 + timedelta(seconds=i // 2)) for i in range(20)]  # pairs share a time
+    await store.save_messages(messages[:10])
+    for m in messages[10:]:
+        await store.save_messages([m])
+    assert [m.id for m in await store.recall("t", last=5)] == [m.id for m in messages[15:]]
+    assert [m.id for m in await store.recall("t", last=4, before="z987")] == [m.id for m in messages[8:12]]
+
+
+@pytest.mark.parametrize("batch", [
+    [msg(5), msg(0, "changed")],  # conflicts with a stored message
+    [msg(5), msg(6), Message(id="m5", thread_id="t", role="user", content="other", created_at=T0)],  # within the batch
+])
+async def test_a_conflicting_batch_saves_nothing(make_memory_store, batch) -> None:
+    store = make_memory_store()
+    await store.save_messages([msg(0)])
+    with pytest.raises(ValueError, match="immutable"):
+        await store.save_messages(batch)
+    assert [m.id for m in await store.recall("t", last=10)] == ["m0"]
+    await store.save_messages([msg(5), msg(5)])  # an identical duplicate in a batch is fine
+    assert [m.id for m in await store.recall("t", last=10)] == ["m0", "m5"]
+
+
+@pytest.mark.parametrize("field", ["content", "id", "thread_id", "resource_id"])
+async def test_lone_surrogates_are_rejected_alike(make_memory_store, field) -> None:
+    store = make_memory_store()
+    values = {"id": "x", "thread_id": "t", "role": "user", "content": "ok", "created_at": T0, "resource_id": None}
+    values[field] = "bad \ud800 text"
+    with pytest.raises(ValueError, match=rf"{field} is not valid Unicode \(a lone surrogate"):
+        await store.save_messages([msg(1), Message(**values)])
+    assert await store.recall("t", last=10) == []  # nothing of the batch
+
+
+async def test_a_record_with_a_lone_surrogate_is_rejected_alike(make_observation_store) -> None:
+    store = make_observation_store()
+    bad = ObservationRecord(id="r", thread_id="t", resource_id=None, created_at=T0, kind="observation",
+                            source_ids=("m1",), text="note \udc80")
+    with pytest.raises(ValueError, match="text is not valid Unicode"):
+        await store.save(bad)
+    assert await store.list("t") == []
