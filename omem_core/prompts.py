@@ -9,11 +9,17 @@ real models read easily and that the offline ``omem/extractive`` model parses:
 * reflector input: ``<reflection>`` (the current reflection, possibly empty) and
   ``<observations>`` (the unreflected notes, oldest first);
 * both end with ``Target length: at most N tokens.``
+
+Text inside the layout (message content, notes) cannot forge it: every line break is folded, and a
+``<`` that would open or close one of the layout's tags (``<messages>``, ``</reflection>``, …) is
+written ``&lt;`` (:func:`escape_structure`; an ``&lt;`` already there gains an ``amp;``, so
+:func:`unescape_structure` restores the text exactly).
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -122,12 +128,28 @@ BUILTIN_PROMPTS: dict[str, tuple[Prompt, ...]] = {
 """Every shipped prompt version per role, the default first."""
 
 
+_TAG_TAIL = r"(?=\s*/?\s*(?:messages|reflection|observations)\s*>)"
+_ESCAPABLE = re.compile(r"(?:&(?:amp;)*lt;|<)" + _TAG_TAIL, re.IGNORECASE)
+_ESCAPED = re.compile(r"&(?:amp;)*lt;" + _TAG_TAIL, re.IGNORECASE)
+
+
+def escape_structure(text: str) -> str:
+    """``text`` with every ``<`` that would open or close a tag of the compaction input layout
+    written ``&lt;`` (and an existing ``&lt;`` before such a name written ``&amp;lt;``)."""
+    return _ESCAPABLE.sub(lambda m: "&lt;" if m[0] == "<" else "&amp;" + m[0][1:], text)
+
+
+def unescape_structure(text: str) -> str:
+    """The inverse of :func:`escape_structure`."""
+    return _ESCAPED.sub(lambda m: "<" if len(m[0]) == 4 else "&" + m[0][5:], text)
+
+
 def format_timestamp(value: datetime) -> str:
     return value.strftime("%Y-%m-%d %H:%M %a")
 
 
 def render_message_line(message: Message) -> str:
-    content = " / ".join(part.strip() for part in message.content.splitlines() if part.strip())
+    content = " / ".join(part.strip() for part in escape_structure(message.content).splitlines() if part.strip())
     return f"[{format_timestamp(message.created_at)}] {message.role}: {content}"
 
 
@@ -142,8 +164,8 @@ def render_reflector_input(
     *,
     target_tokens: int,
 ) -> str:
-    current = reflection.text.strip() if reflection is not None else ""
-    notes = "\n".join(record.text.strip() for record in observations)
+    current = escape_structure(reflection.text.strip()) if reflection is not None else ""
+    notes = "\n".join(escape_structure(record.text.strip()) for record in observations)
     return (
         f"<reflection>\n{current}\n</reflection>\n\n<observations>\n{notes}\n</observations>\n\n"
         f"Target length: at most {target_tokens} tokens."
@@ -159,7 +181,7 @@ def render_tighten_input(draft: str, *, draft_tokens: int, limit_tokens: int, ta
         f"Your reflection was {draft_tokens} tokens; it must fit in {limit_tokens}. Rewrite it shorter: "
         "merge duplicates, keep the newest state of each fact, keep exact names, numbers and dates, "
         "and drop the least important lines.\n\n"
-        f"<reflection>\n\n</reflection>\n\n<observations>\n{draft.strip()}\n</observations>\n\n"
+        f"<reflection>\n\n</reflection>\n\n<observations>\n{escape_structure(draft.strip())}\n</observations>\n\n"
         f"Target length: at most {target_tokens} tokens."
     )
 

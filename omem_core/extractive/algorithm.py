@@ -12,6 +12,12 @@ infer or answer; it keeps the sentences that look most informative and tidies th
   (the newer wording wins), then tighten until the result fits the target length: first drop the
   weakest sentences inside long bullets, then the weakest bullets, older before newer on ties.
 
+It writes a note for every segment that has a message (the most salient sentence when none
+clears the bar, the message's first words when it has no sentence), and reflects any non-empty
+notes into a non-empty reflection: a short or odd message can never leave it with nothing to say.
+It reads the layout by its outermost tags and its last ``Target length`` line, and restores the
+text that :func:`omem_core.prompts.escape_structure` escaped, so message text cannot confuse it.
+
 Same input, same output, byte for byte.
 """
 
@@ -22,6 +28,9 @@ import re
 from dataclasses import dataclass
 from datetime import date, timedelta
 
+from collections.abc import Callable
+
+from ..prompts import unescape_structure
 from .lexicon import CUE_WORDS, FILLER_WORDS, MONTHS, STOP_WORDS, WEEKDAYS
 
 _HEADER = re.compile(
@@ -292,12 +301,35 @@ def observe(block: str, target_tokens: int) -> str:
             multiplier *= 1.4  # a self-disclosure ("I love sci-fi movies") is what memory is for
         units.append((word_weights(candidate.text), candidate.cost + 3, multiplier))
     chosen = [candidates[i] for i in greedy_cover(units, target_tokens, speakers)]
+    if not chosen and candidates:  # nothing clears the bar: the most salient sentence, cut to fit
+        best = max(candidates, key=lambda c: (c.score, -c.message, -c.position))
+        chosen = [_Candidate(best.message, best.position, first_words(best.text, target_tokens), best.score, best.cost)]
+    if not chosen:  # no sentence at all (empty or unreadable messages): say so, never nothing
+        if messages:
+            day, who, content = messages[0]
+            return render_dated([(human_date(day), f"{who.split('|', 1)[1]}: {first_words(content, target_tokens) or '(an empty message)'}")])
+        lines = [line.strip() for line in block.splitlines() if line.strip()]
+        return f"- {first_words(lines[0], target_tokens)}" if lines else ""
     bullets: dict[int, list[str]] = {}
     for candidate in sorted(chosen, key=lambda c: (c.message, c.position)):
         bullets.setdefault(candidate.message, []).append(candidate.text)
     dated = [(human_date(messages[index][0]), f"{messages[index][1].split('|', 1)[1]}: {' '.join(sentences)}")
              for index, sentences in bullets.items()]
     return render_dated(dated)
+
+
+def first_words(text: str, target_tokens: int) -> str:
+    """The longest prefix of whole words of ``text`` within ``target_tokens`` (at least one word,
+    itself cut to the target when it is longer)."""
+    words = text.split()
+    kept: list[str] = []
+    for word in words:
+        if estimate_tokens(" ".join([*kept, word])) > target_tokens:
+            break
+        kept.append(word)
+    if not kept and words:
+        return words[0][: max(1, target_tokens * 4)]
+    return " ".join(kept)
 
 
 def render_dated(bullets: list[tuple[str, str]]) -> str:
@@ -375,6 +407,9 @@ def reflect(reflection: str, observations: str, target_tokens: int) -> str:
                 break
         if words:
             merged.append(_Bullet(order, day, body, words))
+    if not merged:  # notes without a content word ("- ok"): keep the newest line, never nothing
+        lines = [line.strip() for line in f"{reflection}\n{observations}".splitlines() if line.strip()]
+        return first_words(lines[-1], target_tokens) if lines else ""
     budget = max(1, int(target_tokens * 0.95))
 
     def size() -> int:
@@ -413,25 +448,58 @@ def reflect(reflection: str, observations: str, target_tokens: int) -> str:
 
 
 def target_from(text: str, default: int) -> int:
-    match = _TARGET.search(text)
-    return int(match.group(1)) if match else default
+    """The layout's target: its *last* ``Target length`` line (message text cannot move it)."""
+    matches = _TARGET.findall(text)
+    return int(matches[-1]) if matches else default
+
+
+def section(text: str, tag: str, start: int = 0, end: int | None = None) -> str | None:
+    """What lies between the first ``<tag>`` and the last ``</tag>`` of ``text[start:end]``."""
+    stop = len(text) if end is None else end
+    opening = text.find(f"<{tag}>", start, stop)
+    closing = text.rfind(f"</{tag}>", 0, stop)
+    if opening < 0 or closing < opening:
+        return None
+    return text[opening + len(tag) + 2 : closing].strip("\n")
 
 
 def between(text: str, tag: str) -> str | None:
-    start, end = text.find(f"<{tag}>"), text.find(f"</{tag}>")
-    if start < 0 or end < start:
-        return None
-    return text[start + len(tag) + 2 : end].strip("\n")
+    """Kept for callers of the earlier name: :func:`section`."""
+    return section(text, tag)
 
 
 def respond(user_content: str) -> str:
     """The offline model's whole behaviour: route on the input layout of omem's prompts."""
     target = target_from(user_content, 256)
-    messages = between(user_content, "messages")
+    messages = section(user_content, "messages")
     if messages is not None:
-        return observe(messages, target)
-    observations = between(user_content, "observations")
+        return unescape_structure(observe(messages, target))
+    opening = user_content.find("<observations>")
+    observations = section(user_content, "observations", max(opening, 0)) if opening >= 0 else None
     if observations is not None:
-        return reflect(between(user_content, "reflection") or "", observations, target)
+        reflection = section(user_content, "reflection", 0, opening) or ""
+        return unescape_structure(reflect(reflection, observations, target))
     # Any other text: treat it as notes to tighten.
-    return reflect("", user_content, target)
+    return unescape_structure(reflect("", user_content, target))
+
+
+def trim(text: str, limit: int, count: Callable[[list[str]], list[int]]) -> str:
+    """``text`` cut to at most ``limit`` tokens by ``count``, with no model: the reflector's
+    sentence selection (the least informative sentences go); if no whole sentence fits, the
+    longest prefix of words that does. Deterministic. Used by the wrapper to keep an over-long
+    reflection (or a runaway observation) within its limit."""
+    target = limit
+    while target >= 1:
+        trimmed = reflect("", text, target)
+        if trimmed.strip() and count([trimmed])[0] <= limit:
+            return trimmed
+        target = int(target * 0.8)
+    words = text.split()
+    low, high = 1, len(words)  # the longest prefix that fits (at least one word)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if count([" ".join(words[:middle])])[0] <= limit:
+            low = middle
+        else:
+            high = middle - 1
+    return " ".join(words[:low])
