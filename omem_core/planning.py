@@ -6,7 +6,8 @@ answer. The same functions back the side-effect-free ``inspect``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .messages import Message, ObservationRecord
@@ -26,11 +27,12 @@ class MemoryView:
 def view_of(records: Sequence[ObservationRecord]) -> MemoryView:
     """The newest reflection, the observations it does not cover (oldest first), and the cursor.
 
-    ``records`` is a creation-ordered list: the whole store or its ``list_recent`` suffix.
-    An observation created after the newest reflection is never covered by it (a reflection
-    covers records that existed when it was made), so only the observations *before* it need a
-    membership check, and the reflection's (possibly long) source list is turned into a set only
-    when such an observation is not simply its newest source.
+    ``records`` is a creation-ordered list: the whole store or its ``list_recent`` suffix (which
+    starts early enough to hold every observation the newest reflection leaves uncovered, so both
+    give the same view). An observation created after the newest reflection is never covered by
+    it (a reflection covers records that existed when it was made), so only the observations
+    *before* it need a membership check; the usual one is the reflection's newest source, and
+    otherwise the reflection's source set is built once per record object (:func:`covered_by`).
     """
     reflection_at = -1
     cursor: str | None = None
@@ -54,11 +56,33 @@ def view_of(records: Sequence[ObservationRecord]) -> MemoryView:
         if record.kind != "observation" or (sources and record.id == sources[-1]):
             continue
         if covered is None:
-            covered = frozenset(sources)
+            covered = covered_by(reflection)
         if record.id not in covered:
             earlier.append(record)
     later = [r for r in records[reflection_at + 1 :] if r.kind == "observation"]
     return MemoryView(reflection=reflection, unreflected=tuple(earlier + later), cursor=cursor)
+
+
+_COVERED: OrderedDict[int, tuple[ObservationRecord, frozenset[str]]] = OrderedDict()
+_COVERED_ENTRIES = 16
+_COVERED_MIN = 512  # smaller sets are cheaper to rebuild than to keep
+
+
+def covered_by(reflection: ObservationRecord) -> frozenset[str]:
+    """``frozenset(reflection.source_ids)``; for a long source list, built once per record object
+    and kept in a small cache (a reflection's source list grows with the thread, so building the
+    set on every read would make reads grow with the history)."""
+    key = id(reflection)
+    hit = _COVERED.get(key)
+    if hit is not None and hit[0] is reflection:
+        _COVERED.move_to_end(key)
+        return hit[1]
+    covered = frozenset(reflection.source_ids)
+    if len(covered) >= _COVERED_MIN:
+        _COVERED[key] = (reflection, covered)
+        while len(_COVERED) > _COVERED_ENTRIES:
+            _COVERED.popitem(last=False)
+    return covered
 
 
 def segment_length(counts: Sequence[int], threshold: int) -> int:
@@ -73,6 +97,43 @@ def segment_length(counts: Sequence[int], threshold: int) -> int:
         if total > threshold:
             return max(1, index)
     return len(counts)
+
+
+def segment_budget(backlog_volume: int, threshold: int, max_backlog: int | None, max_input_tokens: int) -> int:
+    """The volume the next segment may take: the observation threshold, and when the backlog
+    exceeds ``max_backlog``, the threshold plus the excess (at most ``max_input_tokens``), so a
+    backlog that grows by more than one segment per read stops growing."""
+    if max_backlog is None or backlog_volume <= max_backlog:
+        return threshold
+    return min(max_input_tokens, max(threshold, threshold + backlog_volume - max_backlog))
+
+
+OMISSION_MARKER = "[... {omitted:,} tokens of this message omitted ...]"
+
+
+def cut_middle(text: str, limit: int, count: Callable[[str], int]) -> str:
+    """``text`` cut to about ``limit`` tokens: its head and its tail around an explicit marker
+    saying how much was left out. ``text`` itself when it fits. Deterministic."""
+    total = count(text)
+    if total <= limit:
+        return text
+    marker = OMISSION_MARKER.format(omitted=total)
+    budget = max(2, limit - count(marker) - 2)
+    head_budget, tail_budget = budget - budget // 3, budget // 3  # the opening usually says more
+    per_token = len(text) / max(total, 1)
+
+    def fit(take: int, budget: int, from_end: bool) -> str:
+        while take > 0:
+            piece = text[len(text) - take:] if from_end else text[:take]
+            if count(piece) <= budget:
+                return piece
+            take = int(take * 0.9)
+        return ""
+
+    head = fit(int(head_budget * per_token), head_budget, False)
+    tail = fit(int(tail_budget * per_token), tail_budget, True)
+    omitted = total - count(head) - count(tail)
+    return f"{head} {OMISSION_MARKER.format(omitted=max(omitted, 0))} {tail}"
 
 
 def memory_text(view: MemoryView) -> str:

@@ -13,34 +13,53 @@ A cursorless ``recall(thread_id, last=N)`` does, in order:
    of the untouched window.
 
 A paging read (``before=``) is the inner store's answer, untouched, with zero model calls.
+
+A pass is a sequence of named steps: :meth:`~ObservationalMemoryStore._observe` /
+:meth:`~ObservationalMemoryStore._reflect` build the request, ``_call_and_fit`` calls the model and
+keeps its output within bounds, ``_save_unless_deleted`` saves the record only if the thread was
+not deleted (here or, with the delete-epoch capability, anywhere) and the pass still holds its
+lease, and ``_report`` tells ``on_event``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import inspect as _inspect
+import logging
+import math
+import numbers
 import os
 import socket
-import uuid
-import inspect as _inspect
 import time
+import uuid
 import weakref
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
 import litellm
 
 from .errors import CompactionError, Stage
-from .memory import InMemoryMemoryStore, MemoryStore
-from .messages import Message, ObservationRecord
-from .observations import ObservationStore, create_in_memory_observation_store
+from .extractive import trim
+from .memory import InMemoryMemoryStore, MemoryStore, check_last
+from .messages import Message, ObservationRecord, check_message
+from .observations import (
+    DeleteEpochs,
+    Leases,
+    ObservationStore,
+    RecentRecords,
+    create_in_memory_observation_store,
+)
 from .planning import (
     MemoryView,
+    cut_middle,
     observer_target_tokens,
     reflector_target_tokens,
     render_memory,
+    segment_budget,
     segment_length,
     view_of,
 )
@@ -55,7 +74,20 @@ from .prompts import (
 )
 from .tokens import TokenCounter, heuristic_count
 
+logger = logging.getLogger("omem_core")
+
 DEFAULT_THRESHOLDS: Mapping[str, int] = {"observation": 1000, "reflection": 2000}
+
+DEFAULT_MAX_INPUT_TOKENS = 16_000
+"""The observer's input cap: a single message larger than this is sent as its head and tail around
+an explicit omission marker. 16k tokens (plus prompt and output) fits every common hosted model
+(GPT-4o mini, Claude, Gemini, Llama 3.1, Mistral) with room to spare."""
+
+OBSERVATION_TRIM_RATIO = 4
+"""An observation longer than this many times its target length is cut to the target (no model)."""
+
+TIGHTEN_ATTEMPTS = 2
+"""Extra requests made to a reflector whose reflection exceeds the reflection threshold."""
 
 _WORKING_MEMORY = ("get_working_memory", "update_working_memory")
 
@@ -90,8 +122,14 @@ class CompactionEvent:
     """Model calls the pass made: 1, plus one per tightening request when a reflection came back
     over the reflection threshold."""
     trimmed: bool = False
-    """The reflection was still over the threshold after the tightening requests and was cut to fit
-    by dropping its least informative sentences (deterministic, no model call)."""
+    """The output was cut to fit without a model call: a reflection still over the threshold
+    after the tightening requests, or an observation over 4x its target length."""
+    backlog_volume: int | None = None
+    """The backlog after this pass: the volume of the messages older than the window that no
+    observation covers, which the agent sees nowhere."""
+    skipped: str | None = None
+    """Why a pass whose model call succeeded saved nothing: the thread was deleted meanwhile, the
+    pass lost its lease, or a message was saved inside its segment. ``None`` otherwise."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +141,8 @@ class ThreadState:
     cursor: str | None
     backlog: tuple[Message, ...]
     backlog_volume: int
+    """Volume of the messages older than the window that no observation covers: what the agent
+    sees nowhere. With ``max_backlog`` set, the observer takes larger segments while it is over."""
     window_volume: int
     unreflected_volume: int
     reflection: ObservationRecord | None
@@ -113,6 +153,9 @@ class ThreadState:
     next_segment_ids: tuple[str, ...]
     memory_volume: int
     memory_message: Message | None
+    late: tuple[Message, ...] = ()
+    """Messages older than the cursor that no observation covers (saved behind the cursor
+    without going through this wrapper, which refuses that): they are never observed."""
 
     @property
     def context(self) -> list[Message]:
@@ -124,15 +167,34 @@ class ThreadState:
 EventCallback = Callable[[CompactionEvent], Awaitable[None] | None]
 
 
+@dataclass(slots=True, weakref_slot=True)
+class _Guard:
+    """One thread's in-process state: the lock that orders saves and deletes, and how many deletes
+    happened. Held weakly by the store, strongly by the plans of passes in flight, so it lives
+    exactly as long as someone may compare against it (no per-deleted-thread growth)."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    deletes: int = 0
+
+
+@dataclass(slots=True)
+class _Lease:
+    lost: bool = False
+
+
 @dataclass(slots=True)
 class _Plan:
-    generation: int  # the thread's delete counter when the plan was read
+    thread_id: str
     last: int
     window: list[Message]
     view: MemoryView
     backlog: list[Message]
     backlog_counts: list[int]
     unreflected_counts: list[int]
+    guard: _Guard | None = None  # set for a pass: the thread's guard and its delete count then
+    deletes: int = 0
+    epoch: int | None = None  # the store's delete epoch, read before the messages
+    lease: _Lease | None = None
 
     @property
     def backlog_volume(self) -> int:
@@ -167,8 +229,14 @@ class _Reply:
                       add(self.cost_usd, other.cost_usd), self.cache_hit and other.cache_hit)
 
 
-TIGHTEN_ATTEMPTS = 2
-"""Extra requests made to a reflector whose reflection exceeds the reflection threshold."""
+@dataclass(slots=True)
+class _Fit:
+    """What ``_call_and_fit`` got so far (filled as it goes, so a failed pass reports it too)."""
+
+    reply: _Reply | None = None
+    output_volume: int = 0
+    attempts: int = 0
+    trimmed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +245,24 @@ class _StageConfig:
     model: str
     prompt: Prompt
     threshold: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """One pass's request and the figures its event reports."""
+
+    kind: str
+    source_ids: tuple[str, ...]
+    resource_id: str | None
+    content: str
+    volume_before: int
+    input_volume: int
+    volume_after: int  # the stage's pending volume once the record is saved
+    backlog_after: int  # the backlog once the record is saved
+    limit: int  # an output over this is tightened (reflections) and then trimmed
+    trim_to: int
+    tighten: bool
+    verify: Callable[[], Awaitable[bool]] | None = None
 
 
 def _validate_thresholds(thresholds: Mapping[str, int] | None) -> dict[str, int]:
@@ -210,9 +296,37 @@ def _validate_model(role: str, model: object) -> str:
     return model
 
 
+def _positive_int(name: str, value: object, *, optional: bool = False) -> int | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer (tokens){' or None' if optional else ''}, got {value!r}")
+    return value
+
+
+def _seconds(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive, finite number of seconds, got {value!r}")
+    return float(value)
+
+
+def _validate_clock(clock: Callable[[], datetime]) -> Callable[[], datetime]:
+    if not callable(clock):
+        raise TypeError("clock must be a callable returning a timezone-aware datetime")
+    now = clock()
+    if not isinstance(now, datetime) or now.tzinfo is None or now.utcoffset() is None:
+        raise ValueError(f"clock must return timezone-aware datetimes, got {now!r} "
+                         "(use e.g. lambda: datetime.now(timezone.utc))")
+    return clock
+
+
 def _record_id(kind: str, thread_id: str, source_ids: Sequence[str]) -> str:
     digest = hashlib.sha256("\x1f".join([kind, thread_id, *source_ids]).encode()).hexdigest()
     return f"{'obs' if kind == 'observation' else 'ref'}-{digest[:24]}"
+
+
+def _flatten(pages: list[list[Message]]) -> list[Message]:
+    return [message for page in reversed(pages) for message in page]
 
 
 class ObservationalMemoryStore:
@@ -238,12 +352,19 @@ class ObservationalMemoryStore:
         clock: Callable[[], datetime],
         on_busy: str = "wait",
         lease_ttl: float = 120.0,
+        max_input_tokens: int = DEFAULT_MAX_INPUT_TOKENS,
+        max_backlog: int | None = None,
     ) -> None:
         self.inner = inner
         self.on_busy = on_busy
         self.lease_ttl = lease_ttl
+        self.max_input_tokens = max_input_tokens
+        self.max_backlog = max_backlog
         self._holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.observations = observations
+        self._recent = observations if isinstance(observations, RecentRecords) else None
+        self._leases = observations if isinstance(observations, Leases) else None
+        self._epochs = observations if isinstance(observations, DeleteEpochs) else None
         self.observer = _StageConfig("observe", observer, observer_prompt, thresholds["observation"])
         self.reflector = (
             _StageConfig("reflect", reflector, reflector_prompt, thresholds["reflection"])
@@ -257,31 +378,52 @@ class ObservationalMemoryStore:
         self.completion_kwargs = dict(completion_kwargs)
         self._clock = clock
         self._inflight: dict[str, _Inflight] = {}
-        self._generation: dict[str, int] = {}
-        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._guards: weakref.WeakValueDictionary[str, _Guard] = weakref.WeakValueDictionary()
 
     # -- the MemoryStore port ---------------------------------------------------------------
 
     async def save_messages(self, messages: Sequence[Message]) -> None:
-        await self.inner.save_messages(messages)
+        """Save through to ``inner``, refusing a message dated before the thread's newest observed
+        message (it would sort behind the cursor and never be observed): ``ValueError``, and
+        nothing of the batch is saved. Re-saving a message that is already stored is allowed."""
+        batch = [check_message(message) for message in messages]
+        await self._refuse_late(batch)
+        await self.inner.save_messages(batch)
 
     async def recall(
         self, thread_id: str, *, last: int, before: str | None = None
     ) -> list[Message]:
+        """With ``before``: the inner store's page, untouched, with no model call. Without: read
+        the window and the backlog; run the due passes (at most one observer and one reflector
+        pass, shared with concurrent readers of the thread); return the memory message, if the
+        thread has records, ahead of the untouched window. ``last=0`` returns the memory only.
+
+        Raises:
+            CompactionError: a due pass failed (it saved nothing; the next read retries).
+            KeyError: ``before`` is not a message of the thread.
+        """
+        check_last(last)
         if before is not None:
             return await self.inner.recall(thread_id, last=last, before=before)
         plan = await self._plan(thread_id, last)
+        view = plan.view
         if self._observe_due(plan) or self._reflect_due(plan):
-            await self._run_shared(thread_id, plan)
+            await self._run_shared(thread_id, last)
             view = view_of(await self._recent_records(thread_id))
-        else:
-            view = plan.view
         memory = render_memory(view, thread_id)
         return ([memory] if memory is not None else []) + plan.window
 
     async def delete_thread(self, thread_id: str) -> None:
-        async with self._lock(thread_id):
-            self._generation[thread_id] = self._generation.get(thread_id, 0) + 1
+        """Delete the thread's messages and records. A pass in flight for it saves nothing
+        afterwards: in this process (a guard checked under the save's lock) and, when the
+        observation store has the delete-epoch capability, in any process."""
+        guard = self._guard(thread_id)
+        async with guard.lock:
+            guard.deletes += 1
+            # Records (and the store's epoch) first: a crash half-way never leaves notes of deleted
+            # messages; then the messages; then the records again, which also ends any epoch a
+            # pass in another process read between the two.
+            await self.observations.delete_by_thread(thread_id)
             await self.inner.delete_thread(thread_id)
             await self.observations.delete_by_thread(thread_id)
 
@@ -296,17 +438,25 @@ class ObservationalMemoryStore:
 
     async def inspect(self, thread_id: str, *, last: int) -> ThreadState:
         """The thread's state as a cursorless read of ``last`` would find it. No model call,
-        no write: what is due is reported, not done."""
+        no write: what is due is reported, not done. It also lists every record and audits the
+        history behind the cursor for messages no observation covers (``late``), so its cost
+        grows with the thread; reads do not do this."""
+        check_last(last)
         plan = await self._plan(thread_id, last)
         records = await self.observations.list(thread_id)
         observe_due = self._observe_due(plan)
         segment: tuple[str, ...] = ()
         if observe_due:
-            count = segment_length(plan.backlog_counts, self.observer.threshold)
+            count = segment_length(plan.backlog_counts, self._segment_budget(plan))
             segment = tuple(message.id for message in plan.backlog[:count])
         memory = render_memory(plan.view, thread_id)
-        window_volume = sum(self.count_tokens([m.content for m in plan.window])) if plan.window else 0
-        memory_volume = self.count_tokens([memory.content])[0] if memory is not None else 0
+        window_volume = sum(self._count([m.content for m in plan.window])) if plan.window else 0
+        memory_volume = self._count([memory.content])[0] if memory is not None else 0
+        late: tuple[Message, ...] = ()
+        if plan.view.cursor is not None:
+            observed = {i for r in records if r.kind == "observation" for i in r.source_ids}
+            behind, _ = await self._page_back(thread_id, plan.view.cursor, None, max(64, len(observed) + 1))
+            late = tuple(m for m in behind if m.id not in observed)
         return ThreadState(
             thread_id=thread_id,
             window=tuple(plan.window),
@@ -323,66 +473,98 @@ class ObservationalMemoryStore:
             next_segment_ids=segment,
             memory_volume=memory_volume,
             memory_message=memory,
+            late=late,
         )
 
     # -- planning (reads only) --------------------------------------------------------------
 
     async def _recent_records(self, thread_id: str) -> list[ObservationRecord]:
-        recent = getattr(self.observations, "list_recent", None)
-        if recent is not None:
-            return list(await recent(thread_id))
+        if self._recent is not None:
+            return list(await self._recent.list_recent(thread_id))
         return await self.observations.list(thread_id)
 
-    async def _plan(self, thread_id: str, last: int) -> _Plan:
-        generation = self._generation.get(thread_id, 0)
+    def _guard(self, thread_id: str) -> _Guard:
+        guard = self._guards.get(thread_id)
+        if guard is None:
+            guard = self._guards[thread_id] = _Guard()
+        return guard
+
+    async def _plan(self, thread_id: str, last: int, *, lease: _Lease | None = None,
+                    for_pass: bool = False) -> _Plan:
+        """What a read of ``last`` sees. For a pass, the delete guard and epoch are read first,
+        so that a delete after this point keeps the pass from saving."""
+        guard = self._guard(thread_id) if for_pass else None
+        deletes = guard.deletes if guard is not None else 0
+        epoch = await self._epochs.delete_epoch(thread_id) if for_pass and self._epochs is not None else None
         window = await self.inner.recall(thread_id, last=last)
         view = view_of(await self._recent_records(thread_id))
         backlog = await self._backlog(thread_id, window, view.cursor, last)
         return _Plan(
-            generation=generation,
+            thread_id=thread_id,
             last=last,
             window=window,
             view=view,
             backlog=backlog,
             backlog_counts=self._count([m.content for m in backlog]),
             unreflected_counts=self._count([r.text for r in view.unreflected]),
+            guard=guard,
+            deletes=deletes,
+            epoch=epoch,
+            lease=lease,
         )
 
     async def _backlog(
         self, thread_id: str, window: list[Message], cursor: str | None, last: int
     ) -> list[Message]:
-        """Messages older than the window and newer than the cursor, oldest first.
-
-        Pages back from the window with growing pages until the cursor (or the thread's start)
-        is reached, so the cost follows the backlog, not the history.
-        """
-        if not window or (cursor is not None and any(m.id == cursor for m in window)):
+        """Messages older than the window and newer than the cursor, oldest first."""
+        if last > 0 and not window:
+            return []  # an empty thread
+        if cursor is not None and any(m.id == cursor for m in window):
             return []
+        backlog, _ = await self._page_back(thread_id, window[0].id if window else None, cursor, max(64, 2 * last))
+        return backlog
+
+    async def _page_back(
+        self, thread_id: str, before: str | None, cursor: str | None, size: int
+    ) -> tuple[list[Message], Message | None]:
+        """The messages older than ``before`` (``None``: the thread's end) and newer than
+        ``cursor`` (``None``: all), oldest first, and the cursor message if it was met.
+
+        Pages back with growing pages, so the cost follows the span, not the history.
+        """
         pages: list[list[Message]] = []
-        before = window[0].id
-        size = max(64, 2 * last)
         while True:
             page = await self.inner.recall(thread_id, last=size, before=before)
             if cursor is not None:
                 for index in range(len(page) - 1, -1, -1):
                     if page[index].id == cursor:
                         pages.append(page[index + 1 :])
-                        return [m for chunk in reversed(pages) for m in chunk]
+                        return _flatten(pages), page[index]
             pages.append(page)
             if len(page) < size:
-                return [m for chunk in reversed(pages) for m in chunk]
+                return _flatten(pages), None
             before = page[0].id
             size *= 2
 
     def _count(self, texts: list[str]) -> list[int]:
+        """``count_tokens(texts)``, checked: one non-negative int per text, or ``ValueError``."""
         if not texts:
             return []
-        counts = list(self.count_tokens(texts))
+        counts = self.count_tokens(texts)
+        if not isinstance(counts, Sequence) or isinstance(counts, (str, bytes)):
+            raise ValueError(f"count_tokens must return a list of ints, got {type(counts).__name__}")
         if len(counts) != len(texts):
             raise ValueError(
                 f"count_tokens returned {len(counts)} counts for {len(texts)} texts"
             )
-        return counts
+        for index, value in enumerate(counts):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+                raise ValueError(f"count_tokens returned {value!r} for text {index}: each count must be a "
+                                 "non-negative integer")
+        return [int(value) for value in counts]
+
+    def _segment_budget(self, plan: _Plan) -> int:
+        return segment_budget(plan.backlog_volume, self.observer.threshold, self.max_backlog, self.max_input_tokens)
 
     def _observe_due(self, plan: _Plan) -> bool:
         return plan.backlog_volume > self.observer.threshold
@@ -390,16 +572,41 @@ class ObservationalMemoryStore:
     def _reflect_due(self, plan: _Plan) -> bool:
         return self.reflector is not None and plan.unreflected_volume > self.reflector.threshold
 
+    async def _refuse_late(self, batch: list[Message]) -> None:
+        """``ValueError`` if a message of ``batch`` is dated before its thread's newest observed
+        message and is not already stored. Costs one newest-message read per thread and save;
+        more (a page back to the cursor, as a read does) only for an out-of-order message."""
+        oldest: dict[str, Message] = {}
+        for message in batch:
+            if message.thread_id not in oldest or message.created_at < oldest[message.thread_id].created_at:
+                oldest[message.thread_id] = message
+        for thread_id, first in oldest.items():
+            newest = await self.inner.recall(thread_id, last=1)
+            if not newest or first.created_at >= newest[0].created_at:
+                continue  # in time order: the usual case
+            view = view_of(await self._recent_records(thread_id))
+            if view.cursor is None:
+                continue
+            _, cursor = await self._page_back(thread_id, None, view.cursor, 64)
+            if cursor is None:
+                continue
+            for message in batch:
+                if message.thread_id != thread_id or message.created_at >= cursor.created_at:
+                    continue
+                try:
+                    await self.inner.recall(thread_id, last=0, before=message.id)
+                    continue  # already stored: the inner store checks it is the same message
+                except KeyError:
+                    pass
+                raise ValueError(
+                    f"message {message.id!r} of thread {thread_id!r} is dated {message.created_at.isoformat()}, "
+                    f"before the newest observed message {cursor.id!r} ({cursor.created_at.isoformat()}): that "
+                    "part of the thread is already condensed, so it would never be observed. Save messages in "
+                    f"time order, or date it at or after {cursor.created_at.isoformat()}.")
+
     # -- passes -----------------------------------------------------------------------------
 
-    def _lock(self, thread_id: str) -> asyncio.Lock:
-        lock = self._locks.get(thread_id)
-        if lock is None:
-            lock = asyncio.Lock()
-            self._locks[thread_id] = lock
-        return lock
-
-    async def _run_shared(self, thread_id: str, plan: _Plan) -> None:
+    async def _run_shared(self, thread_id: str, last: int) -> None:
         """Run the due passes once per thread at a time; concurrent readers wait for it.
 
         A cancelled waiter leaves the pass running for the others; when the last waiter is
@@ -407,7 +614,7 @@ class ObservationalMemoryStore:
         """
         entry = self._inflight.get(thread_id)
         if entry is None:
-            entry = _Inflight(asyncio.ensure_future(self._compact(thread_id, plan)))
+            entry = _Inflight(asyncio.ensure_future(self._compact(thread_id, last)))
             self._inflight[thread_id] = entry
 
             def _done(task: asyncio.Task[None], entry: _Inflight = entry) -> None:
@@ -430,187 +637,252 @@ class ObservationalMemoryStore:
             raise
         entry.waiters -= 1
 
-    async def _compact(self, thread_id: str, plan: _Plan) -> None:
-        try_lease = getattr(self.observations, "try_lease", None)
-        if try_lease is None:
-            return await self._passes(thread_id, plan)
-        # Processes sharing the store: one holds the thread's lease and runs the pass.
+    async def _compact(self, thread_id: str, last: int) -> None:
+        """Plan afresh (the guard and epoch first) and run what is still due, holding the
+        thread's lease when the store has leases."""
+        if self._leases is None:
+            plan = await self._plan(thread_id, last, for_pass=True)
+            if self._observe_due(plan) or self._reflect_due(plan):
+                await self._passes(plan)
+            return
+        async with self._lease(thread_id) as lease:
+            if lease is None:
+                return  # another process is compacting; render what exists (on_busy="render")
+            plan = await self._plan(thread_id, last, lease=lease, for_pass=True)
+            if self._observe_due(plan) or self._reflect_due(plan):  # another process may have done it
+                await self._passes(plan)
+
+    @contextlib.asynccontextmanager
+    async def _lease(self, thread_id: str) -> AsyncIterator[_Lease | None]:
+        """Hold the thread's lease (renewed every third of ``lease_ttl`` while the pass runs), or
+        yield ``None`` when another holder has it and ``on_busy`` is ``"render"``."""
+        leases = self._leases
+        assert leases is not None
         delay = 0.02
-        while not await try_lease(thread_id, self._holder, self.lease_ttl):
+        while not await leases.try_lease(thread_id, self._holder, self.lease_ttl):
             if self.on_busy == "render":
-                return  # render what exists; a later read compacts
+                yield None
+                return
             await asyncio.sleep(delay)  # "wait": poll until the holder finishes or its lease expires
             delay = min(delay * 2, 0.5)
+        lease = _Lease()
+        renewer = asyncio.ensure_future(self._renew(leases, thread_id, lease))
         try:
-            fresh = await self._plan(thread_id, plan.last)  # another process may have done it
-            if fresh.generation == plan.generation and (self._observe_due(fresh) or self._reflect_due(fresh)):
-                await self._passes(thread_id, fresh)
+            yield lease
         finally:
-            await self.observations.release_lease(thread_id, self._holder)  # type: ignore[attr-defined]
+            renewer.cancel()
+            await leases.release_lease(thread_id, self._holder)
 
-    async def _passes(self, thread_id: str, plan: _Plan) -> None:
-        generation = plan.generation
-        unreflected = list(plan.view.unreflected)
-        unreflected_counts = list(plan.unreflected_counts)
-        if self._observe_due(plan):
-            count = segment_length(plan.backlog_counts, self.observer.threshold)
-            segment = plan.backlog[:count]
-            segment_volume = sum(plan.backlog_counts[:count])
-            record, volume = await self._pass(
-                self.observer,
-                thread_id=thread_id,
-                generation=generation,
-                kind="observation",
-                source_ids=tuple(m.id for m in segment),
-                resource_id=segment[-1].resource_id,
-                user_content=render_observer_input(
-                    segment, target_tokens=observer_target_tokens(segment_volume)
-                ),
-                volume_before=plan.backlog_volume,
-                input_volume=segment_volume,
-                volume_after_without_output=plan.backlog_volume - segment_volume,
-            )
-            if record is None:
+    async def _renew(self, leases: Leases, thread_id: str, lease: _Lease) -> None:
+        while True:
+            await asyncio.sleep(self.lease_ttl / 3)
+            try:
+                renewed = await leases.try_lease(thread_id, self._holder, self.lease_ttl)
+            except Exception:  # a failed renewal is a lost lease, never a crashed read
+                logger.exception("omem: renewing the lease of thread %r failed", thread_id)
+                renewed = False
+            if not renewed:
+                lease.lost = True
                 return
-            unreflected.append(record)
-            unreflected_counts.append(volume)
-        volume = sum(unreflected_counts)
+
+    async def _passes(self, plan: _Plan) -> None:
+        """At most one observer pass, then at most one reflector pass (on what it left)."""
+        observed: tuple[ObservationRecord, int] | None = None
+        if self._observe_due(plan):
+            observed = await self._observe(plan)
+            if observed is None:
+                return  # saved nothing (deleted, lease lost, segment changed): the next read redoes it
+        await self._reflect(plan, observed)
+
+    async def _observe(self, plan: _Plan) -> tuple[ObservationRecord, int] | None:
+        """Condense the oldest segment of the backlog into one observation."""
+        count = segment_length(plan.backlog_counts, self._segment_budget(plan))
+        segment = plan.backlog[:count]
+        volume = sum(plan.backlog_counts[:count])
+        sent = [message if tokens <= self.max_input_tokens else
+                replace(message, content=cut_middle(message.content, self.max_input_tokens, self._count_one))
+                for message, tokens in zip(segment, plan.backlog_counts[:count])]
+        sent_volume = sum(self._count([m.content for m in sent]))
+        target = observer_target_tokens(sent_volume)
+
+        async def unchanged() -> bool:
+            return await self._segment_unchanged(plan, segment)
+
+        return await self._stage(self.observer, plan, _Request(
+            kind="observation",
+            source_ids=tuple(m.id for m in segment),
+            resource_id=segment[-1].resource_id,
+            content=render_observer_input(sent, target_tokens=target),
+            volume_before=plan.backlog_volume,
+            input_volume=volume,
+            volume_after=plan.backlog_volume - volume,
+            backlog_after=plan.backlog_volume - volume,
+            limit=OBSERVATION_TRIM_RATIO * target,
+            trim_to=target,
+            tighten=False,
+            verify=unchanged,
+        ))
+
+    async def _reflect(self, plan: _Plan, observed: tuple[ObservationRecord, int] | None) -> None:
+        """Merge the newest reflection with every unreflected observation, if they are over the
+        reflection threshold."""
+        unreflected = list(plan.view.unreflected)
+        counts = list(plan.unreflected_counts)
+        if observed is not None:
+            unreflected.append(observed[0])
+            counts.append(observed[1])
+        volume = sum(counts)
         if self.reflector is None or volume <= self.reflector.threshold:
             return
         reflection = plan.view.reflection
         reflection_volume = self._count([reflection.text])[0] if reflection is not None else 0
-        covered = (reflection.source_ids if reflection is not None else ()) + tuple(
-            r.id for r in unreflected
-        )
-        await self._pass(
-            self.reflector,
-            thread_id=thread_id,
-            generation=generation,
+        backlog = plan.backlog_volume - (sum(plan.backlog_counts[: len(observed[0].source_ids)]) if observed else 0)
+        await self._stage(self.reflector, plan, _Request(
             kind="reflection",
-            source_ids=covered,
+            source_ids=(reflection.source_ids if reflection is not None else ()) + tuple(r.id for r in unreflected),
             resource_id=unreflected[-1].resource_id,
-            user_content=render_reflector_input(
+            content=render_reflector_input(
                 reflection, unreflected,
-                target_tokens=reflector_target_tokens(self.reflector.threshold, volume + reflection_volume),
-            ),
+                target_tokens=reflector_target_tokens(self.reflector.threshold, volume + reflection_volume)),
             volume_before=volume,
             input_volume=volume + reflection_volume,
-            volume_after_without_output=0,
+            volume_after=0,
+            backlog_after=backlog,
             limit=self.reflector.threshold,
-        )
+            trim_to=self.reflector.threshold,
+            tighten=True,
+        ))
 
-    async def _pass(
-        self,
-        config: _StageConfig,
-        *,
-        thread_id: str,
-        generation: int,
-        kind: str,
-        source_ids: tuple[str, ...],
-        resource_id: str | None,
-        user_content: str,
-        volume_before: int,
-        input_volume: int,
-        volume_after_without_output: int,
-        limit: int | None = None,
-    ) -> tuple[ObservationRecord | None, int]:
-        """One model call and, if it succeeds and the thread still exists, one saved record.
-
-        With a ``limit`` (the reflection threshold), an output over it is sent back up to
-        ``TIGHTEN_ATTEMPTS`` times with a stronger target; if it still does not fit, its least
-        informative sentences are dropped until it does, so a reflection never exceeds the limit.
-        """
+    async def _stage(self, config: _StageConfig, plan: _Plan, request: _Request
+                     ) -> tuple[ObservationRecord, int] | None:
+        """Call and fit, save unless deleted, report; the saved record and its volume, or ``None``."""
         started = time.perf_counter()
-        reply: _Reply | None = None
+        fit = _Fit()
         record: ObservationRecord | None = None
         error: CompactionError | None = None
-        output_volume = 0
-        attempts, trimmed = 0, False
+        skipped: str | None = None
         try:
-            reply = await self._complete(config, thread_id, user_content)
-            attempts = 1
-            output_volume = self._count([reply.text])[0]
-            while limit is not None and output_volume > limit and attempts <= TIGHTEN_ATTEMPTS:
-                request = render_tighten_input(
-                    reply.text, draft_tokens=output_volume, limit_tokens=limit,
-                    target_tokens=max(1, int(limit * 0.8**attempts)),
-                )
-                attempts += 1  # counted before the call, so a failed request is counted too
-                reply = reply.plus(await self._complete(config, thread_id, request))
-                output_volume = self._count([reply.text])[0]
-            if limit is not None and output_volume > limit:
-                reply = _Reply(self._trim(reply.text, limit), reply.tokens_in, reply.tokens_out,
-                               reply.cost_usd, reply.cache_hit)
-                trimmed = True
-                output_volume = self._count([reply.text])[0]
+            await self._call_and_fit(config, plan.thread_id, request, fit)
+            assert fit.reply is not None
             record = ObservationRecord(
-                id=_record_id(kind, thread_id, source_ids),
-                thread_id=thread_id,
-                resource_id=resource_id,
+                id=_record_id(request.kind, plan.thread_id, request.source_ids),
+                thread_id=plan.thread_id,
+                resource_id=request.resource_id,
                 created_at=self._clock(),
-                kind=kind,  # type: ignore[arg-type]
-                source_ids=source_ids,
-                text=reply.text,
+                kind=request.kind,  # type: ignore[arg-type]
+                source_ids=request.source_ids,
+                text=fit.reply.text,
             )
-            async with self._lock(thread_id):
-                if self._generation.get(thread_id, 0) != generation:
-                    record = None  # the thread was deleted while the model was thinking
-                else:
-                    await self.observations.save(record)
+            skipped = await self._save_unless_deleted(plan, record, request.verify)
+            if skipped is not None:
+                record = None
         except CompactionError as exc:
             error = exc
-        latency_ms = (time.perf_counter() - started) * 1000
-        if self.on_event is not None:
-            result = self.on_event(
-                CompactionEvent(
-                    thread_id=thread_id,
-                    stage=config.stage,
-                    model=config.model,
-                    prompt_version=config.prompt.version,
-                    prompt_sha256=config.prompt.sha256,
-                    source_ids=source_ids,
-                    volume_before=volume_before,
-                    volume_after=volume_before if record is None else volume_after_without_output,
-                    input_volume=input_volume,
-                    output_volume=output_volume,
-                    tokens_in=reply.tokens_in if reply else None,
-                    tokens_out=reply.tokens_out if reply else None,
-                    latency_ms=latency_ms,
-                    cost_usd=reply.cost_usd if reply else None,
-                    cache_hit=reply.cache_hit if reply else False,
-                    error=str(error) if error is not None else None,
-                    record=record,
-                    attempts=max(attempts, 1),
-                    trimmed=trimmed,
-                )
-            )
-            if _inspect.isawaitable(result):
-                await result
+        reply = fit.reply
+        await self._report(CompactionEvent(
+            thread_id=plan.thread_id,
+            stage=config.stage,
+            model=config.model,
+            prompt_version=config.prompt.version,
+            prompt_sha256=config.prompt.sha256,
+            source_ids=request.source_ids,
+            volume_before=request.volume_before,
+            volume_after=request.volume_before if record is None else request.volume_after,
+            input_volume=request.input_volume,
+            output_volume=fit.output_volume,
+            tokens_in=reply.tokens_in if reply else None,
+            tokens_out=reply.tokens_out if reply else None,
+            latency_ms=(time.perf_counter() - started) * 1000,
+            cost_usd=reply.cost_usd if reply else None,
+            cache_hit=reply.cache_hit if reply else False,
+            error=str(error) if error is not None else None,
+            record=record,
+            attempts=max(fit.attempts, 1),
+            trimmed=fit.trimmed,
+            backlog_volume=plan.backlog_volume if record is None and config.stage == "observe"
+            else request.backlog_after,
+            skipped=skipped,
+        ))
         if error is not None:
             raise error
-        return record, output_volume
+        return (record, fit.output_volume) if record is not None else None
 
-    def _trim(self, text: str, limit: int) -> str:
-        """``text`` cut to at most ``limit`` tokens (by this store's counter) with the offline
-        reflector's sentence selection; deterministic, no model call. If no whole sentence fits,
-        the longest prefix of words that does."""
-        from .extractive.algorithm import reflect
+    async def _call_and_fit(self, config: _StageConfig, thread_id: str, request: _Request, fit: _Fit) -> None:
+        """One model call, and the output kept within ``request.limit``: a reflection over it is
+        sent back up to ``TIGHTEN_ATTEMPTS`` times with a stronger target; whatever is still
+        over is trimmed deterministically (no model) to ``request.trim_to``."""
+        fit.attempts = 1
+        fit.reply = await self._complete(config, thread_id, request.content)
+        fit.output_volume = self._output_volume(config, thread_id, fit.reply.text)
+        limit = request.limit
+        while request.tighten and fit.output_volume > limit and fit.attempts <= TIGHTEN_ATTEMPTS:
+            tighten = render_tighten_input(
+                fit.reply.text, draft_tokens=fit.output_volume, limit_tokens=limit,
+                target_tokens=max(1, int(limit * 0.8**fit.attempts)),
+            )
+            fit.attempts += 1  # counted before the call, so a failed request is counted too
+            fit.reply = fit.reply.plus(await self._complete(config, thread_id, tighten))
+            fit.output_volume = self._output_volume(config, thread_id, fit.reply.text)
+        if fit.output_volume > limit:
+            text = trim(fit.reply.text, request.trim_to, lambda texts: [self._output_volume(config, thread_id, texts[0])])
+            fit.reply = replace(fit.reply, text=text)
+            fit.trimmed = True
+            fit.output_volume = self._output_volume(config, thread_id, text)
 
-        target = limit
-        while target >= 1:
-            trimmed = reflect("", text, target)
-            if trimmed.strip() and self._count([trimmed])[0] <= limit:
-                return trimmed
-            target = int(target * 0.8)
-        words = text.split()
-        low, high = 1, len(words)  # the longest prefix that fits (at least one word)
-        while low < high:
-            middle = (low + high + 1) // 2
-            if self._count([" ".join(words[:middle])])[0] <= limit:
-                low = middle
+    def _output_volume(self, config: _StageConfig, thread_id: str, text: str) -> int:
+        try:
+            return self._count([text])[0]
+        except Exception as exc:
+            raise CompactionError(stage=config.stage, model=config.model, thread_id=thread_id,
+                                  reason=f"count_tokens failed on the model's output: {type(exc).__name__}: {exc}"
+                                  ) from exc
+
+    def _count_one(self, text: str) -> int:
+        return self._count([text])[0]
+
+    async def _segment_unchanged(self, plan: _Plan, segment: list[Message]) -> bool:
+        """Whether the messages from the cursor to the segment's end are still exactly the
+        segment (no message was saved inside it while the model ran)."""
+        try:
+            before = await self.inner.recall(plan.thread_id, last=len(segment), before=segment[-1].id)
+        except KeyError:
+            return False
+        expected = ([plan.view.cursor] if plan.view.cursor is not None else []) + [m.id for m in segment[:-1]]
+        return [m.id for m in before] == expected[-len(segment):] if len(expected) >= len(segment) \
+            else [m.id for m in before] == expected
+
+    async def _save_unless_deleted(
+        self, plan: _Plan, record: ObservationRecord, verify: Callable[[], Awaitable[bool]] | None
+    ) -> str | None:
+        """Save ``record`` unless the pass is stale; ``None`` when saved, else why not."""
+        guard = plan.guard
+        assert guard is not None
+        async with guard.lock:  # a delete in this process takes the same lock
+            if guard.deletes != plan.deletes:
+                return "the thread was deleted during the pass"
+            if plan.lease is not None and plan.lease.lost:
+                return "the pass lost its lease (another process may run it)"
+            if verify is not None and not await verify():
+                return "a message was saved inside the segment during the pass; the next read observes it"
+            if plan.epoch is not None:
+                assert self._epochs is not None
+                if not await self._epochs.save_unless_deleted(record, plan.epoch):
+                    return "the thread was deleted during the pass"
             else:
-                high = middle - 1
-        return " ".join(words[:low])
+                await self.observations.save(record)
+        return None
+
+    async def _report(self, event: CompactionEvent) -> None:
+        """Tell ``on_event``; an exception there is logged and never changes the read's outcome."""
+        if self.on_event is None:
+            return
+        try:
+            result = self.on_event(event)
+            if _inspect.isawaitable(result):
+                await result
+        except Exception:
+            logger.exception("omem: the on_event callback raised for a %s pass of thread %r; ignored",
+                             event.stage, event.thread_id)
 
     async def _complete(self, config: _StageConfig, thread_id: str, user_content: str) -> _Reply:
         def failure(reason: str) -> CompactionError:
@@ -665,6 +937,8 @@ def create_observational_memory_store(
     clock: Callable[[], datetime] | None = None,
     on_busy: str = "wait",
     lease_ttl: float = 120.0,
+    max_input_tokens: int = DEFAULT_MAX_INPUT_TOKENS,
+    max_backlog: int | None = None,
 ) -> ObservationalMemoryStore:
     """Wrap ``inner`` (default ``InMemoryMemoryStore()``) with observational memory.
 
@@ -691,31 +965,43 @@ def create_observational_memory_store(
             capability, like ``omem_core.sqlite.SQLiteObservationStore``) and another process
             is compacting the thread: ``"wait"`` for it, then render its result (default), or
             ``"render"`` what exists now without waiting.
-        lease_ttl: seconds a process's lease lasts; a crashed holder blocks others at most this
-            long. It must exceed ``timeout``; a read can make up to four calls (observe, reflect,
-            two tightening requests), so keep it above four times ``timeout``.
+        lease_ttl: seconds a process's lease lasts (finite); the holder renews it every third of
+            that while its pass runs, however long the model takes, so a crashed holder blocks
+            others at most this long.
+        max_input_tokens: the observer's input cap (default 16,000 tokens, which fits common
+            models): a single message larger than this is sent as its head and tail around an
+            explicit ``[... N tokens of this message omitted ...]`` marker. It must be at least
+            the observation threshold.
+        max_backlog: opt-in backlog ceiling (tokens). When the backlog (messages older than the
+            window that no observation covers) exceeds it, the one observer pass of a read takes
+            a larger oldest segment — the threshold plus the excess, at most ``max_input_tokens``
+            — so the backlog stops growing when reads add more than one segment. Default ``None``:
+            a segment is at most the observation threshold (or one larger message).
 
     Raises:
-        ValueError: invalid thresholds, timeout, or a model string litellm cannot route.
+        ValueError: invalid thresholds, timeout, lease, input cap or backlog ceiling, a clock that
+            returns naive datetimes, or a model string litellm cannot route.
     """
-    if timeout is not None and (isinstance(timeout, bool) or not timeout > 0):
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if timeout is not None:
+        _seconds("timeout", timeout)
     if count_tokens is not None and not callable(count_tokens):
         raise TypeError("count_tokens must be a callable (texts) -> counts")
     if completion_kwargs and {"model", "messages"} & set(completion_kwargs):
         raise ValueError("completion_kwargs cannot set 'model' or 'messages'")
     if on_busy not in ("wait", "render"):
         raise ValueError(f"on_busy must be 'wait' or 'render', got {on_busy!r}")
-    if isinstance(lease_ttl, bool) or not lease_ttl > 0:
-        raise ValueError(f"lease_ttl must be a positive number of seconds, got {lease_ttl!r}")
-    if timeout is not None and lease_ttl <= timeout:
-        raise ValueError(f"lease_ttl ({lease_ttl} s) must exceed timeout ({timeout} s): a lease that expires "
-                         "while its holder still waits for the model lets another process run the same pass")
+    lease_ttl = _seconds("lease_ttl", lease_ttl)
+    _positive_int("max_input_tokens", max_input_tokens)
+    _positive_int("max_backlog", max_backlog, optional=True)
+    merged = _validate_thresholds(thresholds)
+    if merged["observation"] > max_input_tokens:
+        raise ValueError(f"the observation threshold ({merged['observation']}) exceeds max_input_tokens "
+                         f"({max_input_tokens}): a segment would not fit the observer's input; raise max_input_tokens")
     return ObservationalMemoryStore(
         inner if inner is not None else InMemoryMemoryStore(),
         observer=_validate_model("observer", observer),
         reflector=_validate_model("reflector", reflector) if reflector is not None else None,
-        thresholds=_validate_thresholds(thresholds),
+        thresholds=merged,
         count_tokens=count_tokens or heuristic_count,
         observations=observations if observations is not None else create_in_memory_observation_store(),
         observer_prompt=as_prompt(observer_prompt, OBSERVER_PROMPT),
@@ -723,9 +1009,11 @@ def create_observational_memory_store(
         timeout=timeout,
         on_event=on_event,
         completion_kwargs=completion_kwargs or {},
-        clock=clock or (lambda: datetime.now(timezone.utc)),
+        clock=_validate_clock(clock) if clock is not None else (lambda: datetime.now(timezone.utc)),
         on_busy=on_busy,
         lease_ttl=lease_ttl,
+        max_input_tokens=max_input_tokens,
+        max_backlog=max_backlog,
     )
 
 

@@ -561,7 +561,14 @@ async def test_custom_prompt_per_store(scripted: Scripted) -> None:
         ({"reflector": "nonsense-model-xyz"}, "unknown reflector model"),
         ({"timeout": 0}, "timeout"),
         ({"completion_kwargs": {"model": "x"}}, "cannot set"),
-        ({"timeout": 30, "lease_ttl": 30}, r"lease_ttl \(30 s\) must exceed timeout \(30 s\)"),
+        ({"lease_ttl": float("inf")}, "lease_ttl must be a positive, finite number"),
+        ({"lease_ttl": float("nan")}, "lease_ttl must be a positive, finite number"),
+        ({"timeout": float("inf")}, "timeout must be a positive, finite number"),
+        ({"max_input_tokens": 0}, "max_input_tokens must be a positive integer"),
+        ({"max_backlog": -5}, "max_backlog must be a positive integer"),
+        ({"thresholds": {"observation": 5000}, "max_input_tokens": 4000},
+         r"observation threshold \(5000\) exceeds max_input_tokens \(4000\)"),
+        ({"clock": lambda: __import__("datetime").datetime(2024, 1, 1)}, "clock must return timezone-aware"),
     ],
 )
 def test_bad_configuration_is_rejected_up_front(kwargs, message) -> None:
