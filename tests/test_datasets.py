@@ -480,13 +480,14 @@ def test_one_instance_loads_without_reading_past_it(tmp_path) -> None:
 @given(values=st.lists(st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
     lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3),
-    max_leaves=8), max_size=6), indent=st.sampled_from([None, 1]), chunk=st.integers(1, 64))
-def test_streamed_elements_match_the_document_and_their_offsets(values, indent, chunk) -> None:
+    max_leaves=8), max_size=6), indent=st.sampled_from([None, 1]), chunk=st.integers(1, 64), bom=st.booleans())
+def test_streamed_elements_match_the_document_and_their_offsets(values, indent, chunk, bom) -> None:
     from workbench.datasets import source
 
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "list.json"
-        path.write_text(json.dumps(values, indent=indent, ensure_ascii=False), encoding="utf-8")
+        text = json.dumps(values, indent=indent, ensure_ascii=False)
+        path.write_bytes((b"\xef\xbb\xbf" if bom else b"") + text.encode("utf-8"))
         original = source.CHUNK
         source.CHUNK = chunk  # tiny reads: elements straddle every buffer boundary
         try:

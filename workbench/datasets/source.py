@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from .base import DatasetError
 LINE_SUFFIXES = (".jsonl", ".ndjson")
 CHUNK = 1 << 22  # bytes read at a time when streaming a list (grows for larger elements)
 _WHITESPACE = " \t\n\r"
+_SPACE = re.compile(r"[ \t\n\r]*")
 _NUMBER_START = frozenset("-0123456789")
 _NUMBER_PART = frozenset("0123456789+-.eE")
 _NOTHING = object()
@@ -98,15 +100,20 @@ def json_array(file: Path) -> Iterator[Element]:
     except OSError as exc:
         raise _unreadable(file, exc) from exc
     with handle:
-        buf = ""  # decoded text not yet consumed, from byte ``base`` of the file
-        base = 0  # byte offset of buf[0]
+        buf = ""  # decoded text; buf[pos:] is not consumed yet
+        pos = 0
+        offset = 0  # byte offset of buf[pos] in the file
         line_base, column_base = 1, 1  # line and column of buf[0]
         read_bytes = 0
         eof = False
-        ascii_only = True
+        ascii_only = True  # everything read so far is ASCII: characters are bytes
 
         def fill(at_least: int) -> None:
-            nonlocal buf, eof, read_bytes, ascii_only
+            nonlocal buf, pos, eof, read_bytes, ascii_only, line_base, column_base
+            dropped = buf[:pos]
+            newlines = dropped.count("\n")
+            line_base += newlines
+            column_base = len(dropped) - dropped.rfind("\n") if newlines else column_base + len(dropped)
             data = handle.read(max(CHUNK, at_least))
             try:
                 text = utf8.decode(data, final=not data)
@@ -115,68 +122,63 @@ def json_array(file: Path) -> Iterator[Element]:
             read_bytes += len(data)
             eof = not data
             ascii_only = ascii_only and text.isascii()
-            buf += text
+            buf, pos = buf[pos:] + text, 0
 
-        def advance(pos: int) -> None:  # drop buf[:pos]
-            nonlocal buf, base, line_base, column_base
-            dropped = buf[:pos]
-            base += len(dropped) if ascii_only or dropped.isascii() else len(dropped.encode("utf-8"))
-            newlines = dropped.count("\n")
-            line_base += newlines
-            column_base = len(dropped) - dropped.rfind("\n") if newlines else column_base + len(dropped)
-            buf = buf[pos:]
+        def advance(to: int) -> None:
+            nonlocal pos, offset
+            offset += to - pos if ascii_only else len(buf[pos:to].encode("utf-8"))
+            pos = to
 
         def skip_space() -> bool:  # False at the end of the file
             while True:
-                stripped = buf.lstrip(_WHITESPACE)
-                if stripped:
-                    advance(len(buf) - len(stripped))
+                advance(_SPACE.match(buf, pos).end())
+                if pos < len(buf):
                     return True
-                advance(len(buf))
                 if eof:
                     return False
                 fill(0)
 
         def where() -> str:
-            return f"line {line_base} column {column_base}"
+            newlines = buf.count("\n", 0, pos)
+            column = pos - buf.rfind("\n", 0, pos) if newlines else column_base + pos
+            return f"line {line_base + newlines} column {column}"
 
         try:
-            fill(0)
+            while not buf and not eof:
+                fill(0)
             if buf.startswith("\ufeff"):
-                buf = buf[1:]
-                base = 3
-            if not skip_space() or buf[0] != "[":
+                pos, offset = 1, 3
+            if not skip_space() or buf[pos] != "[":
                 raise DatasetError(file, "top level", None, "expected a JSON list")
-            advance(1)
+            advance(pos + 1)
             index = 0
             while True:
                 if not skip_space():
                     raise DatasetError(file, where(), None, "invalid JSON: the list is not closed")
-                if buf[0] == "]":
-                    advance(1)
+                if buf[pos] == "]":
+                    advance(pos + 1)
                     if skip_space():
                         raise DatasetError(file, where(), None, "invalid JSON: extra data after the list")
                     return
                 if index:
-                    if buf[0] != ",":
+                    if buf[pos] != ",":
                         raise DatasetError(file, where(), None, "invalid JSON: expecting ',' delimiter")
-                    advance(1)
+                    advance(pos + 1)
                     if not skip_space():
                         raise DatasetError(file, where(), None, "invalid JSON: the list is not closed")
                 while True:
                     try:
-                        value, end = decoder.raw_decode(buf)
-                        if not eof and buf[0] in _NUMBER_START and (end == len(buf) or buf[end] in _NUMBER_PART):
+                        value, end = decoder.raw_decode(buf, pos)
+                        if not eof and buf[pos] in _NUMBER_START and (end == len(buf) or buf[end] in _NUMBER_PART):
                             raise json.JSONDecodeError("the number may go on", buf, end)  # read more
                         break
                     except json.JSONDecodeError as exc:
                         if eof or not _incomplete(exc, buf):
                             raise _invalid_json(file, exc, line_base, column_base) from exc
-                        fill(len(buf))  # read at least as much again: geometric growth
-                element = buf[:end]
-                length = len(element) if ascii_only or element.isascii() else len(element.encode("utf-8"))
-                yield Element(index, value, base, length)
+                        fill(len(buf) - pos)  # at least as much again: geometric growth for huge elements
+                start = offset
                 advance(end)
+                yield Element(index, value, start, offset - start)
                 index += 1
         except RecursionError as exc:
             raise DatasetError(file, where(), None, "nested too deeply") from exc
