@@ -512,3 +512,13 @@ def test_streaming_errors_say_where(tmp_path, text, record, problem) -> None:
     with pytest.raises(DatasetError) as caught:
         list(json_array(path))
     assert caught.value.record == record and problem in str(caught.value)
+
+
+def test_detection_and_loading_share_one_parse(monkeypatch) -> None:
+    from workbench.datasets import source
+
+    parses = []
+    whole = source.load_json
+    monkeypatch.setattr(source, "load_json", lambda file: parses.append(file) or whole(file))
+    [conv] = load_dataset(REALTALK_SAMPLE)  # one JSON object: detection needs all of it
+    assert conv.id == "realtalk-sample" and parses == [REALTALK_SAMPLE]
