@@ -6,12 +6,11 @@ No Streamlit here: the app, the CLI and notebooks call these and display what th
 from __future__ import annotations
 
 import json
-import numbers
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
+from .formatting import display, progress, ratio
 from .runstore import RunStore
 
 SUMMARY_ROWS = [
@@ -72,6 +71,9 @@ def compare_runs(store: RunStore, run_a: str, run_b: str) -> pd.DataFrame:
         values: dict[str, Any] = dict(config_rows(run["config"]))
         for key, name in SUMMARY_ROWS:
             values[name] = run.get(key)
+        values["status"] = progress(run["status"], run.get("steps"), run.get("planned_steps"))
+        if run["status"] != "completed":  # say which figures describe only the prefix replayed
+            values["compression (x)"] = ratio(run.get("compression"), partial=True)
         tokens = store.model_calls(run_id)
         values["model tokens in"] = int(tokens.input_tokens.fillna(0).sum()) if not tokens.empty else 0
         values["model tokens out"] = int(tokens.output_tokens.fillna(0).sum()) if not tokens.empty else 0
@@ -79,22 +81,6 @@ def compare_runs(store: RunStore, run_a: str, run_b: str) -> pd.DataFrame:
             values[f"retention · category {category}"] = score
         columns[run_id] = values
     return pd.DataFrame(columns)
-
-
-def display(value: Any) -> str:
-    """A figure as people read it: floats to 3 significant decimals, counts with separators."""
-    if value is None or (isinstance(value, float) and value != value):
-        return "–"
-    if isinstance(value, (bool, np.bool_)):
-        return str(bool(value))
-    if isinstance(value, numbers.Integral):
-        return f"{int(value):,}"
-    if isinstance(value, numbers.Real):
-        value = float(value)
-        if value.is_integer() and abs(value) >= 1000:
-            return f"{int(value):,}"
-        return f"{value:.5f}" if 0 < abs(value) < 0.01 else f"{value:.3f}"
-    return str(value)
 
 
 def category_retention(probes: pd.DataFrame, method: str = "memory") -> dict[str, float]:

@@ -35,6 +35,22 @@ def number(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+def display(value: Any) -> str:
+    """A figure as people read it: floats to 3 decimals (5 below 0.01), counts with separators."""
+    if missing(value):
+        return MISSING
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return str(bool(value))
+    if isinstance(value, numbers.Integral):
+        return f"{int(value):,}"
+    if isinstance(value, numbers.Real):
+        value = float(value)
+        if value.is_integer() and abs(value) >= 1000:
+            return f"{int(value):,}"
+        return f"{value:.5f}" if 0 < abs(value) < 0.01 else f"{value:.3f}"
+    return str(value)
+
+
 def ratio(value: Any, *, partial: bool = False) -> str:
     """A compression figure: ``3.9x``; ``3.9x (partial)`` for a run that did not finish."""
     if missing(value):
@@ -71,4 +87,4 @@ def runs_table(frame: Any) -> Any:
     return shown.astype(object).map(lambda v: MISSING if missing(v) else v)
 
 
-__all__ = ["MISSING", "missing", "money", "number", "progress", "ratio", "runs_table", "share"]
+__all__ = ["MISSING", "display", "missing", "money", "number", "progress", "ratio", "runs_table", "share"]

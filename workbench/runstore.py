@@ -205,7 +205,15 @@ def _is_lock_error(exc: Exception) -> bool:
 # (a SQLite file given as --db would otherwise try to install the sqlite scanner).
 _DUCKDB_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
 
-DEFAULT_WAIT_S = 60.0  # how long a writer waits for a file another process is writing
+DEFAULT_WAIT_S = 60.0  # how long an operation waits for a file another process is using
+
+
+def default_wait_s() -> float:
+    """``$OMEM_DB_WAIT`` seconds, else 60."""
+    try:
+        return float(os.environ.get("OMEM_DB_WAIT") or DEFAULT_WAIT_S)
+    except ValueError:
+        raise RunStoreError(f"OMEM_DB_WAIT must be a number of seconds, got {os.environ['OMEM_DB_WAIT']!r}") from None
 
 
 def _describe_unreadable(path: str, exc: Exception) -> str:
@@ -255,7 +263,8 @@ class RunStore:
     The file is opened for each operation and closed after it, so the process holds DuckDB's
     write lock only while it reads or writes: the app, the CLI and notebooks take turns on one
     file. An operation that finds the file held by another process waits up to ``wait_s``
-    seconds (calling ``on_wait(message)`` once), then raises :class:`RunStoreLocked`. Group
+    seconds (default ``$OMEM_DB_WAIT`` or 60; calling ``on_wait(message)`` once), then raises
+    :class:`RunStoreLocked`. Group
     several reads under one open with ``with store.session(): ...``.
     """
 
@@ -264,7 +273,7 @@ class RunStore:
         self.path = str(path)
         self.read_only = read_only
         self.snapshot_of: str | None = None
-        self.wait_s = DEFAULT_WAIT_S if wait_s is None else wait_s
+        self.wait_s = default_wait_s() if wait_s is None else wait_s
         self.on_wait = on_wait
         self._local = threading.local()
         self._write_lock = threading.RLock()
@@ -636,7 +645,7 @@ class RunStore:
         with self.session() as cur:
             for table in ("runs", "messages", "steps", "records", "model_calls", "probes"):
                 target = out / f"{table}.parquet"
-                rows = cur.execute(f"SELECT * FROM {table} WHERE run_id = ?", [run_id]).to_arrow_table()
+                rows = cur.sql(f"SELECT * FROM {table} WHERE run_id = $1", params=[run_id]).to_arrow_table()
                 try:
                     pq.write_table(rows, target)
                 except OSError as exc:

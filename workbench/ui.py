@@ -7,8 +7,12 @@ model text is always shown as text (``st.code``/``st.text``/dataframes), never a
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import io
 import os
+import re
 import tempfile
+import zipfile
 from pathlib import Path
 
 import pandas as pd
@@ -18,14 +22,20 @@ from omem_core import Prompt
 from omem_core.prompts import BUILTIN_PROMPTS
 
 from .catalog import DEMO_DATASET, known_datasets
-from .datasets import Conversation, DatasetError, load_dataset
+from .datasets import FORMATS, Conversation, DatasetError, load_dataset
 from .models import model_status, usable_models
 from .replay import TOKEN_COUNTERS, ReplayConfig, ReplayFailed, ReplayResult, replay
+from .errors import WorkbenchError
+from .formatting import missing, ratio, share
+from .formatting import progress as progress_text
 from .runstore import RunStore, RunStoreError, RunStoreLocked
 
 RUN_KEY = "omem_run"  # the run opened across pages
 UPLOAD = "Upload a file…"
+BY_PATH = "Open a file or folder by path…"
+AUTO = "detect automatically"
 DEMO_THRESHOLDS = (300, 600)  # the demo chat is ~3.6k tokens: scaled so every stage shows
+APP_WAIT_S = 10.0  # how long a page waits for the run store while a CLI command writes it ($OMEM_DB_WAIT)
 
 
 def db_path() -> str:
@@ -34,30 +44,47 @@ def db_path() -> str:
 
 @st.cache_resource(show_spinner=False)
 def _open_store(path: str) -> tuple[RunStore, str | None]:
+    """The app's run store. It holds no connection between operations (the CLI can write the same
+    file meanwhile); only when another program keeps the file open does the app fall back to a
+    read-only snapshot."""
     try:
-        return RunStore(path), None
-    except RunStoreLocked as exc:
-        # Another process (a CLI sweep, another app) writes the file: show a snapshot of it.
+        wait = float(os.environ["OMEM_DB_WAIT"]) if os.environ.get("OMEM_DB_WAIT") else APP_WAIT_S
+        return RunStore(path, wait_s=wait), None
+    except RunStoreLocked:
         try:
-            return RunStore.snapshot(path), str(exc)
-        except (OSError, RunStoreError):
-            raise exc from None
+            return RunStore.snapshot(path), Path(path).name
+        except (OSError, RunStoreError) as exc:
+            raise RunStoreError(f"{path} is held by another program and no snapshot could be taken: {exc}") from exc
 
 
 def get_store() -> RunStore:
-    """The process's one connection to the run store (read-only, with a notice, if locked)."""
+    """The run store (a read-only snapshot, with a notice, while another program holds the file)."""
     try:
-        store, notice = _open_store(db_path())
+        store, held = _open_store(db_path())
     except RunStoreError as exc:
-        st.error(str(exc))
+        error("The run store cannot be opened: ", exc)
         st.stop()
-    if notice:
-        st.warning(f"Read-only snapshot: {notice} This page shows a copy taken when the app opened it; "
-                   "replays and edits are disabled until the other process finishes.")
-        if st.button("Refresh the snapshot", key="omem_refresh"):
+    if held:
+        st.warning(plain(f"Read-only: another program keeps {held} open, so this page shows a copy taken "
+                         "when the app opened it, and replays and edits are off until that program closes it."))
+        if st.button("Try the file again", key="omem_refresh"):
             _open_store.clear()
             st.rerun()
     return store
+
+
+_MARKDOWN_SPECIAL = re.compile(r"([!-/:-@\[-`{-~])")
+
+
+def plain(text: object) -> str:
+    """``text`` escaped so Streamlit's Markdown shows it literally: no links, images, emphasis or
+    HTML from dataset values or error messages (every ASCII punctuation mark backslash-escaped)."""
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", str(text))
+
+
+def error(prefix: str, detail: object = "") -> None:
+    """An error banner: our ``prefix`` (Markdown) and the data in ``detail`` shown as text."""
+    st.error(prefix + plain(detail))
 
 
 def text_block(text: str, *, height: int | None = None) -> None:
@@ -65,38 +92,93 @@ def text_block(text: str, *, height: int | None = None) -> None:
     st.code(text or "(empty)", language="text", wrap_lines=True, height=height)
 
 
-@st.cache_data(show_spinner=False)
-def _load(path: str, fmt: str | None) -> list[Conversation]:
+@st.cache_data(show_spinner=False, max_entries=16)
+def _load(path: str, fmt: str | None, stamp: tuple[int, int]) -> list[Conversation]:
+    """Parsed once per file content (``stamp``: size and mtime, so an edited file is read again)."""
     return load_dataset(path, fmt)
 
 
+def _stamp(path: Path) -> tuple[int, int]:
+    try:
+        info = path.stat()
+    except OSError:
+        return (0, 0)
+    return (info.st_size, info.st_mtime_ns)
+
+
+def _saved_upload(upload) -> Path:
+    """The uploaded bytes in a folder named by their sha256 (per content, never per file name, so a
+    second upload called like the first never shows the first file's data); a zip (a folder
+    format such as BEAM) is unpacked there."""
+    data = upload.getvalue()
+    digest = hashlib.sha256(data).hexdigest()[:16]
+    folder = Path(tempfile.gettempdir()) / "omem-uploads" / digest
+    folder.mkdir(parents=True, exist_ok=True)
+    name = Path(upload.name).name or "upload"
+    target = folder / name
+    if not target.exists():
+        target.write_bytes(data)
+    if name.lower().endswith(".zip"):
+        unpacked = folder / "unzipped"
+        if not unpacked.exists():
+            with zipfile.ZipFile(io.BytesIO(data)) as archive:
+                archive.extractall(unpacked)  # zipfile drops absolute paths and ".." components
+        entries = [p for p in unpacked.iterdir() if not p.name.startswith(("__MACOSX", "."))]
+        return entries[0] if len(entries) == 1 and entries[0].is_dir() else unpacked
+    return target
+
+
+def _format_picker(prefix: str) -> str | None:
+    choice = st.sidebar.selectbox("Format", [AUTO, *FORMATS], key=f"{prefix}_format",
+                                  help="The file's format; detected from its content unless chosen here.")
+    return None if choice == AUTO else choice
+
+
 def dataset_picker(prefix: str) -> Conversation | None:
-    """Sidebar: dataset (project, shared, or upload) and conversation."""
+    """Sidebar: dataset (project, shared, an upload, or any path) and conversation.
+
+    An upload is kept for this browser session only and keyed by its content."""
     entries = known_datasets()
-    names = [f"{e.name} ({e.origin})" for e in entries] + [UPLOAD]
+    names = [f"{e.name} ({e.origin})" for e in entries] + [UPLOAD, BY_PATH]
     default = next((i for i, e in enumerate(entries) if e.path == DEMO_DATASET), 0)
     choice = st.sidebar.selectbox("Dataset", names, index=default, key=f"{prefix}_dataset")
+    if choice == UPLOAD:
+        upload = st.sidebar.file_uploader("Conversation file (JSON, JSON Lines, or a zip of a folder)",
+                                          key=f"{prefix}_upload")
+        fmt = _format_picker(prefix)
+        if upload is None:
+            st.info("Upload a dataset: the project's JSON Lines format, LoCoMo, LongMemEval, OpenAI, ShareGPT, "
+                    "or a zip of a folder format such as BEAM.")
+            return None
+        path = _saved_upload(upload)
+    elif choice == BY_PATH:
+        typed = st.sidebar.text_input("Path", key=f"{prefix}_path", placeholder="/data/locomo10.json")
+        fmt = _format_picker(prefix)
+        if not typed.strip():
+            st.info("Type the path of a dataset file or folder in the sidebar.")
+            return None
+        path = Path(typed.strip()).expanduser()
+        if not path.exists():
+            error("No such file or folder: ", path)
+            return None
+    else:
+        entry = entries[names.index(choice)]
+        path, fmt = entry.path, entry.format
     try:
-        if choice == UPLOAD:
-            upload = st.sidebar.file_uploader("Conversation file (JSON or JSON Lines)", key=f"{prefix}_upload")
-            if upload is None:
-                st.info("Upload a dataset file: the project's JSON Lines format, LoCoMo, OpenAI or ShareGPT.")
-                return None
-            folder = Path(tempfile.gettempdir()) / "omem-uploads"
-            folder.mkdir(exist_ok=True)
-            path = folder / Path(upload.name).name
-            path.write_bytes(upload.getvalue())
-            conversations = _load(str(path), None)
-        else:
-            entry = entries[names.index(choice)]
-            conversations = _load(str(entry.path), entry.format)
+        conversations = _load(str(path), fmt, _stamp(path))
     except DatasetError as exc:
-        st.error(f"Cannot read the dataset: {exc}")
+        error("Cannot read the dataset: ", exc)
+        return None
+    if not conversations:
+        st.warning("The dataset holds no conversation.")
         return None
     ids = [c.id for c in conversations]
     picked = st.sidebar.selectbox("Conversation", ids, key=f"{prefix}_conversation") if len(ids) > 1 else ids[0]
     conversation = conversations[ids.index(picked)]
-    st.sidebar.caption(f"{len(conversation.turns)} messages · {len(conversation.probes)} probes")
+    st.sidebar.caption(plain(f"{len(conversation.turns)} messages · {len(conversation.probes)} probes"))
+    if not conversation.probes:
+        st.sidebar.info("This conversation has no probes: replays show compression and the timeline, "
+                        "but no retention.")
     return conversation
 
 
@@ -123,7 +205,7 @@ def config_form(store: RunStore, prefix: str, conversation: Conversation | None,
     for model in {observer, reflector} - {"none"}:
         status = model_status(model)
         if not status.usable:
-            box.warning(f"{model}: {status.reason}")
+            box.warning(plain(f"{model}: {status.reason}"))
     observation = box.number_input("Observation threshold (tokens)", 10, 100_000, obs_default, step=50,
                                    key=f"{prefix}_obs_{obs_default}")
     reflection = box.number_input("Reflection threshold (tokens)", 10, 200_000, ref_default, step=50,
@@ -144,38 +226,43 @@ def config_form(store: RunStore, prefix: str, conversation: Conversation | None,
 
 def run_replay(store: RunStore, conversation: Conversation, config: ReplayConfig, *,
                label: str | None = None) -> ReplayResult | None:
-    """Run a replay with a progress bar; a provider error is shown, the recorded steps kept."""
+    """Run a replay with a progress bar. A rejected configuration or a failed model call is shown
+    as an error (never as a result); a failed run keeps its recorded steps."""
     if store.read_only:
-        st.error("The run store is read-only in this process; a replay cannot be recorded.")
+        st.error("The run store is a read-only snapshot here; a replay cannot be recorded.")
         return None
-    bar = st.progress(0.0, text=f"Replaying {conversation.id}…")
+    bar = st.progress(0.0, text=plain(f"Replaying {conversation.id}…"))
 
     def progress(done: int, total: int, message: str) -> None:
         if done == total or done % 5 == 0:
-            bar.progress(done / max(total, 1), text=f"Replaying {conversation.id}: {message}")
+            bar.progress(done / max(total, 1), text=plain(f"Replaying {conversation.id}: {message}"))
 
     try:
         result = asyncio.run(replay(conversation, config, store, progress=progress, label=label))
     except ReplayFailed as exc:
         bar.empty()
-        st.error(f"The model call failed: {exc}. The run {exc.result.run_id} kept its "
-                 f"{exc.result.steps} recorded steps and can be resumed from the CLI.")
+        partial = exc.result
+        error(f"The replay failed at step {partial.steps} of {partial.planned_steps}; run {partial.run_id} keeps "
+              "its recorded steps (resume it with `python -m workbench replay --resume "
+              f"{partial.run_id}`). ", exc)
         return exc.result
-    except ValueError as exc:
+    except WorkbenchError as exc:
         bar.empty()
-        st.error(str(exc))
+        error("", exc)
         return None
     bar.empty()
     return result
 
 
 def run_label(row: pd.Series) -> str:
+    done = row.get("status") == "completed"
     figures = []
-    if pd.notna(row.get("compression")):
-        figures.append(f"{row['compression']:.1f}x")
-    if pd.notna(row.get("retention")):
-        figures.append(f"retention {row['retention']:.2f}")
-    return f"{row['run_id']} · {row['conversation_id']} · {row['status']}" + (
+    if not missing(row.get("compression")):
+        figures.append(ratio(row["compression"], partial=not done))
+    if not missing(row.get("retention")):
+        figures.append(f"retention {share(row['retention'])}")
+    state = progress_text(row.get("status"), row.get("steps"), row.get("planned_steps"))
+    return f"{row['run_id']} · {row['conversation_id']} · {state}" + (
         f" · {' · '.join(figures)}" if figures else "")
 
 

@@ -5,6 +5,7 @@ import json
 import streamlit as st
 
 from workbench import analysis, charts, ui
+from workbench import formatting as fmt
 
 store = ui.get_store()
 st.title("Compare")
@@ -41,6 +42,10 @@ if run_a == run_b:
     st.warning("Run A and run B are the same run.")
 
 info_a, info_b = store.run(run_a), store.run(run_b)
+for name, info in (("A", info_a), ("B", info_b)):
+    if info["status"] != "completed":  # its figures cover a prefix only: never compared as if final
+        ui.error(f"**Run {name} {fmt.progress(info['status'], info['steps'], info['planned_steps'])}**: its "
+                 "figures describe only the part replayed. ", info["error"] or "")
 if info_a["conversation_id"] != info_b["conversation_id"]:
     st.warning("The two runs replayed different conversations; their figures are not directly comparable.")
 

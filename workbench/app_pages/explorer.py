@@ -5,17 +5,20 @@ import json
 import streamlit as st
 
 from workbench import analysis, charts, ui
+from workbench import formatting as fmt
 
 store = ui.get_store()
 
 st.sidebar.header("Replay")
 mode = st.sidebar.radio("Source", ["Run a replay", "Open a stored run"], key="ex_mode", horizontal=True)
+conversation = None
 if mode == "Run a replay":
     conversation = ui.dataset_picker("ex")
     config = ui.config_form(store, "ex", conversation)
-    start = st.sidebar.button("Run replay", type="primary", key="ex_run", disabled=conversation is None)
+    start = st.sidebar.button("Run replay", type="primary", key="ex_run",
+                              disabled=conversation is None or store.read_only)
     if store.read_only:
-        st.sidebar.caption("Replays are disabled: the run store is a read-only snapshot.")
+        st.sidebar.caption("Replays are off: the run store is a read-only snapshot.")
     if start and conversation is not None:
         result = ui.run_replay(store, conversation, config)
         if result is not None and result.run_id:
@@ -32,12 +35,26 @@ else:
         ui.open_run(picked)
 
 stored = store.runs()
+if conversation is not None:
+    chosen = [conversation.source, conversation.id]
+    if st.session_state.get("ex_chosen") not in (None, chosen):
+        # Another dataset or conversation was chosen: from now on this page shows its runs only,
+        # never a run of something else as if it belonged to it.
+        st.session_state["ex_scope"] = chosen
+        st.session_state.pop(ui.RUN_KEY, None)
+    st.session_state["ex_chosen"] = chosen
+scope = st.session_state.get("ex_scope") if mode == "Run a replay" else None
+if scope:
+    stored = stored[(stored.dataset == scope[0]) & (stored.conversation_id == scope[1])]
 run_id = st.session_state.get(ui.RUN_KEY)
 if (run_id is None or stored.query("run_id == @run_id").empty) and not stored.empty:
     run_id = stored.run_id.iloc[0]  # the newest run, until another is opened
-if run_id is None:
+if run_id is None or stored.query("run_id == @run_id").empty:
     st.title("Replay explorer")
-    st.info("Run a replay from the sidebar, or open a stored run.")
+    if conversation is not None:
+        st.info(ui.plain(f"No run of {conversation.id} yet: press Run replay in the sidebar."))
+    else:
+        st.info("Run a replay from the sidebar, or open a stored run.")
     st.stop()
 
 run = store.run(run_id)
@@ -46,22 +63,30 @@ steps = store.steps(run_id)
 records = store.records(run_id)
 messages = store.messages(run_id)
 calls = store.model_calls(run_id)
+done = run["status"] == "completed"
 
 st.title("Replay explorer")
 st.text(f"Run {run_id} · {run['conversation_id']} · {run['label'] or ''}")
-if run["status"] != "completed":
-    st.error(f"Run status: {run['status']}. {run['error'] or ''}")
+if conversation is not None and [run["dataset"], run["conversation_id"]] != [conversation.source, conversation.id]:
+    st.caption(ui.plain(f"This stored run replayed {run['conversation_id']}; {conversation.id}, chosen in the "
+                        "sidebar, is replayed when you press Run replay."))
+if not done:
+    where = fmt.progress(run["status"], run["steps"], run["planned_steps"])
+    ui.error(f"**This run {where}** — the figures below describe the part replayed, not the whole "
+             "conversation. ", run["error"] or "")
 
 cols = st.columns(6)
-cols[0].metric("Messages", run["messages"])
-cols[1].metric("Memory reads", int(run["steps"] or 0))
-cols[2].metric("Observer / reflector calls", f"{run['observer_calls'] or 0} / {run['reflector_calls'] or 0}")
-cols[3].metric("Compression", f"{run['compression']:.1f}x" if run["compression"] else "–",
+cols[0].metric("Messages", fmt.display(run["messages"]))
+cols[1].metric("Memory reads", fmt.display(run["steps"]) if done
+               else f"{fmt.display(run['steps'])} of {fmt.display(run['planned_steps'])}")
+cols[2].metric("Observer / reflector calls", f"{fmt.display(run['observer_calls'])} / {fmt.display(run['reflector_calls'])}")
+cols[3].metric("Compression" + ("" if done else " (partial)"), fmt.ratio(run["compression"]),
                help="Full-history tokens / what the agent sees after the last message (memory + window). "
                     "The chart's figure is the same ratio at the chosen step.")
-cols[4].metric("Retention", f"{run['retention']:.2f}" if run["retention"] is not None else "–",
-               help="Share of gold-answer words visible at the end (memory + window)")
-cols[5].metric("Cost", f"${run['cost_usd']:.4f}" if run["cost_usd"] is not None else "–")
+cols[4].metric("Retention", fmt.share(run["retention"]),
+               help="Share of gold-answer words visible at the end (memory + window); scored on completed "
+                    "runs only")
+cols[5].metric("Cost", fmt.money(run["cost_usd"]))
 
 if steps.empty:
     st.warning("This run recorded no steps yet.")
@@ -96,8 +121,8 @@ with timeline:
     cost_of = {r.record_id: r for _, r in calls.iterrows() if r.record_id}
     for _, record in written.iloc[::-1].iterrows():
         call = cost_of.get(record.record_id)
-        detail = (f" · {int(call.input_tokens or 0)}→{int(call.output_tokens or 0)} tokens · "
-                  f"{call.latency_ms:.0f} ms" + (f" · ${call.cost_usd:.5f}" if call.cost_usd else "")
+        detail = (f" · {fmt.display(call.input_tokens)}→{fmt.display(call.output_tokens)} tokens · "
+                  f"{fmt.number(call.latency_ms, 0)} ms" + (f" · {fmt.money(call.cost_usd, 5)}" if call.cost_usd else "")
                   + (" · cache hit" if call.cache_hit else "")
                   + (f" · {int(call.attempts)} calls (tightened)" if (call.get("attempts") or 1) > 1 else "")
                   + (" · trimmed to the threshold" if bool(call.get("trimmed")) else "")) if call is not None else ""

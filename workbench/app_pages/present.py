@@ -3,6 +3,7 @@
 import streamlit as st
 
 from workbench import analysis, charts, ui
+from workbench import formatting as fmt
 
 store = ui.get_store()
 run_id = ui.run_picker(store, "Run to present", "pres_run", default=st.session_state.get(ui.RUN_KEY),
@@ -14,8 +15,13 @@ if run_id is None:
 run = store.run(run_id)
 steps = store.steps(run_id)
 records = store.records(run_id)
+done = run["status"] == "completed"
+st.title("Observational memory, step by step")
+if not done:  # never present a run that did not finish as if it had
+    ui.error(f"**Not a finished run: it {fmt.progress(run['status'], run['steps'], run['planned_steps'])}.** "
+             "Its figures cover only the part replayed. ", run["error"] or "")
 if steps.empty:
-    st.info("This run has no steps.")
+    st.info("This run has no steps to present.")
     st.stop()
 
 key = f"pres_step_{run_id}"
@@ -24,13 +30,13 @@ st.session_state.setdefault(key, 0)
 autoplay = st.sidebar.toggle("Autoplay", key="pres_auto")
 speed = st.sidebar.slider("Seconds per step", 0.5, 5.0, 1.5, key="pres_speed")
 
-st.title("Observational memory, step by step")
 big = st.columns(3)
-big[0].metric("Compression", f"{run['compression']:.1f}x" if run["compression"] else "–",
+big[0].metric("Compression" + ("" if done else " (partial)"), fmt.ratio(run["compression"]),
               help="Full history tokens / tokens the agent sees at the end")
-big[1].metric("Facts retained", f"{run['retention']:.0%}" if run["retention"] is not None else "–",
-              help="Share of probe answers still visible to the agent at the end")
-big[2].metric("Model calls", int((run["observer_calls"] or 0) + (run["reflector_calls"] or 0)))
+big[1].metric("Facts retained", fmt.MISSING if fmt.missing(run["retention"]) else f"{run['retention']:.0%}",
+              help="Share of probe answers still visible to the agent at the end (completed runs only)")
+calls = [run["observer_calls"], run["reflector_calls"]]
+big[2].metric("Model calls", fmt.display(sum(0 if fmt.missing(c) else int(c) for c in calls)))
 
 back, _, forward = st.columns([1, 6, 1])
 if back.button("◀ Back", key="pres_back", disabled=st.session_state[key] <= 0):

@@ -23,9 +23,9 @@ if st.button("Save version", type="primary", key="pr_save", disabled=not new_ver
     try:
         candidate = Prompt(name=name, version=new_version.strip(), text=text)
         store.save_prompt(candidate)
-        st.success(f"Saved {candidate.label} (sha256 {candidate.sha256[:16]}…). Pick it in Compare.")
+        st.success(ui.plain(f"Saved {candidate.label} (sha256 {candidate.sha256[:16]}…).") + " Pick it in Compare.")
     except (ValueError, RunStoreError) as exc:
-        st.error(str(exc))
+        ui.error("", exc)
 
 saved = store.prompts()
 if not saved.empty:

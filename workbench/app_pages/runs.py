@@ -8,6 +8,7 @@ from pathlib import Path
 import streamlit as st
 
 from workbench import analysis, ui
+from workbench import formatting as fmt
 
 store = ui.get_store()
 st.title("Runs")
@@ -29,9 +30,10 @@ if statuses:
 if search:
     shown = shown[shown.label.fillna("").str.contains(search, case=False, regex=False)]
 
+shown = shown.assign(status=[fmt.progress(s, k, n) for s, k, n in zip(shown.status, shown.steps, shown.planned_steps)])
 st.dataframe(shown[["run_id", "created_at", "status", "conversation_id", "observer", "reflector",
                     "observation_threshold", "reflection_threshold", "window", "steps", "compression",
-                    "retention", "cost_usd", "label"]], hide_index=True, key="runs_table")
+                    "retention", "cost_usd", "label", "error"]], hide_index=True, key="runs_table")
 st.caption(f"{len(shown)} of {len(runs)} runs")
 
 if shown.empty:
@@ -58,5 +60,5 @@ if delete_col.button("Delete run", disabled=not confirm or store.read_only, key=
     store.delete_run(run_id)
     if st.session_state.get(ui.RUN_KEY) == run_id:
         st.session_state.pop(ui.RUN_KEY)
-    st.success(f"Deleted {run_id}")
+    st.success(ui.plain(f"Deleted {run_id}"))
     st.rerun()

@@ -5,6 +5,7 @@ import asyncio
 import streamlit as st
 
 from workbench import analysis, charts, ui
+from workbench import formatting as fmt
 from workbench.replay import ReplayConfig, run_sweep
 
 store = ui.get_store()
@@ -47,8 +48,15 @@ if st.sidebar.button("Run sweep", type="primary", key="tune_run",
 
 runs = analysis.runs_with_config(store)
 if conversation is not None:
-    runs = runs[runs.conversation_id == conversation.id]
+    runs = runs[(runs.conversation_id == conversation.id) & (runs.dataset == conversation.source)]
+failed = runs[runs.status != "completed"]
 runs = runs[runs.status == "completed"]
+if not failed.empty:  # never just fewer points: say which configurations did not finish, and why
+    st.warning(f"{len(failed)} configuration(s) did not finish and are not drawn:")
+    st.dataframe(failed.assign(
+        status=[fmt.progress(s, k, n) for s, k, n in zip(failed.status, failed.steps, failed.planned_steps)],
+        configuration=failed.label)[["run_id", "status", "configuration", "error"]],
+        hide_index=True, key="tune_failed")
 if runs.empty:
     st.info("No completed runs for this conversation yet: run a sweep from the sidebar.")
     st.stop()
