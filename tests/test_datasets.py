@@ -522,3 +522,16 @@ def test_detection_and_loading_share_one_parse(monkeypatch) -> None:
     monkeypatch.setattr(source, "load_json", lambda file: parses.append(file) or whole(file))
     [conv] = load_dataset(REALTALK_SAMPLE)  # one JSON object: detection needs all of it
     assert conv.id == "realtalk-sample" and parses == [REALTALK_SAMPLE]
+
+
+def test_a_folder_listing_sees_a_file_edited_inside_it(tmp_path) -> None:
+    folder = tmp_path / "beam"
+    folder.mkdir()
+    chat = [{"batch_number": 1, "time_anchor": "March-04-2024",
+             "turns": [[{"role": "user", "id": 0, "content": "hi"}, {"role": "assistant", "id": 1, "content": "yo"}]]}]
+    (folder / "chat.json").write_text(json.dumps(chat))
+    assert list_conversations(folder)[0].messages == 2
+    chat[0]["turns"][0].append({"role": "user", "id": 2, "content": "and one more message"})
+    (folder / "chat.json").write_text(json.dumps(chat))
+    os.utime(folder / "chat.json", ns=(time.time_ns(), time.time_ns() + 10_000_000))
+    assert list_conversations(folder)[0].messages == 3

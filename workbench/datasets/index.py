@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import tempfile
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import astuple, dataclass
@@ -26,6 +27,7 @@ VERSION = 1
 MIN_BYTES = 8 << 20  # smaller files are read in well under a second: not worth a file on disk
 _MEMO_SIZE = 16
 _memo: OrderedDict[tuple, list[Entry]] = OrderedDict()
+_lock = threading.Lock()  # the app reads from several threads
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,9 +43,14 @@ def cache_dir() -> Path:
 
 
 def _key(path: Path, fmt: str) -> tuple[str, int, int, str]:
+    """Path, size and modification time; of a folder, its files' total size and newest time
+    (a folder's own time does not change when a file in it is edited)."""
     resolved = path.resolve()
-    stat = resolved.stat()
-    return str(resolved), stat.st_size, stat.st_mtime_ns, fmt
+    stats = [resolved.stat()]
+    if resolved.is_dir():
+        stats += [child.stat() for child in resolved.iterdir() if child.is_file()]
+    size = stats[0].st_size if len(stats) == 1 else sum(s.st_size for s in stats[1:])
+    return str(resolved), size, max(s.st_mtime_ns for s in stats), fmt
 
 
 def _file_for(key: tuple) -> Path:
@@ -79,18 +86,21 @@ def _write(key: tuple, entries: list[Entry]) -> None:
 
 
 def _remember(key: tuple, entries: list[Entry]) -> list[Entry]:
-    _memo[key] = entries
-    _memo.move_to_end(key)
-    while len(_memo) > _MEMO_SIZE:
-        _memo.popitem(last=False)
+    with _lock:
+        _memo[key] = entries
+        _memo.move_to_end(key)
+        while len(_memo) > _MEMO_SIZE:
+            _memo.popitem(last=False)
     return entries
 
 
 def lookup(path: Path, fmt: str) -> list[Entry] | None:
     """The index when one exists (in this process or on disk), without building it."""
     key = _key(path, fmt)
-    if key in _memo:
-        return _memo[key]
+    with _lock:
+        found = _memo.get(key)
+    if found is not None:
+        return found
     entries = _read(key) if key[1] >= MIN_BYTES else None
     return None if entries is None else _remember(key, entries)
 
@@ -109,4 +119,5 @@ def get(path: Path, fmt: str, build: Callable[[], list[Entry]]) -> list[Entry]:
 
 def clear_memory() -> None:
     """Forget the in-process indexes (the files on disk stay)."""
-    _memo.clear()
+    with _lock:
+        _memo.clear()
