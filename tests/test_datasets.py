@@ -535,3 +535,16 @@ def test_a_folder_listing_sees_a_file_edited_inside_it(tmp_path) -> None:
     (folder / "chat.json").write_text(json.dumps(chat))
     os.utime(folder / "chat.json", ns=(time.time_ns(), time.time_ns() + 10_000_000))
     assert list_conversations(folder)[0].messages == 3
+
+
+def test_reading_datasets_imports_no_model_library() -> None:
+    """The CLI's quick paths (``--help``, ``datasets``) list and detect formats: that must not pay
+    for importing litellm (seconds)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, workbench.catalog, workbench.datasets as d; d.load_dataset(sys.argv[1]); "
+            "d.list_conversations(sys.argv[2]); print(sorted({'litellm', 'omem_core', 'pandas'} & set(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", code, str(DEMO_DATASET), str(LME_SAMPLE)], capture_output=True,
+                          text=True, check=True, cwd=Path(__file__).resolve().parents[1])
+    assert done.stdout.strip() == "[]"

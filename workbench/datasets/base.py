@@ -7,9 +7,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from omem_core import Message
+if TYPE_CHECKING:
+    from omem_core import Message
 
 ROLES = ("user", "assistant", "system", "tool")
 EPOCH = datetime(2024, 1, 1, tzinfo=timezone.utc)  # the clock of formats without dates
@@ -40,6 +41,8 @@ class Turn:
         return f"{self.speaker}: {self.text}" if self.speaker else self.text
 
     def to_message(self, thread_id: str) -> Message:
+        from omem_core import Message  # here, not at the top: loading datasets needs no litellm
+
         return Message(id=self.id, thread_id=thread_id, role=self.role, content=self.content,
                        created_at=self.created_at)
 
