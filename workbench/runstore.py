@@ -222,14 +222,15 @@ def _describe_unreadable(path: str, exc: Exception) -> str:
             head = handle.read(16)
     except OSError:
         head = b""
-    if head.startswith(b"SQLite format 3"):
-        what = "a SQLite database, not a DuckDB run store"
-    elif head[8:12] == b"DUCK" or head.startswith(b"DUCK"):
+    advice = "Pass --db with another file (or set OMEM_DB); the file was not changed"
+    if head.startswith(b"SQLite format 3"):  # DuckDB's own message would suggest installing an extension
+        return f"cannot open {path}: it is a SQLite database, not a DuckDB run store. {advice}."
+    if head[8:12] == b"DUCK" or head.startswith(b"DUCK"):
         what = "a DuckDB file that is truncated or corrupt"
     else:
         what = "not a DuckDB run store (or a truncated or corrupt one)"
-    return (f"cannot open {path}: it is {what}. Pass --db with another file (or set OMEM_DB); "
-            f"the file was not changed. ({type(exc).__name__}: {exc})")
+    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"cannot open {path}: it is {what}. {advice}. (DuckDB: {first_line})"
 
 
 def process_token(pid: int | None = None) -> str | None:
@@ -350,6 +351,9 @@ class RunStore:
         self._local.cursor = cur
         try:
             yield cur
+        except (duckdb.IOException, duckdb.SerializationException, duckdb.InternalException) as exc:
+            # A file that opened but cannot be read through (truncated, corrupt, disk gone).
+            raise RunStoreError(_describe_unreadable(self.path, exc)) from exc
         finally:
             self._local.cursor = None
             cur.close()

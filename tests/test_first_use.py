@@ -1,0 +1,220 @@
+"""What a newcomer's first session runs into: the cache, bad models, bad files, the CLI and the app
+process. Each test drives the real entry points (the CLI in its own process where the process
+matters, litellm for every model call)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from workbench.cli import cli
+from workbench.datasets import load_conversation
+from workbench.replay import ConfigurationError, ReplayConfig, replay
+from workbench.runstore import RunStore, RunStoreError
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "datasets" / "tiny.jsonl"
+SMALL = {"observation_threshold": 40, "reflection_threshold": 60, "last_messages": 2}
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "workbench", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_the_cache_is_chosen_per_run_not_once_per_process(tmp_path) -> None:
+    conversation = load_conversation(TINY)
+    config = ReplayConfig(**SMALL)
+
+    def hits(folder: Path) -> tuple[int, int]:
+        result = asyncio.run(replay(conversation, config, cache_dir=folder))
+        return result.cache_hits, result.observer_calls + result.reflector_calls
+
+    first_hits, calls = hits(tmp_path / "a")
+    assert calls > 0 and first_hits == 0
+    assert hits(tmp_path / "a") == (calls, calls)  # served from a's file
+    assert hits(tmp_path / "b") == (0, calls)  # b is its own, empty cache: nothing leaks from a
+    assert (tmp_path / "b" / "litellm-cache.sqlite").exists()
+
+
+def test_a_cache_folder_that_cannot_be_written_is_a_clear_error(tmp_path, monkeypatch) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("OMEM_CACHE_DIR", str(blocked / "cache"))
+    code, _, err = invoke("replay", "--dataset", str(TINY), "--db", str(tmp_path / "r.duckdb"))
+    assert code == 1 and "model-call cache folder" in err and "OMEM_CACHE_DIR" in err and "--no-cache" in err
+    assert "Traceback" not in err
+    with RunStore(tmp_path / "r.duckdb") as store:  # the run says what stopped it; nothing is left running
+        [run] = store.runs().to_dict("records")
+        assert run["status"] == "failed" and "cache folder" in run["error"]
+    code, out, _ = invoke("replay", "--dataset", str(TINY), "--db", str(tmp_path / "r.duckdb"), "--no-cache", "--json")
+    assert code == 0 and json.loads(out.splitlines()[-1])["status"] == "completed"
+
+
+def test_an_unknown_model_is_refused_within_seconds_and_the_run_is_marked_failed(tmp_path) -> None:
+    db = tmp_path / "r.duckdb"
+    started = time.monotonic()
+    done = run_cli("replay", "--observer", "gpt-nonexistent", "--db", str(db), "--json", timeout=60)
+    assert done.returncode == 1
+    assert "gpt-nonexistent: litellm does not know which provider serves it" in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1  # one line
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    with RunStore(db) as store:
+        assert store.run(summary["run_id"])["status"] == "failed"
+    assert time.monotonic() - started < 30  # refused before any replay work (litellm's import included)
+
+
+def test_a_missing_provider_key_is_refused_before_any_call(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    with RunStore(tmp_path / "r.duckdb") as store:
+        with pytest.raises(ConfigurationError, match="ANTHROPIC_API_KEY") as caught:
+            asyncio.run(replay(load_conversation(TINY), ReplayConfig(reflector="anthropic/claude-haiku-4-5"), store))
+        run = store.run(caught.value.run_id)
+        assert run["status"] == "failed" and run["steps"] == 0
+
+
+def test_resume_reports_the_whole_run(tmp_path) -> None:
+    from conftest import scripted_provider
+
+    db = str(tmp_path / "r.duckdb")
+    with scripted_provider() as scripted:
+        scripted.replies = ["- a", "- b", RuntimeError("rate limited")]
+        code, out, _ = invoke("replay", "--dataset", str(ROOT / "datasets" / "demo.jsonl"), "--observer",
+                              "scripted/model", "--reflector", "none", "--observation-threshold", "300",
+                              "--no-cache", "--json", "--db", db)
+        failed = json.loads(out.strip().splitlines()[-1])
+        assert code == 1 and failed["partial"] and failed["observer_calls"] == 3  # two saved, one failed
+        code, out, _ = invoke("replay", "--resume", failed["run_id"], "--json", "--db", db)
+    resumed = json.loads(out.strip().splitlines()[-1])
+    with RunStore(db) as store:
+        run = store.run(failed["run_id"])
+        calls = store.model_calls(failed["run_id"])
+    assert code == 0 and resumed["status"] == "completed" and not resumed["partial"]
+    assert resumed["observer_calls"] == run["observer_calls"] == len(calls) > failed["observer_calls"]
+    assert resumed["steps"] == run["steps"] == 100
+
+
+def test_a_corrupt_or_truncated_store_is_a_clear_error_and_left_untouched(tmp_path) -> None:
+    good = tmp_path / "good.duckdb"
+    with RunStore(good) as store:
+        asyncio.run(replay(load_conversation(TINY), ReplayConfig(**SMALL, cache=False), store))
+    data = good.read_bytes()
+    truncated = tmp_path / "truncated.duckdb"
+    truncated.write_bytes(data[: len(data) // 3])
+    garbage = tmp_path / "garbage.duckdb"
+    garbage.write_bytes(b"this is not a database at all\n" * 100)
+    for path in (truncated, garbage):
+        before = path.read_bytes()
+        code, _, err = invoke("runs", "--db", str(path))
+        assert code == 1 and f"cannot open {path}" in err and "Traceback" not in err, err
+        assert path.read_bytes() == before  # nothing written to it
+
+
+def test_a_sqlite_file_given_as_db_never_makes_duckdb_fetch_an_extension(tmp_path) -> None:
+    path = tmp_path / "memory.sqlite"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE t (x)")
+    con.commit()
+    con.close()
+    before = path.read_bytes()
+    done = run_cli("runs", "--db", str(path), timeout=60)
+    assert done.returncode == 1
+    assert "a SQLite database, not a DuckDB run store" in done.stderr and "Traceback" not in done.stderr
+    assert "install" not in done.stderr.lower() and "http" not in done.stderr.lower()
+    assert path.read_bytes() == before
+
+
+def test_export_to_a_path_with_quotes(tmp_path) -> None:
+    db = tmp_path / "r.duckdb"
+    with RunStore(db) as store:
+        run_id = asyncio.run(replay(load_conversation(TINY), ReplayConfig(**SMALL, cache=False), store)).run_id
+    folder = tmp_path / "it's \"here\"; DROP TABLE runs; --"
+    code, out, err = invoke("export", run_id, "--parquet", str(folder), "--db", str(db))
+    assert code == 0, err
+    assert (folder / "steps.parquet").exists() and str(folder / "steps.parquet") in out
+    with RunStore(db) as store:
+        assert len(store.runs()) == 1
+
+
+def test_resume_of_an_unknown_id_says_so_plainly(tmp_path) -> None:
+    code, _, err = invoke("replay", "--resume", "no-such-run", "--db", str(tmp_path / "r.duckdb"))
+    assert code == 1 and err.strip() == f"Error: no run no-such-run in {tmp_path / 'r.duckdb'} (python -m workbench runs lists them)"
+
+
+def test_a_busy_store_makes_the_cli_wait_then_work(tmp_path) -> None:
+    """A writer that finds the file busy waits (bounded, with a message) instead of failing at once."""
+    db = tmp_path / "r.duckdb"
+    RunStore(db).close()
+    holder = subprocess.Popen([sys.executable, "-c", f"import duckdb, time; c = duckdb.connect({str(db)!r}); "
+                               "print('ready', flush=True); time.sleep(3); c.close(); print('released', flush=True)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        done = run_cli("runs", "--db", str(db), timeout=60)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert done.returncode == 0, done.stderr
+    assert "waiting for" in done.stderr and "no runs in" in done.stdout
+    done = run_cli("runs", "--db", str(db), env={"OMEM_DB_WAIT": "0.3"}, timeout=60)
+    assert done.returncode == 0  # free again
+
+
+def test_the_quick_cli_paths_import_neither_litellm_nor_streamlit(tmp_path) -> None:
+    probe = ("import sys, runpy; sys.argv = ['workbench'] + sys.argv[1:]\n"
+             "try:\n    runpy.run_module('workbench', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+             "print('LOADED', sorted(m for m in ('litellm', 'streamlit', 'omem_core') if m in sys.modules))")
+    for args in (["--help"], ["runs", "--db", str(tmp_path / "r.duckdb")], ["datasets"]):
+        done = subprocess.run([sys.executable, "-c", probe, *args], cwd=ROOT, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip().splitlines()[-1] == "LOADED []", (args, done.stdout[-500:])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_stopping_the_app_command_stops_the_server(tmp_path) -> None:
+    port = _free_port()
+    process = subprocess.Popen([sys.executable, "-m", "workbench", "app", "--headless", "--port", str(port)],
+                               cwd=ROOT, env={**os.environ, "OMEM_DB": str(tmp_path / "r.duckdb")},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 90
+        while not _listening(port):
+            assert process.poll() is None and time.monotonic() < deadline, "the app did not start"
+            time.sleep(0.2)
+        process.send_signal(signal.SIGTERM)  # what a service manager or `kill` sends to the command
+        process.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while _listening(port) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _listening(port)  # no orphan server left holding the port
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
