@@ -218,3 +218,16 @@ def test_stopping_the_app_command_stops_the_server(tmp_path) -> None:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_a_sweep_lists_failed_configurations_with_their_error(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    code, out, err = invoke("sweep", "--dataset", str(TINY), "--observer", "omem/extractive,gpt-4o-mini",
+                            "--observation-threshold", "40", "--reflection-threshold", "60", "--last-messages", "2",
+                            "--db", str(tmp_path / "r.duckdb"))
+    assert code == 1  # not every configuration finished
+    assert "failed: gpt-4o-mini / omem/extractive" in err and "missing OPENAI_API_KEY" in err
+    assert "1 of 2 configurations failed" in err
+    rows = [line for line in out.splitlines()[1:] if line.strip()]
+    assert len(rows) == 2 and sum("completed" in r for r in rows) == 1 and sum("failed" in r for r in rows) == 1
+    assert "nan" not in out.lower()
