@@ -381,6 +381,9 @@ def test_locomo_variant_shapes(tmp_path) -> None:
     assert [(t.role, t.speaker) for t in conv.turns] == [("user", "ann"), ("assistant", "Bo")]
     assert conv.turns[1].created_at.isoformat() == "2024-03-01T10:00:30+00:00"  # session time + 30 s
     assert (conv.probes[0].category, conv.probes[0].gold) == ("temporal", "3")
+    odd = {**flat, "qa": [{"question": "q", "answer": "a", "category": c} for c in ("¹", "9", 7, "other", None)]}
+    assert [p.category for p in load_dataset(write(tmp_path, "odd.json", json.dumps(odd)))[0].probes] == [
+        "¹", "9", "7", "other", "uncategorised"]
     wrapped = {"sample_id": "w", "conversation": flat, "qa": flat["qa"]}
     assert load_dataset(write(tmp_path, "wrapped.json", json.dumps([wrapped])))[0].id == "w"
     nameless = {k: v for k, v in flat.items() if k != "name"}

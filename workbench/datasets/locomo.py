@@ -62,7 +62,7 @@ def category_name(value: Any) -> str:
         return "uncategorised"
     if isinstance(value, int) and not isinstance(value, bool):
         return CATEGORIES.get(value, str(value))
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and re.fullmatch(r"[0-9]+", value.strip()):
         return CATEGORIES.get(int(value), value.strip())
     return str(value)
 
