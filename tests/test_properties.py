@@ -1,13 +1,20 @@
 """Property-based tests of the wrapper against a simple reference model (hypothesis).
 
-Random interleavings of saves, cursorless reads, paging reads, deletes, model failures and
-restarts, on the in-memory and the SQLite adapters. After every operation:
+Random interleavings of saves (some out of time order), cursorless reads (alone, several at once,
+and with SQLite from a second wrapper standing for another process), paging reads, deletes (some
+while a pass is in flight), model failures and restarts, with random thresholds and message sizes,
+on the in-memory and the SQLite adapters. After every operation:
 
-* no message is lost or altered (the inner store equals the reference list);
-* observation coverage is a prefix of the thread; every record's sources exist;
-* a read makes at most one observer and one reflector call; a paging read makes none;
+* no message is lost or altered (the inner store equals the reference, in time order); a message
+  dated before the newest observed one is refused, never silently kept behind the cursor;
+* observation coverage is a prefix of the thread; every record's sources exist; no segment is
+  observed twice;
+* a read makes at most one observer and one reflector call (concurrent readers of a thread share
+  one pass); a paging read makes none;
+* a read that failed saved nothing (a failed reflect keeps the observe pass's record);
+* after a delete, even one made during a pass, the thread has no records;
 * the rendered system message is exactly the newest reflection, then the unreflected
-  observations oldest first.
+  observations oldest first — the same whether the records are read with ``list`` or ``list_recent``.
 """
 
 from __future__ import annotations
@@ -17,8 +24,8 @@ import tempfile
 from datetime import timedelta
 from pathlib import Path
 
-from conftest import T0, ones, scripted_provider
-from hypothesis import HealthCheck, given, settings
+from conftest import T0, scripted_provider
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from omem_core import (
@@ -29,21 +36,29 @@ from omem_core import (
     create_in_memory_observation_store,
     create_observational_memory_store,
 )
+from omem_core.planning import memory_text, view_of
 from omem_core.sqlite import SQLiteMemoryStore, SQLiteObservationStore
 
-SAVE = st.tuples(st.just("save"), st.integers(1, 6))
+SAVE = st.tuples(st.just("save"), st.integers(1, 6), st.integers(1, 4))
 READ = st.tuples(st.just("read"), st.integers(1, 5))
 OPS = st.one_of(  # saves and reads weigh more, so passes and reflections happen often
     SAVE, SAVE, READ, READ, READ,
+    st.tuples(st.just("late"), st.floats(0, 1)),
+    st.tuples(st.just("concurrent"), st.integers(2, 4), st.integers(1, 4), st.booleans()),
     st.tuples(st.just("page"), st.integers(0, 40), st.integers(1, 5)),
     st.tuples(st.just("delete")),
+    st.tuples(st.just("delete_during_pass"), st.integers(1, 4)),
     st.tuples(st.just("fail")),
     st.tuples(st.just("restart"), st.booleans()),
 )
 
 
+def words(texts: list[str]) -> list[int]:
+    return [len(t.split()) for t in texts]
+
+
 def check_invariants(reference: list[Message], stored: list[Message], records, memory: Message | None,
-                     *, rendered: bool) -> None:
+                     *, rendered: bool, recent=None) -> None:
     """``rendered``: ``memory`` is what a successful cursorless read returned ahead of its window."""
     assert stored == reference, "a message was lost or altered"
     ids = [m.id for m in reference]
@@ -58,6 +73,8 @@ def check_invariants(reference: list[Message], stored: list[Message], records, m
     newest = reflections[-1] if reflections else None
     covered_by = set(newest.source_ids) if newest else set()
     expected = ([newest.text] if newest else []) + [r.text for r in observations if r.id not in covered_by]
+    if recent is not None:
+        assert memory_text(view_of(recent)) == "\n\n".join(expected), "list_recent hides a record"
     if not rendered:
         return
     if memory is not None:
@@ -66,7 +83,15 @@ def check_invariants(reference: list[Message], stored: list[Message], records, m
         assert not expected, "records exist but the read rendered no memory"
 
 
-async def run_ops(ops, backend: str, folder: Path) -> None:
+def ordered_insert(reference: list[Message], message: Message) -> None:
+    """The reference order: by ``created_at``, ties by insertion."""
+    at = len(reference)
+    while at > 0 and reference[at - 1].created_at > message.created_at:
+        at -= 1
+    reference.insert(at, message)
+
+
+async def run_ops(ops, backend: str, folder: Path, thresholds: dict[str, int]) -> None:
     def stores(fresh_records: bool, inner=None, observations=None):
         if backend == "sqlite":
             inner = inner or SQLiteMemoryStore(folder / "m.db")
@@ -83,38 +108,80 @@ async def run_ops(ops, backend: str, folder: Path) -> None:
         events: list[CompactionEvent] = []
         inner, observations = stores(True)
 
-        def wrap():
+        def wrap(inner_store, observation_store):
             return create_observational_memory_store(
-                inner, observer="scripted/model", reflector="scripted/model",
-                thresholds={"observation": 3, "reflection": 3}, count_tokens=ones, observations=observations,
-                on_event=events.append)
+                inner_store, observer="scripted/model", reflector="scripted/model", thresholds=thresholds,
+                count_tokens=words, observations=observation_store, on_event=events.append)
 
-        store = wrap()
+        def other_process():
+            """Another process on the same files (SQLite): its own connections and guards."""
+            if backend != "sqlite":
+                return store
+            return wrap(SQLiteMemoryStore(folder / "m.db"), SQLiteObservationStore(observations._db.path))
+
+        store = wrap(inner, observations)
         reference: list[Message] = []
         counter = 0
+
+        async def read(reader, last: int):
+            before = await observations.list("t")
+            try:
+                return await reader.recall("t", last=last)
+            except CompactionError as error:
+                event(f"{error.stage} failure")
+                after = await observations.list("t")
+                added = after[len(before):]
+                assert after[: len(before)] == before
+                if error.stage == "observe":
+                    assert added == [], "a failed observe pass saved a record"
+                else:
+                    assert [r.kind for r in added] in ([], ["observation"]), "a failed reflect pass saved"
+                return None
+
         for op in ops:
             memory, got = None, None
             if op[0] == "save":
                 batch = []
                 for _ in range(op[1]):
                     batch.append(Message(id=f"m{counter}", thread_id="t", role="user" if counter % 2 else "assistant",
-                                         content=f"message {counter} " * (counter % 4 + 1),
+                                         content=f"message {counter} " * op[2],
                                          created_at=T0 + timedelta(seconds=counter)))
                     counter += 1
                 await store.save_messages(batch)
-                reference.extend(batch)
+                for message in batch:
+                    ordered_insert(reference, message)
+            elif op[0] == "late":  # a message dated anywhere in the thread's past
+                message = Message(id=f"m{counter}", thread_id="t", role="user", content=f"late {counter}",
+                                  created_at=T0 + timedelta(seconds=round(counter * op[1], 3) - 0.5))
+                counter += 1
+                records = await observations.list("t")
+                covered = {i for r in records if r.kind == "observation" for i in r.source_ids}
+                newest_observed = max((m.created_at for m in reference if m.id in covered), default=None)
+                try:
+                    await store.save_messages([message])
+                    assert newest_observed is None or message.created_at >= newest_observed, \
+                        "a message behind the cursor was accepted"
+                    ordered_insert(reference, message)
+                    event("late message accepted")
+                except ValueError as error:
+                    assert newest_observed is not None and message.created_at < newest_observed, str(error)
+                    event("late message refused")
             elif op[0] == "read":
                 before = len(events)
-                try:
-                    got = await store.recall("t", last=op[1])
-                except CompactionError:
-                    got = None
+                got = await read(store, op[1])
                 stages = [e.stage for e in events[before:]]
                 assert stages.count("observe") <= 1 and stages.count("reflect") <= 1
                 if got is not None:
                     window = got[1:] if got and got[0].role == "system" else got
                     assert window == reference[-op[1]:] if reference else window == []
                     memory = got[0] if got and got[0].role == "system" else None
+            elif op[0] == "concurrent":
+                before = len(events)
+                readers = [other_process() if op[3] and i % 2 else store for i in range(op[1])]
+                await asyncio.gather(*(read(reader, op[2]) for reader in readers))
+                stages = [e.stage for e in events[before:] if e.record is not None]
+                event(f"concurrent readers saved {len(stages)} records")
+                assert stages.count("observe") <= 1 + (op[3] and backend == "sqlite"), "readers did not share"
             elif op[0] == "page":
                 calls = model.started
                 if op[1] < len(reference):
@@ -127,21 +194,38 @@ async def run_ops(ops, backend: str, folder: Path) -> None:
                     except KeyError:
                         pass
                 assert model.started == calls, "a paging read called a model"
-            elif op[0] == "delete":
-                await store.delete_thread("t")
+            elif op[0] in ("delete", "delete_during_pass"):
+                if op[0] == "delete_during_pass":
+                    model.gate = asyncio.Event()
+                    started = model.started
+                    reading = asyncio.ensure_future(read(store, op[1]))
+                    for _ in range(200):  # until the pass is in the model call, if one is due
+                        if model.started > started or reading.done():
+                            break
+                        await asyncio.sleep(0.001)
+                    event(f"delete during a pass: {model.started > started and not reading.done()}")
+                    await store.delete_thread("t")
+                    model.gate.set()
+                    await reading
+                    model.gate = None
+                else:
+                    await store.delete_thread("t")
                 reference.clear()
+                assert await observations.list("t") == [], "a record survived the delete"
             elif op[0] == "fail":
                 model.replies.append(RuntimeError("injected failure"))
             elif op[0] == "restart":
                 inner, observations = stores(not op[1], inner, observations)
-                store = wrap()
+                store = wrap(inner, observations)
             records = await observations.list("t")
             stored = await inner.recall("t", last=10_000)
-            check_invariants(reference, stored, records, memory, rendered=op[0] == "read" and got is not None)
+            check_invariants(reference, stored, records, memory, rendered=op[0] == "read" and got is not None,
+                             recent=await observations.list_recent("t"))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ops=st.lists(OPS, min_size=10, max_size=60), backend=st.sampled_from(["memory", "sqlite"]))
-def test_wrapper_matches_the_reference_model(ops, backend) -> None:
+@given(ops=st.lists(OPS, min_size=10, max_size=60), backend=st.sampled_from(["memory", "sqlite"]),
+       observation=st.integers(2, 12), reflection=st.integers(2, 9))
+def test_wrapper_matches_the_reference_model(ops, backend, observation, reflection) -> None:
     with tempfile.TemporaryDirectory() as folder:
-        asyncio.run(run_ops(ops, backend, Path(folder)))
+        asyncio.run(run_ops(ops, backend, Path(folder), {"observation": observation, "reflection": reflection}))

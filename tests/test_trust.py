@@ -72,12 +72,12 @@ async def test_a_delete_elsewhere_is_not_undone_by_an_inflight_pass(shared, scri
     reading = asyncio.create_task(process_b.recall("t", last=2))  # B's pass is in flight
     await until_started(scripted)
     await process_a.delete_thread("t")
+    # A new conversation reuses the thread id (and message ids) before B's model answers.
+    await process_a.save_messages([msg(i, f"new conversation {i}") for i in range(4)])
     scripted.gate.set()
     await reading
     assert await process_a.observations.list("t") == []
-    # A new conversation reusing the id is not shown the deleted one's notes.
-    await process_a.save_messages([msg(i, f"new conversation {i}") for i in range(3)])
-    got = await process_a.recall("t", last=5)
+    got = await process_a.recall("t", last=5)  # is not shown the deleted conversation's notes
     assert all("secret" not in m.content for m in got) and got[0].role != "system"
 
 
