@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -90,6 +93,39 @@ def test_huge_fields_are_read(tmp_path) -> None:
 SENTINEL = "sk-omem-sentinel-8c1f0e7a"
 
 
+@contextlib.contextmanager
+def openai_compatible_server(reply: str = "- Ann moved to Oslo."):
+    """A local OpenAI-compatible chat endpoint that records the ``Authorization`` header of every
+    request: the key really travels to a provider, so a leak anywhere downstream is possible."""
+    seen: list[str | None] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            seen.append(self.headers.get("Authorization"))
+            body = json.dumps({"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "gpt-4o-mini",
+                               "choices": [{"index": 0, "finish_reason": "stop",
+                                            "message": {"role": "assistant", "content": reply}}],
+                               "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/v1", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_api_keys_never_reach_duckdb_exports_or_output(tmp_path, monkeypatch, capsys) -> None:
     for variable in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY"):
         monkeypatch.setenv(variable, SENTINEL)
@@ -97,9 +133,13 @@ def test_api_keys_never_reach_duckdb_exports_or_output(tmp_path, monkeypatch, ca
     from workbench.datasets import load_conversation
 
     db = tmp_path / "secret.duckdb"
-    with RunStore(db) as store:
-        result = asyncio.run(replay(load_conversation(DEMO_DATASET), ReplayConfig(), store))
-        store.export_parquet(result.run_id, tmp_path / "export")
+    with openai_compatible_server() as (base, seen):
+        monkeypatch.setenv("OPENAI_API_BASE", base)
+        config = ReplayConfig(observer="openai/gpt-4o-mini", reflector="openai/gpt-4o-mini")
+        with RunStore(db) as store:
+            result = asyncio.run(replay(load_conversation(DEMO_DATASET), config, store))
+            store.export_parquet(result.run_id, tmp_path / "export")
+    assert seen and set(seen) == {f"Bearer {SENTINEL}"}, "the provider never received the key"
     files = [db, *(tmp_path / "export").iterdir(), *(tmp_path / "cache").rglob("*")]
     for file in files:
         if file.is_file():
