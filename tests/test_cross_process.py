@@ -105,3 +105,63 @@ async def test_a_crashed_holder_blocks_only_until_its_lease_expires(tmp_path, sc
     assert got[0].content == "- noted" and scripted.started == 1
     assert 0.4 < waited < 5
     assert await observations.try_lease("t", "other", ttl=1)  # the pass released its lease
+
+
+DELETE_WORKER = textwrap.dedent('''
+    import asyncio, sys, time
+    from pathlib import Path
+    import omem_core, litellm
+    from litellm import CustomLLM, ModelResponse
+    from omem_core.sqlite import SQLiteMemoryStore, SQLiteObservationStore
+
+    db, started, release = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+
+    class Gated(CustomLLM):
+        async def acompletion(self, model, messages, *args, **kwargs):
+            started.touch()
+            while not release.exists():
+                await asyncio.sleep(0.01)
+            r = ModelResponse(choices=[{"message": {"role": "assistant", "content": "- the deleted secret"}}])
+            r.usage = litellm.Usage(prompt_tokens=1, completion_tokens=1, total_tokens=2)
+            return r
+
+    litellm.custom_provider_map.append({"provider": "gated", "custom_handler": Gated()})
+
+    async def main():
+        store = omem_core.create_observational_memory_store(
+            SQLiteMemoryStore(db), observer="gated/model", thresholds={"observation": 5},
+            count_tokens=lambda texts: [1] * len(texts), observations=SQLiteObservationStore(db))
+        await store.recall("t", last=2)
+        print("done", flush=True)
+
+    asyncio.run(main())
+''')
+
+
+async def test_a_delete_is_not_undone_by_another_process_in_flight_pass(tmp_path, scripted) -> None:
+    db, started, release = tmp_path / "shared.db", tmp_path / "started", tmp_path / "release"
+    script = tmp_path / "delete_worker.py"
+    script.write_text(DELETE_WORKER)
+    here = create_observational_memory_store(SQLiteMemoryStore(db), observer="scripted/model",
+                                             thresholds={"observation": 5}, count_tokens=ones,
+                                             observations=SQLiteObservationStore(db))
+    await here.save_messages([msg(i) for i in range(12)])
+    worker = subprocess.Popen([sys.executable, str(script), str(db), str(started), str(release)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parents[1])
+    try:
+        deadline = time.time() + 60
+        while not started.exists():  # the other process's pass is waiting for its model
+            assert worker.poll() is None and time.time() < deadline, worker.stderr.read() if worker.stderr else ""
+            await asyncio.sleep(0.02)
+        await here.delete_thread("t")
+        await here.save_messages([msg(i, f"a new conversation {i}") for i in range(4)])  # the id reused
+        release.touch()
+        out, err = worker.communicate(timeout=60)
+        assert worker.returncode == 0, err[-2000:]
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert await here.observations.list("t") == []
+    got = await here.recall("t", last=5)
+    assert all("secret" not in m.content for m in got)
