@@ -155,12 +155,14 @@ async def test_cancelled_replay_is_marked_interrupted_and_keeps_its_steps(script
         assert len(store.steps(run.run_id)) == int(run.steps) > 0
 
 
-def test_a_held_database_gets_a_clear_message(tmp_path) -> None:
+def test_a_database_held_too_long_gets_a_clear_message(tmp_path, monkeypatch) -> None:
     path = tmp_path / "held.duckdb"
     RunStore(path).close()
+    monkeypatch.setenv("OMEM_DB_WAIT", "1")
     with held_by_another_process(path):
         code, _, err = invoke("runs", "--db", str(path))
-    assert code == 1 and "open read-write in another process" in err and "--db" in err
+    assert code == 1 and "waiting for" in err  # it waited first, and said so
+    assert "open read-write in another process" in err and "stayed busy for 1 s" in err and "--db" in err
 
 
 def test_module_entry_point_help() -> None:

@@ -231,3 +231,13 @@ def test_a_sweep_lists_failed_configurations_with_their_error(tmp_path, monkeypa
     rows = [line for line in out.splitlines()[1:] if line.strip()]
     assert len(rows) == 2 and sum("completed" in r for r in rows) == 1 and sum("failed" in r for r in rows) == 1
     assert "nan" not in out.lower()
+
+
+def test_the_cli_offers_every_registered_format() -> None:
+    from workbench.datasets import FORMATS
+
+    replay_command = cli.commands["replay"]
+    [option] = [p for p in replay_command.params if p.name == "fmt"]
+    assert tuple(option.type.choices) == FORMATS and "longmemeval" in FORMATS
+    code, out, _ = invoke("datasets")
+    assert code == 0 and "longmemeval-sample" in out and "probes" in out

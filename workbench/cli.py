@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from .catalog import DEMO_DATASET, ROOT, known_datasets
+from .datasets import FORMATS  # the format registry (imports no model library)
 from .errors import WorkbenchError
 from .models import OFFLINE_MODEL
 
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
     from .replay import ReplayResult
     from .runstore import RunStore
 
-FORMATS = ("omem", "locomo", "beam", "openai", "sharegpt", "memorybank")
 TOKEN_COUNTERS = ("heuristic", "o200k_base", "cl100k_base")
 
 DB_OPTION = click.option("--db", default=lambda: os.environ.get("OMEM_DB", "runs.duckdb"), show_default="runs.duckdb",
@@ -376,15 +376,16 @@ def export(run_id: str, folder: Path, db: str) -> None:
 @cli.command()
 def datasets() -> None:
     """List the datasets the workbench knows (project and ../shared)."""
-    from .datasets import DatasetError, load_dataset
+    from .datasets import DatasetError, list_conversations
 
     for entry in known_datasets():
         try:
-            conversations = load_dataset(entry.path, entry.format)
-            detail = f"{len(conversations)} conversation(s), {sum(len(c.turns) for c in conversations)} messages"
+            listed = list_conversations(entry.path, entry.format)
+            detail = (f"{len(listed)} conversation(s), {sum(c.messages for c in listed):,} messages, "
+                      f"{sum(c.probes for c in listed):,} probes")
         except DatasetError as exc:
             detail = f"unreadable: {exc}"
-        click.echo(f"{entry.name:<18} {entry.origin:<8} {entry.path}  {detail}")
+        click.echo(f"{entry.name:<24} {entry.origin:<8} {entry.path}  {detail}")
 
 
 @cli.command()

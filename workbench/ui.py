@@ -22,7 +22,15 @@ from omem_core import Prompt
 from omem_core.prompts import BUILTIN_PROMPTS
 
 from .catalog import DEMO_DATASET, known_datasets
-from .datasets import FORMATS, Conversation, DatasetError, load_dataset
+from .datasets import (
+    FORMATS,
+    REGISTRY,
+    Conversation,
+    ConversationInfo,
+    DatasetError,
+    list_conversations,
+    load_conversation,
+)
 from .models import model_status, usable_models
 from .replay import TOKEN_COUNTERS, ReplayConfig, ReplayFailed, ReplayResult, replay
 from .errors import WorkbenchError
@@ -92,10 +100,16 @@ def text_block(text: str, *, height: int | None = None) -> None:
     st.code(text or "(empty)", language="text", wrap_lines=True, height=height)
 
 
+@st.cache_data(show_spinner=False, max_entries=64)
+def _listing(path: str, fmt: str | None, stamp: tuple[int, int]) -> list[ConversationInfo]:
+    """The conversations of a dataset (ids and sizes), without holding them all: a large file is
+    indexed once. ``stamp`` (size, mtime) makes an edited file be read again."""
+    return list_conversations(path, fmt)
+
+
 @st.cache_data(show_spinner=False, max_entries=16)
-def _load(path: str, fmt: str | None, stamp: tuple[int, int]) -> list[Conversation]:
-    """Parsed once per file content (``stamp``: size and mtime, so an edited file is read again)."""
-    return load_dataset(path, fmt)
+def _conversation(path: str, fmt: str | None, stamp: tuple[int, int], conversation_id: str) -> Conversation:
+    return load_conversation(path, conversation_id, fmt)
 
 
 def _stamp(path: Path) -> tuple[int, int]:
@@ -129,8 +143,10 @@ def _saved_upload(upload) -> Path:
 
 
 def _format_picker(prefix: str) -> str | None:
+    described = {f.name: f.description for f in REGISTRY}
     choice = st.sidebar.selectbox("Format", [AUTO, *FORMATS], key=f"{prefix}_format",
-                                  help="The file's format; detected from its content unless chosen here.")
+                                  help="The dataset's format; detected from its content unless chosen here. "
+                                       + " ".join(f"**{n}**: {d}" for n, d in described.items()))
     return None if choice == AUTO else choice
 
 
@@ -147,8 +163,8 @@ def dataset_picker(prefix: str) -> Conversation | None:
                                           key=f"{prefix}_upload")
         fmt = _format_picker(prefix)
         if upload is None:
-            st.info("Upload a dataset: the project's JSON Lines format, LoCoMo, LongMemEval, OpenAI, ShareGPT, "
-                    "or a zip of a folder format such as BEAM.")
+            st.info("Upload a dataset: " + ", ".join(f.name for f in REGISTRY if not f.folder)
+                    + " as a file; " + ", ".join(f.name for f in REGISTRY if f.folder) + " as a zip of its folder.")
             return None
         path = _saved_upload(upload)
     elif choice == BY_PATH:
@@ -164,17 +180,19 @@ def dataset_picker(prefix: str) -> Conversation | None:
     else:
         entry = entries[names.index(choice)]
         path, fmt = entry.path, entry.format
+    stamp = _stamp(path)
     try:
-        conversations = _load(str(path), fmt, _stamp(path))
+        listed = _listing(str(path), fmt, stamp)
     except DatasetError as exc:
         error("Cannot read the dataset: ", exc)
         return None
-    if not conversations:
-        st.warning("The dataset holds no conversation.")
-        return None
-    ids = [c.id for c in conversations]
+    ids = [c.id for c in listed]
     picked = st.sidebar.selectbox("Conversation", ids, key=f"{prefix}_conversation") if len(ids) > 1 else ids[0]
-    conversation = conversations[ids.index(picked)]
+    try:
+        conversation = _conversation(str(path), fmt, stamp, picked)
+    except DatasetError as exc:
+        error("Cannot read the conversation: ", exc)
+        return None
     st.sidebar.caption(plain(f"{len(conversation.turns)} messages · {len(conversation.probes)} probes"))
     if not conversation.probes:
         st.sidebar.info("This conversation has no probes: replays show compression and the timeline, "

@@ -67,7 +67,7 @@ def _detect(source: Source) -> DatasetFormat:
         raise DatasetError(source.path, "folder", None, f"format not recognised: holds none of {marks}")
     if source.first() is None:
         raise DatasetError(source.path, "file", None, "is empty")
-    raise DatasetError(source.path, "top level", None, f"format not recognised; pass --format ({', '.join(FORMATS)})")
+    raise DatasetError(source.path, "top level", None, f"format not recognised; choose its format (the app's Format picker, the CLI's --format): {', '.join(FORMATS)}")
 
 
 def _open(path: str | Path | Source, format: str | None) -> tuple[Source, DatasetFormat]:
