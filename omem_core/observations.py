@@ -42,10 +42,11 @@ class ObservationStore(Protocol):
 class RecentRecords(Protocol):
     """Optional capability: the part of ``list`` a read needs, so that reads stay flat.
 
-    ``list_recent(thread_id)`` returns the suffix of ``list(thread_id)`` that starts at the oldest
-    of: the newest reflection, the newest observation, and every observation older than the newest
-    reflection that this reflection does not cover. Without a reflection it is the whole list.
-    A view of the thread (:func:`omem_core.planning.view_of`) is then the same from either read.
+    ``list_recent(thread_id)`` returns, in creation order, the observations older than the newest
+    reflection that it does not cover, followed by the suffix of ``list(thread_id)`` that starts at
+    the newest reflection or the newest observation, whichever is older. Without a reflection it is
+    the whole list. A view of the thread (:func:`omem_core.planning.view_of`) is then the same from
+    either read, and the read stays flat however old an uncovered observation is.
     """
 
     async def list_recent(self, thread_id: str) -> builtins.list[ObservationRecord]: ...
@@ -106,14 +107,14 @@ def already_saved(existing: ObservationRecord, record: ObservationRecord) -> boo
 
 
 class _ThreadRecords:
-    __slots__ = ("records", "ids", "newest_reflection", "newest_observation", "uncovered_from")
+    __slots__ = ("records", "ids", "newest_reflection", "newest_observation", "uncovered")
 
     def __init__(self) -> None:
         self.records: list[ObservationRecord] = []
         self.ids: dict[str, ObservationRecord] = {}
         self.newest_reflection = -1
         self.newest_observation = -1
-        self.uncovered_from = -1  # the oldest observation the newest reflection does not cover
+        self.uncovered: list[int] = []  # the observations before the newest reflection it does not cover
 
 
 class InMemoryObservationStore:
@@ -138,8 +139,8 @@ class InMemoryObservationStore:
             return []
         if thread.newest_reflection < 0:
             return list(thread.records)
-        start = min(i for i in (thread.newest_reflection, thread.newest_observation, thread.uncovered_from) if i >= 0)
-        return thread.records[start:]
+        start = min(thread.newest_reflection, thread.newest_observation)
+        return [thread.records[i] for i in thread.uncovered if i < start] + thread.records[start:]
 
     async def save(self, record: ObservationRecord) -> None:
         self._save(check_record(record))
@@ -154,7 +155,7 @@ class InMemoryObservationStore:
         index = len(thread.records) - 1
         if record.kind == "reflection":
             thread.newest_reflection = index
-            thread.uncovered_from = _oldest_uncovered(thread.records, record)
+            thread.uncovered = _uncovered(thread.records, record)
         else:
             thread.newest_observation = index
 
@@ -176,15 +177,13 @@ class InMemoryObservationStore:
         return True
 
 
-def _oldest_uncovered(records: builtins.list[ObservationRecord], reflection: ObservationRecord) -> int:
-    """Index of the oldest observation before ``reflection`` (the last record) that it does not
-    cover, or -1. Runs once per saved reflection (its cost is the reflection's source list)."""
+def _uncovered(records: builtins.list[ObservationRecord], reflection: ObservationRecord) -> builtins.list[int]:
+    """Indexes of the observations before ``reflection`` (the last record) that it does not cover.
+    Runs once per saved reflection (its cost is the thread's records, like the reflection's own
+    source list)."""
     sources = frozenset(reflection.source_ids)
-    for index in range(len(records) - 1):
-        record = records[index]
-        if record.kind == "observation" and record.id not in sources:
-            return index
-    return -1
+    return [index for index in range(len(records) - 1)
+            if records[index].kind == "observation" and records[index].id not in sources]
 
 
 def create_in_memory_observation_store() -> ObservationStore:

@@ -74,18 +74,21 @@ _MIGRATIONS: list[str] = [
     );
     """,
     # 3: delete epochs (one row per live thread that had a pass; a delete removes it, and
-    # AUTOINCREMENT never hands the same number out again), and per reflection the oldest older
-    # observation it does not cover (so that list_recent can include it without decoding sources)
+    # AUTOINCREMENT never hands the same number out again), and per reflection the older
+    # observations it does not cover (a JSON list of seqs, usually empty), so that list_recent
+    # can include them without decoding the reflection's sources
     """
     CREATE TABLE IF NOT EXISTS omem_threads (
         epoch INTEGER PRIMARY KEY AUTOINCREMENT,
         thread_id TEXT NOT NULL UNIQUE
     );
-    ALTER TABLE omem_records ADD COLUMN uncovered_from INTEGER;
-    UPDATE omem_records SET uncovered_from = (
-        SELECT min(o.seq) FROM omem_records AS o
-        WHERE o.thread_id = omem_records.thread_id AND o.kind = 'observation' AND o.seq < omem_records.seq
-          AND o.id NOT IN (SELECT value FROM json_each(omem_records.source_ids)))
+    ALTER TABLE omem_records ADD COLUMN uncovered TEXT;
+    UPDATE omem_records SET uncovered = (
+        SELECT json_group_array(seq) FROM (
+            SELECT o.seq AS seq FROM omem_records AS o
+            WHERE o.thread_id = omem_records.thread_id AND o.kind = 'observation' AND o.seq < omem_records.seq
+              AND o.id NOT IN (SELECT value FROM json_each(omem_records.source_ids))
+            ORDER BY o.seq))
     WHERE kind = 'reflection';
     """,
 ]
@@ -276,16 +279,19 @@ class SQLiteObservationStore:
 
     async def list_recent(self, thread_id: str) -> builtins.list[ObservationRecord]:
         con = self._db.con
-        with self._db.lock:  # three index lookups, not a scan of the thread
-            reflection = con.execute("SELECT seq, uncovered_from FROM omem_records WHERE thread_id = ? AND "
+        with self._db.lock:  # index lookups, not a scan of the thread
+            reflection = con.execute("SELECT seq, uncovered FROM omem_records WHERE thread_id = ? AND "
                                      "kind = 'reflection' ORDER BY seq DESC LIMIT 1", (thread_id,)).fetchone()
-            start = 0
+            start, uncovered = 0, []
             if reflection is not None:
                 observation = con.execute("SELECT max(seq) FROM omem_records WHERE thread_id = ? AND "
                                           "kind = 'observation'", (thread_id,)).fetchone()[0]
-                start = min(v for v in (*reflection, observation) if v is not None)
-            rows = con.execute(f"SELECT {self._LIGHT} FROM omem_records WHERE thread_id = ? AND seq >= ? "
-                               "ORDER BY seq", (thread_id, start)).fetchall()
+                start = min(v for v in (reflection[0], observation) if v is not None)
+                uncovered = [seq for seq in json.loads(reflection[1] or "[]") if seq < start]
+            rows = [con.execute(f"SELECT {self._LIGHT} FROM omem_records WHERE seq = ?", (seq,)).fetchone()
+                    for seq in uncovered]
+            rows += con.execute(f"SELECT {self._LIGHT} FROM omem_records WHERE thread_id = ? AND seq >= ? "
+                                "ORDER BY seq", (thread_id, start)).fetchall()
             return self._records(rows)
 
     async def save(self, record: ObservationRecord) -> None:
@@ -314,14 +320,11 @@ class SQLiteObservationStore:
                 uncovered = None
                 if record.kind == "reflection":
                     sources = frozenset(record.source_ids)
-                    for seq, record_id in con.execute(
-                            "SELECT seq, id FROM omem_records WHERE thread_id = ? AND kind = 'observation' "
-                            "ORDER BY seq", (record.thread_id,)):
-                        if record_id not in sources:
-                            uncovered = seq
-                            break
+                    uncovered = json.dumps([seq for seq, record_id in con.execute(
+                        "SELECT seq, id FROM omem_records WHERE thread_id = ? AND kind = 'observation' "
+                        "ORDER BY seq", (record.thread_id,)) if record_id not in sources])
                 con.execute(
-                    f"INSERT INTO omem_records ({self._COLUMNS}, uncovered_from) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    f"INSERT INTO omem_records ({self._COLUMNS}, uncovered) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     (record.id, record.thread_id, record.resource_id, record.created_at.isoformat(), record.kind,
                      json.dumps(list(record.source_ids)), record.text, uncovered))
                 con.execute("COMMIT")

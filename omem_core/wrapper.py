@@ -551,12 +551,14 @@ class ObservationalMemoryStore:
         if not texts:
             return []
         counts = self.count_tokens(texts)
-        if not isinstance(counts, Sequence) or isinstance(counts, (str, bytes)):
+        if type(counts) is not list and (not isinstance(counts, Sequence) or isinstance(counts, (str, bytes))):
             raise ValueError(f"count_tokens must return a list of ints, got {type(counts).__name__}")
         if len(counts) != len(texts):
             raise ValueError(
                 f"count_tokens returned {len(counts)} counts for {len(texts)} texts"
             )
+        if all(type(value) is int and value >= 0 for value in counts):  # the usual case, fast
+            return list(counts)
         for index, value in enumerate(counts):
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
                 raise ValueError(f"count_tokens returned {value!r} for text {index}: each count must be a "

@@ -123,12 +123,14 @@ async def run_ops(ops, backend: str, folder: Path, thresholds: dict[str, int]) -
         reference: list[Message] = []
         counter = 0
 
-        async def read(reader, last: int):
+        async def read(reader, last: int, *, deleted_meanwhile: bool = False):
             before = await observations.list("t")
             try:
                 return await reader.recall("t", last=last)
             except CompactionError as error:
                 event(f"{error.stage} failure")
+                if deleted_meanwhile:
+                    return None
                 after = await observations.list("t")
                 added = after[len(before):]
                 assert after[: len(before)] == before
@@ -177,11 +179,15 @@ async def run_ops(ops, backend: str, folder: Path, thresholds: dict[str, int]) -
                     memory = got[0] if got and got[0].role == "system" else None
             elif op[0] == "concurrent":
                 before = len(events)
-                readers = [other_process() if op[3] and i % 2 else store for i in range(op[1])]
+                other = other_process() if op[3] else store
+                readers = [other if i % 2 else store for i in range(op[1])]
                 await asyncio.gather(*(read(reader, op[2]) for reader in readers))
                 stages = [e.stage for e in events[before:] if e.record is not None]
                 event(f"concurrent readers saved {len(stages)} records")
-                assert stages.count("observe") <= 1 + (op[3] and backend == "sqlite"), "readers did not share"
+                # One pass per wrapper at most (a process that waited for another's pass runs one
+                # more only if a segment is still due); the prefix check below rules out a repeat.
+                wrappers = len({id(reader) for reader in readers})
+                assert stages.count("observe") <= wrappers, "readers of one wrapper did not share"
             elif op[0] == "page":
                 calls = model.started
                 if op[1] < len(reference):
@@ -198,7 +204,7 @@ async def run_ops(ops, backend: str, folder: Path, thresholds: dict[str, int]) -
                 if op[0] == "delete_during_pass":
                     model.gate = asyncio.Event()
                     started = model.started
-                    reading = asyncio.ensure_future(read(store, op[1]))
+                    reading = asyncio.ensure_future(read(store, op[1], deleted_meanwhile=True))
                     for _ in range(200):  # until the pass is in the model call, if one is due
                         if model.started > started or reading.done():
                             break
@@ -223,7 +229,7 @@ async def run_ops(ops, backend: str, folder: Path, thresholds: dict[str, int]) -
                              recent=await observations.list_recent("t"))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(OPS, min_size=10, max_size=60), backend=st.sampled_from(["memory", "sqlite"]),
        observation=st.integers(2, 12), reflection=st.integers(2, 9))
 def test_wrapper_matches_the_reference_model(ops, backend, observation, reflection) -> None:

@@ -144,18 +144,17 @@ async def test_memory_without_working_memory_capability() -> None:
         await memory.get_working_memory("t")
 
 
-def recent_suffix_start(records: list[ObservationRecord]) -> int:
-    """Reference: where ``list_recent`` starts in a full, creation-ordered record list: the oldest
-    of the newest reflection, the newest observation, and every older observation the newest
-    reflection does not cover."""
+def expected_recent(records: list[ObservationRecord]) -> list[ObservationRecord]:
+    """Reference for ``list_recent``: the observations older than the newest reflection that it does
+    not cover, then the suffix from the newest reflection or the newest observation, whichever is
+    older (the whole list without a reflection)."""
     reflections = [i for i, r in enumerate(records) if r.kind == "reflection"]
     if not reflections:
-        return 0
+        return list(records)
     newest = reflections[-1]
     covered = set(records[newest].source_ids)
-    candidates = [newest] + [i for i, r in enumerate(records) if r.kind == "observation"][-1:]
-    candidates += [i for i, r in enumerate(records[:newest]) if r.kind == "observation" and r.id not in covered]
-    return min(candidates)
+    start = min([newest] + [i for i, r in enumerate(records) if r.kind == "observation"][-1:])
+    return [r for r in records[:start] if r.kind == "observation" and r.id not in covered] + records[start:]
 
 
 def record(i: int, kind: str = "observation", sources: tuple[str, ...] = (), *, thread: str = "t") -> ObservationRecord:
@@ -195,7 +194,7 @@ def random_records(rng: random.Random) -> list[ObservationRecord]:
     return records
 
 
-async def test_list_recent_is_the_documented_suffix(make_observation_store) -> None:
+async def test_list_recent_is_the_documented_subsequence(make_observation_store) -> None:
     from omem_core.observations import RecentRecords
 
     rng = random.Random(3)
@@ -205,7 +204,7 @@ async def test_list_recent_is_the_documented_suffix(make_observation_store) -> N
         for r in random_records(rng):
             await store.save(r)
         full = await store.list("t")
-        assert await store.list_recent("t") == full[recent_suffix_start(full):]
+        assert await store.list_recent("t") == expected_recent(full)
 
 
 async def test_memory_is_the_same_from_list_and_list_recent(make_observation_store) -> None:
