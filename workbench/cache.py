@@ -14,6 +14,7 @@ tests) with different cache directories never share answers, whatever ran before
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sqlite3
@@ -25,7 +26,9 @@ from typing import Any
 from .errors import WorkbenchError
 
 CACHE_FILE_KEY = "omem-cache-file"
+RPM_KEY = "omem-rpm"  # optional requests-per-minute limit for the calls that reach the model
 CACHE_FILE_NAME = "litellm-cache.sqlite"
+SHARE_WAIT_S = 900.0  # the longest a call waits for an identical one in flight
 
 
 class CacheUnavailable(WorkbenchError):
@@ -67,12 +70,45 @@ def prepare_cache(folder: str | Path | None = None) -> Path:
     return path
 
 
+class RateLimiter:
+    """At most ``rpm`` acquisitions in any 60-second window (a sliding log), async."""
+
+    def __init__(self, rpm: float) -> None:
+        self.rpm = rpm
+        self._times: list[float] = []
+        self._lock = asyncio.Lock()
+
+    async def acquire(self) -> None:
+        async with self._lock:
+            while True:
+                now = time.monotonic()
+                self._times = [t for t in self._times if now - t < 60.0]
+                if len(self._times) < self.rpm:
+                    self._times.append(now)
+                    return
+                await asyncio.sleep(60.0 - (now - self._times[0]) + 0.001)
+
+
 class SQLiteCache:
-    """litellm cache backend: one SQLite file per cache folder, named by each call."""
+    """litellm cache backend: one SQLite file per cache folder, named by each call.
+
+    It is also the gate in front of the model, since litellm asks it before every cached call:
+
+    * **Shared calls.** A call whose identical twin (same cache key) is in flight waits for it and
+      is served its answer (a cache hit) instead of calling the model again, so configurations
+      that make the same observer calls at the same time pay once. If the first call fails, the
+      waiters call the model themselves.
+    * **Rate limit.** With ``cache={..., RPM_KEY: n}``, the calls that will reach the model take a
+      slot of an ``n`` requests-per-minute limiter (one per model and limit).
+    """
 
     def __init__(self, path: str | Path | None = None) -> None:
         self.default_path = Path(path) if path is not None else None
         self._local = threading.local()
+        self._inflight: dict[str, asyncio.Future] = {}
+        self._leaders: dict[str, str] = {}  # litellm_call_id -> key it leads
+        self._limiters: dict[tuple[str, float], RateLimiter] = {}
+        self.shared = 0  # calls served by an identical call in flight
 
     def _path(self, kwargs: dict[str, Any]) -> Path:
         control = kwargs.get("cache") or {}
@@ -105,13 +141,58 @@ class SQLiteCache:
 
     async def async_set_cache(self, key: str, value: Any, **kwargs: Any) -> None:
         self.set_cache(key, value, **kwargs)
+        self._release(key, value)
+
+    def _release(self, key: str, value: Any) -> None:
+        future = self._inflight.pop(key, None)
+        if future is not None and not future.done():
+            future.set_result(value)
+        for call_id in [c for c, k in self._leaders.items() if k == key]:
+            del self._leaders[call_id]
+
+    def release_failed(self, call_id: str | None) -> None:
+        """The call ``call_id`` failed: its waiters call the model themselves."""
+        key = self._leaders.pop(call_id, None) if call_id else None
+        if key is not None:
+            self._release(key, None)
+
+    def release_later(self, call_id: str | None, delay: float = 2.0) -> None:
+        """The call ``call_id`` succeeded: its answer reaches the cache in a moment (litellm writes
+        it in a background task). Should it never (an answer litellm does not cache), the
+        waiters are released after ``delay`` seconds to call the model themselves."""
+        key = self._leaders.get(call_id) if call_id else None
+        if key is not None:
+            asyncio.get_running_loop().call_later(delay, self.release_failed, call_id)
 
     async def async_set_cache_pipeline(self, cache_list: list[tuple[str, Any]], **kwargs: Any) -> None:
         for key, value in cache_list:
             self.set_cache(key, value, **kwargs)
 
     async def async_get_cache(self, key: str, **kwargs: Any) -> Any:
-        return self.get_cache(key, **kwargs)
+        found = self.get_cache(key, **kwargs)
+        if found is not None:
+            return found
+        loop = asyncio.get_running_loop()
+        twin = self._inflight.get(key)
+        if twin is not None and not twin.done() and twin.get_loop() is loop:
+            try:
+                found = await asyncio.wait_for(asyncio.shield(twin), SHARE_WAIT_S)
+            except (asyncio.TimeoutError, Exception):  # noqa: BLE001  (then this call goes to the model)
+                found = None
+            if found is not None:
+                self.shared += 1
+                return found
+        self._inflight[key] = loop.create_future()
+        call_id = kwargs.get("litellm_call_id")
+        if call_id:
+            self._leaders[str(call_id)] = key
+        control = kwargs.get("cache") or {}
+        rpm = control.get(RPM_KEY) if isinstance(control, dict) else None
+        if rpm:
+            model = str(kwargs.get("model"))
+            limiter = self._limiters.setdefault((model, float(rpm)), RateLimiter(float(rpm)))
+            await limiter.acquire()
+        return None
 
     async def batch_cache_write(self, key: str, value: Any, **kwargs: Any) -> None:
         self.set_cache(key, value, **kwargs)
@@ -120,6 +201,31 @@ class SQLiteCache:
         for con in (getattr(self._local, "connections", None) or {}).values():
             con.close()
         self._local.connections = {}
+
+
+def _waiter_release() -> Any:
+    """A litellm callback that releases the waiters of a finished call (built on first use)."""
+    from litellm.integrations.custom_logger import CustomLogger
+
+    class ReleaseWaiters(CustomLogger):
+        async def async_log_failure_event(self, kwargs, response_obj, start_time, end_time):  # type: ignore[override]
+            backend = _backend()
+            if backend is not None:
+                backend.release_failed(kwargs.get("litellm_call_id"))
+
+        async def async_log_success_event(self, kwargs, response_obj, start_time, end_time):  # type: ignore[override]
+            backend = _backend()
+            if backend is not None:
+                backend.release_later(kwargs.get("litellm_call_id"))
+
+    return ReleaseWaiters()
+
+
+def _backend() -> SQLiteCache | None:
+    import litellm
+
+    backend = getattr(litellm.cache, "cache", None)
+    return backend if isinstance(backend, SQLiteCache) else None
 
 
 def _backend_class() -> type:
@@ -155,13 +261,18 @@ def enable_litellm_cache() -> bool:
         cache = Cache(type="local", mode=CacheMode.default_off)
         cache.cache = _backend_class()()
         litellm.cache = cache
+        litellm.callbacks.append(_waiter_release())  # appended: a user's callbacks stay
     return isinstance(getattr(litellm.cache, "cache", None), SQLiteCache)
 
 
-def completion_kwargs(path: Path) -> dict[str, Any]:
-    """The per-call arguments that make litellm serve and store answers in the file ``path``."""
-    return {"caching": True, "cache": {"use-cache": True, CACHE_FILE_KEY: str(path)}}
+def completion_kwargs(path: Path, *, rpm: float | None = None) -> dict[str, Any]:
+    """The per-call arguments that make litellm serve and store answers in the file ``path``
+    (and, with ``rpm``, limit the calls that reach the model)."""
+    control: dict[str, Any] = {"use-cache": True, CACHE_FILE_KEY: str(path)}
+    if rpm:
+        control[RPM_KEY] = rpm
+    return {"caching": True, "cache": control}
 
 
-__all__ = ["CACHE_FILE_KEY", "CacheUnavailable", "SQLiteCache", "completion_kwargs", "default_cache_dir",
+__all__ = ["CACHE_FILE_KEY", "RPM_KEY", "CacheUnavailable", "RateLimiter", "SQLiteCache", "completion_kwargs", "default_cache_dir",
            "default_cache_path", "enable_litellm_cache", "prepare_cache"]

@@ -1,9 +1,11 @@
 """What a replay writes to the run store, in one place.
 
-A :class:`RunRecorder` owns one run: it creates (or resumes) it, buffers step rows together with the
+A :class:`RunRecorder` owns one run of a run store: it buffers step rows together with the
 records written and the model calls made during those steps, and writes each batch in one
-transaction; :meth:`finish` stores the figures and the final status. :class:`NullRecorder` is the
-same interface when nothing is recorded, so the replay loop has no "is there a store?" branches.
+transaction; :meth:`finish` stores the figures and the final status. :class:`MemoryRecorder` is the
+same interface keeping everything in memory (a replay without a store, or an experiment's worker
+process, whose run the scheduler writes in one go: :meth:`MemoryRecorder.payload`), so the replay
+loop has no "is there a store?" branches.
 
 Records are written with their step's batch, not one by one: a hard kill loses at most the
 unflushed batch, and a resume recomputes it from the last recorded step (with litellm's cache on,
@@ -40,30 +42,65 @@ def call_row(step: int, event: CompactionEvent) -> dict[str, Any]:
 
 
 @dataclass
-class NullRecorder:
-    """Records nothing; the run's records live in memory."""
+class MemoryRecorder:
+    """Keeps the whole run in memory: steps, records, model calls, probe scores, loss rows."""
 
     run_id: str | None = None
     step: int = 0
+    count_tokens: TokenCounter | None = None
     observations: Any = field(default_factory=create_in_memory_observation_store)
     events: list[CompactionEvent] = field(default_factory=list)
     calls: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    probes: list[dict[str, Any]] = field(default_factory=list)
+    losses: list[dict[str, Any]] = field(default_factory=list)
+    status: str | None = None
+    error: str | None = None
+    figures: dict[str, Any] = field(default_factory=dict)
 
     def on_event(self, event: CompactionEvent) -> None:
         self.events.append(event)
         self.calls.append(call_row(self.step, event))
 
     def record_step(self, row: dict[str, Any]) -> None:
+        self.steps.append(row)
         self.step = row["step"] + 1
+
+    def save_probes(self, rows: list[dict[str, Any]], methods: Sequence[str]) -> None:
+        self.probes = [r for r in self.probes if r["method"] not in methods] + list(rows)
+
+    def save_losses(self, rows: list[dict[str, Any]]) -> None:
+        self.losses = list(rows)
 
     def flush(self) -> None:
         pass
 
     def finish(self, status: str, error: str | None, figures: dict[str, Any]) -> None:
-        pass
+        self.status, self.error, self.figures = status, error, dict(figures)
 
     def recorded_calls(self) -> list[dict[str, Any]]:
         return self.calls
+
+    def recorded_steps(self) -> list[dict[str, Any]]:
+        return self.steps
+
+    async def payload(self, thread_id: str, **run: Any) -> dict[str, Any]:
+        """The whole run as plain data (picklable), for :meth:`RunStore.write_run`."""
+        return {"run": {**run, "status": self.status, "error": self.error, "steps": self.step, **self.figures},
+                "steps": self.steps, "records": await self.records(thread_id), "calls": self.calls,
+                "probes": self.probes, "losses": self.losses}
+
+    async def records(self, thread_id: str) -> list[dict[str, Any]]:
+        """The run's records as ``records`` rows (step written, tokens)."""
+        written = {c["record_id"]: c["step"] for c in self.calls if c["record_id"]}
+        rows = []
+        for record in await self.observations.list(thread_id):
+            tokens = self.count_tokens([record.text])[0] if self.count_tokens else None
+            rows.append({"record": record, "step": written.get(record.id), "tokens": tokens})
+        return rows
+
+
+NullRecorder = MemoryRecorder  # the name replay() used before experiments
 
 
 class RunRecorder:
@@ -105,6 +142,12 @@ class RunRecorder:
         self._steps, self._records, self._calls = [], [], []
         self._flushed_at = time.monotonic()
 
+    def save_probes(self, rows: list[dict[str, Any]], methods: Sequence[str]) -> None:
+        self.store.replace_probes(self.run_id, rows, methods)
+
+    def save_losses(self, rows: list[dict[str, Any]]) -> None:
+        self.store.replace_losses(self.run_id, rows)
+
     def finish(self, status: str, error: str | None, figures: dict[str, Any]) -> None:
         self.flush()
         self.store.update_run(self.run_id, **figures)
@@ -113,6 +156,9 @@ class RunRecorder:
     def recorded_calls(self) -> list[dict[str, Any]]:
         """Every model call of the run as recorded (a resumed run's earlier calls included)."""
         return self.store.model_calls(self.run_id).to_dict("records")
+
+    def recorded_steps(self) -> list[dict[str, Any]]:
+        return self.store.steps(self.run_id).to_dict("records")
 
 
 class RunObservationStore:
@@ -152,4 +198,4 @@ class RunObservationStore:
         await self._mirror.delete_by_thread(thread_id)
 
 
-__all__ = ["NullRecorder", "RunObservationStore", "RunRecorder", "call_row"]
+__all__ = ["MemoryRecorder", "NullRecorder", "RunObservationStore", "RunRecorder", "call_row"]

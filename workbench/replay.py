@@ -12,6 +12,7 @@ the last recorded step.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -43,7 +44,8 @@ from .retention import (
     render_context,
     summarise,
 )
-from .recorder import NullRecorder, RunRecorder
+from .losses import attribute_losses
+from .recorder import MemoryRecorder, RunRecorder
 from .runstore import RunStore
 
 TOKEN_COUNTERS = ("heuristic", "o200k_base", "cl100k_base")
@@ -193,7 +195,8 @@ def configuration_problem(config: ReplayConfig) -> str | None:
 
 
 def _start(conversation: Conversation, config: ReplayConfig, store: RunStore | None, resume: str | None,
-           label: str | None, counts: list[int], flush_every: int) -> tuple[ReplayConfig, Any, int]:
+           label: str | None, counts: list[int], flush_every: int,
+           recorder: MemoryRecorder | None) -> tuple[ReplayConfig, Any, int]:
     """The run's recorder and the message index to continue from, after checking the config."""
     if resume is not None:
         if store is None:
@@ -215,7 +218,9 @@ def _start(conversation: Conversation, config: ReplayConfig, store: RunStore | N
             store.set_status(resume, "failed", problem)
         raise ConfigurationError(f"cannot replay: {problem}", run_id)
     if store is None:
-        return config, NullRecorder(), 0
+        recorder = recorder if recorder is not None else MemoryRecorder()
+        recorder.count_tokens = token_counter(config.token_counter)
+        return config, recorder, 0
     if resume is None:
         run_id = store.create_run(
             dataset=conversation.source, dataset_format=conversation.format, conversation_id=conversation.id,
@@ -244,6 +249,8 @@ async def replay(
     label: str | None = None,
     flush_every: int = 100,
     cache_dir: str | Path | None = None,
+    recorder: MemoryRecorder | None = None,
+    completion_extra: dict[str, Any] | None = None,
 ) -> ReplayResult:
     """Replay ``conversation`` under ``config``; record into ``store`` when given.
 
@@ -253,19 +260,26 @@ async def replay(
     recorded, is marked ``failed``). A compaction call that fails mid-run raises
     :class:`ReplayFailed` carrying the partial result (run ``failed``, resumable); a cancellation
     or Ctrl-C marks the run ``interrupted`` and propagates. No run is ever left ``running``.
+
+    Without ``store``, the run is kept by ``recorder`` (a :class:`MemoryRecorder`, made here when
+    not given): an experiment's worker replays that way and hands the run to the one writer.
+    ``completion_extra`` adds litellm arguments to every call (``num_retries``, ``api_base``, …).
     """
     started = time.perf_counter()
     count = token_counter(config.token_counter)
     turns = conversation.turns
     message_tokens = count([t.content for t in turns]) if turns else []
-    config, recorder, start_index = _start(conversation, config, store, resume, label, message_tokens, flush_every)
+    config, recorder, start_index = _start(conversation, config, store, resume, label, message_tokens, flush_every,
+                                           recorder)
     count = token_counter(config.token_counter)
     try:
-        completion = None
+        completion: dict[str, Any] = dict(completion_extra or {})
         if config.cache:
             path = prepare_cache(cache_dir)
             if enable_litellm_cache():
-                completion = completion_kwargs(path)
+                cache_control = completion_kwargs(path)
+                cache_control["cache"].update(completion.pop("cache", None) or {})
+                completion.update(cache_control)
         thread = conversation.id
         index_of = {t.id: i for i, t in enumerate(turns)}
         wrapper = create_observational_memory_store(
@@ -273,7 +287,7 @@ async def replay(
             thresholds={"observation": config.observation_threshold, "reflection": config.reflection_threshold},
             count_tokens=count, observations=recorder.observations, observer_prompt=config.observer_prompt,
             reflector_prompt=config.reflector_prompt, timeout=config.timeout, on_event=recorder.on_event,
-            completion_kwargs=completion,
+            completion_kwargs=completion or None,
         )
         memory = Memory(wrapper, last_messages=config.last_messages)
     except BaseException as exc:
@@ -308,6 +322,10 @@ async def replay(
                     "cursor_id": state.cursor,
                     "cursor_index": index_of.get(state.cursor, -1) if state.cursor else -1,
                     "records": len(state.records),
+                    # what the agent saw at this read, so the app shows it instead of rebuilding it
+                    "window_ids": json.dumps([m.id for m in state.window]),
+                    "memory_ids": json.dumps(([state.reflection.id] if state.reflection else [])
+                                             + [r.id for r in state.unreflected]),
                 }
                 rows.append(row)
                 recorder.record_step(row)
@@ -354,12 +372,15 @@ async def _finish(conversation, config, recorder, wrapper, count, status, error,
     final_context = state.memory_volume + state.window_volume
     full_history = (sum(count([t.content for t in conversation.turns])) if conversation.turns else 0) \
         if completed else history
+    recorder.flush()
+    calls = recorder.recorded_calls()
     retention = None
     if completed:
         retention = score_retention(conversation, state.context, list(state.window), final_context, count,
                                     recorder)
-    recorder.flush()
-    calls = recorder.recorded_calls()
+        records = await recorder.observations.list(thread)
+        written = {c["record_id"]: c["step"] for c in calls if c.get("record_id")}
+        recorder.save_losses(attribute_losses(conversation, records, state, rows, written))
     costs = [c["cost_usd"] for c in calls if c.get("cost_usd") is not None and c["cost_usd"] == c["cost_usd"]]
     result = ReplayResult(
         run_id=recorder.run_id, status=status, messages=len(conversation.turns), steps=recorder.step,
@@ -372,11 +393,21 @@ async def _finish(conversation, config, recorder, wrapper, count, status, error,
         elapsed_s=time.perf_counter() - started, error=error, planned_steps=planned, step_rows=rows,
         context=state.context,
     )
+    backlog = [int(r["backlog_tokens"]) for r in recorder.recorded_steps()]
+
+    def total(key: str) -> int:
+        return int(sum(c[key] for c in calls if c.get(key) is not None and c[key] == c[key]))
+
     figures: dict[str, Any] = {
         "full_history_tokens": full_history, "final_context_tokens": final_context,
         "compression": result.compression, "elapsed_s": result.elapsed_s,
         "observer_calls": result.observer_calls, "reflector_calls": result.reflector_calls,
         "cache_hits": result.cache_hits, "cost_usd": result.cost_usd,
+        # the backlog outside the window: in neither memory nor window, what the agent sees nowhere
+        "blind_spot_tokens": sum(backlog) / len(backlog) if backlog else None,
+        "blind_spot_max": max(backlog) if backlog else None,
+        "input_tokens": total("input_tokens"), "output_tokens": total("output_tokens"),
+        "model_latency_ms": float(sum(c["latency_ms"] for c in calls if c.get("latency_ms") is not None)),
     }
     if retention is not None and retention.scored:
         figures.update(retention=retention.retention, retention_full_history=retention.full_history,
@@ -405,11 +436,8 @@ def score_retention(conversation: Conversation, context, window, budget: int, co
                 "evidence_in_window": bool(probe.evidence) and all(e in window_ids for e in probe.evidence),
                 "score": probe_score(probe.gold, visible[method]), "answer": None,
             })
-    if recorder is not None and recorder.run_id is not None:
-        import json
-
-        recorder.store.replace_probes(recorder.run_id, [{**r, "evidence": json.dumps(r["evidence"])} for r in rows],
-                                      METHODS)
+    if recorder is not None:
+        recorder.save_probes([{**r, "evidence": json.dumps(r["evidence"])} for r in rows], METHODS)
     return summarise(rows)
 
 

@@ -8,7 +8,9 @@ Schema (created on first use, migrated in place; see ``docs/run-store.md``):
 * ``records``      observation/reflection records (also the ``ObservationStore`` of the run);
 * ``model_calls``  one row per compaction call, with tokens, latency, cost, cache hit, error;
 * ``probes``       one row per probe and scoring method (memory, baselines, LLM judge);
-* ``prompts``      saved prompt versions (name, version, sha256, text).
+* ``probe_losses`` one row per probe with evidence: where its answer was lost (``workbench.losses``);
+* ``prompts``      saved prompt versions (name, version, sha256, text);
+* ``experiments``  one row per experiment (dataset × configurations); its runs carry ``experiment_id``.
 
 Migrations are append-only SQL scripts recorded in ``omem_schema``. The file is opened for each
 operation (or ``session()``) and closed after it, so several processes take turns on it; a writer
@@ -163,8 +165,59 @@ ALTER TABLE runs ADD COLUMN owner_pid INTEGER;       -- ... makes a 'running' ru
 ALTER TABLE runs ADD COLUMN owner_token VARCHAR;     -- pid + process start time (pid reuse)
 """
 
+_M004 = """
+CREATE TABLE experiments (
+    experiment_id VARCHAR PRIMARY KEY,
+    created_at TIMESTAMPTZ NOT NULL,
+    updated_at TIMESTAMPTZ NOT NULL,
+    name VARCHAR,
+    dataset VARCHAR NOT NULL,
+    dataset_format VARCHAR,
+    conversations JSON NOT NULL,      -- the conversation ids replayed
+    configs JSON NOT NULL,            -- [{"label", "config"}], the grid in order
+    options JSON NOT NULL,            -- concurrency, max_cost, rpm, num_retries, traces, judge, answerer
+    status VARCHAR NOT NULL,          -- running | completed | failed | interrupted | stopped
+    error VARCHAR,
+    elapsed_s DOUBLE,
+    owner_host VARCHAR,
+    owner_pid INTEGER,
+    owner_token VARCHAR
+);
+ALTER TABLE runs ADD COLUMN experiment_id VARCHAR;
+ALTER TABLE runs ADD COLUMN config_label VARCHAR;          -- the configuration's label in its experiment
+ALTER TABLE runs ADD COLUMN blind_spot_tokens DOUBLE;      -- mean backlog outside the window per read
+ALTER TABLE runs ADD COLUMN blind_spot_max BIGINT;
+ALTER TABLE runs ADD COLUMN input_tokens BIGINT;
+ALTER TABLE runs ADD COLUMN output_tokens BIGINT;
+ALTER TABLE runs ADD COLUMN model_latency_ms DOUBLE;
+ALTER TABLE steps ADD COLUMN window_ids JSON;              -- what the agent saw at this read
+ALTER TABLE steps ADD COLUMN memory_ids JSON;
+ALTER TABLE model_calls ADD COLUMN request JSON;           -- the exact messages sent (size-capped)
+ALTER TABLE model_calls ADD COLUMN response VARCHAR;       -- the raw reply (size-capped)
+CREATE TABLE probe_losses (
+    run_id VARCHAR NOT NULL,
+    probe_id VARCHAR NOT NULL,
+    category VARCHAR,
+    evidence JSON,
+    in_window_at_end BOOLEAN,
+    observation_ids JSON,
+    observation_score DOUBLE,
+    observed BOOLEAN,
+    reflection_score DOUBLE,
+    reflected BOOLEAN,
+    visible_score DOUBLE,
+    visible BOOLEAN,
+    lost_at VARCHAR,                  -- observation | reflection | end | NULL (kept)
+    lost_step INTEGER,
+    PRIMARY KEY (run_id, probe_id)
+);
+"""
+
 MIGRATIONS: list[tuple[int, str, str]] = [(1, "initial", _M001), (2, "reflection tightening", _M002),
-                                          (3, "run owners and planned steps", _M003)]
+                                          (3, "run owners and planned steps", _M003),
+                                          (4, "experiments, loss attribution, traces", _M004)]
+
+RUN_TABLES = ("probe_losses", "probes", "model_calls", "records", "steps", "messages", "runs")
 
 
 class RunStoreError(WorkbenchError, RuntimeError):
@@ -231,6 +284,27 @@ def _describe_unreadable(path: str, exc: Exception) -> str:
         what = "not a DuckDB run store (or a truncated or corrupt one)"
     first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return f"cannot open {path}: it is {what}. {advice}. (DuckDB: {first_line})"
+
+
+def _new_run_id() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+
+
+_RECORD_COLUMNS = ["step", "record_id", "thread_id", "resource_id", "kind", "source_ids", "text", "tokens",
+                   "created_at"]
+_LOSS_COLUMNS = ["probe_id", "category", "evidence", "in_window_at_end", "observation_ids", "observation_score",
+                 "observed", "reflection_score", "reflected", "visible_score", "visible", "lost_at", "lost_step"]
+
+
+def _record_values(row: dict[str, Any]) -> list[Any]:
+    """A ``records`` row (without run_id and seq) from ``{"record", "step", "tokens"}``."""
+    record = row["record"]
+    return [row["step"], record.id, record.thread_id, record.resource_id, record.kind,
+            json.dumps(list(record.source_ids)), record.text, row["tokens"], record.created_at]
+
+
+def _loss_row(run_id: str, row: dict[str, Any]) -> list[Any]:
+    return [run_id, *[json.dumps(row[c]) if c in ("evidence", "observation_ids") else row[c] for c in _LOSS_COLUMNS]]
 
 
 def process_token(pid: int | None = None) -> str | None:
@@ -415,6 +489,17 @@ class RunStore:
             cur.execute("UPDATE runs SET status = 'interrupted', error = ?, updated_at = ? WHERE run_id = ?",
                         [f"the process that ran it (pid {pid}) stopped after {int(steps or 0)} recorded steps; "
                          f"resume with: python -m workbench replay --resume {run_id}", _now(), run_id])
+        if not self._has_table("experiments"):
+            return
+        rows = cur.execute("SELECT experiment_id, owner_pid, owner_token FROM experiments WHERE status = 'running' "
+                           "AND owner_host = ?", [socket.gethostname()]).fetchall()
+        for experiment_id, pid, token in rows:
+            if pid is None or process_alive(int(pid), token):
+                continue
+            cur.execute("UPDATE experiments SET status = 'interrupted', error = ?, updated_at = ? "
+                        "WHERE experiment_id = ?",
+                        [f"the process that ran it (pid {pid}) stopped; finish it with: python -m workbench "
+                         f"experiment resume {experiment_id}", _now(), experiment_id])
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -427,7 +512,7 @@ class RunStore:
                    messages: Sequence[dict[str, Any]], label: str | None = None, planned_steps: int | None = None,
                    status: str = "running", error: str | None = None) -> str:
         """A new run owned by this process (a dead owner makes it ``interrupted`` on the next open)."""
-        run_id = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+        run_id = _new_run_id()
         now = _now()
         with self._write_lock, self._writing() as cur:
             cur.execute("BEGIN TRANSACTION")
@@ -474,12 +559,8 @@ class RunStore:
                                  verb="INSERT OR REPLACE")
                 if records:
                     first = self._next_seq(cur, "records", run_id, len(records))
-                    _insert_many(cur, "records", ["run_id", "seq", "step", "record_id", "thread_id", "resource_id",
-                                                  "kind", "source_ids", "text", "tokens", "created_at"],
-                                 [[run_id, first + i, r["step"], r["record"].id, r["record"].thread_id,
-                                   r["record"].resource_id, r["record"].kind, json.dumps(list(r["record"].source_ids)),
-                                   r["record"].text, r["tokens"], r["record"].created_at]
-                                  for i, r in enumerate(records)])
+                    _insert_many(cur, "records", ["run_id", "seq", *_RECORD_COLUMNS],
+                                 [[run_id, first + i, *_record_values(r)] for i, r in enumerate(records)])
                 if calls:
                     first = self._next_seq(cur, "model_calls", run_id, len(calls))
                     _insert_many(cur, "model_calls", ["run_id", "seq", *calls[0]],
@@ -559,7 +640,7 @@ class RunStore:
     def delete_run(self, run_id: str) -> None:
         with self._write_lock, self._writing() as cur:
             cur.execute("BEGIN TRANSACTION")
-            for table in ("probes", "model_calls", "records", "steps", "messages", "runs"):
+            for table in RUN_TABLES:
                 cur.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
             cur.execute("COMMIT")
             self._seq = {k: v for k, v in self._seq.items() if k[1] != run_id}
@@ -575,6 +656,124 @@ class RunStore:
             if not existing:
                 cur.execute("INSERT INTO prompts VALUES (?, ?, ?, ?, ?)",
                             [prompt.name, prompt.version, prompt.sha256, prompt.text, _now()])
+
+    def replace_losses(self, run_id: str, rows: Sequence[dict[str, Any]]) -> None:
+        """The run's loss-attribution rows (see :mod:`workbench.losses`), replacing earlier ones."""
+        with self._write_lock, self._writing() as cur:
+            cur.execute("BEGIN TRANSACTION")
+            try:
+                cur.execute("DELETE FROM probe_losses WHERE run_id = ?", [run_id])
+                if rows:
+                    _insert_many(cur, "probe_losses", ["run_id", *_LOSS_COLUMNS], [_loss_row(run_id, r) for r in rows])
+                cur.execute("COMMIT")
+            except Exception:
+                cur.execute("ROLLBACK")
+                raise
+
+    def write_run(self, payload: dict[str, Any], *, messages: Sequence[dict[str, Any]]) -> str:
+        """A whole run replayed elsewhere (an experiment's worker), written in one transaction:
+        a run is in the store entirely or not at all. Returns its id."""
+        run = dict(payload["run"])
+        run_id = _new_run_id()
+        now = _now()
+        columns = ["run_id", "created_at", "updated_at", "messages", "owner_host", "owner_pid", "owner_token"]
+        values: list[Any] = [run_id, now, now, len(messages), socket.gethostname(), os.getpid(), process_token()]
+        for key, value in run.items():
+            columns.append(key)
+            values.append(json.dumps(value, sort_keys=True) if key == "config" else value)
+        with self._write_lock, self._writing() as cur:
+            cur.execute("BEGIN TRANSACTION")
+            try:
+                cur.execute(f"INSERT INTO runs ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
+                            values)
+                if messages:
+                    _insert_many(cur, "messages", ["run_id", *messages[0]], [[run_id, *m.values()] for m in messages])
+                steps = payload.get("steps") or []
+                if steps:
+                    _insert_many(cur, "steps", ["run_id", *steps[0]], [[run_id, *r.values()] for r in steps])
+                records = payload.get("records") or []
+                if records:
+                    _insert_many(cur, "records", ["run_id", "seq", *_RECORD_COLUMNS],
+                                 [[run_id, i + 1, *_record_values(r)] for i, r in enumerate(records)])
+                calls = payload.get("calls") or []
+                if calls:
+                    _insert_many(cur, "model_calls", ["run_id", "seq", *calls[0]],
+                                 [[run_id, i + 1, *c.values()] for i, c in enumerate(calls)])
+                probes = payload.get("probes") or []
+                if probes:
+                    _insert_many(cur, "probes", ["run_id", *probes[0]], [[run_id, *p.values()] for p in probes])
+                losses = payload.get("losses") or []
+                if losses:
+                    _insert_many(cur, "probe_losses", ["run_id", *_LOSS_COLUMNS], [_loss_row(run_id, r) for r in losses])
+                cur.execute("COMMIT")
+            except Exception:
+                cur.execute("ROLLBACK")
+                raise
+        return run_id
+
+    # -- experiments --------------------------------------------------------------------------
+
+    def create_experiment(self, *, name: str | None, dataset: str, dataset_format: str | None,
+                          conversations: Sequence[str], configs: Sequence[dict[str, Any]],
+                          options: dict[str, Any]) -> str:
+        experiment_id = "exp-" + _new_run_id()
+        now = _now()
+        with self._write_lock, self._writing() as cur:
+            cur.execute("INSERT INTO experiments (experiment_id, created_at, updated_at, name, dataset, dataset_format, "
+                        "conversations, configs, options, status, owner_host, owner_pid, owner_token) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?)",
+                        [experiment_id, now, now, name, dataset, dataset_format, json.dumps(list(conversations)),
+                         json.dumps(list(configs), sort_keys=True), json.dumps(options, sort_keys=True),
+                         socket.gethostname(), os.getpid(), process_token()])
+        return experiment_id
+
+    def claim_experiment(self, experiment_id: str) -> None:
+        with self._write_lock, self._writing() as cur:
+            cur.execute("UPDATE experiments SET status = 'running', error = NULL, owner_host = ?, owner_pid = ?, "
+                        "owner_token = ?, updated_at = ? WHERE experiment_id = ?",
+                        [socket.gethostname(), os.getpid(), process_token(), _now(), experiment_id])
+
+    def finish_experiment(self, experiment_id: str, status: str, error: str | None, elapsed_s: float) -> None:
+        with self._write_lock, self._writing() as cur:
+            cur.execute("UPDATE experiments SET status = ?, error = ?, elapsed_s = coalesce(elapsed_s, 0) + ?, "
+                        "updated_at = ? WHERE experiment_id = ?", [status, error, elapsed_s, _now(), experiment_id])
+
+    def experiment(self, experiment_id: str) -> dict[str, Any]:
+        frame = self._df("SELECT * FROM experiments WHERE experiment_id = ?", [experiment_id])
+        if frame.empty:
+            raise UnknownRun(experiment_id, self.path, kind="experiment")
+        row = frame.iloc[0].to_dict()
+        for key in ("conversations", "configs", "options"):
+            row[key] = json.loads(row[key])
+        return row
+
+    def experiments(self) -> pd.DataFrame:
+        frame = self._df("SELECT e.*, (SELECT count(*) FROM runs r WHERE r.experiment_id = e.experiment_id) AS runs, "
+                         "(SELECT count(*) FROM runs r WHERE r.experiment_id = e.experiment_id "
+                         "AND r.status <> 'completed') AS failed_runs FROM experiments e ORDER BY created_at DESC")
+        return frame
+
+    def experiment_runs(self, experiment_id: str) -> pd.DataFrame:
+        return self._df("SELECT * FROM runs WHERE experiment_id = ? ORDER BY created_at", [experiment_id])
+
+    def experiment_probes(self, experiment_id: str) -> pd.DataFrame:
+        return self._df("SELECT r.config_label, r.conversation_id, p.* FROM probes p JOIN runs r USING (run_id) "
+                        "WHERE r.experiment_id = ? AND r.status = 'completed' ORDER BY r.config_label, p.run_id, "
+                        "p.probe_id, p.method", [experiment_id])
+
+    def experiment_losses(self, experiment_id: str) -> pd.DataFrame:
+        return self._df("SELECT r.config_label, r.conversation_id, l.* FROM probe_losses l JOIN runs r USING (run_id) "
+                        "WHERE r.experiment_id = ? AND r.status = 'completed' ORDER BY r.config_label, l.run_id, "
+                        "l.probe_id", [experiment_id])
+
+    def delete_experiment(self, experiment_id: str) -> None:
+        with self._write_lock, self._writing() as cur:
+            cur.execute("BEGIN TRANSACTION")
+            ids = [r[0] for r in cur.execute("SELECT run_id FROM runs WHERE experiment_id = ?", [experiment_id]).fetchall()]
+            for table in RUN_TABLES:
+                cur.execute(f"DELETE FROM {table} WHERE run_id IN (SELECT unnest(?::VARCHAR[]))", [ids])
+            cur.execute("DELETE FROM experiments WHERE experiment_id = ?", [experiment_id])
+            cur.execute("COMMIT")
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -647,7 +846,7 @@ class RunStore:
             raise RunStoreError(f"cannot create the export folder {out}: {exc.strerror or exc}") from exc
         written = []
         with self.session() as cur:
-            for table in ("runs", "messages", "steps", "records", "model_calls", "probes"):
+            for table in ("runs", "messages", "steps", "records", "model_calls", "probes", "probe_losses"):
                 target = out / f"{table}.parquet"
                 rows = cur.sql(f"SELECT * FROM {table} WHERE run_id = $1", params=[run_id]).to_arrow_table()
                 try:
@@ -659,12 +858,14 @@ class RunStore:
 
 
 class UnknownRun(WorkbenchError, KeyError):
-    """No run with this id in the store (``str()`` is the plain sentence, without KeyError's quotes)."""
+    """No run (or experiment) with this id in the store (``str()`` is the plain sentence, without
+    KeyError's quotes)."""
 
-    def __init__(self, run_id: str, path: str) -> None:
+    def __init__(self, run_id: str, path: str, *, kind: str = "run") -> None:
         super().__init__(run_id)
         self.run_id = run_id
-        self.message = f"no run {run_id} in {path} (python -m workbench runs lists them)"
+        listing = "runs" if kind == "run" else "experiment list"
+        self.message = f"no {kind} {run_id} in {path} (python -m workbench {listing} lists them)"
 
     def __str__(self) -> str:
         return self.message

@@ -1,0 +1,75 @@
+"""Confidence intervals for retention: bootstrap over probes, and paired comparisons.
+
+What is resampled: *probes* (each scored probe of every conversation is one unit, drawn with
+replacement), so an interval says how much the pooled figure would move with another draw of
+questions of the same kind. Probes of one conversation are not independent, so with few
+conversations these intervals are on the narrow side; the experiment's per-conversation figures
+show the spread between conversations.
+
+A paired comparison draws the same probes for both configurations (the differences per probe are
+resampled), which removes the variation between questions that both configurations share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+REPLICATES = 2000
+SEED = 20261202  # fixed: the same data gives the same interval on every machine
+
+
+def bootstrap_ci(values: Sequence[float], *, replicates: int = REPLICATES, seed: int = SEED,
+                 level: float = 0.95) -> tuple[float, float] | None:
+    """The percentile interval of the mean of ``values`` (``None`` for fewer than two values)."""
+    data = np.asarray([v for v in values if v is not None and v == v], dtype=float)
+    if len(data) < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    means = data[rng.integers(0, len(data), size=(replicates, len(data)))].mean(axis=1)
+    tail = (1 - level) / 2
+    low, high = np.quantile(means, [tail, 1 - tail])
+    return float(low), float(high)
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    a: str
+    b: str
+    probes: int
+    difference: float | None  # mean(b - a)
+    ci95: tuple[float, float] | None
+
+    @property
+    def detectable(self) -> bool:
+        return self.ci95 is not None and (self.ci95[0] > 0 or self.ci95[1] < 0)
+
+    def verdict(self) -> str:
+        """A plain sentence: "b keeps more: +0.031 [+0.012, +0.050]" or no detectable difference."""
+        if self.difference is None or self.ci95 is None:
+            return "not enough shared probes to compare"
+        figures = f"{self.difference:+.3f} [{self.ci95[0]:+.3f}, {self.ci95[1]:+.3f}]"
+        if not self.detectable:
+            return f"no detectable difference: {figures}"
+        if self.difference > 0:
+            better, change, (low, high) = self.b, self.difference, self.ci95
+        else:
+            better, change, (low, high) = self.a, -self.difference, (-self.ci95[1], -self.ci95[0])
+        return f"{better} keeps more: {change:+.3f} [{low:+.3f}, {high:+.3f}]"
+
+
+def paired_difference(a: str, b: str, scores_a: dict[str, float], scores_b: dict[str, float], *,
+                      replicates: int = REPLICATES, seed: int = SEED) -> PairedDifference:
+    """``b`` minus ``a`` on the probes both scored (keys: probe identifiers)."""
+    shared = sorted(k for k in scores_a.keys() & scores_b.keys()
+                    if scores_a[k] is not None and scores_b[k] is not None)
+    differences = [scores_b[k] - scores_a[k] for k in shared]
+    if not differences:
+        return PairedDifference(a, b, 0, None, None)
+    return PairedDifference(a, b, len(differences), float(np.mean(differences)),
+                            bootstrap_ci(differences, replicates=replicates, seed=seed))
+
+
+__all__ = ["PairedDifference", "REPLICATES", "bootstrap_ci", "paired_difference"]
