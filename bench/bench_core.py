@@ -1,6 +1,6 @@
 """omem_core benchmarks, measured side by side in one run.
 
-    python bench/bench_core.py            # full run (~1 minute)
+    python bench/bench_core.py            # full run (a few minutes: it builds 1M-message threads)
     python bench/bench_core.py --quick    # smaller repeat counts
 
 1. Per-read overhead of a cursorless recall with no pass due (wrapper recall minus plain
