@@ -388,6 +388,245 @@ def datasets() -> None:
         click.echo(f"{entry.name:<24} {entry.origin:<8} {entry.path}  {detail}")
 
 
+@cli.group()
+def experiment() -> None:
+    """Experiments: a dataset × a grid of configurations, run together, compared with confidence."""
+
+
+def _experiment_progress(quiet: bool):
+    """A progress line per finished run, with an ETA (on stderr: stdout stays for --json)."""
+    if quiet:
+        return None
+
+    def show(p) -> None:
+        eta = f", about {p.eta_s:,.0f} s left" if p.eta_s is not None and p.done < p.total else ""
+        cost = f", ${p.cost_usd:.4f} spent" if p.cost_usd else ""
+        state = "" if p.status == "completed" else f" ({p.status})"
+        click.echo(f"[{p.done}/{p.total}] {p.conversation_id} · {p.label}{state}{cost}{eta}", err=True)
+
+    return show
+
+
+def _print_report(data: dict[str, Any]) -> None:
+    from .formatting import MISSING, display
+
+    def ci(pair) -> str:
+        return f"[{pair[0]:.3f}, {pair[1]:.3f}]" if pair else MISSING
+
+    click.echo(f"experiment {data['experiment_id']} ({data['status']}): {len(data['conversations'])} conversation(s) "
+               f"of {data['dataset']}, {display(data['elapsed_s'])} s")
+    click.echo(f"{'configuration':<36} {'runs':>5} {'probes':>6} {'retention':>9} {'95% CI':>16} {'compr':>6} "
+               f"{'vs recency':>10} {'blind spot':>10} {'calls':>6} {'cost':>8}")
+    for c in data["configs"]:
+        runs = f"{c['runs']}" + (f"+{c['failed']}!" if c["failed"] else "")
+        click.echo(f"{c['label'][:36]:<36} {runs:>5} {c['probes']:>6} {display(c['retention']):>9} "
+                   f"{ci(c['retention_ci95']):>16} {display(c['compression']):>6} {display(c['recency_ratio']):>10} "
+                   f"{display(c['blind_spot_tokens']):>10} {c['observer_calls'] + c['reflector_calls']:>6} "
+                   f"{display(c['cost_usd']):>8}")
+        for error in c["errors"]:
+            click.echo(f"    failed: {error}", err=True)
+    for comparison in data["comparisons"]:
+        click.echo(f"{comparison['b']} vs {comparison['a']}: {comparison['verdict']}")
+
+
+@experiment.command("run")
+@click.option("--dataset", type=click.Path(exists=True, path_type=Path), required=True, help="Dataset file or folder.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), help="Override format detection.")
+@click.option("--conversation", "conversations", multiple=True, help="A conversation id (repeat; default: all).")
+@click.option("--observation-threshold", "observation", default="1000", callback=_csv(int), show_default=True)
+@click.option("--reflection-threshold", "reflection", default="2000", callback=_csv(int), show_default=True)
+@click.option("--window", "windows", default="10", callback=_csv(int), show_default=True)
+@click.option("--observer", "observers", default=OFFLINE_MODEL, callback=_csv(str), show_default=True,
+              help="Comma-separated litellm model strings.")
+@click.option("--reflector", "reflectors", default=OFFLINE_MODEL, callback=_csv(str), show_default=True,
+              help="Comma-separated models, or 'none'.")
+@click.option("--observer-prompt", "observer_prompts", default=None, callback=_csv(str),
+              help="Comma-separated prompt versions (default: the newest built-in).")
+@click.option("--reflector-prompt", "reflector_prompts", default=None, callback=_csv(str),
+              help="Comma-separated prompt versions (default: the newest built-in).")
+@click.option("--token-counter", type=click.Choice(TOKEN_COUNTERS), default="heuristic", show_default=True)
+@click.option("--judge", help="LLM-judged accuracy: the model that grades answers (with --answerer).")
+@click.option("--answerer", help="LLM-judged accuracy: the model that answers the probes (with --judge).")
+@click.option("--concurrency", type=click.IntRange(1, 256), default=2, show_default=True,
+              help="Runs at once (offline: worker processes; remote models: concurrent calls).")
+@click.option("--max-cost", type=click.FloatRange(min=0, min_open=True), help="Stop cleanly past this many USD.")
+@click.option("--rpm", type=click.FloatRange(min=0, min_open=True), help="Requests per minute per model.")
+@click.option("--num-retries", type=click.IntRange(0, 20), default=2, show_default=True,
+              help="litellm's retries with backoff (rate limits, transient errors).")
+@click.option("--timeout", type=float, help="Seconds allowed to each compaction call.")
+@click.option("--api-base", help="An OpenAI-compatible server for the remote models (e.g. a local one).")
+@click.option("--no-traces", is_flag=True, help="Do not store each call's request and response.")
+@click.option("--no-cache", is_flag=True, help="Do not use litellm's cache (nor share identical calls).")
+@click.option("--name", help="A name for the experiment.")
+@click.option("--yes", is_flag=True, help="Do not ask before a paid experiment starts.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line of stdout.")
+@DB_OPTION
+def experiment_run(dataset, fmt, conversations, observation, reflection, windows, observers, reflectors,
+                   observer_prompts, reflector_prompts, token_counter, judge, answerer, concurrency, max_cost, rpm,
+                   num_retries, timeout, api_base, no_traces, no_cache, name, yes, as_json, db) -> None:
+    """Run a dataset × a grid of configurations (every combination of the values given)."""
+    import asyncio
+
+    from . import experiments as ex
+    from .datasets import DatasetError, list_conversations
+
+    store = _open_store(db)
+    try:
+        grid = ex.config_grid(
+            observers=observers, reflectors=[None if r.lower() == "none" else r for r in reflectors],
+            observation=observation, reflection=reflection, windows=windows,
+            observer_prompts=[_resolve_prompt(store, "observer", v) for v in observer_prompts or [None]],
+            reflector_prompts=[_resolve_prompt(store, "reflector", v) for v in reflector_prompts or [None]],
+            token_counter=token_counter, timeout=timeout, cache=not no_cache)
+        options = ex.ExperimentOptions(concurrency=concurrency, max_cost=max_cost, rpm=rpm, num_retries=num_retries,
+                                       timeout=timeout, traces=not no_traces, cache=not no_cache, api_base=api_base,
+                                       judge=judge, answerer=answerer)
+        listed = {c.id: c for c in list_conversations(dataset, fmt)}
+        chosen = list(conversations) or list(listed)
+        estimate = ex.estimate_cost([listed[c].tokens for c in chosen if c in listed], grid)
+        runs = len(chosen) * len(grid)
+        cost = "free (offline model)" if estimate == 0 else (
+            f"about ${estimate:.2f} at most" if estimate is not None else "unknown (a model's price is not known)")
+        click.echo(f"{runs} runs: {len(chosen)} conversation(s) × {len(grid)} configuration(s); cost {cost}", err=True)
+        if estimate and not yes and not as_json and not click.confirm("Start?", default=True, err=True):
+            raise SystemExit(1)
+        experiment_id = ex.create_experiment(store, dataset=dataset, grid=grid, options=options,
+                                             conversations=conversations or None, dataset_format=fmt, name=name)
+        click.echo(f"experiment {experiment_id}", err=True)
+        _finish_experiment(store, experiment_id, as_json)
+    except (WorkbenchError, DatasetError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        store.close()
+
+
+def _finish_experiment(store, experiment_id: str, as_json: bool) -> None:
+    import asyncio
+
+    from . import experiments as ex
+
+    try:
+        outcome = asyncio.run(ex.run_experiment(store, experiment_id, progress=_experiment_progress(as_json)))
+    except KeyboardInterrupt:
+        click.echo(f"\ninterrupted: finished runs are kept; finish with: python -m workbench experiment resume "
+                   f"{experiment_id}", err=True)
+        sys.exit(130)
+    data = ex.report(store, experiment_id)
+    if as_json:
+        click.echo(json.dumps(data))
+    else:
+        _print_report(data)
+    if outcome.error:
+        click.echo(f"{outcome.status}: {outcome.error}", err=True)
+    if outcome.status != "completed" or outcome.failed:
+        sys.exit(1)
+
+
+@experiment.command("resume")
+@click.argument("experiment_id")
+@click.option("--json", "as_json", is_flag=True)
+@DB_OPTION
+def experiment_resume(experiment_id: str, as_json: bool, db: str) -> None:
+    """Finish what an interrupted or stopped experiment left undone (same grid, same options)."""
+    store = _open_store(db)
+    try:
+        store.experiment(experiment_id)
+        _finish_experiment(store, experiment_id, as_json)
+    except WorkbenchError as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        store.close()
+
+
+@experiment.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@DB_OPTION
+def experiment_list(as_json: bool, db: str) -> None:
+    """The recorded experiments, newest first."""
+    store = _open_store(db)
+    try:
+        frame = store.experiments()
+    except WorkbenchError as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        store.close()
+    columns = ["experiment_id", "status", "name", "dataset", "runs", "failed_runs", "created_at"]
+    if as_json:
+        click.echo(frame[columns].to_json(orient="records", date_format="iso"))
+    elif frame.empty:
+        click.echo(f"no experiments in {db}")
+    else:
+        from .formatting import MISSING, missing
+
+        click.echo(frame[columns].astype(object).map(lambda v: MISSING if missing(v) else v).to_string(index=False))
+
+
+@experiment.command("show")
+@click.argument("experiment_id")
+@click.option("--json", "as_json", is_flag=True)
+@DB_OPTION
+def experiment_show(experiment_id: str, as_json: bool, db: str) -> None:
+    """Figures per configuration (pooled retention with its 95% CI, compression, calls, cost)."""
+    from . import experiments as ex
+
+    store = _open_store(db)
+    try:
+        data = ex.report(store, experiment_id)
+    except WorkbenchError as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        store.close()
+    click.echo(json.dumps(data)) if as_json else _print_report(data)
+
+
+@experiment.command("compare")
+@click.argument("experiment_id")
+@click.option("--a", "label_a", help="A configuration's label (default: the first).")
+@click.option("--b", "label_b", help="Another configuration's label (default: the second).")
+@click.option("--json", "as_json", is_flag=True)
+@DB_OPTION
+def experiment_compare(experiment_id: str, label_a: str | None, label_b: str | None, as_json: bool, db: str) -> None:
+    """Two configurations on the same probes: the difference with a paired-bootstrap 95% CI."""
+    from . import experiments as ex
+
+    store = _open_store(db)
+    try:
+        names = [c["label"] for c in store.experiment(experiment_id)["configs"]]
+        if len(names) < 2 and not (label_a and label_b):
+            raise ex.ExperimentError(f"{experiment_id} has one configuration; nothing to compare")
+        diff = ex.compare(store, experiment_id, label_a or names[0], label_b or names[1])
+    except WorkbenchError as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        store.close()
+    if as_json:
+        click.echo(json.dumps({"a": diff.a, "b": diff.b, "probes": diff.probes, "retention_diff": diff.difference,
+                               "ci95": list(diff.ci95) if diff.ci95 else None, "verdict": diff.verdict()}))
+    else:
+        click.echo(f"{diff.b} vs {diff.a} on {diff.probes} shared probes: {diff.verdict()}")
+
+
+@experiment.command("export")
+@click.argument("experiment_id")
+@click.option("--parquet", "folder", required=True, type=click.Path(path_type=Path), help="Output folder.")
+@DB_OPTION
+def experiment_export(experiment_id: str, folder: Path, db: str) -> None:
+    """The experiment and its runs' tables as Parquet files."""
+    from . import experiments as ex
+
+    store = _open_store(db)
+    try:
+        written = ex.export_parquet(store, experiment_id, folder)
+    except WorkbenchError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except OSError as exc:
+        raise click.ClickException(f"cannot write to {folder}: {exc}") from exc
+    finally:
+        store.close()
+    for path in written:
+        click.echo(str(path))
+
+
 @cli.command()
 @click.option("--port", type=int, default=8501, show_default=True)
 @click.option("--headless", is_flag=True, help="Do not open a browser.")

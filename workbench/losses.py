@@ -14,9 +14,10 @@ said → observed with the answer → survived reflection → visible at the end
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from omem_core import ObservationRecord
+if TYPE_CHECKING:
+    from omem_core import ObservationRecord
 
 from .retention import content_words, probe_score, render_context
 

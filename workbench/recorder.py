@@ -14,6 +14,7 @@ the repeated model calls cost nothing).
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +39,18 @@ def call_row(step: int, event: CompactionEvent) -> dict[str, Any]:
         "cache_hit": event.cache_hit, "error": event.error,
         "record_id": event.record.id if event.record else None,
         "attempts": event.attempts, "trimmed": event.trimmed,
+        "request": _capped(json.dumps(getattr(event, "request", None))) if getattr(event, "request", None) else None,
+        "response": _capped(getattr(event, "response", None)),
     }
+
+
+TRACE_CAP = 64_000  # characters kept of a call's request or response
+
+
+def _capped(text: str | None) -> str | None:
+    if text is None or len(text) <= TRACE_CAP:
+        return text
+    return text[:TRACE_CAP] + f"\n[… {len(text) - TRACE_CAP:,} more characters not stored]"
 
 
 @dataclass
@@ -101,6 +113,23 @@ class MemoryRecorder:
 
 
 NullRecorder = MemoryRecorder  # the name replay() used before experiments
+
+
+class ExperimentRecorder(MemoryRecorder):
+    """An experiment's run in memory: reports each call's cost as it happens (for the cost limit)
+    and keeps or drops the call traces."""
+
+    def __init__(self, *, on_cost: Callable[[float], None] | None = None, traces: bool = True) -> None:
+        super().__init__()
+        self._on_cost = on_cost
+        self._traces = traces
+
+    def on_event(self, event: CompactionEvent) -> None:
+        super().on_event(event)
+        if not self._traces:
+            self.calls[-1]["request"] = self.calls[-1]["response"] = None
+        if self._on_cost is not None and event.cost_usd:
+            self._on_cost(float(event.cost_usd))
 
 
 class RunRecorder:
@@ -198,4 +227,4 @@ class RunObservationStore:
         await self._mirror.delete_by_thread(thread_id)
 
 
-__all__ = ["MemoryRecorder", "NullRecorder", "RunObservationStore", "RunRecorder", "call_row"]
+__all__ = ["ExperimentRecorder", "MemoryRecorder", "NullRecorder", "RunObservationStore", "RunRecorder", "call_row"]

@@ -389,7 +389,7 @@ async def _finish(conversation, config, recorder, wrapper, count, status, error,
         cache_hits=sum(1 for c in calls if c.get("cache_hit") is True),
         full_history_tokens=full_history, final_context_tokens=final_context,
         compression=(full_history / final_context) if final_context else None,
-        retention=retention, cost_usd=sum(costs) if costs else None,
+        retention=retention, cost_usd=sum(costs) if costs else (0.0 if not calls else None),
         elapsed_s=time.perf_counter() - started, error=error, planned_steps=planned, step_rows=rows,
         context=state.context,
     )

@@ -13,8 +13,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from omem_core import Message
+if TYPE_CHECKING:
+    from omem_core import Message
 
 _WORD = re.compile(r"[a-z0-9]+")
 

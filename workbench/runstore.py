@@ -356,6 +356,11 @@ class RunStore:
         self._keep: duckdb.DuckDBPyConnection | None = None  # ":memory:" and snapshots stay open
         if self.path == ":memory:":
             self._keep = self._open()
+        elif not read_only:
+            try:
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise RunStoreError(f"cannot create the folder of {self.path}: {exc.strerror or exc}") from exc
         with self.session() as cur:
             if not read_only:
                 self.migrate()

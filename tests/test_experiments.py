@@ -1,0 +1,187 @@
+"""Experiments: a dataset × a grid, one scheduler, figures with intervals, loss attribution.
+
+Offline runs go through worker processes and the built-in model; the remote path (shared calls,
+retries, rate limits, timeouts, cost) is in ``test_remote.py`` against a real HTTP server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from workbench import experiments as ex
+from workbench.cli import cli
+from workbench.replay import ReplayConfig
+from workbench.runstore import RunStore
+from workbench.stats import bootstrap_ci, paired_difference
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "datasets" / "demo.jsonl"
+LONGMEMEVAL = ROOT / "datasets" / "samples" / "longmemeval-sample.json"
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("OMEM_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def test_an_offline_experiment_in_worker_processes_matches_single_replays(tmp_path) -> None:
+    db = str(tmp_path / "x.duckdb")
+    code, out, err = invoke("experiment", "run", "--dataset", str(LONGMEMEVAL), "--observation-threshold", "20,40",
+                            "--reflection-threshold", "60", "--window", "2", "--concurrency", "2", "--json",
+                            "--db", db)
+    assert code == 0, err
+    data = json.loads(out.strip().splitlines()[-1])
+    assert set(data) >= {"experiment_id", "dataset", "conversations", "elapsed_s", "configs", "comparisons"}
+    [first, second] = data["configs"]
+    assert [first["label"], second["label"]] == ["obs 20", "obs 40"]
+    conversations = len(data["conversations"])
+    assert conversations >= 2 and first["runs"] == second["runs"] == conversations and first["failed"] == 0
+    for c in data["configs"]:
+        assert set(c) >= {"label", "config", "runs", "failed", "probes", "retention", "retention_ci95", "compression",
+                          "recency_ratio", "blind_spot_tokens", "observer_calls", "reflector_calls", "cost_usd"}
+        assert c["cost_usd"] == 0.0 and c["observer_calls"] > 0 and c["compression"] > 1
+    [comparison] = data["comparisons"]
+    assert comparison["a"] == "obs 20" and comparison["b"] == "obs 40" and comparison["verdict"]
+    # Each run is exactly what a single replay of that pair records (the worker changes nothing).
+    with RunStore(db) as store:
+        runs = store.experiment_runs(data["experiment_id"])
+        assert len(runs) == 2 * conversations and set(runs.status) == {"completed"}
+        some = runs.iloc[0]
+        from workbench.datasets import load_conversation
+        from workbench.replay import replay
+
+        alone = asyncio.run(replay(load_conversation(LONGMEMEVAL, some.conversation_id),
+                                   ReplayConfig.from_json(json.loads(some.config)), store))
+        assert alone.compression == pytest.approx(some.compression)
+        assert store.steps(alone.run_id).backlog_tokens.tolist() == store.steps(some.run_id).backlog_tokens.tolist()
+        assert store.records(alone.run_id).text.tolist() == store.records(some.run_id).text.tolist()
+
+
+def test_pooled_figures_intervals_and_the_funnel_are_computed_from_the_recorded_probes(tmp_path) -> None:
+    with RunStore(tmp_path / "x.duckdb") as store:
+        grid = [ReplayConfig(observation_threshold=150, reflection_threshold=300),
+                ReplayConfig(observation_threshold=600, reflection_threshold=1200)]
+        experiment_id = ex.create_experiment(store, dataset=DEMO, grid=grid,
+                                             options=ex.ExperimentOptions(concurrency=1))
+        outcome = asyncio.run(ex.run_experiment(store, experiment_id))
+        assert outcome.status == "completed" and outcome.runs == 2 and outcome.failed == 0
+        summaries = ex.summarise(store, experiment_id)
+        probes = store.experiment_probes(experiment_id)
+        losses = store.experiment_losses(experiment_id)
+        for summary in summaries:
+            mine = probes[(probes.config_label == summary.label) & (probes.method == "memory") & probes.score.notna()]
+            assert summary.probes == len(mine) == 22
+            assert summary.retention == pytest.approx(mine.score.mean())
+            assert summary.retention_ci95 == bootstrap_ci(mine.score.tolist())
+            low, high = summary.retention_ci95
+            assert low <= summary.retention <= high
+            funnel = summary.funnel
+            assert funnel["said"] >= funnel["observed"] >= funnel["reflected"] >= funnel["visible"]
+            assert funnel["said"] == len(losses[losses.config_label == summary.label]) > 0
+            # "visible at the end" in the funnel agrees with the word-retention score of each probe
+            visible = losses[(losses.config_label == summary.label) & losses.visible]
+            scored = mine.set_index("probe_id").score
+            assert all(scored[p] >= 0.5 for p in visible.probe_id)
+        # lost probes say where (and, for a lost observation or reflection, at which step)
+        lost = losses[losses.lost_at.notna()]
+        assert set(lost.lost_at) <= {"observation", "reflection", "end"}
+
+
+def test_paired_comparison_verdicts() -> None:
+    same = {str(i): float(i % 2) for i in range(40)}
+    assert paired_difference("a", "b", same, same).verdict() == "no detectable difference: +0.000 [+0.000, +0.000]"
+    better = {k: min(1.0, v + 0.5) for k, v in same.items()}
+    diff = paired_difference("v1", "v2", same, better)
+    assert diff.detectable and diff.verdict().startswith("v2 keeps more: +0.250 [")
+    worse = paired_difference("v2", "v1", better, same)
+    assert worse.verdict().startswith("v2 keeps more: +0.250 [")  # the same finding, whichever is a
+    noisy = {str(i): float(i % 3 == 0) for i in range(12)}
+    shifted = {str(i): float(i % 4 == 0) for i in range(12)}
+    assert paired_difference("a", "b", noisy, shifted).verdict().startswith("no detectable difference")
+    assert paired_difference("a", "b", {}, {}).verdict() == "not enough shared probes to compare"
+
+
+def test_a_killed_experiment_is_resumed_without_redoing_finished_runs(tmp_path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    db = tmp_path / "x.duckdb"
+    command = [sys.executable, "-m", "workbench", "experiment", "run", "--dataset", str(DEMO),
+               "--observation-threshold", "150,300,600", "--concurrency", "1", "--db", str(db)]
+    worker = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "OMEM_DB_WAIT": "30"})
+    try:
+        for line in worker.stderr:  # "[1/3] priya-lisbon · obs 150 …" once the first run is written
+            if line.startswith("[1/3]"):
+                break
+        os.kill(worker.pid, signal.SIGKILL)  # no chance to say anything
+    finally:
+        worker.kill()
+        worker.wait()
+    with RunStore(db) as store:  # the dead owner is noticed on the next open
+        [experiment] = store.experiments().to_dict("records")
+        experiment_id = experiment["experiment_id"]
+        assert experiment["status"] == "interrupted" and "experiment resume" in experiment["error"]
+        first = store.experiment_runs(experiment_id)
+        assert list(first.status) == ["completed"]  # whole runs only: the one in flight left nothing
+    code, out, err = invoke("experiment", "resume", experiment_id, "--json", "--db", str(db))
+    assert code == 0, err
+    with RunStore(db) as store:
+        runs = store.experiment_runs(experiment_id)
+        assert len(runs) == 3 and set(runs.status) == {"completed"}
+        assert first.run_id[0] in set(runs.run_id)  # the finished run was kept, not replayed
+        assert store.experiment(experiment_id)["status"] == "completed"
+    assert [c["runs"] for c in json.loads(out.strip().splitlines()[-1])["configs"]] == [1, 1, 1]
+
+
+def test_a_configuration_that_cannot_run_is_listed_with_its_error(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    code, out, err = invoke("experiment", "run", "--dataset", str(DEMO), "--observer", "omem/extractive,gpt-4o-mini",
+                            "--concurrency", "1", "--json", "--db", str(tmp_path / "x.duckdb"))
+    assert code == 1  # not every run finished
+    data = json.loads(out.strip().splitlines()[-1])
+    good, bad = data["configs"]
+    assert good["runs"] == 1 and good["failed"] == 0
+    assert bad["runs"] == 0 and bad["failed"] == 1 and "missing OPENAI_API_KEY" in bad["errors"][0]
+    assert data["comparisons"][0]["verdict"] == "not enough shared probes to compare"
+
+
+def test_experiment_list_show_compare_and_export(tmp_path) -> None:
+    db = str(tmp_path / "x.duckdb")
+    code, out, _ = invoke("experiment", "run", "--dataset", str(DEMO), "--observation-threshold", "150,600",
+                          "--concurrency", "1", "--name", "thresholds", "--json", "--db", db)
+    experiment_id = json.loads(out.strip().splitlines()[-1])["experiment_id"]
+    code, out, _ = invoke("experiment", "list", "--db", db)
+    assert code == 0 and experiment_id in out and "thresholds" in out
+    code, out, _ = invoke("experiment", "show", experiment_id, "--db", db)
+    assert code == 0 and "obs 150" in out and "obs 600" in out and "95% CI" in out and "nan" not in out.lower()
+    code, out, _ = invoke("experiment", "compare", experiment_id, "--a", "obs 600", "--b", "obs 150", "--db", db)
+    assert code == 0 and "obs 150 vs obs 600 on 22 shared probes:" in out
+    code, _, err = invoke("experiment", "compare", experiment_id, "--a", "obs 999", "--db", db)
+    assert code == 1 and "no configuration 'obs 999'" in err
+    code, out, _ = invoke("experiment", "export", experiment_id, "--parquet", str(tmp_path / "out"), "--db", db)
+    import pandas as pd
+
+    assert code == 0 and len(pd.read_parquet(tmp_path / "out" / "runs.parquet")) == 2
+    assert len(pd.read_parquet(tmp_path / "out" / "probe_losses.parquet")) > 0
+    code, _, err = invoke("experiment", "show", "exp-nope", "--db", db)
+    assert code == 1 and "no experiment exp-nope" in err
+
+
+def test_labels_name_only_what_varies() -> None:
+    grid = [ReplayConfig(observation_threshold=o, reflection_threshold=r).to_json() for o in (500, 1000)
+            for r in (1000, 2000)]
+    assert ex.labels(grid) == ["obs 500 · ref 1000", "obs 500 · ref 2000", "obs 1000 · ref 1000", "obs 1000 · ref 2000"]
+    assert ex.labels(grid[:1]) == ["config"]

@@ -1,0 +1,612 @@
+"""Experiments: a dataset (all of its conversations, or chosen ones) × a grid of configurations.
+
+Each (conversation, configuration) pair is one run, linked to its experiment. One scheduler runs
+them all under one concurrency limit:
+
+* replays on the built-in offline model are CPU-bound: they run in worker processes (a process
+  pool of ``concurrency`` workers); each worker replays into memory and hands the whole run back;
+* replays on remote models wait on the network: they run as asyncio tasks in this process, with
+  identical concurrent calls shared (see :class:`workbench.cache.SQLiteCache`), litellm's retries
+  (``num_retries``) and an optional requests-per-minute limit.
+
+Either way this process is the only writer of the run store: each finished run is written in one
+transaction, so an interrupted experiment holds whole runs only, and :func:`run_experiment` on an
+existing experiment (``experiment resume``) replays exactly the pairs that have no completed run.
+A cost limit (``max_cost``) stops the experiment cleanly (status ``stopped``), also resumable.
+
+Figures per configuration (:func:`summarise`) pool every probe of every conversation; intervals
+are bootstrap intervals over probes (:mod:`workbench.stats` says what is resampled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .datasets import load_conversation, list_conversations
+from .errors import WorkbenchError
+from .losses import STAGES, funnel
+from .stats import bootstrap_ci, paired_difference
+
+OFFLINE_PREFIX = "omem/"
+
+
+class ExperimentError(WorkbenchError, ValueError):
+    """An experiment that cannot start or continue (no configurations, unknown conversation, …)."""
+
+
+@dataclass(frozen=True)
+class ExperimentOptions:
+    """How an experiment runs (stored with it, so a resume runs the same way)."""
+
+    concurrency: int = 2
+    max_cost: float | None = None  # USD; the experiment stops cleanly when its calls cost more
+    rpm: float | None = None  # requests per minute reaching each model (remote models)
+    num_retries: int = 2  # litellm's retries with backoff on rate limits and transient errors
+    timeout: float | None = None  # seconds per compaction call
+    traces: bool = True  # store each call's request and raw response (size-capped)
+    cache: bool = True  # litellm's cache (also what shares identical concurrent calls)
+    api_base: str | None = None  # a self-hosted OpenAI-compatible server, for every remote call
+    judge: str | None = None
+    answerer: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.concurrency, int) or self.concurrency < 1:
+            raise ExperimentError(f"concurrency must be a positive integer, got {self.concurrency!r}")
+        if self.max_cost is not None and not self.max_cost > 0:
+            raise ExperimentError(f"max_cost must be a positive number of USD, got {self.max_cost!r}")
+        if self.rpm is not None and not self.rpm > 0:
+            raise ExperimentError(f"rpm must be positive, got {self.rpm!r}")
+        if bool(self.judge) != bool(self.answerer):
+            raise ExperimentError("judge and answerer go together")
+
+    def completion_extra(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {"num_retries": self.num_retries}
+        if self.api_base:
+            extra["api_base"] = self.api_base
+        if self.rpm:
+            from .cache import RPM_KEY
+
+            extra["cache"] = {RPM_KEY: self.rpm}
+        return extra
+
+
+# -- the grid ------------------------------------------------------------------------------------
+
+def config_grid(*, observers: Sequence[str], reflectors: Sequence[str | None], observation: Sequence[int],
+                reflection: Sequence[int], windows: Sequence[int], observer_prompts: Sequence[Any],
+                reflector_prompts: Sequence[Any], token_counter: str = "heuristic",
+                timeout: float | None = None, cache: bool = True) -> list[Any]:
+    """Every combination, in a stable order (models, thresholds, window, prompts)."""
+    from .replay import ReplayConfig
+
+    grid = [ReplayConfig(observer=o, reflector=r, observation_threshold=ot, reflection_threshold=rt, last_messages=w,
+                         token_counter=token_counter, observer_prompt=op, reflector_prompt=rp, timeout=timeout,
+                         cache=cache)
+            for o, r, ot, rt, w, op, rp in itertools.product(observers, reflectors, observation, reflection, windows,
+                                                             observer_prompts, reflector_prompts)]
+    if not grid:
+        raise ExperimentError("the grid is empty: give at least one value for every setting")
+    return grid
+
+
+_LABEL_PARTS = (
+    ("observer", lambda c: c["observer"], "obs model {}"),
+    ("reflector", lambda c: c.get("reflector") or "none", "ref model {}"),
+    ("observation", lambda c: c["observation_threshold"], "obs {}"),
+    ("reflection", lambda c: c["reflection_threshold"], "ref {}"),
+    ("window", lambda c: c["last_messages"], "window {}"),
+    ("observer_prompt", lambda c: c["observer_prompt"]["version"], "obs prompt {}"),
+    ("reflector_prompt", lambda c: c["reflector_prompt"]["version"], "ref prompt {}"),
+    ("token_counter", lambda c: c["token_counter"], "{}"),
+)
+
+
+def labels(configs: Sequence[dict[str, Any]]) -> list[str]:
+    """Short labels naming only what varies across the grid ("obs 500 · ref 1000")."""
+    varying = [(get, fmt) for _, get, fmt in _LABEL_PARTS if len({str(get(c)) for c in configs}) > 1]
+    if not varying:
+        return ["config"] if len(configs) == 1 else [f"config {i + 1}" for i in range(len(configs))]
+    return [" · ".join(fmt.format(get(c)) for get, fmt in varying) for c in configs]
+
+
+# -- cost ----------------------------------------------------------------------------------------
+
+def _price(model: str) -> tuple[float, float] | None:
+    if model.startswith(OFFLINE_PREFIX):
+        return (0.0, 0.0)
+    import litellm
+
+    try:
+        entry = litellm.get_model_info(model)
+    except Exception:
+        return None
+    return float(entry.get("input_cost_per_token") or 0.0), float(entry.get("output_cost_per_token") or 0.0)
+
+
+def estimate_cost(conversation_tokens: Sequence[int], grid: Sequence[Any]) -> float | None:
+    """A rough upper estimate in USD before anything runs (``None`` when a model's price is
+    unknown): every message is observed once (its tokens plus the prompt), notes are about a
+    fifth of what they condense, and each reflection re-reads the reflection threshold."""
+    total = 0.0
+    prompt_overhead = 600
+    for config in grid:
+        observer = _price(config.observer)
+        reflector = _price(config.reflector) if config.reflector else (0.0, 0.0)
+        if observer is None or reflector is None:
+            return None
+        for tokens in conversation_tokens:
+            calls = max(1, tokens // max(config.observation_threshold, 1))
+            notes = tokens / 5
+            total += (tokens + calls * prompt_overhead) * observer[0] + notes * observer[1]
+            if config.reflector:
+                reflections = max(1, int(notes // max(config.reflection_threshold, 1)))
+                total += reflections * (2 * config.reflection_threshold + prompt_overhead) * reflector[0]
+                total += reflections * config.reflection_threshold * 0.55 * reflector[1]
+    return total
+
+
+# -- running ---------------------------------------------------------------------------------------
+
+@dataclass
+class Progress:
+    """What the scheduler reports after each finished run."""
+
+    done: int
+    total: int
+    failed: int
+    cost_usd: float
+    label: str
+    conversation_id: str
+    status: str
+    elapsed_s: float
+
+    @property
+    def eta_s(self) -> float | None:
+        return self.elapsed_s / self.done * (self.total - self.done) if self.done else None
+
+
+@dataclass
+class Task:
+    conversation_id: str
+    index: int  # the configuration's position in the grid
+    label: str
+    config: dict[str, Any]
+
+
+def pending_tasks(store: Any, experiment_id: str) -> list[Task]:
+    """The (conversation, configuration) pairs without a completed run, in a stable order."""
+    experiment = store.experiment(experiment_id)
+    runs = store.experiment_runs(experiment_id)
+    done = {(r.conversation_id, r.config_label) for r in runs.itertuples() if r.status == "completed"}
+    tasks = []
+    for conversation_id in experiment["conversations"]:
+        for index, entry in enumerate(experiment["configs"]):
+            if (conversation_id, entry["label"]) not in done:
+                tasks.append(Task(conversation_id, index, entry["label"], entry["config"]))
+    return tasks
+
+
+def _clear_unfinished(store: Any, experiment_id: str) -> None:
+    """Runs of the experiment that did not complete are replaced by the resume's new runs."""
+    runs = store.experiment_runs(experiment_id)
+    for run_id in runs[runs.status != "completed"].run_id:
+        store.delete_run(run_id)
+
+
+def _replay_one(dataset: str, dataset_format: str | None, task: Task, extra: dict[str, Any],
+                cache_dir: str | None, traces: bool) -> dict[str, Any]:
+    """One run in memory (in a worker process or this one): its whole payload, never raising for
+    a model failure (the payload says ``failed``)."""
+    return asyncio.run(_replay_one_async(dataset, dataset_format, task, extra, cache_dir, traces))
+
+
+async def _replay_one_async(dataset: str, dataset_format: str | None, task: Task, extra: dict[str, Any],
+                            cache_dir: str | None, traces: bool, on_cost: Callable[[float], None] | None = None,
+                            ) -> dict[str, Any]:
+    from omem_core import token_counter
+
+    from .recorder import ExperimentRecorder
+    from .replay import ConfigurationError, ReplayConfig, ReplayFailed, _conversation_rows, planned_reads, replay
+
+    conversation = load_conversation(dataset, task.conversation_id, dataset_format)
+    config = ReplayConfig.from_json(task.config)
+    recorder = ExperimentRecorder(on_cost=on_cost, traces=traces)
+    started = time.perf_counter()
+    try:
+        await replay(conversation, config, recorder=recorder, cache_dir=cache_dir, completion_extra=extra)
+    except ReplayFailed:
+        pass  # the recorder holds the partial run, status failed
+    except ConfigurationError as exc:
+        recorder.finish("failed", str(exc), {})
+    count = token_counter(config.token_counter)
+    messages = _conversation_rows(conversation, count([t.content for t in conversation.turns])
+                                  if conversation.turns else [])
+    payload = await recorder.payload(
+        conversation.id, dataset=conversation.source, dataset_format=conversation.format,
+        conversation_id=conversation.id, label=task.label, config=config.to_json(), config_label=task.label,
+        planned_steps=planned_reads(conversation, config))
+    payload["run"]["elapsed_s"] = time.perf_counter() - started
+    payload["messages"] = messages
+    return payload
+
+
+@dataclass
+class ExperimentOutcome:
+    experiment_id: str
+    status: str  # completed | stopped | interrupted | failed
+    error: str | None
+    elapsed_s: float
+    runs: int
+    failed: int
+    cost_usd: float
+
+
+def _all_offline(configs: Sequence[dict[str, Any]]) -> bool:
+    return all(c["observer"].startswith(OFFLINE_PREFIX) and (c.get("reflector") is None or
+                                                             c["reflector"].startswith(OFFLINE_PREFIX))
+               for c in configs)
+
+
+def _worker_init() -> None:
+    import omem_core  # noqa: F401  (litellm's offline environment and the offline model, once per worker)
+
+
+def create_experiment(store: Any, *, dataset: str | Path, grid: Sequence[Any], options: ExperimentOptions,
+                      conversations: Sequence[str] | None = None, dataset_format: str | None = None,
+                      name: str | None = None) -> str:
+    """Record a new experiment (nothing runs yet): the dataset's conversations (all, or the ids
+    given, checked), the grid with a short label per configuration, and the options."""
+    listed = list_conversations(dataset, dataset_format)
+    ids = [c.id for c in listed]
+    chosen = list(conversations) if conversations else ids
+    unknown = [c for c in chosen if c not in ids]
+    if unknown:
+        raise ExperimentError(f"no conversation {', '.join(map(repr, unknown))} in {dataset}; "
+                              f"it has: {', '.join(ids[:20])}{' …' if len(ids) > 20 else ''}")
+    configs = [c.to_json() for c in grid]
+    names = labels(configs)
+    if len(set(names)) != len(names):
+        raise ExperimentError("the grid holds the same configuration twice")
+    return store.create_experiment(name=name, dataset=str(dataset), dataset_format=dataset_format,
+                                   conversations=chosen,
+                                   configs=[{"label": n, "config": c} for n, c in zip(names, configs)],
+                                   options=asdict(options))
+
+
+async def run_experiment(store: Any, experiment_id: str, *, progress: Callable[[Progress], None] | None = None,
+                         cache_dir: str | Path | None = None) -> ExperimentOutcome:
+    """Run (or finish) an experiment: every pair without a completed run, under one concurrency
+    limit, this process writing every run. Configurations whose models cannot be used here are
+    recorded as failed runs at once (with the reason), without stopping the others."""
+    from .replay import ReplayConfig, configuration_problem
+
+    experiment = store.experiment(experiment_id)
+    options = ExperimentOptions(**experiment["options"])
+    store.claim_experiment(experiment_id)
+    _clear_unfinished(store, experiment_id)
+    tasks = pending_tasks(store, experiment_id)
+    started = time.perf_counter()
+    dataset, dataset_format = experiment["dataset"], experiment["dataset_format"]
+    extra = options.completion_extra()
+    folder = str(cache_dir) if cache_dir is not None else None
+    state = {"done": 0, "failed": 0, "cost": _spent(store, experiment_id)}
+    stop = asyncio.Event()
+
+    def report(task: Task, status: str) -> None:
+        state["done"] += 1
+        state["failed"] += status != "completed"
+        if progress is not None:
+            progress(Progress(state["done"], len(tasks), state["failed"], state["cost"], task.label,
+                              task.conversation_id, status, time.perf_counter() - started))
+
+    def add_cost(amount: float) -> None:
+        state["cost"] += amount
+        if options.max_cost is not None and state["cost"] > options.max_cost:
+            stop.set()
+
+    def write(payload: dict[str, Any], task: Task) -> None:
+        messages = payload.pop("messages")
+        payload["run"]["experiment_id"] = experiment_id
+        store.write_run(payload, messages=messages)
+        report(task, payload["run"]["status"])
+
+    # Configurations that cannot run here fail at once, for every conversation, with the reason.
+    problems: dict[int, str | None] = {}
+    runnable = []
+    for task in tasks:
+        if task.index not in problems:
+            problems[task.index] = configuration_problem(ReplayConfig.from_json(task.config))
+        if problems[task.index] is None:
+            runnable.append(task)
+            continue
+        conversation = load_conversation(dataset, task.conversation_id, dataset_format)
+        write({"run": {"dataset": conversation.source, "dataset_format": conversation.format,
+                       "conversation_id": conversation.id, "label": task.label, "config": task.config,
+                       "config_label": task.label, "status": "failed", "steps": 0,
+                       "error": f"cannot replay: {problems[task.index]}"},
+               "messages": []}, task)
+
+    status, error = "completed", None
+    try:
+        if runnable and _all_offline([t.config for t in runnable]) and options.concurrency > 1:
+            await _run_in_processes(runnable, options, dataset, dataset_format, extra, folder, write)
+        elif runnable:
+            await _run_in_tasks(runnable, options, dataset, dataset_format, extra, folder, write, add_cost, stop)
+        if stop.is_set():
+            status, error = "stopped", (f"the cost limit of ${options.max_cost:.4f} was reached "
+                                        f"(${state['cost']:.4f} spent); finish it with: python -m workbench "
+                                        f"experiment resume {experiment_id}")
+    except BaseException as exc:
+        interrupted = isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError))
+        store.finish_experiment(experiment_id, "interrupted" if interrupted else "failed",
+                                ("stopped before the end" if interrupted else f"{type(exc).__name__}: {exc}")
+                                + f"; finish it with: python -m workbench experiment resume {experiment_id}",
+                                time.perf_counter() - started)
+        raise
+    if status == "completed" and options.judge and options.answerer:
+        await _judge_experiment(store, experiment_id, options)
+    elapsed = time.perf_counter() - started
+    store.finish_experiment(experiment_id, status, error, elapsed)
+    return ExperimentOutcome(experiment_id, status, error, elapsed, state["done"], state["failed"], state["cost"])
+
+
+def _spent(store: Any, experiment_id: str) -> float:
+    runs = store.experiment_runs(experiment_id)
+    return float(runs.cost_usd.dropna().sum()) if not runs.empty else 0.0
+
+
+async def _run_in_processes(tasks: Sequence[Task], options: ExperimentOptions, dataset: str,
+                            dataset_format: str | None, extra: dict[str, Any], folder: str | None,
+                            write: Callable[[dict[str, Any], Task], None]) -> None:
+    """Offline replays: CPU-bound, one worker process per slot; this process writes."""
+    import multiprocessing
+
+    loop = asyncio.get_running_loop()
+    context = multiprocessing.get_context("spawn")  # no fork of a process holding threads and DuckDB
+    with ProcessPoolExecutor(max_workers=min(options.concurrency, len(tasks)), mp_context=context,
+                             initializer=_worker_init) as pool:
+        pending = {loop.run_in_executor(pool, _replay_one, dataset, dataset_format, task, extra, folder,
+                                        options.traces): task for task in tasks}
+        try:
+            while pending:
+                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for finished in done:
+                    write(finished.result(), pending.pop(finished))
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            raise
+
+
+async def _run_in_tasks(tasks: Sequence[Task], options: ExperimentOptions, dataset: str,
+                        dataset_format: str | None, extra: dict[str, Any], folder: str | None,
+                        write: Callable[[dict[str, Any], Task], None], add_cost: Callable[[float], None],
+                        stop: asyncio.Event) -> None:
+    """Remote replays (or one at a time): asyncio tasks in this process under one semaphore."""
+    gate = asyncio.Semaphore(options.concurrency)
+
+    async def one(task: Task) -> None:
+        async with gate:
+            if stop.is_set():
+                return
+            payload = await _replay_one_async(dataset, dataset_format, task, extra, folder, options.traces, add_cost)
+        if payload["run"]["status"] == "interrupted":
+            return  # cancelled by the cost limit: replayed again by a resume
+        write(payload, task)
+
+    running = [asyncio.ensure_future(one(task)) for task in tasks]
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        pending = set(running)
+        while pending:
+            done, pending = await asyncio.wait(pending | {stopper}, return_when=asyncio.FIRST_COMPLETED)
+            pending.discard(stopper)
+            for finished in done - {stopper}:
+                finished.result()
+            if stop.is_set():
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+                break
+    finally:
+        stopper.cancel()
+        for task in running:
+            if not task.done():
+                task.cancel()
+
+
+async def _judge_experiment(store: Any, experiment_id: str, options: ExperimentOptions) -> None:
+    """LLM-judged accuracy for every completed run (answerer + judge over the final context)."""
+    from . import judge as judging
+    from .retention import render_context
+
+    runs = store.experiment_runs(experiment_id)
+    for run in runs[runs.status == "completed"].itertuples():
+        if not store.probes(run.run_id).query("method == 'llm_judge'").empty:
+            continue
+        conversation = load_conversation(run.dataset, run.conversation_id, run.dataset_format)
+        context = _final_context(store, run.run_id)
+        rows = await judging.judge_probes(conversation.probes, render_context(context), answerer=options.answerer,
+                                          judge=options.judge, completion_kwargs=options.completion_extra())
+        store.replace_probes(run.run_id, rows, ["llm_judge"])
+
+
+def _final_context(store: Any, run_id: str) -> list[Any]:
+    """What the agent saw at the end of a run, rebuilt from its last step's ids."""
+    from datetime import datetime, timezone
+
+    from omem_core import Message
+
+    steps = store.steps(run_id)
+    messages = store.messages(run_id).set_index("message_id")
+    records = store.records(run_id).set_index("record_id")
+    last = steps.iloc[-1]
+    memory = "\n\n".join(records.loc[i, "text"] for i in json.loads(last.memory_ids or "[]") if i in records.index)
+    out = []
+    if memory:
+        out.append(Message(id="memory", thread_id="t", role="system", content=memory,
+                           created_at=datetime.now(timezone.utc)))
+    for message_id in json.loads(last.window_ids or "[]"):
+        row = messages.loc[message_id]
+        out.append(Message(id=message_id, thread_id="t", role=row.role, content=row.content,
+                           created_at=row.created_at.to_pydatetime()))
+    return out
+
+
+# -- figures ---------------------------------------------------------------------------------------
+
+@dataclass
+class ConfigSummary:
+    label: str
+    config: dict[str, Any]
+    runs: int
+    failed: int
+    probes: int
+    retention: float | None
+    retention_ci95: tuple[float, float] | None
+    compression: float | None
+    recency_ratio: float | None
+    blind_spot_tokens: float | None
+    observer_calls: int
+    reflector_calls: int
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float | None
+    latency_ms_per_call: float | None
+    per_category: dict[str, dict[str, Any]] = field(default_factory=dict)
+    funnel: dict[str, int] = field(default_factory=dict)
+    judged_accuracy: float | None = None
+    errors: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["retention_ci95"] = list(self.retention_ci95) if self.retention_ci95 else None
+        return out
+
+
+def _mean(values: pd.Series) -> float | None:
+    values = values.dropna()
+    return float(values.mean()) if len(values) else None
+
+
+def probe_scores(probes: pd.DataFrame, method: str = "memory") -> dict[tuple[str, str], float]:
+    """``(conversation, probe) -> score`` for one scoring method (scored probes only)."""
+    rows = probes[(probes.method == method) & probes.score.notna()]
+    return {(r.conversation_id, r.probe_id): float(r.score) for r in rows.itertuples()}
+
+
+def summarise(store: Any, experiment_id: str) -> list[ConfigSummary]:
+    """Figures per configuration, pooled over the experiment's conversations."""
+    experiment = store.experiment(experiment_id)
+    runs = store.experiment_runs(experiment_id)
+    probes = store.experiment_probes(experiment_id)
+    losses = store.experiment_losses(experiment_id)
+    out = []
+    for entry in experiment["configs"]:
+        label = entry["label"]
+        mine = runs[runs.config_label == label]
+        done = mine[mine.status == "completed"]
+        scores = probes[(probes.config_label == label)]
+        memory = scores[(scores.method == "memory") & scores.score.notna()]
+        recent = scores[(scores.method == "recent_tokens") & scores.score.notna()]
+        retention = _mean(memory.score)
+        recent_mean = _mean(recent.score)
+        history, context = done.full_history_tokens.sum(), done.final_context_tokens.sum()
+        calls = int(done.observer_calls.fillna(0).sum() + done.reflector_calls.fillna(0).sum())
+        latency = float(done.model_latency_ms.fillna(0).sum()) / calls if calls else None
+        per_category = {}
+        for category, group in memory.groupby(memory.category.fillna("uncategorised")):
+            per_category[str(category)] = {"probes": int(len(group)), "retention": float(group.score.mean()),
+                                           "retention_ci95": bootstrap_ci(group.score.tolist())}
+        judged = scores[(scores.method == "llm_judge") & scores.score.notna()]
+        out.append(ConfigSummary(
+            label=label, config=entry["config"], runs=int(len(done)), failed=int(len(mine) - len(done)),
+            probes=int(len(memory)), retention=retention, retention_ci95=bootstrap_ci(memory.score.tolist()),
+            compression=float(history / context) if len(done) and context else None,
+            recency_ratio=(retention / recent_mean) if retention is not None and recent_mean else None,
+            blind_spot_tokens=_mean(done.blind_spot_tokens),
+            observer_calls=int(done.observer_calls.fillna(0).sum()),
+            reflector_calls=int(done.reflector_calls.fillna(0).sum()),
+            input_tokens=int(done.input_tokens.fillna(0).sum()), output_tokens=int(done.output_tokens.fillna(0).sum()),
+            cost_usd=float(done.cost_usd.sum()) if done.cost_usd.notna().any() else None,
+            latency_ms_per_call=latency, per_category=per_category,
+            funnel=funnel(losses[losses.config_label == label].to_dict("records")),
+            judged_accuracy=_mean(judged.score),
+            errors=sorted({str(e) for e in mine[mine.status != "completed"].error.dropna()}),
+        ))
+    return out
+
+
+def compare(store: Any, experiment_id: str, a: str, b: str) -> Any:
+    """The paired difference in retention, ``b`` minus ``a``, on the probes both scored."""
+    experiment = store.experiment(experiment_id)
+    names = [entry["label"] for entry in experiment["configs"]]
+    for label in (a, b):
+        if label not in names:
+            raise ExperimentError(f"no configuration {label!r} in {experiment_id}; it has: {', '.join(names)}")
+    probes = store.experiment_probes(experiment_id)
+    return paired_difference(a, b, probe_scores(probes[probes.config_label == a]),
+                             probe_scores(probes[probes.config_label == b]))
+
+
+def report(store: Any, experiment_id: str) -> dict[str, Any]:
+    """The ``--json`` summary: the experiment, every configuration's figures, and each
+    configuration compared with the first (the baseline)."""
+    experiment = store.experiment(experiment_id)
+    summaries = summarise(store, experiment_id)
+    keys = ("label", "config", "runs", "failed", "probes", "retention", "retention_ci95", "compression",
+            "recency_ratio", "blind_spot_tokens", "observer_calls", "reflector_calls", "cost_usd")
+    comparisons = []
+    if len(summaries) > 1:
+        base = summaries[0].label
+        for other in summaries[1:]:
+            diff = compare(store, experiment_id, base, other.label)
+            comparisons.append({"a": base, "b": other.label, "retention_diff": diff.difference,
+                                "ci95": list(diff.ci95) if diff.ci95 else None, "verdict": diff.verdict()})
+    return {
+        "experiment_id": experiment_id, "name": experiment["name"], "status": experiment["status"],
+        "dataset": experiment["dataset"], "conversations": experiment["conversations"],
+        "elapsed_s": float(experiment["elapsed_s"] or 0.0),
+        "configs": [{k: s.to_json()[k] for k in keys} | {"per_category": s.per_category, "funnel": s.funnel,
+                                                          "judged_accuracy": s.judged_accuracy, "errors": s.errors}
+                    for s in summaries],
+        "comparisons": comparisons,
+    }
+
+
+def export_parquet(store: Any, experiment_id: str, folder: str | Path) -> list[Path]:
+    """The experiment and all of its runs' tables, one Parquet file per table."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    store.experiment(experiment_id)
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    with store.session() as cur:
+        tables = {"experiments": "SELECT * FROM experiments WHERE experiment_id = $1"}
+        for table in ("runs", "steps", "records", "model_calls", "probes", "probe_losses", "messages"):
+            tables[table] = (f"SELECT t.* FROM {table} t WHERE t.run_id IN "
+                             "(SELECT run_id FROM runs WHERE experiment_id = $1)")
+        for table, sql in tables.items():
+            rows: pa.Table = cur.sql(sql, params=[experiment_id]).to_arrow_table()
+            target = out / f"{table}.parquet"
+            pq.write_table(rows, target)
+            written.append(target)
+    return written
+
+
+__all__ = ["ConfigSummary", "ExperimentError", "ExperimentOptions", "ExperimentOutcome", "Progress", "STAGES",
+           "compare", "config_grid", "create_experiment", "estimate_cost", "export_parquet", "labels",
+           "pending_tasks", "report", "run_experiment", "summarise"]
