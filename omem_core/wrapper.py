@@ -130,6 +130,18 @@ class CompactionEvent:
     skipped: str | None = None
     """Why a pass whose model call succeeded saved nothing: the thread was deleted meanwhile, the
     pass lost its lease, or a message was saved inside its segment. ``None`` otherwise."""
+    calls: tuple[CallTrace, ...] = ()
+    """Every model call the pass made, in order: the exact messages sent and the raw reply."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallTrace:
+    """One ``litellm.acompletion`` call of a pass: the messages exactly as sent, and the reply's
+    text exactly as received (``None`` when the call failed: ``error`` says why)."""
+
+    messages: tuple[dict[str, str], ...]
+    response: str | None
+    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +249,7 @@ class _Fit:
     output_volume: int = 0
     attempts: int = 0
     trimmed: bool = False
+    calls: list[CallTrace] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -804,6 +817,7 @@ class ObservationalMemoryStore:
             backlog_volume=plan.backlog_volume if record is None and config.stage == "observe"
             else request.backlog_after,
             skipped=skipped,
+            calls=tuple(fit.calls),
         ))
         if error is not None:
             raise error
@@ -814,7 +828,7 @@ class ObservationalMemoryStore:
         sent back up to ``TIGHTEN_ATTEMPTS`` times with a stronger target; whatever is still
         over is trimmed deterministically (no model) to ``request.trim_to``."""
         fit.attempts = 1
-        fit.reply = await self._complete(config, thread_id, request.content)
+        fit.reply = await self._complete(config, thread_id, request.content, fit.calls)
         fit.output_volume = self._output_volume(config, thread_id, fit.reply.text)
         limit = request.limit
         while request.tighten and fit.output_volume > limit and fit.attempts <= TIGHTEN_ATTEMPTS:
@@ -823,7 +837,7 @@ class ObservationalMemoryStore:
                 target_tokens=max(1, int(limit * 0.8**fit.attempts)),
             )
             fit.attempts += 1  # counted before the call, so a failed request is counted too
-            fit.reply = fit.reply.plus(await self._complete(config, thread_id, tighten))
+            fit.reply = fit.reply.plus(await self._complete(config, thread_id, tighten, fit.calls))
             fit.output_volume = self._output_volume(config, thread_id, fit.reply.text)
         if fit.output_volume > limit:
             text = trim(fit.reply.text, request.trim_to, lambda texts: [self._output_volume(config, thread_id, texts[0])])
@@ -886,16 +900,20 @@ class ObservationalMemoryStore:
             logger.exception("omem: the on_event callback raised for a %s pass of thread %r; ignored",
                              event.stage, event.thread_id)
 
-    async def _complete(self, config: _StageConfig, thread_id: str, user_content: str) -> _Reply:
-        def failure(reason: str) -> CompactionError:
-            return CompactionError(
-                stage=config.stage, model=config.model, thread_id=thread_id, reason=reason
-            )
-
+    async def _complete(self, config: _StageConfig, thread_id: str, user_content: str,
+                        trace: list[CallTrace]) -> _Reply:
+        """One model call through litellm; appends what was sent and received to ``trace``."""
         messages = [
             {"role": "system", "content": config.prompt.text},
             {"role": "user", "content": user_content},
         ]
+
+        def failure(reason: str, response: str | None = None) -> CompactionError:
+            trace.append(CallTrace(tuple(messages), response, reason))
+            return CompactionError(
+                stage=config.stage, model=config.model, thread_id=thread_id, reason=reason
+            )
+
         try:
             response = await asyncio.wait_for(
                 litellm.acompletion(model=config.model, messages=messages, **self.completion_kwargs),
@@ -910,7 +928,8 @@ class ObservationalMemoryStore:
         except (AttributeError, IndexError) as exc:
             raise failure("the response has no message content") from exc
         if not isinstance(text, str) or not text.strip():
-            raise failure("the model returned empty output")
+            raise failure("the model returned empty output", text if isinstance(text, str) else None)
+        trace.append(CallTrace(tuple(messages), text))
         usage = getattr(response, "usage", None)
         hidden = getattr(response, "_hidden_params", None) or {}
         cost = hidden.get("response_cost")

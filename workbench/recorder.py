@@ -39,8 +39,11 @@ def call_row(step: int, event: CompactionEvent) -> dict[str, Any]:
         "cache_hit": event.cache_hit, "error": event.error,
         "record_id": event.record.id if event.record else None,
         "attempts": event.attempts, "trimmed": event.trimmed,
-        "request": _capped(json.dumps(getattr(event, "request", None))) if getattr(event, "request", None) else None,
-        "response": _capped(getattr(event, "response", None)),
+        # the pass's model calls (one, or more when a reflection was sent back to tighten):
+        # JSON lists, one entry per call, of the exact messages sent and the raw replies
+        "request": _capped(json.dumps([list(c.messages) for c in event.calls])) if event.calls else None,
+        "response": _capped(json.dumps([c.response if c.error is None else f"[error] {c.error}"
+                                        for c in event.calls])) if event.calls else None,
     }
 
 
