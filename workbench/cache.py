@@ -71,10 +71,12 @@ def prepare_cache(folder: str | Path | None = None) -> Path:
 
 
 class RateLimiter:
-    """At most ``rpm`` acquisitions in any 60-second window (a sliding log), async."""
+    """At most ``rpm`` acquisitions in any ``period`` seconds (60: requests per minute), as a
+    sliding log; async, first come first served."""
 
-    def __init__(self, rpm: float) -> None:
+    def __init__(self, rpm: float, period: float = 60.0) -> None:
         self.rpm = rpm
+        self.period = period
         self._times: list[float] = []
         self._lock = asyncio.Lock()
 
@@ -82,11 +84,11 @@ class RateLimiter:
         async with self._lock:
             while True:
                 now = time.monotonic()
-                self._times = [t for t in self._times if now - t < 60.0]
+                self._times = [t for t in self._times if now - t < self.period]
                 if len(self._times) < self.rpm:
                     self._times.append(now)
                     return
-                await asyncio.sleep(60.0 - (now - self._times[0]) + 0.001)
+                await asyncio.sleep(self.period - (now - self._times[0]) + 0.001)
 
 
 class SQLiteCache:

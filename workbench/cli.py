@@ -524,13 +524,17 @@ def _finish_experiment(store, experiment_id: str, as_json: bool) -> None:
 
 @experiment.command("resume")
 @click.argument("experiment_id")
+@click.option("--max-cost", type=click.FloatRange(min=0, min_open=True),
+              help="A new cost limit in USD (an experiment stopped by its limit needs a higher one).")
 @click.option("--json", "as_json", is_flag=True)
 @DB_OPTION
-def experiment_resume(experiment_id: str, as_json: bool, db: str) -> None:
+def experiment_resume(experiment_id: str, max_cost: float | None, as_json: bool, db: str) -> None:
     """Finish what an interrupted or stopped experiment left undone (same grid, same options)."""
     store = _open_store(db)
     try:
         store.experiment(experiment_id)
+        if max_cost is not None:
+            store.update_experiment_options(experiment_id, max_cost=max_cost)
         _finish_experiment(store, experiment_id, as_json)
     except WorkbenchError as exc:
         raise click.ClickException(str(exc)) from exc

@@ -738,6 +738,12 @@ class RunStore:
                         "owner_token = ?, updated_at = ? WHERE experiment_id = ?",
                         [socket.gethostname(), os.getpid(), process_token(), _now(), experiment_id])
 
+    def update_experiment_options(self, experiment_id: str, **changes: Any) -> None:
+        options = {**self.experiment(experiment_id)["options"], **changes}
+        with self._write_lock, self._writing() as cur:
+            cur.execute("UPDATE experiments SET options = ?, updated_at = ? WHERE experiment_id = ?",
+                        [json.dumps(options, sort_keys=True), _now(), experiment_id])
+
     def finish_experiment(self, experiment_id: str, status: str, error: str | None, elapsed_s: float) -> None:
         with self._write_lock, self._writing() as cur:
             cur.execute("UPDATE experiments SET status = ?, error = ?, elapsed_s = coalesce(elapsed_s, 0) + ?, "

@@ -1,0 +1,140 @@
+"""The remote path over real HTTP: litellm's ``openai/`` provider with ``api_base`` pointed at a small
+OpenAI-compatible server on 127.0.0.1 (``tests/openai_server.py``) that answers, waits, rate-limits
+(429) and fails (500) as scripted. Shared calls, retries, timeouts, the cost limit, cost accounting
+and call traces are checked end to end through the experiment scheduler."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from openai_server import OpenAIServer
+from workbench import experiments as ex
+from workbench.cache import RateLimiter
+from workbench.cli import cli
+from workbench.replay import ReplayConfig
+from workbench.runstore import RunStore
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "datasets" / "tiny.jsonl"
+MODEL = "openai/gpt-4o-mini"  # priced in litellm's map, so costs are computed
+
+
+@pytest.fixture(autouse=True)
+def environment(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-secret")
+    monkeypatch.setenv("OMEM_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def note(body: dict) -> str:
+    """A deterministic note per request, so identical requests get identical answers."""
+    return "- " + str(abs(hash(json.dumps(body["messages"], sort_keys=True))) % 10_000)
+
+
+def run(server: OpenAIServer, db: Path, *extra: str) -> tuple[int, dict, str]:
+    code, out, err = invoke("experiment", "run", "--dataset", str(TINY), "--observer", MODEL, "--reflector", MODEL,
+                            "--observation-threshold", "40", "--window", "2", "--api-base", server.url,
+                            "--json", "--yes", "--db", str(db), *extra)
+    return code, json.loads(out.strip().splitlines()[-1]), err
+
+
+def test_identical_concurrent_calls_reach_the_model_once_and_costs_and_traces_are_recorded(tmp_path) -> None:
+    db = tmp_path / "x.duckdb"
+    with OpenAIServer(reply=note, delay=0.3) as server:
+        code, data, err = run(server, db, "--reflection-threshold", "60,200", "--concurrency", "4")
+    assert code == 0, err
+    ok = server.ok()
+    observer = [r for r in ok if "<messages>" in r.body["messages"][-1]["content"]]
+    bodies = [json.dumps(r.body["messages"], sort_keys=True) for r in observer]
+    assert len(bodies) == len(set(bodies)) > 0  # two configurations, the same observer calls: paid once
+    with RunStore(db) as store:
+        runs = store.experiment_runs(data["experiment_id"])
+        calls = [store.model_calls(r) for r in runs.run_id]
+    observe_events = sum(int((c.stage == "observe").sum()) for c in calls)
+    assert observe_events == 2 * len(set(bodies))  # each configuration recorded every call it made
+    assert sum(int(c.cache_hit.sum()) for c in calls) >= len(set(bodies))  # the twin's calls: served
+    # cost: litellm priced the calls that reached the model; the shared ones cost nothing again
+    total = sum(c["cost_usd"] for c in data["configs"])
+    assert total > 0 and all(c["cost_usd"] is not None for c in data["configs"])
+    # traces: what the server received is what the run store says was sent, reply included
+    first = calls[0][calls[0].cache_hit == False].iloc[0]  # noqa: E712
+    [sent] = json.loads(first.request)
+    [reply] = json.loads(first.response)
+    assert any(r.body["messages"] == sent for r in ok) and reply == note({"messages": sent})
+
+
+def test_rate_limits_and_server_errors_are_retried_with_backoff(tmp_path) -> None:
+    with OpenAIServer(reply=note, failures=[429, 500, 429]) as server:
+        code, data, err = run(server, tmp_path / "x.duckdb", "--num-retries", "3", "--concurrency", "1")
+    assert code == 0, err
+    statuses = [r.status for r in server.received]
+    assert statuses[:3] == [429, 500, 429] and statuses[3:] and set(statuses[3:]) == {200}
+    assert data["configs"][0]["runs"] == 1 and data["configs"][0]["failed"] == 0
+
+
+def test_a_server_that_keeps_failing_fails_the_run_with_the_reason(tmp_path) -> None:
+    with OpenAIServer(fail_always=500) as server:
+        code, data, err = run(server, tmp_path / "x.duckdb", "--num-retries", "1", "--concurrency", "1")
+    assert code == 1
+    [config] = data["configs"]
+    assert config["runs"] == 0 and config["failed"] == 1
+    assert "InternalServerError" in config["errors"][0] and "observe pass failed" in config["errors"][0]
+    assert len(server.received) == 2  # the call and its one retry, then the run stops
+
+
+def test_a_slow_model_times_out_cleanly(tmp_path) -> None:
+    with OpenAIServer(reply=note, delay=3.0) as server:
+        started = time.monotonic()
+        code, data, err = run(server, tmp_path / "x.duckdb", "--timeout", "0.5", "--num-retries", "0")
+    assert code == 1 and time.monotonic() - started < 30
+    assert "timed out after 0.5 s" in data["configs"][0]["errors"][0]
+
+
+def test_the_cost_limit_stops_cleanly_and_resume_finishes(tmp_path) -> None:
+    db = tmp_path / "x.duckdb"
+    with OpenAIServer(reply=note, usage=(200_000, 1_000)) as server:  # ~$0.03 a call at gpt-4o-mini prices
+        code, data, err = run(server, db, "--reflection-threshold", "60,200,400", "--concurrency", "1",
+                              "--max-cost", "0.05")
+        assert code == 1 and "cost limit of $0.0500 was reached" in err
+        assert data["status"] == "stopped"
+        with RunStore(db) as store:
+            runs = store.experiment_runs(data["experiment_id"])
+        assert len(runs) < 3  # stopped before the end; no half-written run
+        assert set(runs.status) <= {"completed"}
+        code, out, err = invoke("experiment", "resume", data["experiment_id"], "--max-cost", "100", "--json",
+                                "--db", str(db))
+    assert code == 0, err
+    finished = json.loads(out.strip().splitlines()[-1])
+    assert finished["status"] == "completed" and [c["runs"] for c in finished["configs"]] == [1, 1, 1]
+
+
+def test_the_rate_limiter_spaces_calls() -> None:
+    async def acquire_all() -> float:
+        limiter = RateLimiter(2, period=0.5)  # 2 calls per half second
+        started = time.monotonic()
+        await asyncio.gather(*(limiter.acquire() for _ in range(5)))
+        return time.monotonic() - started
+
+    elapsed = asyncio.run(acquire_all())
+    assert 1.0 <= elapsed < 3.0  # calls 3-4 wait one period, call 5 a second one
+
+
+def test_rpm_reaches_the_gate_in_front_of_the_model(tmp_path) -> None:
+    """With --rpm, the calls that reach the model go through a limiter (one per model)."""
+    import litellm
+
+    with OpenAIServer(reply=note) as server:
+        code, data, err = run(server, tmp_path / "x.duckdb", "--rpm", "1000", "--concurrency", "2")
+    assert code == 0, err
+    limiters = litellm.cache.cache._limiters
+    assert (MODEL, 1000.0) in limiters and len(limiters[(MODEL, 1000.0)]._times) == len(server.ok())
