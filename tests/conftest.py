@@ -19,6 +19,7 @@ from omem_core import Message
 import litellm  # noqa: E402  (after omem_core on purpose)
 import pytest
 from litellm import CustomLLM, ModelResponse
+from pg import pg, pg_cluster  # noqa: F401  (a throwaway PostgreSQL server; skipped without it)
 
 SHARED_DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 

@@ -1,4 +1,4 @@
-"""The ports' contract, run against every adapter (in-memory and SQLite), and the Memory facade."""
+"""The ports' contract, run against every adapter (in-memory, SQLite, PostgreSQL), and the Memory facade."""
 
 from __future__ import annotations
 
@@ -21,22 +21,27 @@ from omem_core import (
 from omem_core.sqlite import SQLiteMemoryStore, SQLiteObservationStore, schema_version
 
 
-def _fresh(request, in_memory, sqlite, directory, prefix):
-    """A factory of fresh stores of the fixture's adapter (SQLite: a new file each time)."""
+def _fresh(request, in_memory, sqlite, directory, prefix, kind):
+    """A factory of fresh stores of the fixture's adapter (SQLite: a new file each time;
+    PostgreSQL: a new schema each time, on the session's throwaway server)."""
     if request.param == "memory":
         return in_memory
+    if request.param == "postgres":
+        space = request.getfixturevalue("pg")
+        return lambda: getattr(space.fresh(), kind)()
     paths = (directory / f"{prefix}{i}.db" for i in itertools.count())
     return lambda: sqlite(next(paths))
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def make_memory_store(request, tmp_path):
-    return _fresh(request, InMemoryMemoryStore, SQLiteMemoryStore, tmp_path, "m")
+    return _fresh(request, InMemoryMemoryStore, SQLiteMemoryStore, tmp_path, "m", "memory")
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def make_observation_store(request, tmp_path):
-    return _fresh(request, create_in_memory_observation_store, SQLiteObservationStore, tmp_path, "o")
+    return _fresh(request, create_in_memory_observation_store, SQLiteObservationStore, tmp_path, "o",
+                  "observations")
 
 
 def test_message_is_frozen_and_validated() -> None:

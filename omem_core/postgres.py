@@ -1,0 +1,623 @@
+"""PostgreSQL adapters for both ports: one memory shared by processes on many hosts.
+
+Needs the ``postgres`` extra (``pip install -e ".[postgres]"``: psycopg 3 and psycopg-pool); the
+rest of ``omem_core`` never imports psycopg. Both stores may share one database (and one schema)::
+
+    from omem_core import Memory, create_observational_memory_store
+    from omem_core.postgres import PostgresMemoryStore, PostgresObservationStore
+
+    dsn = "postgresql://omem@db.internal:5432/omem"
+    store = create_observational_memory_store(
+        PostgresMemoryStore(dsn), observer="gpt-4o-mini", observations=PostgresObservationStore(dsn))
+
+Each store holds one psycopg ``AsyncConnectionPool`` (opened on first use, in the running event
+loop). The schema is versioned (table ``omem_schema``) and migrated on first use under a
+transaction-level advisory lock, so hosts starting together migrate it once. Indexes keep a
+cursorless recall, a paging read and ``list_recent`` independent of the thread's length.
+
+Across hosts (see ``docs/storage.md``):
+
+* **Leases are rows** (``omem_leases``: holder, expiry) taken and renewed with one atomic
+  ``INSERT … ON CONFLICT DO UPDATE … WHERE expired or mine``, with the expiry on the *server's*
+  clock, so hosts' clock skew does not matter. Rows, not advisory locks: a session advisory lock
+  would pin one pooled connection for the whole model call and vanish silently with it; a row
+  lease needs no connection while the model runs, survives a reconnect, and is renewed by the
+  wrapper (a holder that crashed blocks others at most ``lease_ttl``).
+* **Delete epochs** (``omem_threads``: an identity number per thread incarnation, never reused).
+  ``save_unless_deleted`` locks the thread's epoch row ``FOR SHARE`` in the save's transaction; a
+  delete removes that row first, then the records, so a save either commits before the delete
+  (and the delete removes its record) or sees the row gone and saves nothing.
+
+An unreachable database is a :class:`DatabaseUnavailableError` naming the host, port and
+database (never the password); every write is one transaction, so nothing is half-saved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import os
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+try:
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+    from psycopg_pool import AsyncConnectionPool, PoolTimeout
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("omem_core.postgres needs psycopg 3 and psycopg-pool: "
+                      "pip install 'omem[postgres]' (or: pip install 'psycopg[binary]' psycopg-pool)") from exc
+
+from .memory import check_last
+from .messages import Message, ObservationRecord, check_message
+from .observations import already_saved, check_record
+
+__all__ = ["DatabaseUnavailableError", "PostgresMemoryStore", "PostgresObservationStore", "schema_version"]
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+# Long reflections' source lists are fetched once per process and cached (rows are immutable and
+# identity numbers never reused); shorter ones come with every read.
+_LONG = 512
+
+_MIGRATIONS: list[str] = [
+    # 1: everything the SQLite adapter reached in its three versions. Text that may hold any
+    # Unicode (message content, record and working-memory text) is UTF-8 in bytea: PostgreSQL's
+    # text cannot hold NUL, and the in-memory and SQLite stores accept it.
+    """
+    CREATE TABLE IF NOT EXISTS {s}omem_messages (
+        seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        thread_id text NOT NULL,
+        id text NOT NULL,
+        role text NOT NULL,
+        content bytea NOT NULL,
+        created_at text NOT NULL,
+        created_us bigint NOT NULL,
+        resource_id text,
+        UNIQUE (thread_id, id)
+    );
+    CREATE INDEX IF NOT EXISTS omem_messages_order ON {s}omem_messages (thread_id, created_us, seq);
+    CREATE TABLE IF NOT EXISTS {s}omem_working_memory (
+        thread_id text PRIMARY KEY,
+        text bytea NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS {s}omem_records (
+        seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        id text NOT NULL UNIQUE,
+        thread_id text NOT NULL,
+        resource_id text,
+        created_at text NOT NULL,
+        kind text NOT NULL CHECK (kind IN ('observation', 'reflection')),
+        source_ids text[] NOT NULL,
+        n_sources integer NOT NULL,
+        text bytea NOT NULL,
+        uncovered bigint[]
+    );
+    CREATE INDEX IF NOT EXISTS omem_records_thread ON {s}omem_records (thread_id, seq);
+    CREATE INDEX IF NOT EXISTS omem_records_kind ON {s}omem_records (thread_id, kind, seq);
+    CREATE TABLE IF NOT EXISTS {s}omem_leases (
+        thread_id text PRIMARY KEY,
+        holder text NOT NULL,
+        expires_at timestamptz NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS {s}omem_threads (
+        epoch bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        thread_id text NOT NULL UNIQUE
+    );
+    """,
+]
+
+
+class DatabaseUnavailableError(ConnectionError):
+    """The database could not be reached (or the connection broke during a call). The message
+    names the host, port and database, never the password. The call's transaction did not
+    commit, so nothing of it was saved (a break during the commit itself may have completed it;
+    retrying is safe: saving an identical message or record again is a no-op)."""
+
+
+def _micros(value: datetime) -> int:
+    delta = value - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def _no_nul(value: str | None, what: str, field: str) -> None:
+    if value is not None and "\x00" in value:
+        raise ValueError(f"{what}: {field} contains a NUL character, which PostgreSQL text cannot store")
+
+
+def _describe(dsn: str) -> tuple[str, str | None]:
+    """``host:port, database 'x'`` for messages, and the password (to scrub it from any error)."""
+    try:
+        params = conninfo_to_dict(dsn)
+    except Exception:
+        raise ValueError("not a valid PostgreSQL connection string (libpq key=value or a postgresql:// URL); "
+                         "it is not repeated here because it may hold a password") from None
+    host = params.get("host") or params.get("hostaddr") or os.environ.get("PGHOST") or "localhost"
+    port = params.get("port") or os.environ.get("PGPORT") or "5432"
+    database = params.get("dbname") or os.environ.get("PGDATABASE") or params.get("user") or os.environ.get(
+        "PGUSER") or "(default)"
+    place = f"socket directory {host}, port {port}" if str(host).startswith("/") else f"{host}:{port}"
+    return f"{place}, database {database!r}", params.get("password") or os.environ.get("PGPASSWORD")
+
+
+def _quote(name: str) -> str:
+    if not name or "\x00" in name:
+        raise ValueError(f"schema must be a non-empty name without NUL, got {name!r}")
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _connection_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is about the connection (unreachable, broken, server shutting down) rather
+    than about the statement."""
+    if isinstance(exc, PoolTimeout):
+        return True
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    state = getattr(exc, "sqlstate", None)
+    return state is None or state.startswith(("08", "57P"))
+
+
+class _Database:
+    """A pool per event loop, the schema migrated once per process, errors made clear."""
+
+    def __init__(self, dsn: str, *, schema: str | None, min_size: int, max_size: int, timeout: float,
+                 connect_timeout: float) -> None:
+        if not isinstance(dsn, str):
+            raise TypeError(f"dsn must be a str, got {type(dsn).__name__}")
+        self.where, self._password = _describe(dsn)
+        self._dsn = dsn
+        self.schema = schema
+        self.prefix = _quote(schema) + "." if schema is not None else ""
+        if not (isinstance(min_size, int) and isinstance(max_size, int) and 0 <= min_size <= max_size and max_size >= 1):
+            raise ValueError(f"need 0 <= min_size <= max_size and max_size >= 1, got {min_size}, {max_size}")
+        self._sizes = (min_size, max_size)
+        self._timeout = float(timeout)
+        self._connect: dict[str, Any] = {"autocommit": True}
+        if "connect_timeout" not in conninfo_to_dict(dsn):
+            self._connect["connect_timeout"] = max(1, int(connect_timeout))
+        self._pool: AsyncConnectionPool | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._opening: asyncio.Lock | None = None
+        self._migrated = False
+        self._closed = False
+
+    def q(self, text: str) -> str:
+        return text.replace("{s}", self.prefix)
+
+    def _reason(self, exc: BaseException) -> str:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        if self._password:
+            reason = reason.replace(self._password, "***")
+        return reason
+
+    def unavailable(self, exc: BaseException) -> DatabaseUnavailableError:
+        return DatabaseUnavailableError(
+            f"PostgreSQL at {self.where} is unreachable: {self._reason(exc)}. "
+            "Nothing of this call was saved (its transaction did not commit).")
+
+    async def _direct(self) -> psycopg.AsyncConnection:
+        try:
+            return await psycopg.AsyncConnection.connect(self._dsn, **self._connect)
+        except psycopg.OperationalError as exc:
+            raise self.unavailable(exc) from None
+
+    async def pool(self) -> AsyncConnectionPool:
+        loop = asyncio.get_running_loop()
+        if self._pool is not None and self._loop is loop:
+            return self._pool
+        if self._closed:
+            raise RuntimeError(f"this store ({self.where}) is closed")
+        if self._opening is None or self._loop is not loop:
+            self._opening, self._loop, self._pool = asyncio.Lock(), loop, None
+        async with self._opening:
+            if self._pool is None:
+                if not self._migrated:
+                    con = await self._direct()  # a clear error now if the database is unreachable
+                    try:
+                        await migrate(con, self.schema)
+                    finally:
+                        await con.close()
+                    self._migrated = True
+                min_size, max_size = self._sizes
+                pool = AsyncConnectionPool(self._dsn, min_size=min_size, max_size=max_size, open=False,
+                                           kwargs=self._connect, timeout=self._timeout,
+                                           check=AsyncConnectionPool.check_connection, name="omem")
+                await pool.open(wait=False)
+                self._pool = pool
+        assert self._pool is not None
+        return self._pool
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection]:
+        pool = await self.pool()
+        try:
+            async with pool.connection() as con:
+                yield con
+        except (PoolTimeout, psycopg.OperationalError) as exc:
+            if not _connection_failure(exc):
+                raise
+            if isinstance(exc, PoolTimeout):  # say why: try once ourselves
+                try:
+                    con = await psycopg.AsyncConnection.connect(self._dsn, **self._connect)
+                except psycopg.OperationalError as direct:
+                    raise self.unavailable(direct) from None
+                await con.close()
+                raise DatabaseUnavailableError(
+                    f"PostgreSQL at {self.where}: no pooled connection within {self._timeout:g} s "
+                    f"(pool max_size {self._sizes[1]}); nothing of this call was saved") from None
+            raise self.unavailable(exc) from None
+
+    async def close(self) -> None:
+        self._closed = True
+        pool, self._pool = self._pool, None
+        if pool is not None and self._loop is asyncio.get_running_loop():  # a pool of a finished loop is dropped
+            with contextlib.suppress(Exception):
+                await pool.close()
+
+
+async def migrate(con: psycopg.AsyncConnection, schema: str | None = None) -> int:
+    """Bring the schema to the newest version (idempotent; concurrent callers wait on an advisory
+    lock and find it done). Returns the version."""
+    prefix = _quote(schema) + "." if schema is not None else ""
+    async with con.transaction():
+        await con.execute("SELECT pg_advisory_xact_lock(hashtext('omem:migrate:' || coalesce(%s, current_schema())))",
+                          (schema,))
+        if schema is not None:
+            await con.execute(f"CREATE SCHEMA IF NOT EXISTS {_quote(schema)}")
+        await con.execute(f"CREATE TABLE IF NOT EXISTS {prefix}omem_schema (version integer NOT NULL)")
+        row = await (await con.execute(f"SELECT max(version) FROM {prefix}omem_schema")).fetchone()
+        version = int(row[0]) if row and row[0] is not None else 0
+        for number, script in enumerate(_MIGRATIONS, start=1):
+            if number <= version:
+                continue
+            await con.execute(script.replace("{s}", prefix))
+            await con.execute(f"DELETE FROM {prefix}omem_schema")
+            await con.execute(f"INSERT INTO {prefix}omem_schema VALUES (%s)", (number,))
+            version = number
+    return version
+
+
+async def schema_version(dsn: str, *, schema: str | None = None) -> int:
+    """The schema version found in the database (0: never migrated)."""
+    where, _ = _describe(dsn)
+    try:
+        con = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailableError(f"PostgreSQL at {where} is unreachable: {' '.join(str(exc).split())}") from None
+    try:
+        prefix = _quote(schema) + "." if schema is not None else ""
+        found = await (await con.execute("SELECT to_regclass(%s)", (f"{prefix}omem_schema",))).fetchone()
+        if found is None or found[0] is None:
+            return 0
+        row = await (await con.execute(f"SELECT max(version) FROM {prefix}omem_schema")).fetchone()
+        return int(row[0]) if row and row[0] is not None else 0
+    finally:
+        await con.close()
+
+
+class _Store:
+    def __init__(self, dsn: str, *, schema: str | None = None, min_size: int = 1, max_size: int = 10,
+                 timeout: float = 10.0, connect_timeout: float = 10.0) -> None:
+        self._db = _Database(dsn, schema=schema, min_size=min_size, max_size=max_size, timeout=timeout,
+                             connect_timeout=connect_timeout)
+
+    def __repr__(self) -> str:  # never the DSN: it may hold a password
+        schema = f", schema {self._db.schema!r}" if self._db.schema is not None else ""
+        return f"{type(self).__name__}({self._db.where}{schema})"
+
+    async def close(self) -> None:
+        """Close the connection pool (the store cannot be used afterwards)."""
+        await self._db.close()
+
+    async def __aenter__(self):  # noqa: ANN204
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+
+class PostgresMemoryStore(_Store):
+    """A ``MemoryStore`` in PostgreSQL, with the working-memory capability.
+
+    Ordered by ``created_at`` then insertion, like ``InMemoryMemoryStore``; re-saving an identical
+    message is a no-op, a different one with the same id a ``ValueError``; a batch is saved whole
+    or not at all (one transaction).
+
+    Args:
+        dsn: a libpq connection string or ``postgresql://`` URL.
+        schema: tables go in this schema (created if missing); default: the connection's
+            ``search_path`` (usually ``public``).
+        min_size, max_size: the connection pool's bounds.
+        timeout: seconds a call waits for a pooled connection.
+        connect_timeout: seconds to establish a connection (unless the DSN sets it).
+    """
+
+    _COLUMNS = "id, role, content, created_at, resource_id"
+
+    async def save_messages(self, messages: Sequence[Message]) -> None:
+        fresh: dict[tuple[str, str], Message] = {}
+        for message in messages:
+            check_message(message)  # the whole batch first, the same checks as the other stores
+            what = f"message {message.id!r}"
+            for name in ("id", "thread_id", "role", "resource_id"):
+                _no_nul(getattr(message, name), what, name)
+            key = (message.thread_id, message.id)
+            earlier = fresh.get(key)
+            if earlier is not None:
+                if earlier != message:
+                    raise self._immutable(message)
+                continue
+            fresh[key] = message
+        if not fresh:
+            return
+        db = self._db
+        threads, ids = [k[0] for k in fresh], [k[1] for k in fresh]
+        async with db.connection() as con, con.transaction():
+            stored = await self._stored(con, threads, ids)
+            for key, message in fresh.items():
+                if key in stored and stored[key] != message:
+                    raise self._immutable(message)
+            new = [m for key, m in fresh.items() if key not in stored]
+            if not new:
+                return
+            cursor = await con.execute(db.q(
+                "INSERT INTO {s}omem_messages (thread_id, id, role, content, created_at, created_us, resource_id) "
+                "SELECT t, i, r, c, a, u, x FROM unnest(%s::text[], %s::text[], %s::text[], %s::bytea[], %s::text[], "
+                "%s::bigint[], %s::text[]) WITH ORDINALITY AS b(t, i, r, c, a, u, x, n) ORDER BY n "
+                "ON CONFLICT (thread_id, id) DO NOTHING RETURNING thread_id, id"),
+                ([m.thread_id for m in new], [m.id for m in new], [m.role for m in new],
+                 [m.content.encode() for m in new], [m.created_at.isoformat() for m in new],
+                 [_micros(m.created_at) for m in new], [m.resource_id for m in new]))
+            inserted = {(t, i) for t, i in await cursor.fetchall()}
+            raced = [m for m in new if (m.thread_id, m.id) not in inserted]
+            if raced:  # saved meanwhile by another process: identical, or a conflict
+                again = await self._stored(con, [m.thread_id for m in raced], [m.id for m in raced])
+                for message in raced:
+                    if again.get((message.thread_id, message.id)) != message:
+                        raise self._immutable(message)
+
+    @staticmethod
+    def _immutable(message: Message) -> ValueError:
+        return ValueError(f"message {message.id!r} is already saved in thread {message.thread_id!r} "
+                          "with other fields; messages are immutable")
+
+    async def _stored(self, con: psycopg.AsyncConnection, threads: list[str],
+                      ids: list[str]) -> dict[tuple[str, str], Message]:
+        cursor = await con.execute(self._db.q(
+            f"SELECT thread_id, {self._COLUMNS} FROM {{s}}omem_messages "
+            "WHERE (thread_id, id) IN (SELECT * FROM unnest(%s::text[], %s::text[]))"), (threads, ids))
+        return {(row[0], row[1]): self._message(*row) for row in await cursor.fetchall()}
+
+    @staticmethod
+    def _message(thread_id: str, message_id: str, role: str, content: bytes, created_at: str,
+                 resource_id: str | None) -> Message:
+        return Message(id=message_id, thread_id=thread_id, role=role, content=bytes(content).decode(),
+                       created_at=datetime.fromisoformat(created_at), resource_id=resource_id)
+
+    async def recall(self, thread_id: str, *, last: int, before: str | None = None) -> list[Message]:
+        check_last(last)
+        db = self._db
+        async with db.connection() as con:
+            if before is None:
+                cursor = await con.execute(db.q(
+                    f"SELECT {self._COLUMNS} FROM {{s}}omem_messages WHERE thread_id = %s "
+                    "ORDER BY created_us DESC, seq DESC LIMIT %s"), (thread_id, last))
+                rows = await cursor.fetchall()
+            else:  # one statement: no row at all when the cursor is unknown
+                cursor = await con.execute(db.q(
+                    f"SELECT m.* FROM (SELECT created_us, seq FROM {{s}}omem_messages "
+                    "WHERE thread_id = %(t)s AND id = %(b)s) AS c LEFT JOIN LATERAL ("
+                    f"SELECT {self._COLUMNS}, created_us, seq FROM {{s}}omem_messages WHERE thread_id = %(t)s "
+                    "AND (created_us, seq) < (c.created_us, c.seq) ORDER BY created_us DESC, seq DESC LIMIT %(n)s"
+                    ") AS m ON true"), {"t": thread_id, "b": before, "n": last})
+                found = await cursor.fetchall()
+                if not found:
+                    raise KeyError(f"unknown cursor: no message {before!r} in thread {thread_id!r}")
+                rows = [row[:5] for row in found if row[0] is not None]
+        return [self._message(thread_id, *row) for row in reversed(rows)]
+
+    async def delete_thread(self, thread_id: str) -> None:
+        db = self._db
+        async with db.connection() as con, con.transaction():
+            await con.execute(db.q("DELETE FROM {s}omem_messages WHERE thread_id = %s"), (thread_id,))
+            await con.execute(db.q("DELETE FROM {s}omem_working_memory WHERE thread_id = %s"), (thread_id,))
+
+    async def get_working_memory(self, thread_id: str) -> str | None:
+        async with self._db.connection() as con:
+            cursor = await con.execute(self._db.q("SELECT text FROM {s}omem_working_memory WHERE thread_id = %s"),
+                                       (thread_id,))
+            row = await cursor.fetchone()
+        return bytes(row[0]).decode() if row else None
+
+    async def update_working_memory(self, thread_id: str, text: str) -> None:
+        _no_nul(thread_id, "working memory", "thread_id")
+        async with self._db.connection() as con:
+            await con.execute(self._db.q(
+                "INSERT INTO {s}omem_working_memory VALUES (%s, %s) "
+                "ON CONFLICT (thread_id) DO UPDATE SET text = excluded.text"), (thread_id, text.encode()))
+
+
+class PostgresObservationStore(_Store):
+    """An ``ObservationStore`` in PostgreSQL with the ``list_recent``, lease and delete-epoch
+    capabilities (see the module's docstring), so that wrappers on many hosts sharing the
+    database run each thread's pass once and never undo each other's deletes.
+
+    Takes the arguments of :class:`PostgresMemoryStore`, and ``cache_ids``: a bound on the decoded
+    long reflections kept in memory (counted in source ids), so a read never re-fetches a
+    reflection's whole source list. Rows are immutable and their ``seq`` never reused, so the
+    cache is valid across processes and hosts.
+    """
+
+    def __init__(self, dsn: str, *, cache_ids: int = 500_000, **kwargs: Any) -> None:
+        super().__init__(dsn, **kwargs)
+        self._cache: OrderedDict[int, ObservationRecord] = OrderedDict()
+        self._cached_ids = 0
+        self._cache_ids = cache_ids
+
+    _COLUMNS = "id, thread_id, resource_id, created_at, kind, source_ids, text"
+    _LIGHT = (f"seq, id, thread_id, resource_id, created_at, kind, "
+              f"CASE WHEN kind = 'reflection' AND n_sources >= {_LONG} THEN NULL ELSE source_ids END, text")
+
+    async def _records(self, con: psycopg.AsyncConnection,
+                       rows: builtins.list[tuple]) -> builtins.list[ObservationRecord] | None:
+        """Records from ``_LIGHT`` rows (long reflections' sources from the cache or fetched once);
+        ``None`` when one of them was deleted meanwhile (the caller reads again)."""
+        missing = [row[0] for row in rows if row[6] is None and row[0] not in self._cache]
+        fetched: dict[int, builtins.list[str]] = {}
+        if missing:
+            cursor = await con.execute(self._db.q("SELECT seq, source_ids FROM {s}omem_records WHERE seq = ANY(%s)"),
+                                       (missing,))
+            fetched = dict(await cursor.fetchall())
+            if len(fetched) != len(missing):
+                return None
+        records = []
+        for seq, record_id, thread_id, resource_id, created_at, kind, source_ids, text in rows:
+            if source_ids is None:
+                cached = self._cache.get(seq)
+                if cached is not None:
+                    self._cache.move_to_end(seq)
+                    records.append(cached)
+                    continue
+                source_ids = fetched[seq]
+            record = ObservationRecord(id=record_id, thread_id=thread_id, resource_id=resource_id,
+                                       created_at=datetime.fromisoformat(created_at), kind=kind,
+                                       source_ids=tuple(source_ids), text=bytes(text).decode())
+            if kind == "reflection" and _LONG <= len(record.source_ids) <= self._cache_ids:
+                self._cache[seq] = record
+                self._cached_ids += len(record.source_ids)
+                while self._cached_ids > self._cache_ids:
+                    _, evicted = self._cache.popitem(last=False)
+                    self._cached_ids -= len(evicted.source_ids)
+            records.append(record)
+        return records
+
+    async def list(self, thread_id: str) -> list[ObservationRecord]:
+        async with self._db.connection() as con:
+            while True:
+                cursor = await con.execute(self._db.q(
+                    f"SELECT {self._LIGHT} FROM {{s}}omem_records WHERE thread_id = %s ORDER BY seq"), (thread_id,))
+                records = await self._records(con, await cursor.fetchall())
+                if records is not None:
+                    return records
+
+    async def list_recent(self, thread_id: str) -> builtins.list[ObservationRecord]:
+        # One statement (one snapshot), index lookups only: the newest reflection, the newest
+        # observation, the observations the reflection left uncovered, and the suffix.
+        query = self._db.q(f"""
+            WITH r AS (SELECT seq, uncovered FROM {{s}}omem_records
+                       WHERE thread_id = %(t)s AND kind = 'reflection' ORDER BY seq DESC LIMIT 1),
+                 o AS (SELECT max(seq) AS seq FROM {{s}}omem_records WHERE thread_id = %(t)s AND kind = 'observation'),
+                 s AS (SELECT CASE WHEN EXISTS (SELECT 1 FROM r)
+                              THEN least((SELECT seq FROM r), (SELECT seq FROM o)) ELSE 0 END AS start)
+            SELECT {self._LIGHT} FROM {{s}}omem_records
+            WHERE seq = ANY(coalesce((SELECT uncovered FROM r), '{{}}')) AND seq < (SELECT start FROM s)
+            UNION ALL
+            SELECT {self._LIGHT} FROM {{s}}omem_records WHERE thread_id = %(t)s AND seq >= (SELECT start FROM s)
+            ORDER BY seq""")
+        async with self._db.connection() as con:
+            while True:
+                cursor = await con.execute(query, {"t": thread_id})
+                records = await self._records(con, await cursor.fetchall())
+                if records is not None:
+                    return records
+
+    async def save(self, record: ObservationRecord) -> None:
+        await self.save_unless_deleted(record, None)
+
+    async def save_unless_deleted(self, record: ObservationRecord, epoch: int | None) -> bool:
+        """Save ``record`` if its thread is still in incarnation ``epoch`` (``None``: always), in
+        one transaction with that check (the epoch row locked ``FOR SHARE``, so a delete waits for
+        this save and then removes its record, or this save sees the row gone); ``False`` when the
+        thread was deleted meanwhile."""
+        check_record(record)
+        what = f"record {record.id!r}"
+        for name in ("id", "thread_id", "resource_id"):
+            _no_nul(getattr(record, name), what, name)
+        for source in record.source_ids:
+            _no_nul(source, what, "source_ids")
+        db = self._db
+        async with db.connection() as con, con.transaction():
+            if epoch is not None:
+                cursor = await con.execute(db.q("SELECT epoch FROM {s}omem_threads WHERE thread_id = %s FOR SHARE"),
+                                           (record.thread_id,))
+                row = await cursor.fetchone()
+                if row is None or row[0] != epoch:
+                    return False
+            existing = await self._existing(con, record.id)
+            if existing is not None:
+                already_saved(existing, record)  # a no-op, or ValueError
+                return True
+            uncovered = None
+            if record.kind == "reflection":
+                cursor = await con.execute(db.q(
+                    "SELECT coalesce(array_agg(seq ORDER BY seq), '{}') FROM {s}omem_records "
+                    "WHERE thread_id = %s AND kind = 'observation' AND NOT (id = ANY(%s))"),
+                    (record.thread_id, list(record.source_ids)))
+                uncovered = (await cursor.fetchone())[0]  # type: ignore[index]
+            cursor = await con.execute(db.q(
+                f"INSERT INTO {{s}}omem_records ({self._COLUMNS}, n_sources, uncovered) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING RETURNING seq"),
+                (record.id, record.thread_id, record.resource_id, record.created_at.isoformat(), record.kind,
+                 list(record.source_ids), record.text.encode(), len(record.source_ids), uncovered))
+            if await cursor.fetchone() is None:  # saved meanwhile by another process
+                existing = await self._existing(con, record.id)
+                assert existing is not None
+                already_saved(existing, record)
+            return True
+
+    async def _existing(self, con: psycopg.AsyncConnection, record_id: str) -> ObservationRecord | None:
+        cursor = await con.execute(self._db.q(f"SELECT {self._COLUMNS} FROM {{s}}omem_records WHERE id = %s"),
+                                   (record_id,))
+        row = await cursor.fetchone()
+        if row is None:
+            return None
+        record_id, thread_id, resource_id, created_at, kind, source_ids, text = row
+        return ObservationRecord(id=record_id, thread_id=thread_id, resource_id=resource_id,
+                                 created_at=datetime.fromisoformat(created_at), kind=kind,
+                                 source_ids=tuple(source_ids), text=bytes(text).decode())
+
+    async def delete_by_thread(self, thread_id: str) -> None:
+        """End the thread's incarnation (its epoch row first: a save holding it ``FOR SHARE``
+        commits before this goes on), then drop its records, in one transaction. Nothing about
+        the thread is kept."""
+        db = self._db
+        async with db.connection() as con, con.transaction():
+            await con.execute(db.q("DELETE FROM {s}omem_threads WHERE thread_id = %s"), (thread_id,))
+            await con.execute(db.q("DELETE FROM {s}omem_records WHERE thread_id = %s"), (thread_id,))
+        for seq in [seq for seq, record in self._cache.items() if record.thread_id == thread_id]:
+            self._cached_ids -= len(self._cache.pop(seq).source_ids)
+
+    async def delete_epoch(self, thread_id: str) -> int:
+        _no_nul(thread_id, "delete epoch", "thread_id")
+        query = self._db.q(
+            "WITH made AS (INSERT INTO {s}omem_threads (thread_id) SELECT %(t)s WHERE NOT EXISTS "
+            "(SELECT 1 FROM {s}omem_threads WHERE thread_id = %(t)s) ON CONFLICT (thread_id) DO NOTHING "
+            "RETURNING epoch) "
+            "SELECT epoch FROM made UNION ALL SELECT epoch FROM {s}omem_threads WHERE thread_id = %(t)s")
+        async with self._db.connection() as con:
+            while True:  # empty only when another process created it concurrently: read it next time
+                row = await (await con.execute(query, {"t": thread_id})).fetchone()
+                if row is not None:
+                    return int(row[0])
+
+    # -- the lease capability: one pass per thread across hosts ----------------------------------
+
+    async def try_lease(self, thread_id: str, holder: str, ttl: float) -> bool:
+        """Take (or renew) the thread's lease for ``ttl`` seconds unless another holder's lease
+        is live. One atomic statement; the expiry is on the database server's clock."""
+        _no_nul(thread_id, "lease", "thread_id")
+        async with self._db.connection() as con:
+            cursor = await con.execute(self._db.q(
+                "INSERT INTO {s}omem_leases AS l VALUES (%s, %s, clock_timestamp() + make_interval(secs => %s)) "
+                "ON CONFLICT (thread_id) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at "
+                "WHERE l.holder = excluded.holder OR l.expires_at <= clock_timestamp() RETURNING 1"),
+                (thread_id, holder, float(ttl)))
+            return await cursor.fetchone() is not None
+
+    async def release_lease(self, thread_id: str, holder: str) -> None:
+        async with self._db.connection() as con:
+            await con.execute(self._db.q("DELETE FROM {s}omem_leases WHERE thread_id = %s AND holder = %s"),
+                              (thread_id, holder))
