@@ -35,10 +35,14 @@ from omem_core.sqlite import SQLiteMemoryStore, SQLiteObservationStore
 MODEL = "scripted/model"
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def shared(request, tmp_path):
     """``shared()`` gives (inner, observations) views of one storage: the same objects in memory,
-    new connections to the same file with SQLite (as another process would open)."""
+    new connections to the same file with SQLite (as another process would open), new stores
+    (their own pools) on the same schema with PostgreSQL (as another host would open)."""
+    if request.param == "postgres":
+        space = request.getfixturevalue("pg")
+        return lambda: (space.memory(), space.observations())
     if request.param == "memory":
         pair = (InMemoryMemoryStore(), create_in_memory_observation_store())
         return lambda: pair

@@ -26,12 +26,16 @@ MODEL = "scripted/model"
 BACKEND: dict = {}
 
 
-@pytest.fixture(autouse=True, params=["memory", "sqlite"])
+@pytest.fixture(autouse=True, params=["memory", "sqlite", "postgres"])
 def backend(request, tmp_path):
-    """Every test here runs on the in-memory stores and on the SQLite adapters."""
+    """Every test here runs on the in-memory stores, on the SQLite adapters and on the PostgreSQL
+    adapters (one schema per test on a throwaway server; skipped without the binaries)."""
     from omem_core.sqlite import SQLiteMemoryStore, SQLiteObservationStore
 
-    if request.param == "sqlite":
+    if request.param == "postgres":
+        space = request.getfixturevalue("pg")
+        BACKEND.update(inner=space.memory, observations=space.observations)
+    elif request.param == "sqlite":
         BACKEND.update(inner=lambda: SQLiteMemoryStore(tmp_path / "omem.db"),
                        observations=lambda: SQLiteObservationStore(tmp_path / "omem.db"))
     else:
