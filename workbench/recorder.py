@@ -14,6 +14,7 @@ the repeated model calls cost nothing).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -90,6 +91,9 @@ class MemoryRecorder:
     def flush(self) -> None:
         pass
 
+    def session(self) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
+
     def finish(self, status: str, error: str | None, figures: dict[str, Any]) -> None:
         self.status, self.error, self.figures = status, error, dict(figures)
 
@@ -139,8 +143,10 @@ class RunRecorder:
     """Writes one run of ``store``: steps, records and model calls in batches of ``flush_every``
     steps (or every ``flush_seconds``, whichever comes first)."""
 
-    def __init__(self, store: RunStore, run_id: str, count_tokens: TokenCounter, *, flush_every: int = 100,
-                 flush_seconds: float = 5.0, step: int = 0) -> None:
+    def __init__(self, store: RunStore, run_id: str, count_tokens: TokenCounter, *, flush_every: int = 1000,
+                 flush_seconds: float = 5.0, step: int = 0, create: dict[str, Any] | None = None) -> None:
+        """``create``: the new run's ``create_run`` arguments, written with the first batch (a
+        short run is then one open of the file); ``None`` for a run already in the store."""
         self.store = store
         self.run_id = run_id
         self.step = step  # the step the next read belongs to
@@ -148,36 +154,54 @@ class RunRecorder:
         self.flush_seconds = flush_seconds  # slow models: progress reaches the file at least this often
         self._flushed_at = time.monotonic()
         self._count = count_tokens
+        self._create = create
         self._steps: list[dict[str, Any]] = []
         self._records: list[dict[str, Any]] = []
         self._calls: list[dict[str, Any]] = []
         self.events: list[CompactionEvent] = []  # this process's, for what each read fired
-        self.observations = RunObservationStore(self, store.load_records(run_id))
+        # what the run recorded before this process (a resume), then what it records now
+        self._all_calls = [] if create else store.model_calls(run_id).to_dict("records")
+        self._all_steps = [] if create else store.steps(run_id)[["step", "backlog_tokens"]].to_dict("records")
+        self.observations = RunObservationStore(self, [] if create else store.load_records(run_id))
 
     def on_event(self, event: CompactionEvent) -> None:
         self.events.append(event)
-        self._calls.append(call_row(self.step, event))
+        row = call_row(self.step, event)
+        self._calls.append(row)
+        self._all_calls.append(row)
 
     def add_record(self, record: ObservationRecord) -> None:
         self._records.append({"record": record, "step": self.step, "tokens": self._count([record.text])[0]})
 
     def record_step(self, row: dict[str, Any]) -> None:
         self._steps.append(row)
+        self._all_steps.append(row)
         self.step = row["step"] + 1
         if len(self._steps) >= self.flush_every or time.monotonic() - self._flushed_at >= self.flush_seconds:
             self.flush()
 
     def flush(self) -> None:
-        """Write what is buffered in one transaction."""
-        if self._steps or self._records or self._calls:
+        """Write what is buffered (the run itself first, if new) in one open of the file."""
+        if self._create is None and not (self._steps or self._records or self._calls):
+            return
+        with self.store.session():
+            if self._create is not None:
+                self.store.create_run(run_id=self.run_id, **self._create)
+                self._create = None
             self.store.add_steps(self.run_id, self._steps, self._calls, self._records)
         self._steps, self._records, self._calls = [], [], []
         self._flushed_at = time.monotonic()
 
+    def session(self) -> contextlib.AbstractContextManager[Any]:
+        """One open of the run store for several writes (the end of a run)."""
+        return self.store.session()
+
     def save_probes(self, rows: list[dict[str, Any]], methods: Sequence[str]) -> None:
+        self.flush()
         self.store.replace_probes(self.run_id, rows, methods)
 
     def save_losses(self, rows: list[dict[str, Any]]) -> None:
+        self.flush()
         self.store.replace_losses(self.run_id, rows)
 
     def finish(self, status: str, error: str | None, figures: dict[str, Any]) -> None:
@@ -186,11 +210,12 @@ class RunRecorder:
         self.store.set_status(self.run_id, status, error)
 
     def recorded_calls(self) -> list[dict[str, Any]]:
-        """Every model call of the run as recorded (a resumed run's earlier calls included)."""
-        return self.store.model_calls(self.run_id).to_dict("records")
+        """Every model call of the run (a resumed run's earlier calls included)."""
+        return self._all_calls
 
     def recorded_steps(self) -> list[dict[str, Any]]:
-        return self.store.steps(self.run_id).to_dict("records")
+        """Every step of the run (earlier ones with ``step`` and ``backlog_tokens`` only)."""
+        return self._all_steps
 
 
 class RunObservationStore:

@@ -12,6 +12,7 @@ the last recorded step.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -46,7 +47,7 @@ from .retention import (
 )
 from .losses import attribute_losses
 from .recorder import MemoryRecorder, RunRecorder
-from .runstore import RunStore
+from .runstore import RunStore, new_run_id
 
 TOKEN_COUNTERS = ("heuristic", "o200k_base", "cl100k_base")
 Progress = Callable[[int, int, str], None]
@@ -222,11 +223,11 @@ def _start(conversation: Conversation, config: ReplayConfig, store: RunStore | N
         recorder.count_tokens = token_counter(config.token_counter)
         return config, recorder, 0
     if resume is None:
-        run_id = store.create_run(
-            dataset=conversation.source, dataset_format=conversation.format, conversation_id=conversation.id,
-            config=config.to_json(), messages=_conversation_rows(conversation, counts),
-            label=label or config.label(), planned_steps=planned_reads(conversation, config))
-        return config, RunRecorder(store, run_id, token_counter(config.token_counter), flush_every=flush_every), 0
+        create = dict(dataset=conversation.source, dataset_format=conversation.format, conversation_id=conversation.id,
+                      config=config.to_json(), messages=_conversation_rows(conversation, counts),
+                      label=label or config.label(), planned_steps=planned_reads(conversation, config))
+        return config, RunRecorder(store, new_run_id(), token_counter(config.token_counter), flush_every=flush_every,
+                                   create=create), 0
     steps = store.steps(resume)
     step, start_index = 0, 0
     if not steps.empty:
@@ -247,7 +248,7 @@ async def replay(
     resume: str | None = None,
     progress: Progress | None = None,
     label: str | None = None,
-    flush_every: int = 100,
+    flush_every: int = 1000,
     cache_dir: str | Path | None = None,
     recorder: MemoryRecorder | None = None,
     completion_extra: dict[str, Any] | None = None,
@@ -269,8 +270,9 @@ async def replay(
     count = token_counter(config.token_counter)
     turns = conversation.turns
     message_tokens = count([t.content for t in turns]) if turns else []
-    config, recorder, start_index = _start(conversation, config, store, resume, label, message_tokens, flush_every,
-                                           recorder)
+    with store.session() if store is not None and resume is not None else contextlib.nullcontext():
+        config, recorder, start_index = _start(conversation, config, store, resume, label, message_tokens,
+                                               flush_every, recorder)
     count = token_counter(config.token_counter)
     try:
         completion: dict[str, Any] = dict(completion_extra or {})
@@ -291,8 +293,7 @@ async def replay(
         )
         memory = Memory(wrapper, last_messages=config.last_messages)
     except BaseException as exc:
-        if recorder.run_id is not None and store is not None:
-            store.set_status(recorder.run_id, "failed", f"{type(exc).__name__}: {exc}")
+        _finish_quietly(recorder, "failed", f"{type(exc).__name__}: {exc}")
         raise
     history = sum(message_tokens[:start_index])
     if start_index:
@@ -344,8 +345,9 @@ async def replay(
         raise
 
     try:
-        result = await _finish(conversation, config, recorder, wrapper, count, status, error, started, rows,
-                               history, planned_reads(conversation, config))
+        with recorder.session():  # the end of a run: one open of the run store for all its writes
+            result = await _finish(conversation, config, recorder, wrapper, count, status, error, started, rows,
+                                   history, planned_reads(conversation, config))
     except BaseException as exc:
         _finish_quietly(recorder, "failed", f"{type(exc).__name__}: {exc}")
         raise

@@ -235,14 +235,17 @@ def _now() -> datetime:
 def _insert_many(cur: duckdb.DuckDBPyConnection, table: str, columns: list[str], rows: list[list[Any]],
                  *, verb: str = "INSERT") -> None:
     """Insert many rows in one statement (DuckDB's executemany runs row by row): a VALUES list for
-    a few rows, a registered DataFrame for many."""
+    a few rows, a registered Arrow table for many."""
     names = ", ".join(columns)
     if len(rows) <= 20:
         placeholders = "(" + ", ".join("?" * len(columns)) + ")"
         cur.execute(f"{verb} INTO {table} ({names}) VALUES " + ", ".join([placeholders] * len(rows)),
                     [value for row in rows for value in row])
         return
-    cur.register("_omem_rows", pd.DataFrame(rows, columns=columns))
+    import pyarrow as pa
+
+    # Arrow, not pandas: no per-column type guessing, and DuckDB scans it without a copy.
+    cur.register("_omem_rows", pa.Table.from_pydict({c: [r[i] for r in rows] for i, c in enumerate(columns)}))
     try:
         cur.execute(f"{verb} INTO {table} ({names}) SELECT {names} FROM _omem_rows").fetchall()
     finally:
@@ -286,7 +289,8 @@ def _describe_unreadable(path: str, exc: Exception) -> str:
     return f"cannot open {path}: it is {what}. {advice}. (DuckDB: {first_line})"
 
 
-def _new_run_id() -> str:
+def new_run_id() -> str:
+    """A fresh run id: the UTC time, then six random hex digits (sortable, unique)."""
     return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
 
@@ -515,9 +519,9 @@ class RunStore:
 
     def create_run(self, *, dataset: str, dataset_format: str, conversation_id: str, config: dict[str, Any],
                    messages: Sequence[dict[str, Any]], label: str | None = None, planned_steps: int | None = None,
-                   status: str = "running", error: str | None = None) -> str:
+                   status: str = "running", error: str | None = None, run_id: str | None = None) -> str:
         """A new run owned by this process (a dead owner makes it ``interrupted`` on the next open)."""
-        run_id = _new_run_id()
+        run_id = run_id or new_run_id()
         now = _now()
         with self._write_lock, self._writing() as cur:
             cur.execute("BEGIN TRANSACTION")
@@ -530,12 +534,7 @@ class RunStore:
                      json.dumps(config, sort_keys=True), status, error, len(messages), planned_steps,
                      socket.gethostname(), os.getpid(), process_token()])
                 if messages:
-                    frame = pd.DataFrame(messages, columns=["idx", "message_id", "role", "speaker", "content",
-                                                            "created_at", "tokens"])
-                    frame.insert(0, "run_id", run_id)
-                    cur.register("_messages", frame)
-                    cur.execute("INSERT INTO messages SELECT * FROM _messages")
-                    cur.unregister("_messages")
+                    _insert_many(cur, "messages", ["run_id", *messages[0]], [[run_id, *m.values()] for m in messages])
                 cur.execute("COMMIT")
             except Exception:
                 cur.execute("ROLLBACK")
@@ -631,12 +630,7 @@ class RunStore:
                 for method in methods:
                     cur.execute("DELETE FROM probes WHERE run_id = ? AND method = ?", [run_id, method])
                 if rows:
-                    frame = pd.DataFrame(rows)
-                    frame.insert(0, "run_id", run_id)
-                    cur.register("_probes", frame)
-                    columns = ", ".join(frame.columns)
-                    cur.execute(f"INSERT INTO probes ({columns}) SELECT {columns} FROM _probes")
-                    cur.unregister("_probes")
+                    _insert_many(cur, "probes", ["run_id", *rows[0]], [[run_id, *r.values()] for r in rows])
                 cur.execute("COMMIT")
             except Exception:
                 cur.execute("ROLLBACK")
@@ -679,7 +673,7 @@ class RunStore:
         """A whole run replayed elsewhere (an experiment's worker), written in one transaction:
         a run is in the store entirely or not at all. Returns its id."""
         run = dict(payload["run"])
-        run_id = _new_run_id()
+        run_id = new_run_id()
         now = _now()
         columns = ["run_id", "created_at", "updated_at", "messages", "owner_host", "owner_pid", "owner_token"]
         values: list[Any] = [run_id, now, now, len(messages), socket.gethostname(), os.getpid(), process_token()]
@@ -721,7 +715,7 @@ class RunStore:
     def create_experiment(self, *, name: str | None, dataset: str, dataset_format: str | None,
                           conversations: Sequence[str], configs: Sequence[dict[str, Any]],
                           options: dict[str, Any]) -> str:
-        experiment_id = "exp-" + _new_run_id()
+        experiment_id = "exp-" + new_run_id()
         now = _now()
         with self._write_lock, self._writing() as cur:
             cur.execute("INSERT INTO experiments (experiment_id, created_at, updated_at, name, dataset, dataset_format, "
