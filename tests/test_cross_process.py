@@ -1,4 +1,5 @@
-"""Several real processes sharing one SQLite file: exactly one runs a thread's pass."""
+"""Several real processes sharing one SQLite file, or one PostgreSQL database (two processes stand
+for two hosts: they share nothing but the database): exactly one runs a thread's pass."""
 
 from __future__ import annotations
 
@@ -10,10 +11,47 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 from conftest import msg, ones
 
 from omem_core import create_observational_memory_store
 from omem_core.sqlite import SQLiteMemoryStore, SQLiteObservationStore
+
+# How a worker process opens the shared storage: argv[1] is the adapter, argv[2] the SQLite file
+# or the PostgreSQL DSN, argv[3] the PostgreSQL schema; the worker's own arguments follow.
+OPEN = textwrap.dedent('''
+    def open_stores(kind, where, schema):
+        if kind == "postgres":
+            from omem_core.postgres import PostgresMemoryStore, PostgresObservationStore
+            return PostgresMemoryStore(where, schema=schema), PostgresObservationStore(where, schema=schema)
+        from omem_core.sqlite import SQLiteMemoryStore, SQLiteObservationStore
+        return SQLiteMemoryStore(where), SQLiteObservationStore(where)
+''')
+
+
+class Shared:
+    """The storage the processes share: one SQLite file, or one schema of the test server."""
+
+    def __init__(self, kind: str, tmp_path: Path, space=None) -> None:
+        self.kind, self.space = kind, space
+        self.db = tmp_path / "shared.db"
+
+    @property
+    def argv(self) -> list[str]:
+        if self.kind == "postgres":
+            return ["postgres", self.space.dsn, self.space.schema]
+        return ["sqlite", str(self.db), "-"]
+
+    def stores(self):
+        """(inner, observations) opened afresh in this process."""
+        if self.kind == "postgres":
+            return self.space.memory(), self.space.observations()  # closed after the test
+        return SQLiteMemoryStore(self.db), SQLiteObservationStore(self.db)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def shared(request, tmp_path) -> Shared:
+    return Shared(request.param, tmp_path, request.getfixturevalue("pg") if request.param == "postgres" else None)
 
 WORKER = textwrap.dedent('''
     import asyncio, json, sys, time
@@ -21,9 +59,8 @@ WORKER = textwrap.dedent('''
     import omem_core
     import litellm
     from litellm import CustomLLM, ModelResponse
-    from omem_core.sqlite import SQLiteMemoryStore, SQLiteObservationStore
-
-    db, calls, go, on_busy = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
+    kind, where, schema = sys.argv[1:4]
+    calls, go, on_busy = Path(sys.argv[4]), Path(sys.argv[5]), sys.argv[6]
 
     class Slow(CustomLLM):
         async def acompletion(self, model, messages, *args, **kwargs):
@@ -37,9 +74,10 @@ WORKER = textwrap.dedent('''
     litellm.custom_provider_map.append({"provider": "slow", "custom_handler": Slow()})
 
     async def main():
+        inner, observations = open_stores(kind, where, schema)
         store = omem_core.create_observational_memory_store(
-            SQLiteMemoryStore(db), observer="slow/model", thresholds={"observation": 5},
-            count_tokens=lambda texts: [1] * len(texts), observations=SQLiteObservationStore(db),
+            inner, observer="slow/model", thresholds={"observation": 5},
+            count_tokens=lambda texts: [1] * len(texts), observations=observations,
             on_busy=on_busy)
         while not go.exists():
             await asyncio.sleep(0.005)
@@ -50,12 +88,24 @@ WORKER = textwrap.dedent('''
 ''')
 
 
-def start_workers(tmp_path: Path, count: int, on_busy: str) -> tuple[list[subprocess.Popen], Path, Path]:
-    db, calls, go = tmp_path / "shared.db", tmp_path / "calls.log", tmp_path / "go"
+async def _seed(shared: Shared) -> None:
+    inner, observations = shared.stores()
+    await inner.save_messages([msg(i) for i in range(12)])  # one pass due
+    await observations.list("t")  # both stores' schema ready before the workers start
+    for store in (inner, observations):
+        if hasattr(store, "close"):
+            result = store.close()
+            if asyncio.iscoroutine(result):
+                await result
+
+
+def start_workers(tmp_path: Path, count: int, on_busy: str,
+                  shared: Shared) -> tuple[list[subprocess.Popen], Path, Path]:
+    calls, go = tmp_path / "calls.log", tmp_path / "go"
     script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    asyncio.run(SQLiteMemoryStore(db).save_messages([msg(i) for i in range(12)]))  # one pass due
-    workers = [subprocess.Popen([sys.executable, str(script), str(db), str(calls), str(go), on_busy],
+    script.write_text(WORKER.replace("async def main", OPEN + "\nasync def main", 1))
+    asyncio.run(_seed(shared))
+    workers = [subprocess.Popen([sys.executable, str(script), *shared.argv, str(calls), str(go), on_busy],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 cwd=Path(__file__).resolve().parents[1]) for _ in range(count)]
     return workers, calls, go
@@ -70,19 +120,19 @@ def finish(workers: list[subprocess.Popen]) -> list[dict]:
     return outputs
 
 
-def test_processes_sharing_a_file_run_the_pass_exactly_once(tmp_path) -> None:
-    workers, calls, go = start_workers(tmp_path, 4, "wait")
+def test_processes_sharing_a_file_run_the_pass_exactly_once(tmp_path, shared) -> None:
+    workers, calls, go = start_workers(tmp_path, 4, "wait", shared)
     time.sleep(4)  # let every worker import and open the file
     go.touch()
     outputs = finish(workers)
     assert calls.read_text().count("call") == 1
     assert [o["memory"] for o in outputs] == ["- the one note"] * 4  # the waiters rendered its result
-    records = asyncio.run(SQLiteObservationStore(tmp_path / "shared.db").list("t"))
+    records = asyncio.run(shared.stores()[1].list("t"))
     assert len(records) == 1 and records[0].source_ids == ("m0", "m1", "m2", "m3", "m4")
 
 
-def test_render_setting_does_not_wait(tmp_path) -> None:
-    workers, calls, go = start_workers(tmp_path, 3, "render")
+def test_render_setting_does_not_wait(tmp_path, shared) -> None:
+    workers, calls, go = start_workers(tmp_path, 3, "render", shared)
     time.sleep(4)
     go.touch()
     outputs = finish(workers)
@@ -91,11 +141,10 @@ def test_render_setting_does_not_wait(tmp_path) -> None:
     assert memories.count("- the one note") >= 1 and set(memories) <= {"- the one note", None}
 
 
-async def test_a_crashed_holder_blocks_only_until_its_lease_expires(tmp_path, scripted) -> None:
-    db = tmp_path / "crash.db"
-    observations = SQLiteObservationStore(db)
+async def test_a_crashed_holder_blocks_only_until_its_lease_expires(tmp_path, scripted, shared) -> None:
+    inner, observations = shared.stores()
     assert await observations.try_lease("t", "crashed-process", ttl=0.6)  # never released
-    store = create_observational_memory_store(SQLiteMemoryStore(db), observer="scripted/model",
+    store = create_observational_memory_store(inner, observer="scripted/model",
                                               thresholds={"observation": 5}, count_tokens=ones,
                                               observations=observations)
     await store.save_messages([msg(i) for i in range(12)])
@@ -112,9 +161,8 @@ DELETE_WORKER = textwrap.dedent('''
     from pathlib import Path
     import omem_core, litellm
     from litellm import CustomLLM, ModelResponse
-    from omem_core.sqlite import SQLiteMemoryStore, SQLiteObservationStore
-
-    db, started, release = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+    kind, where, schema = sys.argv[1:4]
+    started, release = Path(sys.argv[4]), Path(sys.argv[5])
 
     class Gated(CustomLLM):
         async def acompletion(self, model, messages, *args, **kwargs):
@@ -128,9 +176,10 @@ DELETE_WORKER = textwrap.dedent('''
     litellm.custom_provider_map.append({"provider": "gated", "custom_handler": Gated()})
 
     async def main():
+        inner, observations = open_stores(kind, where, schema)
         store = omem_core.create_observational_memory_store(
-            SQLiteMemoryStore(db), observer="gated/model", thresholds={"observation": 5},
-            count_tokens=lambda texts: [1] * len(texts), observations=SQLiteObservationStore(db))
+            inner, observer="gated/model", thresholds={"observation": 5},
+            count_tokens=lambda texts: [1] * len(texts), observations=observations)
         await store.recall("t", last=2)
         print("done", flush=True)
 
@@ -138,15 +187,16 @@ DELETE_WORKER = textwrap.dedent('''
 ''')
 
 
-async def test_a_delete_is_not_undone_by_another_process_in_flight_pass(tmp_path, scripted) -> None:
-    db, started, release = tmp_path / "shared.db", tmp_path / "started", tmp_path / "release"
+async def test_a_delete_is_not_undone_by_another_process_in_flight_pass(tmp_path, scripted, shared) -> None:
+    started, release = tmp_path / "started", tmp_path / "release"
     script = tmp_path / "delete_worker.py"
-    script.write_text(DELETE_WORKER)
-    here = create_observational_memory_store(SQLiteMemoryStore(db), observer="scripted/model",
+    script.write_text(DELETE_WORKER.replace("async def main", OPEN + "\nasync def main", 1))
+    inner, observations = shared.stores()
+    here = create_observational_memory_store(inner, observer="scripted/model",
                                              thresholds={"observation": 5}, count_tokens=ones,
-                                             observations=SQLiteObservationStore(db))
+                                             observations=observations)
     await here.save_messages([msg(i) for i in range(12)])
-    worker = subprocess.Popen([sys.executable, str(script), str(db), str(started), str(release)],
+    worker = subprocess.Popen([sys.executable, str(script), *shared.argv, str(started), str(release)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               cwd=Path(__file__).resolve().parents[1])
     try:
