@@ -241,3 +241,27 @@ def test_the_cli_offers_every_registered_format() -> None:
     assert tuple(option.type.choices) == FORMATS and "longmemeval" in FORMATS
     code, out, _ = invoke("datasets")
     assert code == 0 and "longmemeval-sample" in out and "probes" in out
+
+
+def test_a_conversation_whose_dates_go_backwards_fails_clearly(tmp_path) -> None:
+    """The library refuses a message dated behind what was already observed: the run says which."""
+    rows = []
+    for i in range(12):
+        hour = 9 if i == 11 else 10  # the last message is dated before everything observed
+        day = 1 if i == 11 else i + 1
+        rows.append(json.dumps({"conversation_id": "c", "id": f"m{i}", "role": ("user", "assistant")[i % 2],
+                                "content": f"message number {i} " + "words " * 30,
+                                "timestamp": f"2024-01-{day:02d}T{hour:02d}:00:00+00:00"}))
+    path = tmp_path / "backwards.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    code, out, err = invoke("replay", "--dataset", str(path), "--observation-threshold", "40", "--last-messages", "2",
+                            "--json", "--db", str(tmp_path / "r.duckdb"), "--no-cache")
+    assert code == 1 and "Traceback" not in err
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["status"] == "failed" and "message m11 cannot be replayed" in summary["error"]
+
+
+def test_a_threshold_the_library_refuses_is_a_clear_error(tmp_path) -> None:
+    code, _, err = invoke("replay", "--dataset", str(TINY), "--observation-threshold", "50000",
+                          "--db", str(tmp_path / "r.duckdb"), "--no-cache")
+    assert code == 1 and "cannot replay:" in err and "max_input_tokens" in err and "Traceback" not in err

@@ -292,6 +292,9 @@ async def replay(
             completion_kwargs=completion or None,
         )
         memory = Memory(wrapper, last_messages=config.last_messages)
+    except ValueError as exc:  # the library refused the configuration (e.g. a threshold over max_input_tokens)
+        _finish_quietly(recorder, "failed", f"cannot replay: {exc}")
+        raise ConfigurationError(f"cannot replay: {exc}", recorder.run_id) from exc
     except BaseException as exc:
         _finish_quietly(recorder, "failed", f"{type(exc).__name__}: {exc}")
         raise
@@ -330,7 +333,11 @@ async def replay(
                 }
                 rows.append(row)
                 recorder.record_step(row)
-            await memory.save_messages([turn.to_message(thread)])
+            try:
+                await memory.save_messages([turn.to_message(thread)])
+            except ValueError as exc:  # refused by the library: a message dated behind what was observed
+                status, error = "failed", f"message {turn.id} cannot be replayed: {exc}"
+                break
             history += message_tokens[i]
             if progress is not None:
                 progress(i + 1, total, f"message {i + 1}/{total}")
