@@ -19,7 +19,15 @@ NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "explore_runs.ipy
 def test_explore_runs_notebook_executes(tmp_path, monkeypatch) -> None:
     db = tmp_path / "nb.duckdb"
     with RunStore(db) as store:
-        result = asyncio.run(replay(load_conversation(PROJECT_DATASETS / "tiny.jsonl"),
+        from workbench import experiments as ex
+
+        grid = [ReplayConfig(observation_threshold=t, reflection_threshold=60, last_messages=4, cache=False)
+                for t in (40, 80)]
+        experiment_id = ex.create_experiment(store, dataset=PROJECT_DATASETS / "tiny.jsonl", grid=grid,
+                                             options=ex.ExperimentOptions(concurrency=1, cache=False))
+        asyncio.run(ex.run_experiment(store, experiment_id))
+        pooled = {s.label: s for s in ex.summarise(store, experiment_id)}
+        result = asyncio.run(replay(load_conversation(PROJECT_DATASETS / "tiny.jsonl"),  # the newest run
                                     ReplayConfig(observation_threshold=40, reflection_threshold=60, last_messages=4,
                                                  cache=False), store))
     monkeypatch.setenv("OMEM_DB", str(db))
@@ -32,3 +40,6 @@ def test_explore_runs_notebook_executes(tmp_path, monkeypatch) -> None:
     assert len(figures) == 2
     printed = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     assert f"{result.run_id}: 6 reads" in printed
+    assert len(pooled) == 2 and all(s.probes > 0 for s in pooled.values())
+    for label, summary in pooled.items():  # the notebook's SQL gives the engine's pooled figures
+        assert f"{experiment_id} · {label}: retention {summary.retention:.3f} over {summary.probes} probes" in printed
