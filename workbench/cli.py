@@ -153,7 +153,7 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
     """Replay one conversation and record every step."""
     import asyncio
 
-    from .datasets import DatasetError, load_conversation
+    from .datasets import load_conversation
     from .replay import ConfigurationError, ReplayConfig, ReplayFailed, replay
 
     if bool(answerer) != bool(judge):
@@ -207,7 +207,7 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
             calls = store.model_calls(result.run_id) if result.run_id else None
             for note in findings(pd.DataFrame(result.step_rows), config.observation_threshold, calls):
                 click.echo(f"  note: {note}")
-    except (WorkbenchError, DatasetError) as exc:
+    except WorkbenchError as exc:  # DatasetError included
         raise click.ClickException(str(exc)) from exc
     finally:
         store.close()
@@ -259,7 +259,7 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
     import asyncio
     import itertools
 
-    from .datasets import DatasetError, load_conversation
+    from .datasets import load_conversation
     from .replay import ReplayConfig, ReplayResult, run_sweep
 
     store = _open_store(db)
@@ -300,7 +300,7 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
                 click.echo(f"failed: {config.label()}: {result.error}", err=True)
             if failed:
                 click.echo(f"{len(failed)} of {len(grid)} configurations failed", err=True)
-    except (WorkbenchError, DatasetError) as exc:
+    except WorkbenchError as exc:  # DatasetError included
         raise click.ClickException(str(exc)) from exc
     except KeyboardInterrupt:
         click.echo("\ninterrupted: finished runs are kept", err=True)
@@ -468,7 +468,7 @@ def experiment_run(dataset, fmt, conversations, observation, reflection, windows
     import asyncio
 
     from . import experiments as ex
-    from .datasets import DatasetError, list_conversations
+    from .datasets import list_conversations
 
     store = _open_store(db)
     try:
@@ -494,7 +494,7 @@ def experiment_run(dataset, fmt, conversations, observation, reflection, windows
                                              conversations=conversations or None, dataset_format=fmt, name=name)
         click.echo(f"experiment {experiment_id}", err=True)
         _finish_experiment(store, experiment_id, as_json)
-    except (WorkbenchError, DatasetError) as exc:
+    except WorkbenchError as exc:  # DatasetError included
         raise click.ClickException(str(exc)) from exc
     finally:
         store.close()

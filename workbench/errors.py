@@ -3,10 +3,11 @@
     WorkbenchError
      ├── RunStoreError            (runstore: cannot open, not a run store, read-only)
      │    └── RunStoreLocked      (another process kept the file busy too long)
-     ├── ConfigurationError       (a replay that cannot start: unknown model, missing key, cache)
+     ├── DatasetError             (workbench.datasets: names file, record, field; also a ValueError)
+     ├── ConfigurationError       (a replay that cannot start: unknown model, missing key, a setting)
+     ├── CacheUnavailable         (workbench.cache: the cache folder cannot be written)
+     ├── ExperimentError          (workbench.experiments: an experiment that cannot start)
      └── ReplayFailed             (a compaction call failed mid-replay; carries the partial result)
-
-``DatasetError`` (``workbench.datasets``) names file, record and field; it is a ``ValueError``.
 """
 
 from __future__ import annotations

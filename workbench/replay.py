@@ -36,15 +36,7 @@ from omem_core import (
 from .cache import completion_kwargs, enable_litellm_cache, prepare_cache
 from .datasets import Conversation
 from .errors import ConfigurationError, WorkbenchError
-from .retention import (
-    METHODS,
-    RetentionSummary,
-    content_words,
-    newest_tokens,
-    probe_score,
-    render_context,
-    summarise,
-)
+from .retention import RetentionSummary, score_retention
 from .losses import attribute_losses
 from .recorder import MemoryRecorder, RunRecorder
 from .runstore import RunStore, new_run_id
@@ -425,31 +417,6 @@ async def _finish(conversation, config, recorder, wrapper, count, status, error,
     return result
 
 
-def score_retention(conversation: Conversation, context, window, budget: int, count,
-                    recorder: Any = None) -> RetentionSummary:
-    """Score every probe against the final context and the three baselines; store the rows."""
-    history = [t.to_message(conversation.id) for t in conversation.turns]
-    visible = {
-        "memory": content_words(render_context(context)),
-        "full_history": content_words(render_context(history)),
-        "window_only": content_words(render_context(window)),
-        "recent_tokens": content_words(render_context(newest_tokens(history, budget, count))),
-    }
-    window_ids = {m.id for m in window}
-    rows = []
-    for probe in conversation.probes:
-        for method in METHODS:
-            rows.append({
-                "probe_id": probe.id, "method": method, "question": probe.question, "gold": probe.gold,
-                "category": probe.category, "evidence": list(probe.evidence),
-                "evidence_in_window": bool(probe.evidence) and all(e in window_ids for e in probe.evidence),
-                "score": probe_score(probe.gold, visible[method]), "answer": None,
-            })
-    if recorder is not None:
-        recorder.save_probes([{**r, "evidence": json.dumps(r["evidence"])} for r in rows], METHODS)
-    return summarise(rows)
-
-
 async def run_sweep(
     conversation: Conversation, grid: list[ReplayConfig], store: RunStore, concurrency: int,
     on_done: Callable[[int, int, ReplayConfig, ReplayResult], None] | None = None,
@@ -477,4 +444,4 @@ async def run_sweep(
 
 
 __all__ = ["ConfigurationError", "ReplayConfig", "ReplayFailed", "ReplayResult", "configuration_problem",
-           "planned_reads", "replay", "run_sweep", "score_retention"]
+           "planned_reads", "replay", "run_sweep", "score_retention"]  # score_retention: from .retention

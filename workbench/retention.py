@@ -10,10 +10,11 @@ Baselines, scored the same way: *full history* (no compaction), *window only* (n
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from omem_core import Message
@@ -110,3 +111,30 @@ def summarise(rows: Sequence[dict]) -> RetentionSummary:
     }
     return RetentionSummary(overall["memory"], overall["full_history"], overall["window_only"],
                             overall["recent_tokens"], len(complete), per_category)
+
+
+def score_retention(conversation: Any, context: Sequence[Message], window: Sequence[Message], budget: int,
+                    count: Callable[[list[str]], list[int]],
+                    recorder: Any = None) -> RetentionSummary:
+    """Score every probe of ``conversation`` against the final context and the three baselines
+    (full history, window only, the newest ``budget`` tokens); ``recorder`` keeps the rows."""
+    history = [t.to_message(conversation.id) for t in conversation.turns]
+    visible = {
+        "memory": content_words(render_context(context)),
+        "full_history": content_words(render_context(history)),
+        "window_only": content_words(render_context(window)),
+        "recent_tokens": content_words(render_context(newest_tokens(history, budget, count))),
+    }
+    window_ids = {m.id for m in window}
+    rows = []
+    for probe in conversation.probes:
+        for method in METHODS:
+            rows.append({
+                "probe_id": probe.id, "method": method, "question": probe.question, "gold": probe.gold,
+                "category": probe.category, "evidence": list(probe.evidence),
+                "evidence_in_window": bool(probe.evidence) and all(e in window_ids for e in probe.evidence),
+                "score": probe_score(probe.gold, visible[method]), "answer": None,
+            })
+    if recorder is not None:
+        recorder.save_probes([{**r, "evidence": json.dumps(r["evidence"])} for r in rows], METHODS)
+    return summarise(rows)

@@ -9,6 +9,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import WorkbenchError
+
 if TYPE_CHECKING:
     from omem_core import Message
 
@@ -16,7 +18,7 @@ ROLES = ("user", "assistant", "system", "tool")
 EPOCH = datetime(2024, 1, 1, tzinfo=timezone.utc)  # the clock of formats without dates
 
 
-class DatasetError(ValueError):
+class DatasetError(WorkbenchError, ValueError):
     """A dataset file that cannot be read, with where and what."""
 
     def __init__(self, file: str | Path, record: str, field_name: str | None, problem: str) -> None:
