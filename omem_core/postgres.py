@@ -195,8 +195,8 @@ class _Database:
 
     def unavailable(self, exc: BaseException) -> DatabaseUnavailableError:
         return DatabaseUnavailableError(
-            f"PostgreSQL at {self.where} is unreachable: {self._reason(exc)}. "
-            "Nothing of this call was saved (its transaction did not commit).")
+            f"PostgreSQL at {self.where} is unreachable or the connection broke: {self._reason(exc)}; "
+            "nothing of this call was saved (its transaction did not commit)")
 
     async def _direct(self) -> psycopg.AsyncConnection:
         try:

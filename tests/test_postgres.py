@@ -1,0 +1,273 @@
+"""What only the PostgreSQL adapters have to show, on a real (throwaway) server: the schema and its
+migration on first use, clear errors for an unreachable database with nothing half-saved, leases
+on the server's clock (a host whose clock is wrong cannot steal one), the delete-epoch row lock,
+lease renewal across stores, and a core that never imports psycopg.
+
+The contract, wrapper, trust and cross-process suites run on PostgreSQL as well (parametrized).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from conftest import T0, Scripted, msg, ones
+
+from omem_core import Message, ObservationRecord, create_observational_memory_store
+
+psycopg = pytest.importorskip("psycopg", reason="psycopg is not installed: pip install -e '.[postgres]'")
+
+from omem_core.postgres import (  # noqa: E402
+    DatabaseUnavailableError,
+    PostgresMemoryStore,
+    PostgresObservationStore,
+    schema_version,
+)
+from omem_core.postgres import _MIGRATIONS  # noqa: E402
+from pg import free_port, start_cluster, remove  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def record(i: int, *, thread: str = "t", kind: str = "observation", sources=None) -> ObservationRecord:
+    return ObservationRecord(id=f"r{i}", thread_id=thread, resource_id=None, created_at=T0, kind=kind,
+                             source_ids=tuple(sources or (f"m{i}",)), text=f"note {i}")
+
+
+def execute(dsn: str, *statements: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as con:
+        for statement in statements:
+            con.execute(statement)
+
+
+# -- schema -----------------------------------------------------------------------------------
+
+
+async def test_the_schema_is_made_on_first_use_once_even_by_many_stores_at_once(pg) -> None:
+    assert await schema_version(pg.dsn, schema=pg.schema) == 0
+    stores = [pg.memory() if i % 2 else pg.observations() for i in range(6)]  # hosts starting together
+    await asyncio.gather(*(s.recall("t", last=1) if i % 2 else s.list("t") for i, s in enumerate(stores)))
+    assert await schema_version(pg.dsn, schema=pg.schema) == len(_MIGRATIONS) == 1
+    with psycopg.connect(pg.dsn) as con:
+        assert con.execute(f"SELECT count(*) FROM {pg.schema}.omem_schema").fetchone() == (1,)
+        indexes = {row[0] for row in con.execute("SELECT indexname FROM pg_indexes WHERE schemaname = %s",
+                                                 (pg.schema,))}
+    assert {"omem_messages_order", "omem_records_thread", "omem_records_kind"} <= indexes
+
+
+async def test_both_stores_share_a_database_in_its_default_schema(pg_cluster) -> None:
+    execute(pg_cluster.dsn, "DROP DATABASE IF EXISTS omem_default", "CREATE DATABASE omem_default")
+    dsn = pg_cluster.dsn.replace("dbname=postgres", "dbname=omem_default")
+    async with PostgresMemoryStore(dsn) as inner, PostgresObservationStore(dsn) as observations:
+        store = create_observational_memory_store(inner, observer="omem/extractive", count_tokens=ones,
+                                                  thresholds={"observation": 3}, observations=observations)
+        await store.save_messages([msg(i) for i in range(8)])
+        got = await store.recall("t", last=2)
+        assert got[0].role == "system" and [m.id for m in got[1:]] == ["m6", "m7"]
+    assert await schema_version(dsn) == 1
+    with psycopg.connect(dsn) as con:
+        assert con.execute("SELECT count(*) FROM public.omem_records").fetchone() == (1,)
+
+
+async def test_any_unicode_round_trips_and_nul_in_a_key_is_refused(pg) -> None:
+    store = pg.memory()
+    odd = Message(id="x", thread_id="t", role="user", content="a\x00b ü 😀", created_at=T0)
+    await store.save_messages([odd])
+    assert await store.recall("t", last=1) == [odd]
+    await store.update_working_memory("t", "w\x00m")
+    assert await store.get_working_memory("t") == "w\x00m"
+    with pytest.raises(ValueError, match="NUL"):
+        await store.save_messages([msg(1), Message(id="y\x00", thread_id="t", role="user", content="", created_at=T0)])
+    assert [m.id for m in await store.recall("t", last=5)] == ["x"]  # nothing of that batch
+
+
+async def test_a_store_outlives_its_event_loop(pg) -> None:
+    """A store used from a second event loop opens a new pool there (the first loop's is dropped)."""
+    store = pg.memory()
+
+    def run(coro):
+        import threading
+
+        box = []
+        thread = threading.Thread(target=lambda: box.append(asyncio.run(coro)))
+        thread.start()
+        thread.join()
+        return box[0]
+
+    run(store.save_messages([msg(0)]))
+    assert [m.id for m in run(store.recall("t", last=1))] == ["m0"]
+    assert [m.id for m in await store.recall("t", last=1)] == ["m0"]
+
+
+# -- an unreachable database: a clear error, nothing half-saved -------------------------------
+
+
+@pytest.mark.parametrize("make", [PostgresMemoryStore, PostgresObservationStore])
+async def test_an_unreachable_database_is_a_clear_error_without_the_password(make) -> None:
+    port = free_port()  # nothing listens there
+    dsn = f"postgresql://omem:hunter2secret@127.0.0.1:{port}/memories"
+    store = make(dsn)
+    assert "hunter2secret" not in repr(store) and f"127.0.0.1:{port}" in repr(store)
+    call = store.recall("t", last=3) if make is PostgresMemoryStore else store.list("t")
+    started = time.perf_counter()
+    with pytest.raises(DatabaseUnavailableError) as caught:
+        await call
+    assert time.perf_counter() - started < 15
+    text = str(caught.value)
+    assert f"127.0.0.1:{port}" in text and "'memories'" in text and "unreachable" in text
+    assert "hunter2secret" not in text and "hunter2secret" not in repr(caught.value.__cause__)
+    assert isinstance(caught.value, ConnectionError)
+
+
+def test_a_malformed_dsn_is_refused_without_repeating_it() -> None:
+    with pytest.raises(ValueError, match="not a valid PostgreSQL connection string") as caught:
+        PostgresMemoryStore("postgresql://omem:hunter2secret@host:5/db?bad option=1")
+    assert "hunter2secret" not in str(caught.value)
+
+
+async def test_a_connection_lost_mid_write_saves_nothing_and_names_the_server(pg) -> None:
+    """The server drops the connection in the middle of a write (a trigger terminates the
+    backend): the call fails with the host and port named, and none of it is saved: not the rows
+    its statement had already inserted, nor (for a delete) the statements before the failing one."""
+    store = pg.memory()
+    await store.save_messages([msg(0)])
+    await store.update_working_memory("t", "kept")
+    execute(pg.dsn, f"""
+        CREATE FUNCTION {pg.schema}.die() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN PERFORM pg_terminate_backend(pg_backend_pid()); RETURN NEW; END $$;
+        CREATE TRIGGER die BEFORE INSERT ON {pg.schema}.omem_messages FOR EACH ROW
+            WHEN (NEW.id = 'poison') EXECUTE FUNCTION {pg.schema}.die();
+        CREATE TRIGGER die BEFORE DELETE ON {pg.schema}.omem_working_memory FOR EACH ROW
+            EXECUTE FUNCTION {pg.schema}.die();""")
+    port = pg.dsn.split("port=")[1].split()[0]
+    batch = [msg(1), msg(2), Message(id="poison", thread_id="t", role="user", content="x", created_at=T0), msg(3)]
+    with pytest.raises(DatabaseUnavailableError, match=f"127.0.0.1:{port}.*nothing of this call was saved"):
+        await store.save_messages(batch)
+    with pytest.raises(DatabaseUnavailableError, match=f"127.0.0.1:{port}"):
+        await store.delete_thread("t")  # messages deleted first, then the working memory fails
+    assert [m.id for m in await store.recall("t", last=10)] == ["m0"]  # the pool reconnects by itself
+    assert await store.get_working_memory("t") == "kept"
+
+
+async def test_a_server_that_goes_away_and_comes_back(tmp_path) -> None:
+    """A store whose server stops: clear errors meanwhile; once it is back, the same store works."""
+    cluster = start_cluster()
+    try:
+        store = PostgresMemoryStore(cluster.dsn, timeout=3)
+        await store.save_messages([msg(0)])
+        cluster.stop()
+        with pytest.raises(DatabaseUnavailableError, match=f"127.0.0.1:{cluster.port}"):
+            await store.save_messages([msg(1)])
+        cluster._run("pg_ctl", "-D", str(cluster.folder / "data"), "-l", str(cluster.folder / "server.log"),
+                     "-w", "-o", f"-p {cluster.port} -k {cluster.folder} -c listen_addresses=127.0.0.1", "start")
+        assert [m.id for m in await store.recall("t", last=5)] == ["m0"]
+        await store.close()
+    finally:
+        remove(cluster)
+
+
+# -- delete epochs: the row lock ----------------------------------------------------------------
+
+
+async def test_a_delete_waits_for_a_save_holding_the_epoch_then_removes_its_record(pg) -> None:
+    """A save checked against the epoch is slowed inside its transaction (a trigger sleeps) while a
+    delete runs: the record must not survive the delete. Fails without the ``FOR SHARE`` lock, and
+    fails if the delete removes the records before the epoch row."""
+    observations, elsewhere = pg.observations(), pg.observations()  # two hosts: two pools
+    epoch = await observations.delete_epoch("t")
+    await observations.list("t")
+    execute(pg.dsn, f"""
+        CREATE FUNCTION {pg.schema}.slow() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN PERFORM pg_sleep(0.8); RETURN NEW; END $$;
+        CREATE TRIGGER slow BEFORE INSERT ON {pg.schema}.omem_records FOR EACH ROW
+            WHEN (NEW.id = 'r1') EXECUTE FUNCTION {pg.schema}.slow();""")
+    saving = asyncio.create_task(observations.save_unless_deleted(record(1), epoch))
+    await asyncio.sleep(0.3)  # the save is inside its transaction, past the epoch check
+    await elsewhere.delete_by_thread("t")
+    await saving
+    assert await observations.list("t") == [] and await elsewhere.list("t") == []
+    assert await observations.delete_epoch("t") != epoch
+
+
+# -- leases -------------------------------------------------------------------------------------
+
+
+async def test_lease_semantics(pg) -> None:
+    a, b = pg.observations(), pg.observations()
+    assert await a.try_lease("t", "host-a", 0.5)
+    assert not await b.try_lease("t", "host-b", 30)
+    assert await a.try_lease("t", "host-a", 0.5)  # renewed by its holder
+    assert await b.try_lease("u", "host-b", 30)  # other threads are independent
+    await b.release_lease("t", "host-b")  # not its lease: a no-op
+    assert not await b.try_lease("t", "host-b", 30)
+    await asyncio.sleep(0.7)
+    assert await b.try_lease("t", "host-b", 30)  # expired: taken over
+    assert not await a.try_lease("t", "host-a", 30)  # the old holder lost it
+    await b.release_lease("t", "host-b")
+    assert await a.try_lease("t", "host-a", 30)
+
+
+SKEWED = textwrap.dedent('''
+    import asyncio, sys, time, datetime as dt
+    from omem_core.postgres import PostgresObservationStore
+
+    real = time.time
+    time.time = lambda: real() - 3600  # this host's clock is an hour behind
+
+    class Behind(dt.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return dt.datetime.fromtimestamp(time.time(), tz)
+
+    dt.datetime = Behind
+
+    async def main():
+        store = PostgresObservationStore(sys.argv[1], schema=sys.argv[2])
+        print(await store.try_lease("t", "skewed-host", 30), flush=True)
+        await store.close()
+
+    asyncio.run(main())
+''')
+
+
+async def test_a_host_with_a_wrong_clock_cannot_lose_its_lease_early(pg, tmp_path) -> None:
+    """Expiry is on the server's clock: a lease taken by a host whose clock is an hour behind is
+    still live for everyone else (an expiry written from that host's clock would be long past)."""
+    await pg.observations().list("t")
+    script = tmp_path / "skewed.py"
+    script.write_text(SKEWED)
+    done = subprocess.run([sys.executable, str(script), pg.dsn, pg.schema], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "True"
+    assert not await pg.observations().try_lease("t", "this-host", 30)
+
+
+async def test_a_pass_longer_than_its_lease_runs_once_across_hosts(pg, scripted: Scripted) -> None:
+    scripted.delay = 1.0  # three times the lease: only renewal keeps it
+
+    def host():
+        return create_observational_memory_store(pg.memory(), observer="scripted/model", thresholds={"observation": 3},
+                                                 count_tokens=ones, observations=pg.observations(), lease_ttl=0.3)
+
+    first, second = host(), host()
+    await first.save_messages([msg(i) for i in range(6)])
+    results = await asyncio.gather(first.recall("t", last=2), second.recall("t", last=2))
+    assert scripted.started == 1
+    assert [r[0].content for r in results] == ["- noted", "- noted"]
+    assert len(await first.observations.list("t")) == 1
+
+
+# -- the core stays free of psycopg -------------------------------------------------------------
+
+
+def test_importing_the_core_does_not_import_psycopg() -> None:
+    code = ("import sys, omem_core, omem_core.sqlite, omem_core.wrapper; "
+            "assert not [m for m in sys.modules if m.startswith(('psycopg', 'omem_core.postgres'))], sys.modules")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
