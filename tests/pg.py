@@ -88,7 +88,9 @@ def start_cluster() -> Cluster:
     bindir = binaries()
     if bindir is None:
         raise RuntimeError("PostgreSQL binaries (initdb, pg_ctl) not found")
-    folder = Path(tempfile.mkdtemp(prefix="omem-pg-"))
+    # As root the server runs as ``postgres``, which must reach the folder: /tmp, not a private
+    # TMPDIR (and a short path, for the socket's name).
+    folder = Path(tempfile.mkdtemp(prefix="omem-pg-", dir="/tmp" if os.geteuid() == 0 else None))
     cluster = Cluster(bindir, folder)
     try:
         cluster.start()
@@ -110,6 +112,15 @@ def pg_cluster() -> Iterator[Cluster]:
     pytest.importorskip("psycopg_pool", reason="psycopg-pool is not installed: pip install -e '.[postgres]'")
     if binaries() is None:
         pytest.skip("PostgreSQL binaries (initdb, pg_ctl) not found: apt-get install -y postgresql")
+    if os.geteuid() == 0:
+        import pwd
+
+        try:
+            pwd.getpwnam("postgres")
+        except KeyError:
+            pytest.skip("running as root and there is no 'postgres' user to run the server as")
+        if shutil.which("runuser") is None:
+            pytest.skip("running as root and 'runuser' is missing (needed to start the server as 'postgres')")
     cluster = start_cluster()
     try:
         yield cluster
