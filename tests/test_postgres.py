@@ -154,8 +154,9 @@ async def test_a_connection_lost_mid_write_saves_nothing_and_names_the_server(pg
     assert await store.get_working_memory("t") == "kept"
 
 
-async def test_a_server_that_goes_away_and_comes_back(tmp_path) -> None:
-    """A store whose server stops: clear errors meanwhile; once it is back, the same store works."""
+async def test_a_server_that_goes_away_and_comes_back(pg_cluster) -> None:
+    """A store whose server stops: clear errors meanwhile; once it is back, the same store works.
+    (A second throwaway server of its own; ``pg_cluster`` only for the skip when there is none.)"""
     cluster = start_cluster()
     try:
         store = PostgresMemoryStore(cluster.dsn, timeout=3)
