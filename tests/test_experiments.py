@@ -115,7 +115,6 @@ def test_a_killed_experiment_is_resumed_without_redoing_finished_runs(tmp_path) 
     import signal
     import subprocess
     import sys
-    import time
 
     db = tmp_path / "x.duckdb"
     command = [sys.executable, "-m", "workbench", "experiment", "run", "--dataset", str(DEMO),

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from workbench.cli import cli
 from workbench.datasets import load_conversation
 from workbench.replay import ConfigurationError, ReplayConfig, replay
-from workbench.runstore import RunStore, RunStoreError
+from workbench.runstore import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "datasets" / "tiny.jsonl"

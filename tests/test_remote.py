@@ -14,10 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from openai_server import OpenAIServer
-from workbench import experiments as ex
 from workbench.cache import RateLimiter
 from workbench.cli import cli
-from workbench.replay import ReplayConfig
 from workbench.runstore import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]

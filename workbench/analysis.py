@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from .formatting import display, progress, ratio
+from .formatting import display, progress, ratio  # noqa: F401  (display: re-exported for the app and CLI)
 from .runstore import RunStore
 
 SUMMARY_ROWS = [

@@ -267,6 +267,20 @@ def enable_litellm_cache() -> bool:
     return isinstance(getattr(litellm.cache, "cache", None), SQLiteCache)
 
 
+def forget_connections() -> None:
+    """Drop (without closing) the cache backend's SQLite connections: for a forked process, which
+    must open its own (the parent's stay the parent's). In-flight call sharing starts afresh."""
+    import sys
+
+    if "litellm" not in sys.modules:
+        return
+    backend = _backend()
+    if backend is not None:
+        backend._local = threading.local()
+        backend._inflight.clear()
+        backend._leaders.clear()
+
+
 def completion_kwargs(path: Path, *, rpm: float | None = None) -> dict[str, Any]:
     """The per-call arguments that make litellm serve and store answers in the file ``path``
     (and, with ``rpm``, limit the calls that reach the model)."""

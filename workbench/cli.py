@@ -10,9 +10,11 @@ modules that need them are imported inside the commands that use them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +44,19 @@ def _open_store(db: str) -> RunStore:
         return RunStore(db, on_wait=lambda message: click.echo(message + "…", err=True))
     except WorkbenchError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+@contextlib.contextmanager
+def _using_store(db: str) -> Iterator[RunStore]:
+    """The run store for one command; the workbench's errors become one-line CLI errors (a
+    ``DatasetError`` names file, record and field), anything else is a bug and shows as one."""
+    store = _open_store(db)
+    try:
+        yield store
+    except WorkbenchError as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        store.close()
 
 
 def _progress_printer(label: str, quiet: bool):
@@ -158,8 +173,7 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
 
     if bool(answerer) != bool(judge):
         raise click.UsageError("--answerer and --judge go together")
-    store = _open_store(db)
-    try:
+    with _using_store(db) as store:
         if resume:
             run = store.run(resume)
             conv = load_conversation(run["dataset"], run["conversation_id"], run["dataset_format"])
@@ -207,10 +221,6 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
             calls = store.model_calls(result.run_id) if result.run_id else None
             for note in findings(pd.DataFrame(result.step_rows), config.observation_threshold, calls):
                 click.echo(f"  note: {note}")
-    except WorkbenchError as exc:  # DatasetError included
-        raise click.ClickException(str(exc)) from exc
-    finally:
-        store.close()
 
 
 def _run_judge(store, result, conv, config, answerer, judge, yes, quiet) -> None:
@@ -260,53 +270,49 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
     import itertools
 
     from .datasets import load_conversation
-    from .replay import ReplayConfig, ReplayResult, run_sweep
+    from .replay import ReplayConfig, run_sweep
 
-    store = _open_store(db)
-    try:
-        conv = load_conversation(dataset, conversation, fmt)
-        grid = [
-            ReplayConfig(observer=o, reflector=None if r.lower() == "none" else r, observation_threshold=ot,
-                         reflection_threshold=rt, last_messages=w, token_counter=token_counter,
-                         observer_prompt=_resolve_prompt(store, "observer", op),
-                         reflector_prompt=_resolve_prompt(store, "reflector", rp))
-            for o, r, ot, rt, w, op, rp in itertools.product(observers, reflectors, observation, reflection, windows,
-                                                             observer_prompts or [None], reflector_prompts or [None])
-        ]
+    with _using_store(db) as store:
+        try:
+            conv = load_conversation(dataset, conversation, fmt)
+            grid = [
+                ReplayConfig(observer=o, reflector=None if r.lower() == "none" else r, observation_threshold=ot,
+                             reflection_threshold=rt, last_messages=w, token_counter=token_counter,
+                             observer_prompt=_resolve_prompt(store, "observer", op),
+                             reflector_prompt=_resolve_prompt(store, "reflector", rp))
+                for o, r, ot, rt, w, op, rp in itertools.product(observers, reflectors, observation, reflection, windows,
+                                                                 observer_prompts or [None], reflector_prompts or [None])
+            ]
 
-        def report(finished: int, total: int, config: ReplayConfig, result: ReplayResult) -> None:
+            def report(finished: int, total: int, config: ReplayConfig, result: ReplayResult) -> None:
+                if as_json:
+                    return
+                if result.status == "completed":
+                    figures = (f"compression {_fmt(result.compression, 1)}x, retention "
+                               f"{_fmt(result.retention.retention if result.retention else None)}")
+                else:
+                    figures = f"failed at step {result.steps}: {result.error}"
+                click.echo(f"[{finished}/{total}] {result.run_id or '-'} {config.label()}: {figures}", err=True)
+
+            results = asyncio.run(run_sweep(conv, grid, store, concurrency, on_done=report))
+            table = [{**r.summary(), "config": config.label()} for config, r in zip(grid, results)]
             if as_json:
-                return
-            if result.status == "completed":
-                figures = (f"compression {_fmt(result.compression, 1)}x, retention "
-                           f"{_fmt(result.retention.retention if result.retention else None)}")
+                click.echo(json.dumps({"runs": table}))
             else:
-                figures = f"failed at step {result.steps}: {result.error}"
-            click.echo(f"[{finished}/{total}] {result.run_id or '-'} {config.label()}: {figures}", err=True)
-
-        results = asyncio.run(run_sweep(conv, grid, store, concurrency, on_done=report))
-        table = [{**r.summary(), "config": config.label()} for config, r in zip(grid, results)]
-        if as_json:
-            click.echo(json.dumps({"runs": table}))
-        else:
-            click.echo(f"{'run_id':<24} {'compr':>7} {'retention':>9} {'status':>10}  configuration")
-            for config, result in zip(grid, results):
-                row = result.summary()
-                done = result.status == "completed"
-                click.echo(f"{row['run_id'] or '-':<24} {_fmt(row['compression'] if done else None, 1):>7} "
-                           f"{_fmt(row.get('retention')):>9} {row['status']:>10}  {config.label()}")
-            failed = [(c, r) for c, r in zip(grid, results) if r.status != "completed"]
-            for config, result in failed:
-                click.echo(f"failed: {config.label()}: {result.error}", err=True)
-            if failed:
-                click.echo(f"{len(failed)} of {len(grid)} configurations failed", err=True)
-    except WorkbenchError as exc:  # DatasetError included
-        raise click.ClickException(str(exc)) from exc
-    except KeyboardInterrupt:
-        click.echo("\ninterrupted: finished runs are kept", err=True)
-        sys.exit(130)
-    finally:
-        store.close()
+                click.echo(f"{'run_id':<24} {'compr':>7} {'retention':>9} {'status':>10}  configuration")
+                for config, result in zip(grid, results):
+                    row = result.summary()
+                    done = result.status == "completed"
+                    click.echo(f"{row['run_id'] or '-':<24} {_fmt(row['compression'] if done else None, 1):>7} "
+                               f"{_fmt(row.get('retention')):>9} {row['status']:>10}  {config.label()}")
+                failed = [(c, r) for c, r in zip(grid, results) if r.status != "completed"]
+                for config, result in failed:
+                    click.echo(f"failed: {config.label()}: {result.error}", err=True)
+                if failed:
+                    click.echo(f"{len(failed)} of {len(grid)} configurations failed", err=True)
+        except KeyboardInterrupt:
+            click.echo("\ninterrupted: finished runs are kept", err=True)
+            sys.exit(130)
     if any(r.status != "completed" for r in results):
         sys.exit(1)
 
@@ -320,13 +326,8 @@ def compare(run_a: str, run_b: str, as_json: bool, db: str) -> None:
     """Two runs side by side: calls, tokens, cost, compression, retention per category."""
     from .analysis import compare_runs, display
 
-    store = _open_store(db)
-    try:
+    with _using_store(db) as store:
         table = compare_runs(store, run_a, run_b)
-    except WorkbenchError as exc:
-        raise click.ClickException(str(exc)) from exc
-    finally:
-        store.close()
     if as_json:
         click.echo(table.to_json(orient="columns"))
     else:
@@ -340,13 +341,8 @@ def runs_command(as_json: bool, db: str) -> None:
     """List the recorded runs, newest first."""
     from .formatting import runs_table
 
-    store = _open_store(db)
-    try:
+    with _using_store(db) as store:
         frame = store.runs()
-    except WorkbenchError as exc:
-        raise click.ClickException(str(exc)) from exc
-    finally:
-        store.close()
     columns = ["run_id", "status", "conversation_id", "messages", "steps", "compression", "retention", "label"]
     if as_json:
         click.echo(frame[columns].to_json(orient="records"))
@@ -362,13 +358,8 @@ def runs_command(as_json: bool, db: str) -> None:
 @DB_OPTION
 def export(run_id: str, folder: Path, db: str) -> None:
     """Export one run's tables as Parquet files."""
-    store = _open_store(db)
-    try:
+    with _using_store(db) as store:
         written = store.export_parquet(run_id, folder)
-    except WorkbenchError as exc:
-        raise click.ClickException(str(exc)) from exc
-    finally:
-        store.close()
     for path in written:
         click.echo(str(path))
 
@@ -465,13 +456,11 @@ def experiment_run(dataset, fmt, conversations, observation, reflection, windows
                    observer_prompts, reflector_prompts, token_counter, judge, answerer, concurrency, max_cost, rpm,
                    num_retries, timeout, api_base, no_traces, no_cache, name, yes, as_json, db) -> None:
     """Run a dataset × a grid of configurations (every combination of the values given)."""
-    import asyncio
 
     from . import experiments as ex
     from .datasets import list_conversations
 
-    store = _open_store(db)
-    try:
+    with _using_store(db) as store:
         grid = ex.config_grid(
             observers=observers, reflectors=[None if r.lower() == "none" else r for r in reflectors],
             observation=observation, reflection=reflection, windows=windows,
@@ -494,10 +483,6 @@ def experiment_run(dataset, fmt, conversations, observation, reflection, windows
                                              conversations=conversations or None, dataset_format=fmt, name=name)
         click.echo(f"experiment {experiment_id}", err=True)
         _finish_experiment(store, experiment_id, as_json)
-    except WorkbenchError as exc:  # DatasetError included
-        raise click.ClickException(str(exc)) from exc
-    finally:
-        store.close()
 
 
 def _finish_experiment(store, experiment_id: str, as_json: bool) -> None:
@@ -530,16 +515,11 @@ def _finish_experiment(store, experiment_id: str, as_json: bool) -> None:
 @DB_OPTION
 def experiment_resume(experiment_id: str, max_cost: float | None, as_json: bool, db: str) -> None:
     """Finish what an interrupted or stopped experiment left undone (same grid, same options)."""
-    store = _open_store(db)
-    try:
+    with _using_store(db) as store:
         store.experiment(experiment_id)
         if max_cost is not None:
             store.update_experiment_options(experiment_id, max_cost=max_cost)
         _finish_experiment(store, experiment_id, as_json)
-    except WorkbenchError as exc:
-        raise click.ClickException(str(exc)) from exc
-    finally:
-        store.close()
 
 
 @experiment.command("list")
@@ -547,13 +527,8 @@ def experiment_resume(experiment_id: str, max_cost: float | None, as_json: bool,
 @DB_OPTION
 def experiment_list(as_json: bool, db: str) -> None:
     """The recorded experiments, newest first."""
-    store = _open_store(db)
-    try:
+    with _using_store(db) as store:
         frame = store.experiments()
-    except WorkbenchError as exc:
-        raise click.ClickException(str(exc)) from exc
-    finally:
-        store.close()
     columns = ["experiment_id", "status", "name", "dataset", "runs", "failed_runs", "created_at"]
     if as_json:
         click.echo(frame[columns].to_json(orient="records", date_format="iso"))
@@ -573,13 +548,8 @@ def experiment_show(experiment_id: str, as_json: bool, db: str) -> None:
     """Figures per configuration (pooled retention with its 95% CI, compression, calls, cost)."""
     from . import experiments as ex
 
-    store = _open_store(db)
-    try:
+    with _using_store(db) as store:
         data = ex.report(store, experiment_id)
-    except WorkbenchError as exc:
-        raise click.ClickException(str(exc)) from exc
-    finally:
-        store.close()
     click.echo(json.dumps(data)) if as_json else _print_report(data)
 
 
@@ -593,16 +563,11 @@ def experiment_compare(experiment_id: str, label_a: str | None, label_b: str | N
     """Two configurations on the same probes: the difference with a paired-bootstrap 95% CI."""
     from . import experiments as ex
 
-    store = _open_store(db)
-    try:
+    with _using_store(db) as store:
         names = [c["label"] for c in store.experiment(experiment_id)["configs"]]
         if len(names) < 2 and not (label_a and label_b):
             raise ex.ExperimentError(f"{experiment_id} has one configuration; nothing to compare")
         diff = ex.compare(store, experiment_id, label_a or names[0], label_b or names[1])
-    except WorkbenchError as exc:
-        raise click.ClickException(str(exc)) from exc
-    finally:
-        store.close()
     if as_json:
         click.echo(json.dumps({"a": diff.a, "b": diff.b, "probes": diff.probes, "retention_diff": diff.difference,
                                "ci95": list(diff.ci95) if diff.ci95 else None, "verdict": diff.verdict()}))
@@ -618,15 +583,11 @@ def experiment_export(experiment_id: str, folder: Path, db: str) -> None:
     """The experiment and its runs' tables as Parquet files."""
     from . import experiments as ex
 
-    store = _open_store(db)
-    try:
-        written = ex.export_parquet(store, experiment_id, folder)
-    except WorkbenchError as exc:
-        raise click.ClickException(str(exc)) from exc
-    except OSError as exc:
-        raise click.ClickException(f"cannot write to {folder}: {exc}") from exc
-    finally:
-        store.close()
+    with _using_store(db) as store:
+        try:
+            written = ex.export_parquet(store, experiment_id, folder)
+        except OSError as exc:
+            raise click.ClickException(f"cannot write to {folder}: {exc}") from exc
     for path in written:
         click.echo(str(path))
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -259,7 +258,24 @@ def _all_offline(configs: Sequence[dict[str, Any]]) -> bool:
 
 
 def _worker_init() -> None:
-    import omem_core  # noqa: F401  (litellm's offline environment and the offline model, once per worker)
+    """A worker forked from the scheduler: it inherits the imported modules (no 3-second litellm
+    import per worker), but not the scheduler's running event loop."""
+    asyncio.events._set_running_loop(None)
+    import omem_core  # noqa: F401  (already imported when forked; imported here when spawned)
+
+    from .cache import forget_connections
+
+    forget_connections()  # SQLite connections must not cross a fork: the worker opens its own
+
+
+def _pool_context() -> Any:
+    """``fork`` where the platform has it (workers start at once, sharing the parent's imports),
+    else ``spawn``. The parent holds no DuckDB connection while the pool runs: the store is opened
+    per operation, and only between workers' results."""
+    import multiprocessing
+
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
 
 
 def create_experiment(store: Any, *, dataset: str | Path, grid: Sequence[Any], options: ExperimentOptions,
@@ -370,11 +386,8 @@ async def _run_in_processes(tasks: Sequence[Task], options: ExperimentOptions, d
                             dataset_format: str | None, extra: dict[str, Any], folder: str | None,
                             write: Callable[[dict[str, Any], Task], None]) -> None:
     """Offline replays: CPU-bound, one worker process per slot; this process writes."""
-    import multiprocessing
-
     loop = asyncio.get_running_loop()
-    context = multiprocessing.get_context("spawn")  # no fork of a process holding threads and DuckDB
-    with ProcessPoolExecutor(max_workers=min(options.concurrency, len(tasks)), mp_context=context,
+    with ProcessPoolExecutor(max_workers=min(options.concurrency, len(tasks)), mp_context=_pool_context(),
                              initializer=_worker_init) as pool:
         pending = {loop.run_in_executor(pool, _replay_one, dataset, dataset_format, task, extra, folder,
                                         options.traces): task for task in tasks}
