@@ -234,3 +234,34 @@ def test_figures_are_displayed_as_people_read_them() -> None:
     assert display(3570) == display(np.int64(3570)) == display(3570.0) == "3,570"
     assert display(0.000123) == "0.00012" and display(None) == display(float("nan")) == "–"
     assert display("v2") == "v2" and display(np.bool_(True)) == "True"
+
+
+def test_the_explorer_shows_the_window_recall_returned(tmp_path) -> None:
+    """Steps record what the agent saw; the explorer shows exactly recall's answer, even when a
+    message's timestamp puts it earlier in the thread than its place in the file."""
+    import json
+
+    from omem_core import Memory, create_observational_memory_store
+    from workbench.analysis import visible_at
+
+    hours = [1, 2, 3, 4, 5, 6, 3, 8]  # message 6 is dated between messages 2 and 3
+    path = tmp_path / "shuffled.jsonl"
+    path.write_text("".join(json.dumps({"conversation_id": "c", "id": f"m{i}", "role": ("user", "assistant")[i % 2],
+                                        "content": f"message {i}", "timestamp": f"2024-01-01T0{h}:30:00+00:00"}) + "\n"
+                            for i, h in enumerate(hours)))
+    conversation = load_conversation(path)
+    config = ReplayConfig(observation_threshold=1000, reflection_threshold=2000, last_messages=3, cache=False)
+    with RunStore(tmp_path / "r.duckdb") as store:
+        result = asyncio.run(replay(conversation, config, store))
+        steps, records, messages = store.steps(result.run_id), store.records(result.run_id), store.messages(result.run_id)
+    last = steps.iloc[-1]  # the read before m7
+    _, window = visible_at(last, records, messages, config.last_messages)
+
+    async def agent_view():  # the same conversation, read as the agent did before m7
+        agent = Memory(create_observational_memory_store(observer=config.observer), last_messages=3)
+        await agent.save_messages([t.to_message("c") for t in conversation.turns[:7]])
+        return await agent.recall("c")
+
+    seen = [m.id for m in asyncio.run(agent_view())]
+    assert seen == ["m3", "m4", "m5"]  # recall orders by time: m6 is dated among the older messages
+    assert list(window.message_id) == seen  # not the file's last three, m4, m5, m6

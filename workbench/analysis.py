@@ -131,12 +131,20 @@ def sources_of(record: pd.Series, messages: pd.DataFrame) -> pd.DataFrame:
 def visible_at(step_row: pd.Series, records: pd.DataFrame, messages: pd.DataFrame, window: int) -> tuple[str, pd.DataFrame]:
     """What the agent saw at a step: the rendered memory text and the window messages.
 
-    Rebuilt from stored rows with the library's own rendering rule (newest reflection, then the
-    observations it does not cover, oldest first).
+    The step row names them (``window_ids``, ``memory_ids``: what ``recall`` returned, recorded by
+    the replay); a run recorded before that is rebuilt from the stored rows with the library's
+    own rendering rule (newest reflection, then the observations it does not cover, oldest first).
     """
     from omem_core.planning import memory_text, view_of
 
     step = int(step_row["step"])
+    window_ids = step_row.get("window_ids")
+    if isinstance(window_ids, str):
+        shown = records[records.record_id.isin(json.loads(step_row.get("memory_ids") or "[]"))]
+        view = view_of([_record(row) for _, row in shown.iterrows()])  # records are in creation order
+        ordered = json.loads(window_ids)
+        by_id = messages.set_index("message_id", drop=False)
+        return memory_text(view), by_id.loc[[i for i in ordered if i in by_id.index]].reset_index(drop=True)
     written = records_at(records, step)
     view = view_of([_record(row) for _, row in written.iterrows()])
     end = int(step_row["message_index"])
