@@ -184,3 +184,29 @@ def test_labels_name_only_what_varies() -> None:
             for r in (1000, 2000)]
     assert ex.labels(grid) == ["obs 500 · ref 1000", "obs 500 · ref 2000", "obs 1000 · ref 1000", "obs 1000 · ref 2000"]
     assert ex.labels(grid[:1]) == ["config"]
+
+
+def test_the_judge_grades_abstention_probes_by_declining() -> None:
+    """Abstention probes have no gold (word retention skips them); the judge grades them: the right
+    answer is to decline."""
+    from conftest import scripted_provider
+
+    from workbench.datasets import load_conversation
+    from workbench.judge import judge_probes
+
+    conversation = load_conversation(LONGMEMEVAL, "omem-lme-004_abs")
+    [probe] = conversation.probes
+    assert probe.abstention and probe.gold is None
+
+    def reply(messages):
+        prompt = messages[-1]["content"]
+        if prompt.startswith("You grade answers"):
+            gold, answer = prompt.split("Gold answer:")[1].split("Candidate answer:")
+            return "CORRECT" if "does not contain" in gold and "don't know" in answer else "WRONG"
+        return "I don't know"
+
+    with scripted_provider() as scripted:
+        scripted.default = reply
+        [row] = asyncio.run(judge_probes(conversation.probes, "no context", answerer="scripted/model",
+                                         judge="scripted/model"))
+    assert row["probe_id"] == probe.id and row["score"] == 1.0 and row["answer"] == "I don't know"

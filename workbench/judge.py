@@ -22,6 +22,8 @@ ANSWER_PROMPT = (
     "Answer in one short sentence. If the context does not contain the answer, say \"I don't know\".\n\n"
     "<context>\n{context}\n</context>\n\nQuestion: {question}"
 )
+ABSTENTION_GOLD = ("The conversation does not contain this; a correct answer says it does not know or that it was "
+                   "never mentioned, without inventing one.")
 JUDGE_PROMPT = (
     "You grade answers. Given a question, a gold answer and a candidate answer, reply with exactly "
     "one word: CORRECT if the candidate conveys the gold answer's key facts (wording may differ), "
@@ -50,7 +52,7 @@ def _cost(model: str, prompt_tokens: int, completion_tokens: int) -> float | Non
 
 
 def estimate(probes: Sequence[Probe], context: str, answerer: str, judge: str) -> Estimate:
-    scorable = [p for p in probes if p.gold]
+    scorable = [p for p in probes if p.gold or getattr(p, "abstention", False)]
     context_tokens = heuristic_count([context])[0]
     answer_in = sum(context_tokens + heuristic_count([p.question])[0] + 60 for p in scorable)
     judge_in = sum(heuristic_count([p.question, p.gold or ""])[0] + 80 for p in scorable)
@@ -68,8 +70,9 @@ async def judge_probes(
     probes: Sequence[Probe], context: str, *, answerer: str, judge: str, concurrency: int = 4,
     progress: Callable[[int, int], None] | None = None, completion_kwargs: dict | None = None,
 ) -> list[dict]:
-    """Answer and grade every probe that has a gold answer; one row per probe."""
-    scorable = [p for p in probes if p.gold]
+    """Answer and grade every probe with a gold answer, and every abstention probe (the right answer
+    to a question the conversation never answers is to decline); one row per probe."""
+    scorable = [p for p in probes if p.gold or getattr(p, "abstention", False)]
     gate = asyncio.Semaphore(concurrency)
     done = 0
     kwargs = completion_kwargs or {}
@@ -78,7 +81,8 @@ async def judge_probes(
         nonlocal done
         async with gate:
             answer = await _ask(answerer, ANSWER_PROMPT.format(context=context, question=probe.question), **kwargs)
-            verdict = await _ask(judge, JUDGE_PROMPT.format(question=probe.question, gold=probe.gold, answer=answer),
+            gold = probe.gold if probe.gold else ABSTENTION_GOLD
+            verdict = await _ask(judge, JUDGE_PROMPT.format(question=probe.question, gold=gold, answer=answer),
                                  **kwargs)
         done += 1
         if progress is not None:
