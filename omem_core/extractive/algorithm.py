@@ -31,13 +31,20 @@ from datetime import date, timedelta
 from collections.abc import Callable
 
 from ..prompts import unescape_structure
-from .lexicon import CUE_WORDS, FILLER_WORDS, MONTHS, STOP_WORDS, WEEKDAYS
+from .lexicon import ABBREVIATIONS, FILLER_WORDS, GENERIC_WORDS, MONTHS, STOP_WORDS, WEEKDAYS
+
+#: Heuristics switched off, by name (empty in normal use). Only ``bench/bench_quality.py
+#: --ablation`` sets it, to measure what each heuristic is worth; see docs/offline-model.md.
+DISABLED: set[str] = set()
+
+
+def on(name: str) -> bool:
+    return name not in DISABLED
 
 _HEADER = re.compile(
     r"^\[(?P<y>\d{4})-(?P<m>\d{2})-(?P<d>\d{2})[^\]]*\]\s+(?P<role>[a-z]+):\s?(?P<content>.*)$"
 )
 _SPEAKER = re.compile(r"^(?P<name>[A-Z][\w'’.-]*(?: [A-Z][\w'’.-]*){0,2}):\s+(?P<rest>.+)$")
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'“(\[]?[A-Z0-9])|\s+/\s+")
 _WORD = re.compile(r"[A-Za-z][A-Za-z'’-]*|\d+(?:[.,:/]\d+)*")
 _TARGET = re.compile(r"Target length: at most (\d+) tokens")
 _BULLET = re.compile(r"^-\s+(?:\((?P<date>[^)]*)\)\s+)?(?P<body>.+)$")
@@ -145,7 +152,6 @@ def sentence_score(sentence: str, *, role: str = "user") -> float:
     )
     numbers = sum(1 for w in words if w[0].isdigit())
     dates = sum(1 for w in lowered if w in MONTHS or w in WEEKDAYS) + len(_RELATIVE.findall(sentence))
-    cues = sum(1 for w in lowered if w in CUE_WORDS)
     first_person = sum(1 for w in lowered if w in ("i", "my", "we", "our", "i'm", "i've", "me"))
     content = [w for w in lowered if w not in STOP_WORDS]
     filler = sum(1 for w in content if w in FILLER_WORDS)
@@ -153,7 +159,6 @@ def sentence_score(sentence: str, *, role: str = "user") -> float:
         2.0 * min(proper, 4)
         + 2.0 * min(numbers, 3)
         + 1.5 * min(dates, 2)
-        + 1.2 * min(cues, 3)
         + 0.5 * min(first_person, 2)
         + 0.25 * min(len(content), 12)
         - 1.5 * filler
@@ -162,12 +167,23 @@ def sentence_score(sentence: str, *, role: str = "user") -> float:
         score -= 2.0
     if sentence.rstrip().endswith("?"):
         score -= 1.5
-    if role == "assistant":
+    if role == "assistant" and not on("role_neutral"):
         score -= 0.5
     return score / math.sqrt(1 + len(words) / 12)
 
 
+# Openers dropped from the start of a sentence. Interjections and connectives go whether or not
+# punctuation follows ("Oh I went" -> "I went"); words that can also start a meaningful phrase
+# ("Great job on the cake", "Well done", "So much fun") go only when punctuation marks them as an
+# opener ("Great, I went" -> "I went").
 _INTERJECTION = re.compile(
+    r"^(?:(?:(?:oh+|wow|woah|whoa|yeah|yep|yup|hey|hi|hello|haha+|ha|hahaha|lol|btw|anyway|also|plus|"
+    r"and|but|ah+|aw+|omg|gosh|hmm+|um+|uh+|by the way|oh my gosh|oh my god|on another note)\b[,!.:;-]*"
+    r"|(?:ok|okay|well|so|cool|nice|great|awesome|man|dude|sure|yes|right|alright|totally|"
+    r"absolutely|amazing|wonderful)[,!.:;-]+)\s+)+",
+    re.IGNORECASE,
+)
+_OLD_INTERJECTION = re.compile(
     r"^(?:(?:oh|wow|woah|whoa|yeah|yep|yup|hey|hi|haha|hahaha|lol|ok|okay|well|so|btw|anyway|"
     r"also|plus|and|but|ah|aw|aww|omg|gosh|man|dude|hmm|um|uh|cool|nice|great|awesome|"
     r"by the way|oh my gosh|oh wow|on another note)\b[,!.:-]*\s+)+",
@@ -182,19 +198,58 @@ def tidy(sentence: str) -> str:
     """The sentence without openers, emoji and caption boilerplate ("Oh wow, I went…" → "I went…")."""
     text = _SPACES.sub(" ", _EMOJI.sub(" ", sentence)).strip()
     text = _CAPTION.sub("[image: ", text)
-    stripped = _INTERJECTION.sub("", text)
+    stripped = (_INTERJECTION if on("openers") else _OLD_INTERJECTION).sub("", text)
     if stripped and len(_WORD.findall(stripped)) >= 2:
         text = stripped[0].upper() + stripped[1:]
     return text.strip()
 
 
+_BOUNDARY = re.compile(r"[.!?]+[\"'”’)\]]*\s+(?=[\"'“(\[]?[A-Z0-9])|\s+/\s+")
+_LAST_TOKEN = re.compile(r"(\S+)$")
+
+
+def _not_an_end(text: str, boundary: re.Match[str], start: int) -> bool:
+    """Whether the full stop at ``boundary`` ends an abbreviation ("St.", "Dr.", "e.g."), an
+    initial ("J."), or a list number ("4." starting a sentence or following a colon)."""
+    if not boundary.group().startswith(".") or boundary.group().startswith("..") or not on("split"):
+        return False
+    token = _LAST_TOKEN.search(text, start, boundary.start())
+    if token is None:
+        return False
+    word = token.group(1).lstrip("\"'“(").rstrip(".")
+    lowered = word.lower()
+    if lowered in ABBREVIATIONS or "." in lowered.strip("."):  # "St.", "U.S.", "a.m."
+        return lowered != "no" or text[boundary.end():boundary.end() + 1].isdigit()
+    if len(word) == 1 and word.isupper():  # an initial: "J. K. Rowling"
+        return True
+    if word.isdigit() and len(word) <= 2:  # "4." as a list marker, not "I turned 30."
+        before = text[start:token.start()].rstrip()
+        return not before or before.endswith((":", ".", "!", "?", "/"))
+    return False
+
+
 def split_sentences(text: str) -> list[str]:
-    return [s.strip() for s in _SENTENCE_END.split(text) if s and s.strip()]
+    """Sentences of ``text``: split after . ! ? before a capital or a digit, and at the `` / ``
+    that stands for a line break — but not after an abbreviation, an initial or a list number."""
+    pieces: list[str] = []
+    start = 0
+    for boundary in _BOUNDARY.finditer(text):
+        if _not_an_end(text, boundary, start):
+            continue
+        end = boundary.start() if boundary.group().strip() == "/" else boundary.end()
+        pieces.append(text[start:end])
+        start = boundary.end()
+    pieces.append(text[start:])
+    return [p.strip() for p in pieces if p and p.strip()]
+
+
 
 
 
 def word_weights(sentence: str) -> dict[str, float]:
-    """Information carried by each content word: names and numbers weigh most, then dates."""
+    """Information carried by each content word: names and numbers weigh most (2.5), then dates
+    (1.5), then other words (1); very common words ("time", "feel", "great") weigh half, so a
+    sentence's specific words ("violin", "lasagna") carry it."""
     weights: dict[str, float] = {}
     words = _WORD.findall(sentence)
     for i, word in enumerate(words):
@@ -207,8 +262,8 @@ def word_weights(sentence: str) -> dict[str, float]:
             weight = 1.5
         elif word[0].isupper() and (i > 0 or word.isupper()):
             weight = 2.5
-        elif lowered in CUE_WORDS:
-            weight = 1.3
+        elif lowered in GENERIC_WORDS and on("generic"):
+            weight = 0.5
         else:
             weight = 1.0
         weights[lowered] = max(weights.get(lowered, 0.0), weight)
@@ -260,19 +315,50 @@ class _Candidate:
     cost: int
 
 
+_NAME_PREFIX = re.compile(r"^(?P<name>[^\W\d_][\w'’.-]*(?: [^\W\d_][\w'’.-]*){0,2}):\s+(?P<rest>.+)$")
+
+
+def _pleasantry(sentence: str) -> bool:
+    """A sentence with no specific word: every content word is generic ("See ya later!",
+    "Weddings truly are the best!" has one, "weddings", and a short exclamation of praise)."""
+    words = _WORD.findall(sentence)
+    specific = [w for w in words if w.lower() not in STOP_WORDS and w.lower() not in FILLER_WORDS
+                and w.lower() not in GENERIC_WORDS and not w[0].isdigit()]
+    if not specific:
+        return True
+    return sentence.rstrip().endswith("!") and len(specific) <= 1 and len(words) <= 6 and not (
+        _FIRST_PERSON & {w.lower().replace("’", "'") for w in words})
+
+
 def parse_messages(block: str) -> list[tuple[date, str, str]]:
-    """``(day, speaker, text)`` per rendered message line; unparsable lines are skipped."""
-    parsed = []
+    """``(day, "role|speaker", text)`` per rendered message line; unparsable lines are skipped.
+
+    A message that starts ``Name: `` names its speaker. A capitalised name counts on its own; a
+    lower-case one ("elise: hi") when the same prefix starts another message of the segment or
+    every message of the segment starts with a name, so "note: the server is down" in one
+    message of an ordinary chat stays text."""
+    rows = []
     for line in block.splitlines():
         match = _HEADER.match(line.strip())
         if match is None:
             continue
         day = date(int(match["y"]), int(match["m"]), int(match["d"]))
-        role, content = match["role"], match["content"].strip()
+        rows.append((day, match["role"], match["content"].strip()))
+    prefixes = [_NAME_PREFIX.match(content) for _, _, content in rows]
+    names = [m["name"] if m is not None and m["name"].lower() not in STOP_WORDS else None for m in prefixes]
+    seen: dict[str, int] = {}
+    for name in names:
+        if name is not None:
+            seen[name.lower()] = seen.get(name.lower(), 0) + 1
+    all_named = bool(rows) and all(n is not None for n in names)
+    parsed = []
+    for (day, role, content), name, prefix in zip(rows, names, prefixes):
         speaker = role.capitalize()
-        named = _SPEAKER.match(content)
-        if named is not None and named["name"].lower() not in STOP_WORDS:
-            speaker, content = named["name"], named["rest"]
+        if name is not None and prefix is not None and (
+            _SPEAKER.match(content) is not None
+            or (on("speakers") and (seen[name.lower()] >= 2 or all_named))
+        ):
+            speaker, content = name, prefix["rest"]
         parsed.append((day, f"{role}|{speaker}", content))
     return parsed
 
@@ -293,11 +379,13 @@ def observe(block: str, target_tokens: int) -> str:
     units = []
     for candidate in candidates:
         multiplier = 0.5 if candidate.text.rstrip().endswith("?") else 1.0
-        if messages[candidate.message][1].startswith("assistant|"):
+        if messages[candidate.message][1].startswith("assistant|") and not on("role_neutral"):
             multiplier *= 0.8
         if candidate.score <= 0:
             multiplier *= 0.3
-        if _FIRST_PERSON & {w.lower().replace("’", "'") for w in _WORD.findall(candidate.text)}:
+        if on("pleasantries") and _pleasantry(candidate.text):
+            multiplier = 0.0  # "See ya later!": kept only when nothing else is said
+        if on("first_person") and _FIRST_PERSON & {w.lower().replace("’", "'") for w in _WORD.findall(candidate.text)}:
             multiplier *= 1.4  # a self-disclosure ("I love sci-fi movies") is what memory is for
         units.append((word_weights(candidate.text), candidate.cost + 3, multiplier))
     chosen = [candidates[i] for i in greedy_cover(units, target_tokens, speakers)]
@@ -425,7 +513,8 @@ def reflect(reflection: str, observations: str, target_tokens: int) -> str:
             head, sentences = _body_sentences(bullet.body)
             pieces.extend((index, head, sentence) for sentence in sentences or [bullet.body])
         units = [(word_weights(sentence), estimate_tokens(sentence) + 1 + estimate_tokens(head) // 2,
-                  1.0 + 0.5 * merged[index].order / newest) for index, head, sentence in pieces]
+                  1.0 if on("position_fair") else 1.0 + 0.5 * merged[index].order / newest)
+                 for index, head, sentence in pieces]
         picked = greedy_cover(units, int(budget * 0.93))
 
         candidates = merged

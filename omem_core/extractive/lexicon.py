@@ -29,17 +29,30 @@ FILLER_WORDS = frozenset(
     hear glad sweet lovely""".split()
 )
 
-CUE_WORDS = frozenset(
-    """favorite favourite love loves loved prefer prefers preferred hate hates hated enjoy enjoys
-    enjoyed plan plans planned planning decided decide decision bought buy buying moved move
-    moving started start starting finished finish joined join adopted adopt visited visit went
-    made make painted paint signed married born birthday job work working career school college
-    university degree kids kid daughter son wife husband partner friend friends mom dad mother
-    father family brother sister dog cat pet name named live lives lived living recently deadline
-    budget allergic need needs want wants goal goals learned learning course class team project
-    trip travel traveled vacation concert book books read reading wrote writing play plays played
-    game games instrument music song car house apartment city country home hobby passion volunteer
-    volunteering charity camping hiking running marathon race event conference meeting interview
-    promoted promotion quit hired salary cost price paid pay dollars version library framework
-    database deploy deployed bug error fixed issue release""".split()
+# Abbreviations written with a full stop that does not end a sentence (titles, street and place
+# words, Latin, measures). "no" counts only before a digit ("No. 5").
+ABBREVIATIONS = frozenset(
+    """mr mrs ms mx dr prof rev hon st sr jr mt ft ave blvd rd ln hwy apt dept univ inc ltd co corp
+    bros assn gen col lt sgt capt cmdr gov sen rep pres vs etc e.g i.e cf viz approx est min max
+    fig vol ed eds pp no nos jan feb mar apr jun jul aug sep sept oct nov dec mon tue tues wed thu
+    thur thurs fri sat sun a.m p.m u.s u.k""".split()
+)
+
+# Very common English content words: they say little on their own ("a really good time"), so a
+# sentence's specific words ("violin", "lasagna", "bullet journal") count for more than these.
+GENERIC_WORDS = frozenset(
+    """able actually ago ahead almost alone along already always amazing another anything anyway
+    anywhere around away awesome back bad beautiful best better big bit came can come comes coming
+    could day days definitely different done else enough especially ever every everyone everything
+    exactly excited feel feeling feelings feels felt find fine first found fun gave getting give
+    gives giving glad good great guess guys happen happened happens happy hard heard help helped
+    helps hope hoping huge idea important interesting keep keeps kind kinds last later least leave
+    left less let life little long look looked looking looks lot lots love loved lovely made make
+    makes making may maybe means meant might moment moments months much must need needed never new
+    next nice nothing now often old others part people perfect person pretty put quite rather ready
+    real really right said say saying says see seeing seem seems seen set show showed shows since
+    small something sometimes soon sort special stuff sure take takes taking talk talked talking
+    tell thanks thank things think thinking thought time times today together told took tried try
+    trying turn two use used using want wanted wants watch way ways week weeks went whole wish
+    without wonderful work worked working world would wow year years yet""".split()
 )
