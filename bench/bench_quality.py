@@ -1,11 +1,15 @@
 """Compaction quality of the offline model on the shared datasets, against the baselines.
 
-    python bench/bench_quality.py [--observation 1000 --reflection 2000 --window 10]
+    python bench/bench_quality.py [--observation 1000 --reflection 2000 --window 10] [--ablation]
 
 For each LoCoMo conversation and BEAM chat: compression (full-history tokens / final context
 tokens) and model-free retention (share of each gold answer's content words visible at the end)
 for the memory, the full history, the window only, and the newest-K-tokens baseline (K = the final
-context size), overall and per category. Nothing here reads probes while compacting.
+context size), overall and per category. Then, side by side: LoCoMo retention of facts said in
+the first vs the last third of each conversation and of facts said by speaker A vs speaker B, and
+the BEAM chats' blind spot (backlog outside the window) with and without ``max_backlog``.
+``--ablation`` replays LoCoMo and BEAM once per heuristic of the offline model switched off.
+Nothing here reads probes while compacting.
 """
 
 from __future__ import annotations
@@ -14,11 +18,16 @@ import argparse
 import asyncio
 import sys
 from collections import defaultdict
+import functools
 from dataclasses import replace
 
 from workbench.catalog import shared_datasets_dir
 from workbench.datasets import Conversation, load_dataset
+import workbench.replay as replay_module
+from omem_core import token_counter
+from omem_core.extractive import algorithm
 from workbench.replay import ReplayConfig, replay
+from workbench.retention import content_words, newest_tokens, probe_score, render_context
 
 
 CUTS = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
@@ -38,7 +47,134 @@ def prefixes(conversation: Conversation) -> list[Conversation]:
     return out
 
 
-def run(config: ReplayConfig) -> None:
+def probe_rows(conversation: Conversation, result) -> list[dict]:
+    """Per scored probe: memory and equal-size recency scores, where its evidence was said (the
+    latest evidence turn as a fraction of the conversation) and by whom (the roles of its turns)."""
+    count = token_counter("heuristic")
+    history = [t.to_message(conversation.id) for t in conversation.turns]
+    memory = content_words(render_context(result.context))
+    recent = content_words(render_context(newest_tokens(history, result.final_context_tokens, count)))
+    index = {t.id: i for i, t in enumerate(conversation.turns)}
+    role = {t.id: t.role for t in conversation.turns}
+    rows = []
+    for probe in conversation.probes:
+        score = probe_score(probe.gold, memory)
+        evidence = [e for e in probe.evidence if e in index]
+        if score is None or not evidence:
+            continue
+        rows.append({"memory": score, "recent": probe_score(probe.gold, recent),
+                     "position": max(index[e] for e in evidence) / len(conversation.turns),
+                     "roles": {role[e] for e in evidence}})
+    return rows
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def fairness(rows: list[dict]) -> dict[str, float]:
+    """Retention of the facts said in the first and the last third, and by speaker A (the loader's
+    ``user``) and speaker B (``assistant``), with probe counts."""
+    groups = {"first third": [r for r in rows if r["position"] < 1 / 3],
+              "last third": [r for r in rows if r["position"] >= 2 / 3],
+              "speaker A": [r for r in rows if r["roles"] == {"user"}],
+              "speaker B": [r for r in rows if r["roles"] == {"assistant"}]}
+    out = {name: mean([r["memory"] for r in group]) for name, group in groups.items()}
+    out.update({f"{name} n": len(group) for name, group in groups.items()})
+    return out
+
+
+def locomo_figures(conversations: list[Conversation], config: ReplayConfig, *, cuts: bool = True) -> dict:
+    """Pooled retention, compression and recency ratio at the end (and over the stopping points)."""
+    rows, compressions = [], []
+    for conversation in conversations:
+        result = asyncio.run(replay(conversation, config, None))
+        compressions.append(result.compression)
+        rows.extend(probe_rows(conversation, result))
+    figures = {"retention": mean([r["memory"] for r in rows]), "recent": mean([r["recent"] for r in rows]),
+               "compression": mean(compressions), "min compression": min(compressions), **fairness(rows)}
+    figures["ratio"] = figures["retention"] / figures["recent"]
+    if cuts:
+        mine = theirs = 0.0
+        for conversation in conversations:
+            for prefix in prefixes(conversation):
+                result = asyncio.run(replay(prefix, config, None))
+                mine += result.retention.retention * result.retention.scored
+                theirs += result.retention.recent_tokens * result.retention.scored
+        figures["ratio over cuts"] = mine / theirs
+    return figures
+
+
+def beam_figures(conversations: list[Conversation], config: ReplayConfig, max_backlog: int | None) -> dict:
+    """Pooled retention, compression, recency ratio and blind spot (mean and max backlog outside
+    the window over every read) of the BEAM chats, with ``max_backlog`` (None: off)."""
+    original = replay_module.create_observational_memory_store
+    if max_backlog is not None:  # ReplayConfig has no max_backlog field: pass it to the wrapper here
+        replay_module.create_observational_memory_store = functools.partial(original, max_backlog=max_backlog)
+    try:
+        results = [asyncio.run(replay(c, config, None)) for c in conversations]
+    finally:
+        replay_module.create_observational_memory_store = original
+    scored = sum(r.retention.scored for r in results)
+    backlog = [row["backlog_tokens"] for r in results for row in r.step_rows]
+    retention = sum(r.retention.retention * r.retention.scored for r in results) / scored
+    recent = sum(r.retention.recent_tokens * r.retention.scored for r in results) / scored
+    return {"retention": retention, "ratio": retention / recent,
+            "compression": mean([r.compression for r in results]),
+            "blind spot mean": mean(backlog), "blind spot max": max(backlog),
+            "per chat max": [max(row["backlog_tokens"] for row in r.step_rows) for r in results]}
+
+
+HEURISTICS = {
+    "role_neutral": "assistant lines weigh as much as user lines",
+    "position_fair": "reflection weighs old and new notes alike",
+    "generic": "very common words weigh half",
+    "first_person": "self-disclosures count 1.4x",
+    "pleasantries": "sentences with no specific word never picked",
+    "split": "no split after abbreviations, initials, list numbers",
+    "openers": "openers that can start a phrase kept unless punctuated",
+    "speakers": "lower-case speaker names recognised",
+}
+
+
+def ablation(config: ReplayConfig, locomo: list[Conversation], beam: list[Conversation]) -> None:
+    print("== ablation: each heuristic switched off in turn (LoCoMo at the end and over the stopping points; BEAM)")
+    print(f"{'switched off':<16} {'ret':>6} {'compr':>6} {'ratio':>6} {'ratio@cuts':>10} {'first':>6} {'last':>6} "
+          f"{'spk A':>6} {'spk B':>6} {'BEAM ret':>8} {'BEAM ratio':>10}")
+    for name in ("(none)", *HEURISTICS):
+        algorithm.DISABLED.clear()
+        if name != "(none)":
+            algorithm.DISABLED.add(name)
+        try:
+            f = locomo_figures(locomo, config)
+            b = beam_figures(beam, config, None)
+        finally:
+            algorithm.DISABLED.clear()
+        print(f"{name:<16} {f['retention']:>6.3f} {f['compression']:>5.1f}x {f['ratio']:>5.2f}x {f['ratio over cuts']:>9.2f}x "
+              f"{f['first third']:>6.3f} {f['last third']:>6.3f} {f['speaker A']:>6.3f} {f['speaker B']:>6.3f} "
+              f"{b['retention']:>8.3f} {b['ratio']:>9.2f}x")
+    print()
+
+
+def summary(config: ReplayConfig, locomo: list[Conversation], beam: list[Conversation], max_backlog: int) -> None:
+    f = locomo_figures(locomo, config, cuts=False)
+    print("== the round-2 figures side by side")
+    print(f"LoCoMo   retention {f['retention']:.3f} at {f['compression']:.1f}x (lowest {f['min compression']:.1f}x), "
+          f"{f['ratio']:.2f}x the equal-size recency baseline ({f['recent']:.3f})")
+    print(f"         first third {f['first third']:.3f} ({f['first third n']} probes) vs last third "
+          f"{f['last third']:.3f} ({f['last third n']}): gap {f['first third'] - f['last third']:+.3f}")
+    print(f"         speaker A {f['speaker A']:.3f} ({f['speaker A n']} probes) vs speaker B "
+          f"{f['speaker B']:.3f} ({f['speaker B n']}): gap {f['speaker A'] - f['speaker B']:+.3f}")
+    for label, ceiling in (("off", None), (f"{max_backlog:,}", max_backlog)):
+        b = beam_figures(beam, config, ceiling)
+        print(f"BEAM     max_backlog {label:>6}: retention {b['retention']:.3f} at {b['compression']:.1f}x "
+              f"({b['ratio']:.2f}x recency); blind spot mean {b['blind spot mean']:,.0f}, max {b['blind spot max']:,} "
+              f"tokens (per chat {', '.join(f'{m:,}' for m in b['per chat max'])}; "
+              f"{b['blind spot max'] / config.observation_threshold:.1f}x the observation threshold)")
+    print()
+
+
+def run(config: ReplayConfig, *, with_ablation: bool = False) -> None:
     shared = shared_datasets_dir()
     if not shared.is_dir():
         sys.exit(f"needs ../shared/datasets (looked in {shared})")
@@ -110,6 +246,10 @@ def run(config: ReplayConfig) -> None:
                   f"{max(r['reflection_tokens'] for r in rows):,} (reflection threshold {config.reflection_threshold:,}); "
                   f"backlog at the end {rows[-1]['backlog_tokens']:,} tokens")
         print()
+    beam = suites["beam-100k-dev"]
+    summary(config, suites["locomo-dev"], beam, config.observation_threshold)
+    if with_ablation:
+        ablation(config, suites["locomo-dev"], beam)
 
 
 if __name__ == "__main__":
@@ -119,6 +259,8 @@ if __name__ == "__main__":
     parser.add_argument("--window", type=int, default=10)
     parser.add_argument("--recall-on", choices=("assistant", "every"), default="assistant",
                         help="recall before each assistant message (default) or before every message")
+    parser.add_argument("--ablation", action="store_true",
+                        help="also replay with each heuristic of the offline model switched off (about 2 minutes)")
     args = parser.parse_args()
     run(ReplayConfig(observation_threshold=args.observation, reflection_threshold=args.reflection,
-                     last_messages=args.window, recall_on=args.recall_on, cache=False))
+                     last_messages=args.window, recall_on=args.recall_on, cache=False), with_ablation=args.ablation)
