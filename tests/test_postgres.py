@@ -124,6 +124,16 @@ async def test_an_unreachable_database_is_a_clear_error_without_the_password(mak
     assert isinstance(caught.value, ConnectionError)
 
 
+async def test_through_the_wrapper_an_unreachable_database_is_the_same_error() -> None:
+    dsn = f"host=127.0.0.1 port={free_port()} user=omem password=hunter2secret dbname=memories"
+    store = create_observational_memory_store(PostgresMemoryStore(dsn), observer="omem/extractive",
+                                              observations=PostgresObservationStore(dsn))
+    for call in (store.save_messages([msg(0)]), store.recall("t", last=3), store.delete_thread("t")):
+        with pytest.raises(DatabaseUnavailableError, match="127.0.0.1:.*'memories'") as caught:
+            await call
+        assert "hunter2secret" not in str(caught.value)
+
+
 def test_a_malformed_dsn_is_refused_without_repeating_it() -> None:
     with pytest.raises(ValueError, match="not a valid PostgreSQL connection string") as caught:
         PostgresMemoryStore("postgresql://omem:hunter2secret@host:5/db?bad option=1")
