@@ -129,7 +129,6 @@ HEURISTICS = {
     "role_neutral": "assistant lines weigh as much as user lines",
     "position_fair": "reflection weighs old and new notes alike",
     "generic": "very common words weigh half",
-    "first_person": "self-disclosures count 1.4x",
     "pleasantries": "sentences with no specific word never picked",
     "split": "no split after abbreviations, initials, list numbers",
     "openers": "openers that can start a phrase kept unless punctuated",

@@ -270,6 +270,17 @@ def word_weights(sentence: str) -> dict[str, float]:
     return weights
 
 
+def _spread(count: int) -> Callable[[int], tuple[float, int]]:
+    """A sort key visiting ``0..count-1`` in a spread-out order (bit-reversed positions)."""
+    bits = max(1, (count - 1).bit_length())
+
+    def key(index: int) -> tuple[float, int]:
+        reversed_bits = int(format(index, f"0{bits}b")[::-1], 2)
+        return (reversed_bits, index)
+
+    return key
+
+
 def greedy_cover(units: list[tuple[dict[str, float], int, float]], budget: int,
                  covered: set[str] | None = None, *, min_gain: float = 1.0) -> list[int]:
     """Pick units (word weights, token cost, multiplier) maximising newly covered information per
@@ -279,10 +290,12 @@ def greedy_cover(units: list[tuple[dict[str, float], int, float]], budget: int,
     covered = set(covered or ())
     chosen: list[int] = []
     remaining = set(range(len(units)))
+    # Ties go to positions spread over the input (1/2, 1/4, 3/4, …) rather than the oldest first.
+    order = sorted(range(len(units)), key=_spread(len(units))) if on("position_fair") else list(range(len(units)))
     used = 0
     while remaining:
         best, best_value = -1, 0.0
-        for index in sorted(remaining):
+        for index in (i for i in order if i in remaining):
             weights, cost, multiplier = units[index]
             if used + cost > budget and chosen:
                 continue
@@ -385,8 +398,6 @@ def observe(block: str, target_tokens: int) -> str:
             multiplier *= 0.3
         if on("pleasantries") and _pleasantry(candidate.text):
             multiplier = 0.0  # "See ya later!": kept only when nothing else is said
-        if on("first_person") and _FIRST_PERSON & {w.lower().replace("’", "'") for w in _WORD.findall(candidate.text)}:
-            multiplier *= 1.4  # a self-disclosure ("I love sci-fi movies") is what memory is for
         units.append((word_weights(candidate.text), candidate.cost + 3, multiplier))
     chosen = [candidates[i] for i in greedy_cover(units, target_tokens, speakers)]
     if not chosen and candidates:  # nothing clears the bar: the most salient sentence, cut to fit

@@ -1,0 +1,166 @@
+"""Round 2 of the offline model ``omem/extractive``: behaviour that must hold on conversations it
+has never seen (conversations written here, called through litellm like production).
+
+Each test fails when the heuristic it covers is switched off (``algorithm.DISABLED``) or broken.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import litellm
+import pytest
+
+import omem_core
+from omem_core import Message
+from omem_core.extractive import algorithm
+from omem_core.extractive.algorithm import reflect, split_sentences, tidy
+from omem_core.prompts import OBSERVER_PROMPT, render_observer_input
+
+from conftest import T0
+
+
+def line(i: int, role: str, content: str) -> Message:
+    return Message(id=f"m{i}", thread_id="t", role=role, content=content, created_at=T0 + timedelta(minutes=i))
+
+
+async def observe(messages: list[Message], target: int) -> str:
+    response = await litellm.acompletion(
+        model="omem/extractive",
+        messages=[{"role": "system", "content": OBSERVER_PROMPT.text},
+                  {"role": "user", "content": render_observer_input(messages, target_tokens=target)}],
+    )
+    return response.choices[0].message.content
+
+
+@pytest.fixture(autouse=True)
+def all_heuristics_on():
+    algorithm.DISABLED.clear()
+    yield
+    algorithm.DISABLED.clear()
+
+
+# Two people in a two-person chat, saying facts of the same shape; the loaders give the second
+# one the ``assistant`` role.
+FACTS_A = ["I keep a cello in the attic.", "I grow basil on the balcony.", "I knit scarves for the winter market.",
+           "I ride a tandem bike with my cousin.", "I collect postcards from harbour towns."]
+FACTS_B = ["I keep a banjo in the garage.", "I grow tomatoes in the greenhouse.", "I sew quilts for the spring fair.",
+           "I paddle a kayak with my neighbour.", "I collect stamps from mountain villages."]
+
+
+def kept(text: str, facts: list[str]) -> int:
+    return sum(1 for fact in facts if fact.rstrip(".") in text)
+
+
+async def test_both_speakers_of_a_human_chat_weigh_alike() -> None:
+    chat = [line(2 * i + k, role, f"{name}: {facts[i]}")
+            for i in range(5) for k, (role, name, facts) in enumerate((("user", "Ann", FACTS_A), ("assistant", "Bea", FACTS_B)))]
+    text = await observe(chat, 45)
+    a, b = kept(text, FACTS_A), kept(text, FACTS_B)
+    assert 0 < a + b < 10  # the target forces a choice
+    assert abs(a - b) <= 1, text
+    swapped = [line(i, "assistant" if m.role == "user" else "user", m.content) for i, m in enumerate(chat)]
+    assert await observe(swapped, 45) == text  # the role changes nothing
+
+
+async def test_lower_case_speaker_names_are_speakers() -> None:
+    chat = [line(0, "user", "elise: I adopted a greyhound called Biscuit."),
+            line(1, "assistant", "marc: My sister moved to Lisbon in June."),
+            line(2, "user", "elise: Biscuit sleeps on the sofa all day.")]
+    text = await observe(chat, 200)
+    bullets = [row for row in text.splitlines() if row.startswith("- ")]
+    assert bullets and all(row.startswith(("- elise: ", "- marc: ")) for row in bullets), text
+    assert "Assistant" not in text and "User" not in text
+
+
+async def test_a_lone_label_in_an_ordinary_chat_stays_text() -> None:
+    chat = [line(0, "user", "note: the build server in Oslo is down since Monday."), line(1, "assistant", "Noted, thanks.")]
+    text = await observe(chat, 200)
+    assert "- User: Note: the build server" in text  # the label kept as text (capitalised like any sentence)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("We met on Clinton St. in the rain. It was late.", ["We met on Clinton St. in the rain.", "It was late."]),
+        ("I asked Dr. Patel about it. She agreed.", ["I asked Dr. Patel about it.", "She agreed."]),
+        ("My plan: 1. Rent a van. 2. Pack the books. 3. Drive north.",
+         ["My plan: 1. Rent a van.", "2. Pack the books.", "3. Drive north."]),
+        ("J. R. R. Tolkien is my favourite.", ["J. R. R. Tolkien is my favourite."]),
+        ("I turned 30. Then I moved to Leeds.", ["I turned 30.", "Then I moved to Leeds."]),
+        ("It is No. 5 on the list. No. I never went.", ["It is No. 5 on the list.", "No.", "I never went."]),
+        ("The U.S. Open starts soon. Tickets sold out.", ["The U.S. Open starts soon.", "Tickets sold out."]),
+        ("first line / second line", ["first line", "second line"]),
+    ],
+)
+def test_sentences_split_around_abbreviations_initials_and_list_numbers(text: str, expected: list[str]) -> None:
+    assert split_sentences(text) == expected
+
+
+async def test_an_abbreviation_does_not_cut_a_kept_sentence() -> None:
+    text = await observe([line(0, "user", "Ann: I opened a bakery on Clinton St. Louis helped me paint it.")], 200)
+    assert "I opened a bakery on Clinton St. Louis helped me paint it." in text
+
+
+@pytest.mark.parametrize(
+    ("sentence", "expected"),
+    [
+        ("Great job on the cake!", "Great job on the cake!"),
+        ("Well done on the race.", "Well done on the race."),
+        ("So much fun at the lake!", "So much fun at the lake!"),
+        ("Great, I finally sold the car.", "I finally sold the car."),
+        ("Oh I finally sold the car.", "I finally sold the car."),
+    ],
+)
+def test_openers_go_only_when_they_are_openers(sentence: str, expected: str) -> None:
+    assert tidy(sentence) == expected
+
+
+async def test_specific_common_nouns_beat_generic_chatter() -> None:
+    chat = [line(0, "user", "Ann: It was really a great time, we had so much fun and everyone felt happy together."),
+            line(1, "assistant", "Bea: I practise violin and cook lasagna with sage.")]
+    text = await observe(chat, 20)
+    assert "violin" in text and "great time" not in text, text
+
+
+async def test_pleasantries_are_not_notes_but_a_segment_of_them_still_gets_one() -> None:
+    chat = [line(0, "user", "Ann: See ya later!"), line(1, "assistant", "Bea: Take care, talk soon!"),
+            line(2, "user", "Ann: My cousin Theo starts at the conservatory in Ghent next month.")]
+    text = await observe(chat, 200)
+    assert "See ya" not in text and "Take care" not in text and "Theo" in text
+    only = await observe(chat[:2], 200)
+    assert only.strip() and ("See ya" in only or "Take care" in only)
+
+
+@pytest.mark.parametrize("content", ["ok", "!!!", "🙂", "See ya later!", "?", "   ", "haha lol"])
+async def test_never_empty_for_a_non_empty_segment(content: str) -> None:
+    assert (await observe([line(0, "user", content), line(1, "assistant", content)], 48)).strip()
+
+
+def test_reflection_keeps_old_and_new_notes_alike() -> None:
+    towns = ["Arles", "Bergen", "Cadiz", "Dover", "Evora", "Faro", "Ghent", "Hull", "Ibiza", "Jena", "Kiel", "Lund",
+             "Metz", "Nice", "Oban", "Pula", "Riga", "Sion", "Tours", "Ulm", "Vigo", "Wick", "Ypres", "Zadar"]
+    things = ["kettle", "lamp", "rug", "clock", "vase", "chair", "desk", "mirror", "quilt", "bench", "stool", "crate",
+              "basket", "easel", "loom", "piano", "sofa", "trunk", "drum", "globe", "harp", "kayak", "sled", "tent"]
+    old = "\n".join(f"{i + 1} May 2023\n- Ann: Ann bought a {things[i]} in {towns[i]}." for i in range(12))
+    new = "\n".join(f"{i + 1} June 2023\n- Ann: Ann bought a {things[i]} in {towns[i]}." for i in range(12, 24))
+    merged = reflect(old, new, 140)
+    kept_old = sum(1 for i in range(12) if towns[i] in merged)
+    kept_new = sum(1 for i in range(12, 24) if towns[i] in merged)
+    assert 4 <= kept_old + kept_new < 24
+    assert abs(kept_old - kept_new) <= 1, merged
+    assert all(row.startswith(("- ", "1", "2", "3", "4", "5", "6", "7", "8", "9")) for row in merged.splitlines())
+
+
+def test_notes_stay_dated_sentences() -> None:
+    chat = [line(i, "user" if i % 2 == 0 else "assistant", f"{'Ann' if i % 2 == 0 else 'Bea'}: {fact}")
+            for i, fact in enumerate(FACTS_A + FACTS_B)]
+    text = litellm.completion(model="omem/extractive", messages=[
+        {"role": "user", "content": render_observer_input(chat, target_tokens=60)}]).choices[0].message.content
+    rows = text.splitlines()
+    assert rows[0] == "1 March 2024"
+    assert all(row.startswith(("- Ann: ", "- Bea: ")) and row.endswith(".") for row in rows[1:])
+
+
+def test_offline_model_is_registered() -> None:
+    assert omem_core.OFFLINE_MODEL == "omem/extractive"
