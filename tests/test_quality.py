@@ -15,17 +15,52 @@ from conftest import SHARED_DATASETS
 
 from workbench.datasets import load_dataset
 from workbench.replay import ReplayConfig, replay
+from workbench.retention import content_words, probe_score, render_context
 
 DEFAULTS = ReplayConfig(cache=False)
 
 
 @pytest.fixture(scope="module")
-def locomo():
+def locomo_pairs():
     if not SHARED_DATASETS.is_dir():
         pytest.skip(f"../shared/datasets is absent ({SHARED_DATASETS}): real-data tests need it")
     shared = SHARED_DATASETS
     conversations = load_dataset(shared / "locomo-dev" / "locomo-dev.json")
-    return [asyncio.run(replay(c, DEFAULTS, None)) for c in conversations]
+    return [(c, asyncio.run(replay(c, DEFAULTS, None))) for c in conversations]
+
+
+@pytest.fixture(scope="module")
+def locomo(locomo_pairs):
+    return [result for _, result in locomo_pairs]
+
+
+def probe_scores(conversation, result):
+    """(memory score, position of the latest evidence turn in [0, 1), roles of the evidence turns)."""
+    visible = content_words(render_context(result.context))
+    index = {t.id: i for i, t in enumerate(conversation.turns)}
+    role = {t.id: t.role for t in conversation.turns}
+    for probe in conversation.probes:
+        score = probe_score(probe.gold, visible)
+        evidence = [e for e in probe.evidence if e in index]
+        if score is not None and evidence:
+            yield score, max(index[e] for e in evidence) / len(conversation.turns), {role[e] for e in evidence}
+
+
+def test_early_facts_and_both_speakers_are_kept_alike(locomo_pairs) -> None:
+    """The round-2 fairness targets: facts said in the first third of a conversation are kept within
+    0.08 of the last third's; facts said by speaker A (the loader's ``user``) within 0.02 of speaker
+    B's (``assistant``) — the model must not weigh a line by its role or its age."""
+    rows = [row for pair in locomo_pairs for row in probe_scores(*pair)]
+
+    def mean(selected):
+        return sum(s for s, _, _ in selected) / len(selected)
+
+    first = mean([r for r in rows if r[1] < 1 / 3])
+    last = mean([r for r in rows if r[1] >= 2 / 3])
+    a = mean([r for r in rows if r[2] == {"user"}])
+    b = mean([r for r in rows if r[2] == {"assistant"}])
+    assert abs(first - last) <= 0.08, f"first third {first:.3f} vs last third {last:.3f}"
+    assert abs(a - b) <= 0.02, f"speaker A {a:.3f} vs speaker B {b:.3f}"
 
 
 def pooled(results, field: str) -> float:
