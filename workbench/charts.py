@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+
 import pandas as pd
 import plotly.graph_objects as go
 
@@ -13,6 +15,11 @@ COLORS = {
     "observe": "#00B894",
     "reflect": "#6C5CE7",
 }
+
+
+def _esc(text: object) -> str:
+    """Dataset or model text for plotly's text and names (which read a little HTML): escaped."""
+    return html.escape(str(text), quote=False)
 
 
 def _marker_line(fig: go.Figure, step: int | None) -> None:
@@ -40,23 +47,38 @@ def cursor_chart(steps: pd.DataFrame, total_messages: int, step: int | None = No
     return _layout(fig, "Cursor advance", "messages")
 
 
-def thresholds_chart(steps: pd.DataFrame, observation: int, reflection: int, step: int | None = None) -> go.Figure:
-    """Backlog vs the observation threshold, unreflected vs the reflection threshold, passes marked."""
+def thresholds_chart(steps: pd.DataFrame, observation: int, reflection: int, step: int | None = None,
+                     calls: pd.DataFrame | None = None) -> go.Figure:
+    """Backlog vs the observation threshold, unreflected vs the reflection threshold, passes marked.
+
+    With the run's ``calls``, each pass step carries the volume just before the pass as well as
+    after it, so the line visibly rises over the dashed threshold and drops where a pass fires."""
+    from .app_data import crossing_series
+
     fig = go.Figure()
-    fig.add_scatter(x=steps.step, y=steps.backlog_tokens, name="backlog", mode="lines",
-                    line=dict(color=COLORS["window"]))
-    fig.add_scatter(x=steps.step, y=steps.unreflected_tokens, name="unreflected observations", mode="lines",
-                    line=dict(color=COLORS["observe"]))
+    backlog = crossing_series(steps, calls, "backlog_tokens", "observe")
+    unreflected = crossing_series(steps, calls, "unreflected_tokens", "reflect")
+    fig.add_scatter(x=backlog.step, y=backlog.tokens, name="backlog", mode="lines",
+                    line=dict(color=COLORS["window"]), hovertemplate="step %{x}: %{y} tokens<extra>backlog</extra>")
+    fig.add_scatter(x=unreflected.step, y=unreflected.tokens, name="unreflected observations", mode="lines",
+                    line=dict(color=COLORS["observe"]),
+                    hovertemplate="step %{x}: %{y} tokens<extra>unreflected</extra>")
     fig.add_hline(y=observation, line_dash="dash", line_color=COLORS["window"],
                   annotation_text=f"observation threshold {observation}")
     fig.add_hline(y=reflection, line_dash="dash", line_color=COLORS["observe"],
                   annotation_text=f"reflection threshold {reflection}")
-    observed = steps[steps.observed]
-    reflected = steps[steps.reflected]
-    fig.add_scatter(x=observed.step, y=observed.backlog_tokens, mode="markers", name="observe pass",
-                    marker=dict(symbol="triangle-down", size=10, color=COLORS["observe"]))
-    fig.add_scatter(x=reflected.step, y=reflected.unreflected_tokens, mode="markers", name="reflect pass",
-                    marker=dict(symbol="diamond", size=11, color=COLORS["reflect"]))
+    observed = backlog[backlog.point == "before pass"]
+    if observed.empty:  # no calls recorded: mark the passes on the after-volumes
+        observed = steps[steps.observed].rename(columns={"backlog_tokens": "tokens"})
+    reflected = unreflected[unreflected.point == "before pass"]
+    if reflected.empty:
+        reflected = steps[steps.reflected].rename(columns={"unreflected_tokens": "tokens"})
+    fig.add_scatter(x=observed.step, y=observed.tokens, mode="markers", name="observe pass",
+                    marker=dict(symbol="triangle-down", size=10, color=COLORS["observe"]),
+                    hovertemplate="observe pass at step %{x}: backlog %{y} tokens before it<extra></extra>")
+    fig.add_scatter(x=reflected.step, y=reflected.tokens, mode="markers", name="reflect pass",
+                    marker=dict(symbol="diamond", size=11, color=COLORS["reflect"]),
+                    hovertemplate="reflect pass at step %{x}: %{y} unreflected tokens before it<extra></extra>")
     _marker_line(fig, step)
     return _layout(fig, "Thresholds and passes", "tokens")
 
@@ -81,10 +103,14 @@ def volumes_chart(steps: pd.DataFrame, step: int | None = None) -> go.Figure:
 
 
 def pareto_chart(runs: pd.DataFrame) -> go.Figure:
-    """Compression vs retention, one point per run; the Pareto front joined."""
+    """Compression vs retention, one point per run; the Pareto front drawn under the points (its
+    line takes no hover, so hovering and clicking reach the points)."""
     data = runs.dropna(subset=["compression", "retention"]).copy()
     fig = go.Figure()
     if not data.empty:
+        front = pareto_front(data)
+        fig.add_scatter(x=front.compression, y=front.retention, mode="lines", name="Pareto front",
+                        line=dict(color="#d63031", dash="dot"), hoverinfo="skip")
         labels = [f"obs {o} · ref {r} · win {w}" for o, r, w in zip(data.observation_threshold,
                                                                     data.reflection_threshold, data.window)]
         fig.add_scatter(x=data.compression, y=data.retention, mode="markers", name="runs", text=labels,
@@ -92,11 +118,29 @@ def pareto_chart(runs: pd.DataFrame) -> go.Figure:
                                                             colorscale="Viridis", showscale=True,
                                                             colorbar=dict(title="obs thr")),
                         hovertemplate="%{text}<br>compression %{x:.1f}x<br>retention %{y:.3f}<extra></extra>")
-        front = pareto_front(data)
-        fig.add_scatter(x=front.compression, y=front.retention, mode="lines", name="Pareto front",
-                        line=dict(color="#d63031", dash="dot"))
     fig.update_layout(title="Compression vs retention", xaxis_title="compression (x)", yaxis_title="retention",
-                      height=420, margin=dict(l=40, r=20, t=50, b=40))
+                      height=420, margin=dict(l=40, r=20, t=50, b=40), clickmode="event+select")
+    return fig
+
+
+def experiment_pareto_chart(points: pd.DataFrame) -> go.Figure:
+    """Pooled retention (with its 95% CI as error bars) vs compression, one point per configuration
+    of an experiment; the Pareto front drawn first, under the points, and never hovered."""
+    fig = go.Figure()
+    if not points.empty:
+        front = pareto_front(points)
+        fig.add_scatter(x=front.compression, y=front.retention, mode="lines", name="Pareto front",
+                        line=dict(color="#d63031", dash="dot", width=2), hoverinfo="skip")
+        fig.add_scatter(
+            x=points.compression, y=points.retention, mode="markers+text", name="configurations",
+            text=[_esc(v) for v in points.label], textposition="top center", customdata=points.label,
+            error_y=dict(type="data", symmetric=False, array=(points.high - points.retention).clip(lower=0),
+                         arrayminus=(points.retention - points.low).clip(lower=0), color="#636e72", thickness=1.2),
+            marker=dict(size=13, color=COLORS["window"], line=dict(width=1, color="white")),
+            hovertemplate="%{text}<br>compression %{x:.2f}x<br>retention %{y:.3f}<extra></extra>")
+    fig.update_layout(title="Pooled retention (95% CI) vs compression", xaxis_title="compression (x)",
+                      yaxis_title="retention (pooled over probes)", height=440, margin=dict(l=40, r=20, t=50, b=40),
+                      clickmode="event+select", showlegend=True, legend=dict(orientation="h", y=-0.2))
     return fig
 
 
@@ -113,13 +157,40 @@ def pareto_front(data: pd.DataFrame) -> pd.DataFrame:
 
 
 def heatmap(runs: pd.DataFrame, value: str = "retention") -> go.Figure:
-    """Mean ``value`` by observation (x) and reflection (y) threshold."""
-    table = runs.pivot_table(index="reflection_threshold", columns="observation_threshold", values=value,
-                             aggfunc="mean")
-    fig = go.Figure(go.Heatmap(z=table.values, x=[str(c) for c in table.columns], y=[str(i) for i in table.index],
-                               colorscale="Viridis", colorbar=dict(title=value),
-                               text=[[f"{v:.3f}" if pd.notna(v) else "" for v in row] for row in table.values],
-                               texttemplate="%{text}"))
-    fig.update_layout(title=f"{value} by thresholds", xaxis_title="observation threshold",
-                      yaxis_title="reflection threshold", height=380, margin=dict(l=40, r=20, t=50, b=40))
+    """Mean ``value`` by observation (x) and reflection (y) threshold, on categorical axes: every
+    threshold tried is one equal cell, whatever its number (150/300/600 are three equal columns)."""
+    data = runs.dropna(subset=["observation_threshold", "reflection_threshold"])
+    table = data.pivot_table(index="reflection_threshold", columns="observation_threshold", values=value,
+                             aggfunc="mean", dropna=False)
+    table = table.sort_index().sort_index(axis=1)
+    xs, ys = [str(int(c)) for c in table.columns], [str(int(i)) for i in table.index]
+    z = [[None if pd.isna(v) else float(v) for v in row] for row in table.values]
+    fig = go.Figure(go.Heatmap(z=z, x=xs, y=ys, colorscale="Viridis", colorbar=dict(title=value),
+                               text=[["" if v is None else f"{v:.3f}" for v in row] for row in z],
+                               texttemplate="%{text}", hoverongaps=False,
+                               hovertemplate="observation %{x} · reflection %{y}: %{z:.3f}<extra></extra>"))
+    fig.update_layout(title=f"{value} by thresholds", height=380, margin=dict(l=40, r=20, t=50, b=40))
+    fig.update_xaxes(type="category", title="observation threshold", categoryorder="array", categoryarray=xs)
+    fig.update_yaxes(type="category", title="reflection threshold", categoryorder="array", categoryarray=ys)
     return fig
+
+
+def funnel_chart(table: pd.DataFrame) -> go.Figure:
+    """The loss funnel: probes reaching each stage (rows of ``table``), one bar group per configuration."""
+    fig = go.Figure()
+    palette = ["#0984E3", "#E17055", "#00B894", "#6C5CE7", "#FDCB6E", "#636E72"]
+    for i, label in enumerate(table.columns):
+        fig.add_bar(x=list(table.index), y=table[label].tolist(), name=_esc(label), text=table[label].tolist(),
+                    textposition="outside", marker_color=palette[i % len(palette)],
+                    hovertemplate="%{x}: %{y} probes<extra>" + _esc(label) + "</extra>")
+    fig.update_layout(title="Loss funnel: probes whose answer reaches each stage", barmode="group",
+                      yaxis_title="probes", height=380, margin=dict(l=40, r=20, t=50, b=40),
+                      legend=dict(orientation="h", y=-0.2))
+    fig.update_xaxes(type="category")
+    return fig
+
+
+def share_y(*figures: go.Figure, top: float) -> None:
+    """Put side-by-side figures on one y scale (0 to ``top``)."""
+    for figure in figures:
+        figure.update_yaxes(range=[0, top])

@@ -298,3 +298,71 @@ def run_picker(store: RunStore, label: str, key: str, *, default: str | None = N
 
 def open_run(run_id: str) -> None:
     st.session_state[RUN_KEY] = run_id
+
+
+# -- experiments -----------------------------------------------------------------------------------
+
+EXPERIMENT_KEY = "omem_experiment"  # the experiment opened across pages
+TRACE_KEY = "omem_trace"  # (run_id, call seq) opened in Traces
+
+
+def experiment_picker(store: RunStore, label: str, key: str, *, container=None) -> str | None:
+    """Pick an experiment (the one opened across pages by default); ``None`` when there is none."""
+    from .app_data import experiment_label
+
+    frame = store.experiments()
+    if frame.empty:
+        return None
+    box = container or st
+    ids = list(frame.experiment_id)
+    labels = {r["experiment_id"]: experiment_label(r) for r in frame.to_dict("records")}
+    wanted = st.session_state.get(EXPERIMENT_KEY)
+    if key in st.session_state and st.session_state[key] not in ids:
+        del st.session_state[key]  # deleted meanwhile
+    index = ids.index(wanted) if wanted in ids else 0
+    picked = box.selectbox(label, ids, index=index, format_func=labels.get, key=key)
+    st.session_state[EXPERIMENT_KEY] = picked
+    return picked
+
+
+def run_experiment_with_progress(store: RunStore, experiment_id: str):
+    """Run (or resume) an experiment in this script thread with a progress bar; the app is the
+    only writer while it runs. Returns the outcome, or ``None`` after showing an error."""
+    from .experiments import run_experiment
+
+    if store.read_only:
+        st.error("The run store is a read-only snapshot here; an experiment cannot be recorded.")
+        return None
+    bar = st.progress(0.0, text=plain(f"Starting {experiment_id}…"))
+
+    def progress(p) -> None:
+        eta = f", about {p.eta_s:.0f} s left" if p.eta_s is not None and p.done < p.total else ""
+        failed = f" · {p.failed} not completed" if p.failed else ""
+        bar.progress(p.done / max(p.total, 1),
+                     text=plain(f"{p.done}/{p.total} runs{failed} · last: {p.label} on {p.conversation_id} "
+                                f"({p.status}){eta}"))
+
+    try:
+        outcome = asyncio.run(run_experiment(store, experiment_id, progress=progress))
+    except WorkbenchError as exc:
+        bar.empty()
+        error("The experiment stopped: ", exc)
+        return None
+    bar.empty()
+    return outcome
+
+
+def open_run_at(run_id: str, step: int | None = None) -> None:
+    """Open ``run_id`` in the explorer (at ``step`` when given); the caller switches page."""
+    st.session_state[RUN_KEY] = run_id
+    st.session_state["ex_mode"] = "Open a stored run"
+    st.session_state.pop("ex_open", None)  # the explorer's picker then starts on this run
+    if step is not None:
+        st.session_state[f"ex_step_{run_id}"] = int(step)
+
+
+def open_trace(run_id: str, seq: int) -> None:
+    """Open one model call in Traces; the caller switches page."""
+    st.session_state[TRACE_KEY] = (run_id, int(seq))
+    st.session_state.pop("tr_run", None)
+    st.session_state.pop("tr_call", None)

@@ -1,19 +1,172 @@
-"""Compare two configurations on the same conversation."""
+"""Compare: two configurations of an experiment (figures with CIs, probes × configurations grid,
+loss funnel, memory and prompt diffs); two stored runs or two fresh replays as secondary modes."""
 
 import json
 
 import streamlit as st
 
-from workbench import analysis, charts, ui
+from workbench import analysis, app_data, charts, ui
 from workbench import formatting as fmt
+from workbench.experiments import summarise
 
 store = ui.get_store()
 st.title("Compare")
 
 st.sidebar.header("Compare")
-mode = st.sidebar.radio("Runs", ["Pick two stored runs", "Run two configurations"], key="cmp_mode")
+MODES = ["Two configurations of an experiment", "Pick two stored runs", "Run two configurations"]
+mode = st.sidebar.radio("What", MODES, key="cmp_mode")
+
+
+def experiment_comparison() -> None:
+    experiment_id = ui.experiment_picker(store, "Experiment", "cmp_xp", container=st.sidebar)
+    if experiment_id is None:
+        st.info("No experiments yet: start one on the Experiments page, or compare two stored runs "
+                "(sidebar).")
+        st.stop()
+    experiment = store.experiment(experiment_id)
+    labels = [entry["label"] for entry in experiment["configs"]]
+    configs = {entry["label"]: entry["config"] for entry in experiment["configs"]}
+    if len(labels) < 2:
+        st.info("This experiment has one configuration: there is nothing to compare it with.")
+        st.stop()
+    pair = st.session_state.pop("cmp_xp_pair", None)  # a point clicked in Tune
+    if pair and all(p in labels for p in pair):
+        st.session_state["cmp_xp_a"], st.session_state["cmp_xp_b"] = pair
+    for key, fallback in (("cmp_xp_a", labels[0]), ("cmp_xp_b", labels[1])):
+        if st.session_state.get(key) not in labels:
+            st.session_state[key] = fallback
+    a = st.sidebar.selectbox("Configuration A", labels, key="cmp_xp_a")
+    b = st.sidebar.selectbox("Configuration B", labels, key="cmp_xp_b")
+    conversations = experiment["conversations"]
+    conversation = st.sidebar.selectbox("Conversation (charts and memories)", conversations, key="cmp_xp_conv") \
+        if len(conversations) > 1 else conversations[0]
+    summaries = summarise(store, experiment_id)
+    probes = store.experiment_probes(experiment_id)
+    losses = store.experiment_losses(experiment_id)
+    runs = store.experiment_runs(experiment_id)
+
+    st.text(f"{experiment_id} · A = {a} · B = {b}")
+    if a == b:
+        st.warning("A and B are the same configuration.")
+    note = app_data.offline_prompt_note(configs[a], configs[b])
+    if note:
+        st.warning(note)
+    if not probes.empty:
+        st.info(ui.plain("Retention, B vs A (paired over the probes both scored): "
+                         + app_data.verdict(probes, a, b)))
+
+    st.subheader("Figures")
+    table = app_data.figures_comparison(summaries, probes, a, b)
+    shown = table.assign(differs=table.differs.map({True: "yes", False: ""})).rename(
+        columns={"differs": "CI excludes 0", "A": f"A · {a}", "B": f"B · {b}"})
+    highlight = table.differs.tolist()
+    st.dataframe(shown.style.apply(lambda row: ["background-color: #ffeaa7; font-weight: 600"
+                                                if highlight[row.name] else "" for _ in row], axis=1),
+                 hide_index=True, key="cmp_xp_figures", height=35 * (len(shown) + 1) + 3)
+    st.caption("Highlighted: a difference whose 95% interval excludes zero (paired bootstrap over probes).")
+
+    pick = {}
+    for name, label in (("A", a), ("B", b)):
+        mine = runs[(runs.config_label == label) & (runs.conversation_id == conversation)]
+        pick[name] = mine.run_id.iloc[-1] if not mine.empty else None
+    if all(pick.values()):
+        info = {n: store.run(r) for n, r in pick.items()}
+        steps = {n: store.steps(r) for n, r in pick.items()}
+        calls = {n: store.model_calls(r) for n, r in pick.items()}
+        for n in ("A", "B"):
+            if info[n]["status"] != "completed":
+                ui.error(f"**{n} on {ui.plain(conversation)} "
+                         f"{fmt.progress(info[n]['status'], info[n]['steps'], info[n]['planned_steps'])}**: ",
+                         info[n]["error"] or "")
+        st.subheader(ui.plain(f"Token volumes and thresholds on {conversation} (one y scale per row)"))
+        volumes = {n: charts.volumes_chart(steps[n]) for n in pick}
+        thresholds = {n: charts.thresholds_chart(steps[n], configs[label]["observation_threshold"],
+                                                 configs[label]["reflection_threshold"], calls=calls[n])
+                      for n, label in (("A", a), ("B", b))}
+        top_v = app_data.shared_range(*[steps[n].history_tokens for n in pick])[1]
+        charts.share_y(*volumes.values(), top=top_v)
+        top_t = max(app_data.shared_range(*[steps[n].backlog_tokens for n in pick],
+                                          *[steps[n].unreflected_tokens for n in pick])[1],
+                    1.1 * max(configs[a]["reflection_threshold"], configs[b]["reflection_threshold"]))
+        top_t = max([top_t] + [float(c.volume_before.max()) * 1.08 for c in calls.values()
+                               if not c.empty and c.volume_before.notna().any()])
+        charts.share_y(*thresholds.values(), top=top_t)
+        for title, figures in (("token volumes", volumes), ("thresholds and passes", thresholds)):
+            left, right = st.columns(2)
+            for column, n, label in ((left, "A", a), (right, "B", b)):
+                figures[n].update_layout(title=f"{n} · {app_data.html_text(label)}: {title}")
+                column.plotly_chart(figures[n], key=f"cmp_xp_{title}_{n}")
+
+    st.subheader("Probes × configurations")
+    grid = app_data.probe_grid(probes, losses, labels)
+    if grid.empty:
+        st.info("This experiment's conversations have no scored probes.")
+    else:
+        differs_only = st.toggle("Only probes where the configurations differ", key="cmp_xp_differs")
+        view = app_data.grid_view(grid, labels, differs_only=differs_only)
+        st.caption(f"{len(view)} of {len(grid)} probes. Each cell: the probe's score with that configuration and, "
+                   "when lost, the stage and step where its answer was lost. Select a cell to open that run at "
+                   "that step.")
+        event = st.dataframe(view, hide_index=True, key="cmp_xp_grid", on_select="rerun",
+                             selection_mode="single-cell", column_config={
+                                 "question": st.column_config.TextColumn(width="large")})
+        cells = (event.selection.get("cells") if event and event.selection else None) or []
+        if cells:
+            position, column = cells[0]
+            if column in labels and position < len(view):
+                target = app_data.grid_target(grid, view.index[position], column)
+                if target:
+                    ui.open_run_at(*target)
+                    st.switch_page("workbench/app_pages/explorer.py")
+        if not view.empty:
+            left, middle, right = st.columns([3, 2, 1])
+            probe_keys = {i: f"{r.conversation} · {r.probe} · {r.question}" for i, r in view.iterrows()}
+            row = left.selectbox("Probe", list(probe_keys), format_func=probe_keys.get, key="cmp_xp_probe")
+            label = middle.selectbox("Configuration", labels, key="cmp_xp_cell_config")
+            target = app_data.grid_target(grid, row, label)
+            where = "at the step its evidence was lost" if target and target[1] is not None else "at its last step"
+            if right.button("Open run", key="cmp_xp_open", disabled=target is None, help=f"Opens the run {where}"):
+                ui.open_run_at(*target)
+                st.switch_page("workbench/app_pages/explorer.py")
+
+    st.subheader("Loss funnel")
+    funnel = app_data.funnel_table(summaries)
+    if funnel.empty or not int(funnel.iloc[0].sum()):
+        st.info("No probe with evidence and a gold answer: no funnel to draw.")
+    else:
+        st.plotly_chart(charts.funnel_chart(funnel), key="cmp_xp_funnel")
+        st.dataframe(funnel, key="cmp_xp_funnel_table")
+
+    st.subheader("Final memories")
+    if all(pick.values()):
+        texts = {}
+        for n, label in (("A", a), ("B", b)):
+            texts[n] = app_data.final_memory(steps[n], store.records(pick[n]), store.messages(pick[n]),
+                                             int(configs[label]["last_messages"]))
+        diff = app_data.text_diff(texts["A"], texts["B"], f"A · {a}", f"B · {b}")
+        st.caption(ui.plain(f"What the agent saw as memory after the last message of {conversation}: "
+                            "a line diff (- only in A, + only in B)."))
+        ui.text_block(diff or "The two memories are identical.")
+        left, right = st.columns(2)
+        for column, n in ((left, "A"), (right, "B")):
+            with column.expander(f"{n}: the whole memory"):
+                ui.text_block(texts[n] or "(no memory)")
+    st.subheader("Prompts")
+    for name in ("observer", "reflector"):
+        (va, ta), (vb, tb) = app_data.prompt_of(configs[a], name), app_data.prompt_of(configs[b], name)
+        if ta == tb:
+            st.text(f"{name.capitalize()} prompt: the same text in A and B ({va}).")
+        else:
+            st.text(f"{name.capitalize()} prompt: A uses {va}, B uses {vb}:")
+            ui.text_block(app_data.text_diff(ta, tb, f"A · {name} {va}", f"B · {name} {vb}"))
+    st.stop()
+
+
+if mode == MODES[0]:
+    experiment_comparison()
+
 run_a = run_b = None
-if mode == "Run two configurations":
+if mode == MODES[2]:
     conversation = ui.dataset_picker("cmp")
     left, right = st.columns(2)
     with left.expander("Configuration A", expanded=True):

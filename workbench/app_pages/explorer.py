@@ -4,7 +4,7 @@ import json
 
 import streamlit as st
 
-from workbench import analysis, charts, ui
+from workbench import analysis, app_data, charts, ui
 from workbench import formatting as fmt
 
 store = ui.get_store()
@@ -75,7 +75,7 @@ if not done:
     ui.error(f"**This run {where}** — the figures below describe the part replayed, not the whole "
              "conversation. ", run["error"] or "")
 
-cols = st.columns(6)
+cols = st.columns(7)
 cols[0].metric("Messages", fmt.display(run["messages"]))
 cols[1].metric("Memory reads", fmt.display(run["steps"]) if done
                else f"{fmt.display(run['steps'])} of {fmt.display(run['planned_steps'])}")
@@ -86,7 +86,11 @@ cols[3].metric("Compression" + ("" if done else " (partial)"), fmt.ratio(run["co
 cols[4].metric("Retention", fmt.share(run["retention"]),
                help="Share of gold-answer words visible at the end (memory + window); scored on completed "
                     "runs only")
-cols[5].metric("Cost", fmt.money(run["cost_usd"]))
+cols[5].metric("Blind-spot tokens", fmt.display(run.get("blind_spot_tokens")),
+               help="Mean backlog per read: tokens of messages that have left the window but are not observed "
+                    "yet, so the agent sees them neither verbatim nor as notes (max "
+                    f"{fmt.display(run.get('blind_spot_max'))})")
+cols[6].metric("Cost", fmt.money(run["cost_usd"]))
 
 if steps.empty:
     st.warning("This run recorded no steps yet.")
@@ -95,13 +99,30 @@ for note in analysis.findings(steps, config["observation_threshold"], calls):
     st.warning(note)
 
 last = int(steps.step.max())
-step = st.slider("Step (memory read)", 0, last, last, key=f"ex_step_{run_id}")
+step_key = f"ex_step_{run_id}"
+if step_key not in st.session_state or not 0 <= st.session_state[step_key] <= last:
+    st.session_state[step_key] = last
+passes = app_data.pass_steps(steps)
+
+
+def _jump(direction: int) -> None:
+    target = app_data.neighbour(passes, st.session_state[step_key], direction)
+    if target is not None:
+        st.session_state[step_key] = target
+
+
+back, slider_col, forward = st.columns([1, 8, 1], vertical_alignment="bottom")
+back.button("◀ Previous pass", key="ex_prev_pass", on_click=_jump, args=(-1,),
+            disabled=app_data.neighbour(passes, st.session_state[step_key], -1) is None)
+forward.button("Next pass ▶", key="ex_next_pass", on_click=_jump, args=(1,),
+               disabled=app_data.neighbour(passes, st.session_state[step_key], 1) is None)
+step = slider_col.slider("Step (memory read)", 0, last, key=step_key)
 row = steps[steps.step == step].iloc[0]
 
 left, right = st.columns(2)
 left.plotly_chart(charts.cursor_chart(steps, int(run["messages"]), step), key="ex_cursor")
 right.plotly_chart(charts.thresholds_chart(steps, config["observation_threshold"], config["reflection_threshold"],
-                                           step), key="ex_thresholds")
+                                           step, calls=calls), key="ex_thresholds")
 st.plotly_chart(charts.volumes_chart(steps, step), key="ex_volumes")
 
 st.subheader(f"At step {step}")
@@ -119,7 +140,14 @@ with timeline:
     if written.empty:
         st.info("Nothing has been written yet at this step.")
     cost_of = {r.record_id: r for _, r in calls.iterrows() if r.record_id}
-    for _, record in written.iloc[::-1].iterrows():
+    newest_first = written.iloc[::-1]
+    size = 20
+    if len(newest_first) > size:
+        pages = app_data.page_count(len(newest_first), size)
+        page = st.number_input(f"Page (of {pages}, {size} records each, newest first)", 1, pages, 1,
+                               key=f"ex_page_{run_id}_{step}")
+        newest_first = newest_first.iloc[app_data.page_slice(len(newest_first), int(page), size)]
+    for _, record in newest_first.iterrows():
         call = cost_of.get(record.record_id)
         detail = (f" · {fmt.display(call.input_tokens)}→{fmt.display(call.output_tokens)} tokens · "
                   f"{fmt.number(call.latency_ms, 0)} ms" + (f" · {fmt.money(call.cost_usd, 5)}" if call.cost_usd else "")
@@ -131,6 +159,9 @@ with timeline:
                          f"{len(sources)} sources · {int(record.tokens or 0)} tokens{detail}",
                          expanded=bool(record.step == step)):
             ui.text_block(record.text)
+            if call is not None and st.button("Trace: the exact request and response", key=f"ex_trace_{record.record_id}"):
+                ui.open_trace(run_id, int(call.seq))
+                st.switch_page("workbench/app_pages/traces.py")
             if record.kind == "observation":
                 if st.toggle("Show the source messages", key=f"ex_src_{record.record_id}"):
                     st.dataframe(analysis.sources_of(record, messages)[["message_id", "role", "content", "created_at"]],
@@ -151,5 +182,7 @@ if not probes.empty:
     st.subheader("Retention per probe category")
     st.dataframe(analysis.retention_table(probes), key="ex_retention")
     with st.expander("Every probe"):
-        st.dataframe(probes[probes.method == "memory"][["probe_id", "category", "question", "gold", "score",
-                                                        "evidence_in_window"]], hide_index=True)
+        every = probes[probes.method == "memory"][["probe_id", "category", "question", "gold", "score",
+                                                   "evidence_in_window"]]
+        st.dataframe(app_data.clean(every.assign(category=every.category.map(app_data.category_name))),
+                     hide_index=True)

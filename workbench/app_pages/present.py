@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from workbench import analysis, charts, ui
+from workbench import analysis, app_data, charts, export_html, ui
 from workbench import formatting as fmt
 
 store = ui.get_store()
@@ -17,6 +17,7 @@ steps = store.steps(run_id)
 records = store.records(run_id)
 done = run["status"] == "completed"
 st.title("Observational memory, step by step")
+st.text(f"{run['conversation_id']} · " + app_data.config_sentence(run["config"], app_data.run_name(run)))
 if not done:  # never present a run that did not finish as if it had
     ui.error(f"**Not a finished run: it {fmt.progress(run['status'], run['steps'], run['planned_steps'])}.** "
              "Its figures cover only the part replayed. ", run["error"] or "")
@@ -38,11 +39,24 @@ big[1].metric("Facts retained", fmt.MISSING if fmt.missing(run["retention"]) els
 calls = [run["observer_calls"], run["reflector_calls"]]
 big[2].metric("Model calls", fmt.display(sum(0 if fmt.missing(c) else int(c) for c in calls)))
 
-back, _, forward = st.columns([1, 6, 1])
-if back.button("◀ Back", key="pres_back", disabled=st.session_state[key] <= 0):
-    st.session_state[key] -= 1
-if forward.button("Next ▶", key="pres_next", disabled=st.session_state[key] >= last):
-    st.session_state[key] += 1
+passes = app_data.pass_steps(steps)
+
+
+def _move(target: int | None) -> None:
+    if target is not None:
+        st.session_state[key] = max(0, min(last, target))
+
+
+back, _, jump, forward = st.columns([1, 4, 2, 1])
+back.button("◀ Back", key="pres_back", disabled=st.session_state[key] <= 0,
+            on_click=lambda: _move(st.session_state[key] - 1))
+jump.button("Jump to next compaction ⏭", key="pres_jump",
+            disabled=app_data.next_compaction(steps, st.session_state[key]) is None,
+            on_click=lambda: _move(app_data.next_compaction(steps, st.session_state[key])))
+forward.button("Next ▶", key="pres_next", disabled=st.session_state[key] >= last,
+               on_click=lambda: _move(st.session_state[key] + 1))
+total_messages = int(run["messages"])
+top = float(max(steps.history_tokens.max(), steps.context_tokens.max())) * 1.08 or 1.0
 
 
 @st.fragment(run_every=speed if autoplay else None)
@@ -53,8 +67,12 @@ def walk() -> None:
     row = steps[steps.step == step].iloc[0]
     previous = steps[steps.step == step - 1].iloc[0] if step > 0 else None
     st.progress((step + 1) / (last + 1), text=f"Step {step} of {last}")
-    st.subheader(analysis.narrate(row, previous, records))
-    st.plotly_chart(charts.volumes_chart(steps[steps.step <= step], step), key="pres_volumes")
+    st.subheader(app_data.opening_sentence(row, total_messages) if step == 0 else
+                 analysis.narrate(row, previous, records))
+    figure = charts.volumes_chart(steps[steps.step <= step], step)
+    figure.update_xaxes(range=[-0.5, last + 0.5])  # a stable axis: the whole run's width from step 0
+    figure.update_yaxes(range=[0, top])
+    st.plotly_chart(figure, key="pres_volumes")
     written = records[records.step == step]
     for _, record in written.iterrows():
         st.markdown(f"**New {record.kind}**")
@@ -62,3 +80,12 @@ def walk() -> None:
 
 
 walk()
+
+st.divider()
+if st.button("Prepare a self-contained HTML file", key="pres_prepare",
+             help="Charts and text in one file that opens without the app or a network"):
+    st.session_state["pres_html"] = (run_id, export_html.run_html(store, run_id))
+prepared = st.session_state.get("pres_html")
+if prepared and prepared[0] == run_id:
+    st.download_button("Download HTML", prepared[1], file_name=f"omem-{run_id}.html", mime="text/html",
+                       key="pres_download")

@@ -1,15 +1,74 @@
-"""Tune: a threshold sweep, shown as compression vs retention and a heatmap."""
+"""Tune: an experiment's pooled retention vs compression (Pareto with CIs), threshold heatmaps and
+failed configurations; a quick sweep of one conversation as a secondary mode."""
 
 import asyncio
 
+import pandas as pd
 import streamlit as st
 
-from workbench import analysis, charts, ui
+from workbench import analysis, app_data, charts, ui
 from workbench import formatting as fmt
+from workbench.experiments import summarise
 from workbench.replay import ReplayConfig, run_sweep
 
 store = ui.get_store()
 st.title("Tune thresholds")
+
+mode = st.sidebar.radio("Source", ["An experiment", "Sweep one conversation"], key="tune_mode")
+if mode == "An experiment":
+    experiment_id = ui.experiment_picker(store, "Experiment", "tune_exp", container=st.sidebar)
+    if experiment_id is None:
+        st.info("No experiments yet: start one on the Experiments page (a dataset × a grid of thresholds), "
+                "or sweep one conversation from the sidebar.")
+        if st.button("Go to Experiments", key="tune_go_exp"):
+            st.switch_page("workbench/app_pages/experiments.py")
+        st.stop()
+    experiment = store.experiment(experiment_id)
+    summaries = summarise(store, experiment_id)
+    runs = store.experiment_runs(experiment_id)
+    st.text(f"{experiment_id} · {experiment['dataset']} · {len(experiment['conversations'])} conversation(s) × "
+            f"{len(experiment['configs'])} configuration(s) · {experiment['status']}")
+    failed = app_data.failed_configs(runs)
+    if not failed.empty:  # never just fewer points: say which configurations did not finish, and why
+        st.warning(f"{len(failed)} run(s) did not complete; their configurations are drawn from the runs that did, "
+                   "or not at all:")
+        st.dataframe(failed, hide_index=True, key="tune_xp_failed")
+    points = app_data.pareto_points(summaries)
+    if points.empty:
+        st.info("No configuration has both retention and compression yet (a dataset without probes gives "
+                "compression only).")
+    else:
+        st.caption("Each point is a configuration: retention pooled over every probe of every conversation, with "
+                   "its 95% bootstrap interval; the dotted line is the Pareto front. Click a point to compare it "
+                   "with the best-retention configuration.")
+        event = st.plotly_chart(charts.experiment_pareto_chart(points), key="tune_xp_pareto", on_select="rerun",
+                                selection_mode="points")
+        chosen = (event.selection.points if event and event.selection else []) or []
+        if chosen and chosen[0].get("customdata"):
+            label = chosen[0]["customdata"]
+            label = label[0] if isinstance(label, list) else label
+            best = points.sort_values("retention", ascending=False).label.iloc[0]
+            st.session_state["cmp_xp_pair"] = (best if best != label else points.label.iloc[0], label)
+            st.switch_page("workbench/app_pages/compare.py")
+    cells = app_data.threshold_cells(summaries)
+    windows = sorted(cells.window.dropna().unique())
+    if len(windows) > 1:
+        window = st.selectbox("Window", windows, key="tune_xp_window")
+        cells = cells[cells.window == window]
+    if cells.observation_threshold.nunique() > 1 or cells.reflection_threshold.nunique() > 1:
+        left, right = st.columns(2)
+        if cells.retention.notna().any():
+            left.plotly_chart(charts.heatmap(cells, "retention"), key="tune_xp_heat_retention")
+        if cells.compression.notna().any():
+            right.plotly_chart(charts.heatmap(cells, "compression"), key="tune_xp_heat_compression")
+    st.subheader("Figures per configuration")
+    st.dataframe(app_data.summary_table(summaries), hide_index=True, key="tune_xp_table")
+    categories = {s.label: {app_data.category_name(k): fmt.share(v["retention"], 3) for k, v in s.per_category.items()}
+                  for s in summaries}
+    if any(categories.values()):
+        st.subheader("Retention per probe category")
+        st.dataframe(app_data.clean(pd.DataFrame(categories)), key="tune_xp_categories")
+    st.stop()
 
 st.sidebar.header("Sweep")
 conversation = ui.dataset_picker("tune")

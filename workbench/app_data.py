@@ -1,0 +1,510 @@
+"""Pure functions behind the app's experiment pages: tables, grids, diffs, traces, step helpers.
+
+No Streamlit here: every function takes the run store's DataFrames (or the engine's summaries)
+and returns plain data, so the pages only lay it out and these are unit-tested without a browser.
+Every figure shown goes through :mod:`workbench.formatting` (never ``nan``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+
+from .formatting import MISSING, display, money, progress, ratio, share
+from .formatting import missing as _missing
+from .losses import STAGE_NAMES, STAGES
+from .stats import paired_difference
+
+OFFLINE_PREFIX = "omem/"
+KEPT = 0.5  # a probe scoring at least this is "kept" (the retention rule's threshold)
+LOCOMO_CATEGORIES = {"1": "multi-hop", "2": "temporal", "3": "open-domain", "4": "single-hop", "5": "adversarial"}
+
+
+def missing(value: Any) -> bool:
+    """:func:`workbench.formatting.missing`, plus pandas' ``NA`` (nullable integer columns)."""
+    if value is pd.NA or value is pd.NaT:
+        return True
+    return _missing(value)
+
+
+def category_name(value: Any) -> str:
+    """A probe category by name: LoCoMo's codes 1–5 named, a missing one "uncategorised"."""
+    if missing(value) or str(value).strip() == "":
+        return "uncategorised"
+    text = str(value).strip()
+    if text.endswith(".0"):
+        text = text[:-2]
+    return LOCOMO_CATEGORIES.get(text, text)
+
+
+def clean(frame: pd.DataFrame) -> pd.DataFrame:
+    """Every missing value shown as an en dash (object columns), so no table says ``nan``."""
+    return frame.astype(object).map(lambda v: MISSING if missing(v) else v)
+
+
+# -- experiments -----------------------------------------------------------------------------------
+
+def experiment_label(row: Any) -> str:
+    """``exp-… · name · completed · 4 runs`` for a picker."""
+    name = row["name"] if not missing(row.get("name")) else None
+    runs = 0 if missing(row.get("runs")) else int(row["runs"])
+    failed = 0 if missing(row.get("failed_runs")) else int(row["failed_runs"])
+    parts = [str(row["experiment_id"]), *([name] if name else []), str(row["status"]),
+             f"{runs} run{'s' if runs != 1 else ''}" + (f", {failed} not completed" if failed else "")]
+    return " · ".join(parts)
+
+
+def experiments_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """The experiments list as shown: counts of conversations and configurations, no NaN."""
+    columns = ["experiment", "name", "status", "dataset", "conversations", "configurations", "runs",
+               "not completed", "elapsed (s)", "created", "error"]
+    if frame.empty:
+        return pd.DataFrame(columns=columns)
+    out = pd.DataFrame({
+        "experiment": frame.experiment_id,
+        "name": frame.name,
+        "status": frame.status,
+        "dataset": frame.dataset,
+        "conversations": frame.conversations.map(lambda c: len(json.loads(c)) if isinstance(c, str) else len(c)),
+        "configurations": frame.configs.map(lambda c: len(json.loads(c)) if isinstance(c, str) else len(c)),
+        "runs": frame.runs,
+        "not completed": frame.failed_runs,
+        "elapsed (s)": frame.elapsed_s.map(lambda v: MISSING if missing(v) else f"{float(v):.1f}"),
+        "created": frame.created_at.map(lambda v: str(v)[:19]),
+        "error": frame.error,
+    })
+    return clean(out)
+
+
+def parse_values(text: str, kind: type = int) -> list[Any]:
+    """Comma-separated values, deduplicated in the order given (``ValueError`` says what is wrong)."""
+    values: list[Any] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            value = kind(part)
+        except ValueError:
+            raise ValueError(f"{part!r} is not a {'whole number' if kind is int else 'value'}") from None
+        if kind is int and value < 1:
+            raise ValueError(f"{value} must be positive")
+        if value not in values:
+            values.append(value)
+    if not values:
+        raise ValueError("give at least one value")
+    return values
+
+
+def summary_table(summaries: Sequence[Any]) -> pd.DataFrame:
+    """One row per configuration: the experiment's pooled figures as people read them."""
+    rows = []
+    for s in summaries:
+        ci = s.retention_ci95
+        rows.append({
+            "configuration": s.label,
+            "runs": s.runs,
+            "not completed": s.failed,
+            "probes": s.probes,
+            "retention": share(s.retention, 3),
+            "95% CI": f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else MISSING,
+            "compression": ratio(s.compression),
+            "vs recency": display(s.recency_ratio),
+            "blind-spot tokens": display(s.blind_spot_tokens),
+            "observer calls": s.observer_calls,
+            "reflector calls": s.reflector_calls,
+            "tokens in": s.input_tokens,
+            "tokens out": s.output_tokens,
+            "cost": money(s.cost_usd),
+            "ms per call": display(s.latency_ms_per_call),
+        })
+    return clean(pd.DataFrame(rows))
+
+
+def pareto_points(summaries: Sequence[Any]) -> pd.DataFrame:
+    """Configurations with both figures: retention (with its CI) and compression, plus thresholds."""
+    rows = []
+    for s in summaries:
+        if s.retention is None or s.compression is None:
+            continue
+        low, high = s.retention_ci95 if s.retention_ci95 else (s.retention, s.retention)
+        rows.append({"label": s.label, "retention": s.retention, "low": low, "high": high,
+                     "compression": s.compression, "runs": s.runs, "failed": s.failed,
+                     "observation_threshold": s.config.get("observation_threshold"),
+                     "reflection_threshold": s.config.get("reflection_threshold"),
+                     "window": s.config.get("last_messages")})
+    return pd.DataFrame(rows, columns=["label", "retention", "low", "high", "compression", "runs", "failed",
+                                       "observation_threshold", "reflection_threshold", "window"])
+
+
+def threshold_cells(summaries: Sequence[Any]) -> pd.DataFrame:
+    """Per configuration: thresholds, window and the two figures (for the heatmaps)."""
+    rows = [{"observation_threshold": s.config.get("observation_threshold"),
+             "reflection_threshold": s.config.get("reflection_threshold"),
+             "window": s.config.get("last_messages"), "retention": s.retention, "compression": s.compression}
+            for s in summaries]
+    return pd.DataFrame(rows, columns=["observation_threshold", "reflection_threshold", "window", "retention",
+                                       "compression"])
+
+
+def failed_configs(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs of an experiment that did not complete: configuration, conversation, where, error."""
+    columns = ["configuration", "conversation", "status", "error"]
+    if runs.empty:
+        return pd.DataFrame(columns=columns)
+    bad = runs[runs.status != "completed"]
+    out = pd.DataFrame({"configuration": bad.config_label, "conversation": bad.conversation_id,
+                        "status": [progress(s, k, n) for s, k, n in zip(bad.status, bad.steps, bad.planned_steps)],
+                        "error": bad.error}, columns=columns)
+    return clean(out.reset_index(drop=True))
+
+
+def config_table(configs: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """The grid: one row per configuration with its settings."""
+    rows = []
+    for entry in configs:
+        c = entry["config"]
+        rows.append({"configuration": entry["label"], "observer": c.get("observer"),
+                     "reflector": c.get("reflector") or "none",
+                     "observation threshold": c.get("observation_threshold"),
+                     "reflection threshold": c.get("reflection_threshold"), "window": c.get("last_messages"),
+                     "observer prompt": (c.get("observer_prompt") or {}).get("version"),
+                     "reflector prompt": (c.get("reflector_prompt") or {}).get("version"),
+                     "token counter": c.get("token_counter")})
+    return clean(pd.DataFrame(rows))
+
+
+# -- comparing two configurations -----------------------------------------------------------------
+
+def _scores(probes: pd.DataFrame, label: str, category: str | None = None) -> dict[tuple[str, str], float]:
+    rows = probes[(probes.config_label == label) & (probes.method == "memory") & probes.score.notna()]
+    if category is not None:
+        rows = rows[rows.category.map(category_name) == category]
+    return {(r.conversation_id, r.probe_id): float(r.score) for r in rows.itertuples()}
+
+
+def figures_comparison(summaries: Sequence[Any], probes: pd.DataFrame, a: str, b: str) -> pd.DataFrame:
+    """Figures of configurations ``a`` and ``b`` side by side with ``b − a``; retention (pooled and
+    per category) with a paired bootstrap CI and ``differs`` set where that CI excludes zero."""
+    by = {s.label: s for s in summaries}
+    sa, sb = by[a], by[b]
+    rows: list[dict[str, Any]] = []
+
+    def add(name: str, va: Any, vb: Any, shown: Any = display, ci: tuple[float, float] | None = None,
+            diff: float | None = None, differs: bool = False) -> None:
+        if diff is None and not missing(va) and not missing(vb) and not isinstance(va, str):
+            diff = float(vb) - float(va)
+        rows.append({"figure": name, "A": shown(va), "B": shown(vb),
+                     "B − A": MISSING if diff is None else f"{diff:+.3f}",
+                     "95% CI of B − A": f"[{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else MISSING,
+                     "differs": differs})
+
+    pooled = paired_difference(a, b, _scores(probes, a), _scores(probes, b)) if not probes.empty else None
+    add("retention (pooled)", sa.retention, sb.retention, lambda v: share(v, 3),
+        pooled.ci95 if pooled else None, pooled.difference if pooled else None, bool(pooled and pooled.detectable))
+    categories = sorted(set(sa.per_category) | set(sb.per_category), key=category_name)
+    for category in categories:
+        name = category_name(category)
+        diff = paired_difference(a, b, _scores(probes, a, name), _scores(probes, b, name)) if not probes.empty else None
+        add(f"retention · {name}", (sa.per_category.get(category) or {}).get("retention"),
+            (sb.per_category.get(category) or {}).get("retention"), lambda v: share(v, 3),
+            diff.ci95 if diff else None, diff.difference if diff else None, bool(diff and diff.detectable))
+    add("compression (x)", sa.compression, sb.compression)
+    add("retention vs recency baseline", sa.recency_ratio, sb.recency_ratio)
+    add("blind-spot tokens (mean backlog)", sa.blind_spot_tokens, sb.blind_spot_tokens)
+    add("observer calls", sa.observer_calls, sb.observer_calls)
+    add("reflector calls", sa.reflector_calls, sb.reflector_calls)
+    add("model tokens in", sa.input_tokens, sb.input_tokens)
+    add("model tokens out", sa.output_tokens, sb.output_tokens)
+    add("cost (USD)", sa.cost_usd, sb.cost_usd, money)
+    add("runs completed", sa.runs, sb.runs)
+    return pd.DataFrame(rows)
+
+
+def verdict(probes: pd.DataFrame, a: str, b: str) -> str:
+    return paired_difference(a, b, _scores(probes, a), _scores(probes, b)).verdict()
+
+
+def funnel_table(summaries: Sequence[Any], labels: Sequence[str] | None = None) -> pd.DataFrame:
+    """Probes reaching each stage (rows: stages by name; columns: configurations)."""
+    chosen = [s for s in summaries if labels is None or s.label in labels]
+    data = {s.label: [int(s.funnel.get(stage, 0)) for stage in STAGES] for s in chosen}
+    return pd.DataFrame(data, index=[STAGE_NAMES[s] for s in STAGES])
+
+
+def probe_grid(probes: pd.DataFrame, losses: pd.DataFrame, labels: Sequence[str]) -> pd.DataFrame:
+    """Probes × configurations (as prompt-testing tools lay out prompts × test cases).
+
+    One row per (conversation, probe) with its question, gold answer and category; per
+    configuration a text cell (``kept 1.00`` / ``lost at observation, step 8``) and, in hidden
+    columns ``<label>|score``, ``<label>|run`` and ``<label>|step``, the score, the run and the
+    step where that probe's evidence was lost (its evidence step when it was kept)."""
+    base_columns = ["conversation", "probe", "category", "question", "gold"]
+    memory = probes[(probes.method == "memory")] if not probes.empty else probes
+    if memory.empty:
+        return pd.DataFrame(columns=base_columns + list(labels))
+    first = memory.drop_duplicates(["conversation_id", "probe_id"]).sort_values(["conversation_id", "probe_id"])
+    grid = pd.DataFrame({"conversation": first.conversation_id.values, "probe": first.probe_id.values,
+                         "category": first.category.map(category_name).values, "question": first.question.values,
+                         "gold": first.gold.values})
+    keys = list(zip(grid.conversation, grid.probe))
+    loss_by = {}
+    if not losses.empty:
+        loss_by = {(r.config_label, r.conversation_id, r.probe_id): r for r in losses.itertuples()}
+    for label in labels:
+        mine = memory[memory.config_label == label]
+        by_key = {(r.conversation_id, r.probe_id): r for r in mine.itertuples()}
+        cells, scores, runs, steps = [], [], [], []
+        for key in keys:
+            row = by_key.get(key)
+            if row is None:
+                cells.append(MISSING)
+                scores.append(None)
+                runs.append(None)
+                steps.append(None)
+                continue
+            loss = loss_by.get((label, *key))
+            score = None if missing(row.score) else float(row.score)
+            lost_at = None if loss is None or missing(loss.lost_at) else str(loss.lost_at)
+            lost_step = None if loss is None or missing(loss.lost_step) else int(loss.lost_step)
+            if score is None:
+                text = "not scored"
+            elif score >= KEPT:
+                text = f"kept {score:.2f}"
+            else:
+                text = f"lost {score:.2f}"
+                if lost_at:
+                    text += f" at {lost_at}" + (f", step {lost_step}" if lost_step is not None else "")
+            cells.append(text)
+            scores.append(score)
+            runs.append(row.run_id)
+            steps.append(lost_step)
+        grid[label] = cells
+        grid[f"{label}|score"] = scores
+        grid[f"{label}|run"] = runs
+        grid[f"{label}|step"] = steps
+    return grid
+
+
+def grid_view(grid: pd.DataFrame, labels: Sequence[str], *, differs_only: bool = False) -> pd.DataFrame:
+    """The grid's visible columns; ``differs_only`` keeps the probes some configuration keeps and
+    another loses."""
+    if differs_only and not grid.empty:
+        kept = pd.DataFrame({label: [None if missing(v) else float(v) >= KEPT for v in grid[f"{label}|score"]]
+                             for label in labels})
+        mask = kept.apply(lambda row: len({v for v in row if v is not None}) > 1, axis=1)
+        grid = grid[mask.values]
+    return grid[["conversation", "probe", "category", "question", "gold", *labels]]
+
+
+def grid_target(grid: pd.DataFrame, index: Any, label: str) -> tuple[str, int | None] | None:
+    """The run and step a grid cell opens: where that probe's evidence was lost (or the run's end)."""
+    if index not in grid.index:
+        return None
+    run = grid.at[index, f"{label}|run"]
+    if missing(run):
+        return None
+    step = grid.at[index, f"{label}|step"]
+    return str(run), None if missing(step) else int(step)
+
+
+def final_memory(steps: pd.DataFrame, records: pd.DataFrame, messages: pd.DataFrame, window: int) -> str:
+    """The memory text the agent saw at the run's last read."""
+    from .analysis import visible_at
+
+    if steps.empty:
+        return ""
+    memory, _ = visible_at(steps.iloc[-1], records, messages, window)
+    return memory
+
+
+def text_diff(a: str, b: str, name_a: str = "A", name_b: str = "B") -> str:
+    """A unified line diff of two texts (empty when they are equal)."""
+    lines = difflib.unified_diff((a or "").splitlines(), (b or "").splitlines(), fromfile=name_a, tofile=name_b,
+                                 lineterm="", n=2)
+    return "\n".join(lines)
+
+
+def prompt_of(config: dict[str, Any], name: str) -> tuple[str, str]:
+    """``(version, text)`` of the observer or reflector prompt a configuration used."""
+    prompt = config.get(f"{name}_prompt") or {}
+    return str(prompt.get("version") or MISSING), str(prompt.get("text") or "")
+
+
+def offline_prompt_note(config_a: dict[str, Any], config_b: dict[str, Any]) -> str | None:
+    """A plain warning when two configurations differ in a prompt that an offline model reads:
+    the built-in model ignores prompt text, so comparing prompts needs an LLM."""
+    notes = []
+    for name, model_key in (("observer", "observer"), ("reflector", "reflector")):
+        if prompt_of(config_a, name)[1] == prompt_of(config_b, name)[1]:
+            continue
+        models = {config_a.get(model_key), config_b.get(model_key)} - {None}
+        if models and all(str(m).startswith(OFFLINE_PREFIX) for m in models):
+            notes.append(name)
+    if not notes:
+        return None
+    return (f"The {' and '.join(notes)} prompt{'s' if len(notes) > 1 else ''} differ, but the built-in offline "
+            "model ignores prompt text: any difference here comes from other settings. Comparing prompt "
+            "versions needs an LLM (choose a real observer/reflector model).")
+
+
+def shared_range(*series: pd.Series) -> list[float]:
+    """A y range covering every series (for side-by-side charts on one scale)."""
+    top = max([float(s.max()) for s in series if len(s) and not missing(s.max())] or [1.0])
+    return [0.0, top * 1.08 or 1.0]
+
+
+# -- traces ----------------------------------------------------------------------------------------
+
+def calls_table(calls: pd.DataFrame) -> pd.DataFrame:
+    """One row per compaction call, as shown in the traces list."""
+    columns = ["call", "step", "stage", "model", "prompt", "tokens in", "tokens out", "latency (ms)", "cost",
+               "cache hit", "attempts", "error"]
+    if calls.empty:
+        return pd.DataFrame(columns=columns)
+    out = pd.DataFrame({
+        "call": calls.seq.astype(int), "step": calls.step, "stage": calls.stage, "model": calls.model,
+        "prompt": calls.prompt_version, "tokens in": calls.input_tokens, "tokens out": calls.output_tokens,
+        "latency (ms)": calls.latency_ms.map(lambda v: MISSING if missing(v) else f"{float(v):.0f}"),
+        "cost": calls.cost_usd.map(lambda v: money(v, 6)),
+        "cache hit": calls.cache_hit.map(lambda v: MISSING if missing(v) else ("yes" if bool(v) else "no")),
+        "attempts": calls.attempts if "attempts" in calls else 1,
+        "error": calls.error,
+    })
+    return clean(out)
+
+
+def call_label(row: Any) -> str:
+    return (f"call {int(row['seq'])} · step {display(row['step'])} · {row['stage']} · {row['model']}"
+            + (" · error" if not missing(row.get("error")) else ""))
+
+
+def trace_attempts(call: Any) -> list[dict[str, Any]]:
+    """The exact requests sent and raw replies of one call: one entry per attempt (a reflection
+    sent back to be shortened is a second attempt). ``messages`` is a list of role/content dicts
+    (or ``None`` when the request was not stored); ``response`` the raw text."""
+    def load(value: Any) -> Any:
+        if missing(value) or value is None:
+            return None
+        try:
+            return json.loads(value)
+        except (TypeError, ValueError):
+            return value  # a trace cut at the size cap: shown as the raw text kept
+
+    requests, responses = load(call.get("request")), load(call.get("response"))
+    if isinstance(requests, str):
+        requests = [[{"role": "(raw, cut at the size cap)", "content": requests}]]
+    if isinstance(responses, str):
+        responses = [responses]
+    requests, responses = requests or [], responses or []
+    out = []
+    for i in range(max(len(requests), len(responses))):
+        messages = requests[i] if i < len(requests) else None
+        if isinstance(messages, dict):
+            messages = [messages]
+        out.append({"attempt": i + 1, "messages": messages,
+                    "response": responses[i] if i < len(responses) else None})
+    return out
+
+
+# -- a run, step by step ------------------------------------------------------------------------------
+
+def pass_steps(steps: pd.DataFrame) -> list[int]:
+    """Steps at which an observer or reflector pass fired, in order."""
+    if steps.empty:
+        return []
+    return [int(s) for s in steps[steps.observed | steps.reflected].step]
+
+
+def neighbour(passes: Sequence[int], step: int, direction: int) -> int | None:
+    """The pass before (``-1``) or after (``+1``) ``step``, or ``None``."""
+    if direction > 0:
+        return next((p for p in passes if p > step), None)
+    return next((p for p in reversed(passes) if p < step), None)
+
+
+def crossing_series(steps: pd.DataFrame, calls: pd.DataFrame, column: str, stage: str) -> pd.DataFrame:
+    """The volume ``column`` per step with, at each step where a ``stage`` pass fired, the volume
+    just before the pass as well (two points at that step: before, then after), so the line visibly
+    crosses the threshold where a pass fires. Volumes before come from the call's
+    ``volume_before``; a run without calls recorded shows the after-volumes only."""
+    flag = "observed" if stage == "observe" else "reflected"
+    before: dict[int, float] = {}
+    if calls is not None and not calls.empty:
+        mine = calls[(calls.stage == stage) & calls.step.notna() & calls.volume_before.notna()]
+        for row in mine.sort_values("seq").itertuples():
+            before.setdefault(int(row.step), float(row.volume_before))
+    xs, ys, kinds = [], [], []
+    for row in steps[["step", column, flag]].itertuples(index=False):
+        step, value, fired = int(row[0]), float(row[1]), bool(row[2])
+        if fired and step in before:
+            xs.append(step)
+            ys.append(before[step])
+            kinds.append("before pass")
+        xs.append(step)
+        ys.append(value)
+        kinds.append("after pass" if fired else "")
+    return pd.DataFrame({"step": xs, "tokens": ys, "point": kinds})
+
+
+def page_count(total: int, size: int) -> int:
+    return max(1, -(-total // size))
+
+
+def page_slice(total: int, page: int, size: int) -> slice:
+    """Items of ``page`` (1-based, clamped) of ``total``."""
+    page = min(max(1, page), page_count(total, size))
+    return slice((page - 1) * size, min(total, page * size))
+
+
+def next_compaction(steps: pd.DataFrame, step: int) -> int | None:
+    return neighbour(pass_steps(steps), step, +1)
+
+
+def opening_sentence(row: Any, total_messages: int) -> str:
+    """What step 0 means: the first memory read, before anything could be compacted."""
+    seen = int(row["message_index"])
+    return (f"Step 0: the conversation begins. The agent is about to answer message {seen + 1} of "
+            f"{total_messages:,}; it sees the {seen} message{'s' if seen != 1 else ''} so far "
+            f"({int(row['context_tokens']):,} tokens) verbatim. Nothing is old enough to condense yet: "
+            "notes start once messages leave the window and the backlog passes the observation threshold.")
+
+
+def config_sentence(config: dict[str, Any], label: str | None = None) -> str:
+    """The configuration named in one line: models, thresholds, window, prompt versions."""
+    reflector = config.get("reflector") or "none"
+    text = (f"observer {config.get('observer')} · reflector {reflector} · observation threshold "
+            f"{config.get('observation_threshold')} · reflection threshold {config.get('reflection_threshold')} · "
+            f"window {config.get('last_messages')} · prompts {prompt_of(config, 'observer')[0]}/"
+            f"{prompt_of(config, 'reflector')[0]}")
+    return f"{label}: {text}" if label and not missing(label) else text
+
+
+def run_name(run: dict[str, Any]) -> str | None:
+    """A run's configuration label in its experiment, else its own label, else ``None``."""
+    for key in ("config_label", "label"):
+        value = run.get(key)
+        if value is not None and not missing(value) and str(value).strip():
+            return str(value)
+    return None
+
+
+__all__ = [
+    "KEPT", "LOCOMO_CATEGORIES", "call_label", "calls_table", "category_name", "clean", "config_sentence",
+    "config_table", "crossing_series", "experiment_label", "experiments_table", "failed_configs",
+    "figures_comparison", "final_memory", "funnel_table", "grid_target", "grid_view", "neighbour",
+    "next_compaction", "offline_prompt_note", "opening_sentence", "page_count", "page_slice", "pareto_points",
+    "parse_values", "pass_steps", "probe_grid", "prompt_of", "shared_range", "summary_table", "text_diff",
+    "threshold_cells", "trace_attempts", "verdict",
+]
+
+
+def html_text(value: Any) -> str:
+    """Dataset or model text for a plotly title or label (plotly reads a little HTML): escaped."""
+    import html
+
+    return html.escape(str(value), quote=False)

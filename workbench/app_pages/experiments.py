@@ -1,0 +1,191 @@
+"""Experiments: launch a dataset × grid of configurations, watch it, resume, list, export, delete."""
+
+from pathlib import Path
+
+import streamlit as st
+
+from workbench import app_data, export_html, ui
+from workbench import formatting as fmt
+from workbench.catalog import DEMO_DATASET, known_datasets
+from workbench.datasets import DatasetError
+from workbench.errors import WorkbenchError
+from workbench.experiments import (
+    ExperimentOptions,
+    config_grid,
+    create_experiment,
+    estimate_cost,
+    pending_tasks,
+    summarise,
+)
+from workbench.models import usable_models
+from workbench.replay import TOKEN_COUNTERS
+
+store = ui.get_store()
+st.title("Experiments")
+st.caption("An experiment replays every conversation of a dataset under every configuration of a grid and "
+           "pools the figures per configuration. Tune and Compare read them.")
+
+existing = store.experiments()
+
+with st.expander("New experiment", expanded=existing.empty):
+    entries = known_datasets()
+    names = [f"{e.name} ({e.origin})" for e in entries] + [ui.BY_PATH]
+    default = next((i for i, e in enumerate(entries) if e.path == DEMO_DATASET), 0)
+    choice = st.selectbox("Dataset", names, index=default, key="xp_dataset")
+    if choice == ui.BY_PATH:
+        typed = st.text_input("Path", key="xp_path", placeholder="/data/locomo10.json").strip()
+        dataset, dataset_format = (Path(typed).expanduser() if typed else None), None
+    else:
+        entry = entries[names.index(choice)]
+        dataset, dataset_format = entry.path, entry.format
+    listed = []
+    if dataset is not None:
+        try:
+            listed = ui._listing(str(dataset), dataset_format, ui._stamp(Path(dataset)))
+        except DatasetError as exc:
+            ui.error("Cannot read the dataset: ", exc)
+    ids = [c.id for c in listed]
+    chosen = st.multiselect("Conversations (all when none is chosen)", ids, key="xp_conversations")
+    left, middle, right = st.columns(3)
+    models = usable_models()
+    observers = left.multiselect("Observer models", models, default=models[:1], key="xp_observers",
+                                 accept_new_options=True)
+    reflectors = middle.multiselect("Reflector models", [*models, "none"], default=models[:1], key="xp_reflectors",
+                                    accept_new_options=True)
+    counter = right.selectbox("Token counter", TOKEN_COUNTERS, key="xp_counter")
+    is_demo = dataset is not None and Path(dataset) == DEMO_DATASET
+    obs_text = left.text_input("Observation thresholds", "150,300,600" if is_demo else "500,1000,2000",
+                               key="xp_obs", help="Comma-separated token volumes")
+    ref_text = middle.text_input("Reflection thresholds", "600" if is_demo else "2000", key="xp_ref")
+    win_text = right.text_input("Windows (last messages)", "10", key="xp_win")
+    observer_prompts = ui.prompt_choices(store, "observer")
+    reflector_prompts = ui.prompt_choices(store, "reflector")
+    picked_op = left.multiselect("Observer prompts", list(observer_prompts), default=list(observer_prompts)[:1],
+                                 key="xp_oprompts")
+    picked_rp = middle.multiselect("Reflector prompts", list(reflector_prompts),
+                                   default=list(reflector_prompts)[:1], key="xp_rprompts")
+    concurrency = right.number_input("Runs at once", 1, 16, 2, key="xp_concurrency",
+                                     help="Offline replays run in worker processes; remote ones as parallel calls")
+    max_cost = left.number_input("Cost limit (USD, 0 for none)", 0.0, 10_000.0, 0.0, step=1.0, key="xp_max_cost")
+    name = middle.text_input("Name (optional)", key="xp_name")
+
+    problems, grid = [], []
+    values = {}
+    for label, text in (("Observation thresholds", obs_text), ("Reflection thresholds", ref_text),
+                        ("Windows", win_text)):
+        try:
+            values[label] = app_data.parse_values(text)
+        except ValueError as exc:
+            problems.append(f"{label}: {exc}")
+    if not observers or not reflectors or not picked_op or not picked_rp:
+        problems.append("choose at least one observer, reflector and prompt of each kind")
+    if not problems:
+        try:
+            grid = config_grid(observers=observers, reflectors=[None if r == "none" else r for r in reflectors],
+                               observation=values["Observation thresholds"],
+                               reflection=values["Reflection thresholds"], windows=values["Windows"],
+                               observer_prompts=[observer_prompts[v] for v in picked_op],
+                               reflector_prompts=[reflector_prompts[v] for v in picked_rp], token_counter=counter)
+        except WorkbenchError as exc:
+            problems.append(str(exc))
+    for problem in problems:
+        ui.error("", problem)
+    conversations = [c for c in listed if not chosen or c.id in chosen]
+    if grid and conversations:
+        cost = estimate_cost([c.tokens for c in conversations], grid)
+        offline = all(c.observer.startswith("omem/") and (c.reflector or "omem/").startswith("omem/") for c in grid)
+        priced = ("free (built-in offline model)" if offline else
+                  "unknown (a model's price is not known to litellm)" if cost is None else
+                  f"about {fmt.money(cost, 2)} at most (a rough upper estimate)")
+        st.info(ui.plain(f"{len(conversations) * len(grid)} runs: {len(conversations)} conversation(s) × "
+                         f"{len(grid)} configuration(s). Estimated cost: {priced}."))
+        differ = len({c.observer_prompt.sha256 for c in grid}) > 1 or len({c.reflector_prompt.sha256 for c in grid}) > 1
+        if differ and offline:
+            st.warning("These configurations differ in prompt versions, but the built-in offline model ignores "
+                       "prompt text: comparing prompts needs an LLM (choose a real observer/reflector model).")
+    start = st.button("Start experiment", type="primary", key="xp_start",
+                      disabled=bool(problems) or not grid or not conversations or store.read_only)
+    if start:
+        try:
+            options = ExperimentOptions(concurrency=int(concurrency), max_cost=float(max_cost) or None)
+            experiment_id = create_experiment(store, dataset=dataset, grid=grid, options=options,
+                                              conversations=chosen or None, dataset_format=dataset_format,
+                                              name=name.strip() or None)
+        except WorkbenchError as exc:
+            ui.error("The experiment cannot start: ", exc)
+        else:
+            st.session_state[ui.EXPERIMENT_KEY] = experiment_id
+            st.session_state.pop("xp_pick", None)
+            outcome = ui.run_experiment_with_progress(store, experiment_id)
+            if outcome is not None:
+                st.session_state["xp_done"] = (f"{experiment_id} {outcome.status}: {outcome.runs} runs in "
+                                               f"{outcome.elapsed_s:.1f} s" + (f", {outcome.failed} not completed"
+                                                                               if outcome.failed else ""))
+            st.rerun()
+
+existing = store.experiments()
+if existing.empty:
+    st.info("No experiments yet: start one above, or with `python -m workbench experiment run`.")
+    st.stop()
+if st.session_state.get("xp_done"):
+    st.success(ui.plain(st.session_state.pop("xp_done")))
+
+st.subheader("Experiments")
+st.dataframe(app_data.experiments_table(existing), hide_index=True, key="xp_table")
+experiment_id = ui.experiment_picker(store, "Experiment", "xp_pick")
+experiment = store.experiment(experiment_id)
+runs = store.experiment_runs(experiment_id)
+pending = pending_tasks(store, experiment_id)
+planned = len(experiment["conversations"]) * len(experiment["configs"])
+done = planned - len(pending)
+
+st.text(f"{experiment_id} · {experiment['status']} · {experiment['dataset']}")
+if experiment["status"] == "running":
+    st.progress(done / max(planned, 1), text=f"{done} of {planned} runs completed")
+
+    @st.fragment(run_every=3)
+    def watch() -> None:  # another process (the CLI) runs it: follow its progress
+        if store.experiment(experiment_id)["status"] != "running":
+            st.rerun()
+    watch()
+elif experiment["status"] != "completed":
+    ui.error(f"**This experiment is {experiment['status']}** ({done} of {planned} runs completed). ",
+             experiment.get("error") or "")
+
+actions = st.columns(5)
+if actions[0].button("Tune", key="xp_open_tune", help="Retention vs compression over the grid"):
+    st.switch_page("workbench/app_pages/tune.py")
+if actions[1].button("Compare", key="xp_open_compare", help="Two configurations, probe by probe"):
+    st.switch_page("workbench/app_pages/compare.py")
+resume = actions[2].button(f"Resume ({len(pending)} left)", key="xp_resume",
+                           disabled=not pending or store.read_only or experiment["status"] == "running")
+if actions[3].button("Prepare HTML export", key="xp_prepare"):
+    st.session_state["xp_html"] = (experiment_id, export_html.experiment_html(store, experiment_id))
+prepared = st.session_state.get("xp_html")
+if prepared and prepared[0] == experiment_id:
+    actions[3].download_button("Download HTML", prepared[1], file_name=f"{experiment_id}.html", mime="text/html",
+                               key="xp_download")
+confirm = actions[4].checkbox("Confirm delete", key="xp_confirm")
+if actions[4].button("Delete experiment", key="xp_delete", disabled=not confirm or store.read_only):
+    store.delete_experiment(experiment_id)
+    st.session_state.pop(ui.EXPERIMENT_KEY, None)
+    st.session_state.pop("xp_pick", None)
+    st.session_state["xp_done"] = f"Deleted {experiment_id} and its {len(runs)} runs."
+    st.rerun()
+if resume:
+    outcome = ui.run_experiment_with_progress(store, experiment_id)
+    if outcome is not None:
+        st.session_state["xp_done"] = f"{experiment_id} {outcome.status}: {outcome.runs} runs replayed"
+    st.rerun()
+
+summaries = summarise(store, experiment_id)
+st.subheader("Figures per configuration")
+st.caption("Retention pools every probe of every conversation; the interval is a bootstrap over probes.")
+st.dataframe(app_data.summary_table(summaries), hide_index=True, key="xp_summary")
+failed = app_data.failed_configs(runs)
+if not failed.empty:
+    st.warning(f"{len(failed)} run(s) did not complete and are left out of the figures:")
+    st.dataframe(failed, hide_index=True, key="xp_failed")
+with st.expander("The grid"):
+    st.dataframe(app_data.config_table(experiment["configs"]), hide_index=True, key="xp_grid")
+    st.text("Conversations: " + ", ".join(experiment["conversations"]))

@@ -1,0 +1,67 @@
+"""Traces: the exact request and raw response of any observer/reflector call, with its figures."""
+
+import streamlit as st
+
+from workbench import app_data, ui
+from workbench import formatting as fmt
+
+store = ui.get_store()
+st.title("Traces")
+st.caption("Every compaction call a run made: the messages sent to the model, exactly, and its raw reply.")
+
+wanted = st.session_state.get(ui.TRACE_KEY)
+default_run = wanted[0] if wanted else st.session_state.get(ui.RUN_KEY)
+run_id = ui.run_picker(store, "Run", "tr_run", default=default_run, container=st.sidebar)
+if run_id is None:
+    st.info("No runs yet: replay a conversation in the explorer, or run an experiment.")
+    st.stop()
+run = store.run(run_id)
+calls = store.model_calls(run_id)
+st.text(f"Run {run_id} · {run['conversation_id']} · {app_data.config_sentence(run['config'], app_data.run_name(run))}")
+if calls.empty:
+    st.info("This run made no model calls (nothing was old enough to compact).")
+    st.stop()
+
+st.dataframe(app_data.calls_table(calls), hide_index=True, key="tr_table")
+seqs = [int(s) for s in calls.seq]
+labels = {int(r["seq"]): app_data.call_label(r) for r in calls.to_dict("records")}
+index = seqs.index(wanted[1]) if wanted and wanted[0] == run_id and wanted[1] in seqs else 0
+seq = st.selectbox("Call", seqs, index=index, format_func=labels.get, key="tr_call")
+st.session_state[ui.TRACE_KEY] = (run_id, seq)
+call = calls[calls.seq == seq].iloc[0].to_dict()
+
+figures = st.columns(6)
+figures[0].metric("Tokens in", fmt.display(call["input_tokens"]))
+figures[1].metric("Tokens out", fmt.display(call["output_tokens"]))
+figures[2].metric("Latency", fmt.MISSING if app_data.missing(call["latency_ms"]) else f"{call['latency_ms']:.0f} ms")
+figures[3].metric("Cost", fmt.money(call["cost_usd"], 6))
+figures[4].metric("Cache hit", fmt.MISSING if app_data.missing(call["cache_hit"]) else
+                  ("yes" if call["cache_hit"] else "no"))
+figures[5].metric("Volume", f"{fmt.display(call['volume_before'])} → {fmt.display(call['volume_after'])}",
+                  help="Backlog (observe) or unreflected notes (reflect) before and after the pass, in tokens")
+st.text(f"{call['stage']} · {call['model']} · prompt {call['prompt_version']} · "
+        f"{fmt.display(call['source_count'])} sources · step {fmt.display(call['step'])}")
+if not app_data.missing(call.get("error")):
+    ui.error("**This call failed:** ", call["error"])
+if not app_data.missing(call.get("step")) and st.button("Open this step in the explorer", key="tr_open"):
+    ui.open_run_at(run_id, int(call["step"]))
+    st.switch_page("workbench/app_pages/explorer.py")
+
+attempts = app_data.trace_attempts(call)
+if not attempts:
+    st.info("No trace was stored for this call (the run was recorded without traces, or before they existed).")
+for attempt in attempts:
+    if len(attempts) > 1:
+        st.subheader(f"Attempt {attempt['attempt']} of {len(attempts)}")
+    left, right = st.columns(2)
+    with left:
+        st.markdown("**Request** (the messages sent)")
+        for message in attempt["messages"] or []:
+            st.text(str(message.get("role", "?")))
+            ui.text_block(str(message.get("content", "")), height=300 if len(str(message.get("content", ""))) > 2000
+                          else None)
+        if attempt["messages"] is None:
+            st.caption("Not stored.")
+    with right:
+        st.markdown("**Raw response**")
+        ui.text_block(attempt["response"] if attempt["response"] is not None else "(not stored)")
