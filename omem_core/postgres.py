@@ -183,6 +183,7 @@ class _Database:
         self._opening: asyncio.Lock | None = None
         self._migrated = False
         self._closed = False
+        self._sentinel: asyncio.Task | None = None
 
     def q(self, text: str) -> str:
         return text.replace("{s}", self.prefix)
@@ -225,8 +226,13 @@ class _Database:
                 pool = AsyncConnectionPool(self._dsn, min_size=min_size, max_size=max_size, open=False,
                                            kwargs=self._connect, timeout=self._timeout,
                                            check=AsyncConnectionPool.check_connection, name="omem")
-                await pool.open(wait=False)
+                try:
+                    await pool.open(wait=True, timeout=self._connect.get("connect_timeout", 10) + 5)
+                except PoolTimeout as exc:
+                    await pool.close()
+                    raise self.unavailable(exc) from None
                 self._pool = pool
+                self._sentinel = loop.create_task(_close_when_cancelled(pool), name="omem: close the pool at loop end")
         assert self._pool is not None
         return self._pool
 
@@ -253,9 +259,26 @@ class _Database:
     async def close(self) -> None:
         self._closed = True
         pool, self._pool = self._pool, None
+        sentinel, self._sentinel = self._sentinel, None
         if pool is not None and self._loop is asyncio.get_running_loop():  # a pool of a finished loop is dropped
+            if sentinel is not None:
+                sentinel.cancel()
+                with contextlib.suppress(BaseException):
+                    await sentinel  # closes the pool
             with contextlib.suppress(Exception):
                 await pool.close()
+
+
+async def _close_when_cancelled(pool: AsyncConnectionPool) -> None:
+    """Live as long as the event loop and close ``pool`` when cancelled: ``asyncio.run`` cancels
+    every task at its end, and psycopg-pool's connection attempts swallow that cancellation and
+    reschedule themselves, so a pool left open by its owner would keep the loop (and the
+    process) from ever finishing."""
+    try:
+        await asyncio.Event().wait()
+    finally:
+        with contextlib.suppress(BaseException):
+            await pool.close(timeout=1.0)
 
 
 async def migrate(con: psycopg.AsyncConnection, schema: str | None = None) -> int:

@@ -274,6 +274,29 @@ async def test_a_pass_longer_than_its_lease_runs_once_across_hosts(pg, scripted:
     assert len(await first.observations.list("t")) == 1
 
 
+UNCLOSED = textwrap.dedent('''
+    import asyncio, sys
+    from omem_core.postgres import PostgresMemoryStore, PostgresObservationStore
+
+    async def main():
+        inner = PostgresMemoryStore(sys.argv[1], schema=sys.argv[2])
+        observations = PostgresObservationStore(sys.argv[1], schema=sys.argv[2])
+        await asyncio.gather(inner.recall("t", last=2), observations.list("t"), inner.recall("u", last=2))
+
+    for _ in range(12):
+        asyncio.run(main())  # never closed: each loop's end must still finish
+    print("finished", flush=True)
+''')
+
+
+async def test_a_loop_ends_even_when_its_stores_were_never_closed(pg, tmp_path) -> None:
+    script = tmp_path / "unclosed.py"
+    script.write_text(UNCLOSED)
+    done = subprocess.run([sys.executable, str(script), pg.dsn, pg.schema], capture_output=True, text=True,
+                          timeout=90, cwd=ROOT)
+    assert done.returncode == 0 and done.stdout.strip() == "finished", done.stderr[-2000:]
+
+
 # -- the core stays free of psycopg -------------------------------------------------------------
 
 
