@@ -18,12 +18,10 @@ import argparse
 import asyncio
 import sys
 from collections import defaultdict
-import functools
 from dataclasses import replace
 
 from workbench.catalog import shared_datasets_dir
 from workbench.datasets import Conversation, load_dataset
-import workbench.replay as replay_module
 from omem_core import token_counter
 from omem_core.extractive import algorithm
 from workbench.replay import ReplayConfig, replay
@@ -108,13 +106,8 @@ def locomo_figures(conversations: list[Conversation], config: ReplayConfig, *, c
 def beam_figures(conversations: list[Conversation], config: ReplayConfig, max_backlog: int | None) -> dict:
     """Pooled retention, compression, recency ratio and blind spot (mean and max backlog outside
     the window over every read) of the BEAM chats, with ``max_backlog`` (None: off)."""
-    original = replay_module.create_observational_memory_store
-    if max_backlog is not None:  # ReplayConfig has no max_backlog field: pass it to the wrapper here
-        replay_module.create_observational_memory_store = functools.partial(original, max_backlog=max_backlog)
-    try:
-        results = [asyncio.run(replay(c, config, None)) for c in conversations]
-    finally:
-        replay_module.create_observational_memory_store = original
+    config = replace(config, max_backlog=max_backlog)
+    results = [asyncio.run(replay(c, config, None)) for c in conversations]
     scored = sum(r.retention.scored for r in results)
     backlog = [row["backlog_tokens"] for r in results for row in r.step_rows]
     retention = sum(r.retention.retention * r.retention.scored for r in results) / scored

@@ -210,3 +210,15 @@ def test_the_judge_grades_abstention_probes_by_declining() -> None:
         [row] = asyncio.run(judge_probes(conversation.probes, "no context", answerer="scripted/model",
                                          judge="scripted/model"))
     assert row["probe_id"] == probe.id and row["score"] == 1.0 and row["answer"] == "I don't know"
+
+
+def test_the_backlog_ceiling_is_a_grid_dimension(tmp_path) -> None:
+    # one message observed per read while two arrive: without a ceiling the backlog keeps growing
+    code, out, err = invoke("experiment", "run", "--dataset", str(DEMO), "--observation-threshold", "20",
+                            "--max-backlog", "off,200", "--window", "2", "--concurrency", "1", "--json",
+                            "--db", str(tmp_path / "x.duckdb"))
+    assert code == 0, err
+    off, capped = json.loads(out.strip().splitlines()[-1])["configs"]
+    assert [off["label"], capped["label"]] == ["max backlog off", "max backlog 200"]
+    assert capped["config"]["max_backlog"] == 200 and off["config"]["max_backlog"] is None
+    assert capped["blind_spot_tokens"] < off["blind_spot_tokens"]  # the ceiling keeps the blind spot down

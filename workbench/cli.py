@@ -152,6 +152,8 @@ def cli() -> None:
 @click.option("--reflector-prompt", help="Reflector prompt version: a built-in one (v1, v2) or one saved in the "
               "app (default: the newest built-in).")
 @click.option("--timeout", type=float, help="Seconds allowed to each compaction call.")
+@click.option("--max-backlog", type=click.IntRange(min=1), help="Opt-in backlog ceiling in tokens: past it the "
+              "observer takes larger segments so the backlog stops growing (default off).")
 @click.option("--no-cache", is_flag=True, help="Do not serve repeated model calls from litellm's cache.")
 @click.option("--answerer", help="LLM-judged retention: model that answers probes.")
 @click.option("--judge", help="LLM-judged retention: model that grades answers.")
@@ -163,8 +165,9 @@ def cli() -> None:
 def replay_command(dataset: Path, fmt: str | None, conversation: str | None, observer: str, reflector: str,
                    observation_threshold: int, reflection_threshold: int, last_messages: int, token_counter: str,
                    recall_on: str, observer_prompt: str | None, reflector_prompt: str | None,
-                   timeout: float | None, no_cache: bool, answerer: str | None, judge: str | None, yes: bool,
-                   resume: str | None, label: str | None, as_json: bool, db: str) -> None:
+                   timeout: float | None, max_backlog: int | None, no_cache: bool, answerer: str | None,
+                   judge: str | None, yes: bool, resume: str | None, label: str | None, as_json: bool,
+                   db: str) -> None:
     """Replay one conversation and record every step."""
     import asyncio
 
@@ -186,7 +189,7 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
                 last_messages=last_messages, token_counter=token_counter, recall_on=recall_on,
                 observer_prompt=_resolve_prompt(store, "observer", observer_prompt),
                 reflector_prompt=_resolve_prompt(store, "reflector", reflector_prompt),
-                timeout=timeout, cache=not no_cache)
+                timeout=timeout, cache=not no_cache, max_backlog=max_backlog)
         for warning in conv.warnings:
             click.echo(f"warning: {warning}", err=True)
         try:
@@ -436,6 +439,8 @@ def _print_report(data: dict[str, Any]) -> None:
 @click.option("--reflector-prompt", "reflector_prompts", default=None, callback=_csv(str),
               help="Comma-separated prompt versions (default: the newest built-in).")
 @click.option("--token-counter", type=click.Choice(TOKEN_COUNTERS), default="heuristic", show_default=True)
+@click.option("--max-backlog", "max_backlogs", default="off", show_default=True,
+              help="Comma-separated backlog ceilings in tokens, or 'off' (see replay --max-backlog).")
 @click.option("--judge", help="LLM-judged accuracy: the model that grades answers (with --answerer).")
 @click.option("--answerer", help="LLM-judged accuracy: the model that answers the probes (with --judge).")
 @click.option("--concurrency", type=click.IntRange(1, 256), default=2, show_default=True,
@@ -453,7 +458,7 @@ def _print_report(data: dict[str, Any]) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line of stdout.")
 @DB_OPTION
 def experiment_run(dataset, fmt, conversations, observation, reflection, windows, observers, reflectors,
-                   observer_prompts, reflector_prompts, token_counter, judge, answerer, concurrency, max_cost, rpm,
+                   observer_prompts, reflector_prompts, token_counter, max_backlogs, judge, answerer, concurrency, max_cost, rpm,
                    num_retries, timeout, api_base, no_traces, no_cache, name, yes, as_json, db) -> None:
     """Run a dataset × a grid of configurations (every combination of the values given)."""
 
@@ -466,7 +471,8 @@ def experiment_run(dataset, fmt, conversations, observation, reflection, windows
             observation=observation, reflection=reflection, windows=windows,
             observer_prompts=[_resolve_prompt(store, "observer", v) for v in observer_prompts or [None]],
             reflector_prompts=[_resolve_prompt(store, "reflector", v) for v in reflector_prompts or [None]],
-            token_counter=token_counter, timeout=timeout, cache=not no_cache)
+            token_counter=token_counter, timeout=timeout, cache=not no_cache,
+            max_backlogs=_backlogs(max_backlogs))
         options = ex.ExperimentOptions(concurrency=concurrency, max_cost=max_cost, rpm=rpm, num_retries=num_retries,
                                        timeout=timeout, traces=not no_traces, cache=not no_cache, api_base=api_base,
                                        judge=judge, answerer=answerer)
@@ -483,6 +489,19 @@ def experiment_run(dataset, fmt, conversations, observation, reflection, windows
                                              conversations=conversations or None, dataset_format=fmt, name=name)
         click.echo(f"experiment {experiment_id}", err=True)
         _finish_experiment(store, experiment_id, as_json)
+
+
+def _backlogs(text: str) -> list[int | None]:
+    values: list[int | None] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        if part.lower() in ("off", "none"):
+            values.append(None)
+            continue
+        try:
+            values.append(int(part))
+        except ValueError:
+            raise click.BadParameter(f"expected token counts or 'off', got {part!r}", param_hint="--max-backlog") from None
+    return values or [None]
 
 
 def _finish_experiment(store, experiment_id: str, as_json: bool) -> None:

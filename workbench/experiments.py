@@ -85,15 +85,17 @@ class ExperimentOptions:
 def config_grid(*, observers: Sequence[str], reflectors: Sequence[str | None], observation: Sequence[int],
                 reflection: Sequence[int], windows: Sequence[int], observer_prompts: Sequence[Any],
                 reflector_prompts: Sequence[Any], token_counter: str = "heuristic",
-                timeout: float | None = None, cache: bool = True) -> list[Any]:
-    """Every combination, in a stable order (models, thresholds, window, prompts)."""
+                timeout: float | None = None, cache: bool = True,
+                max_backlogs: Sequence[int | None] = (None,)) -> list[Any]:
+    """Every combination, in a stable order (models, thresholds, window, prompts, backlog ceiling)."""
     from .replay import ReplayConfig
 
     grid = [ReplayConfig(observer=o, reflector=r, observation_threshold=ot, reflection_threshold=rt, last_messages=w,
                          token_counter=token_counter, observer_prompt=op, reflector_prompt=rp, timeout=timeout,
-                         cache=cache)
-            for o, r, ot, rt, w, op, rp in itertools.product(observers, reflectors, observation, reflection, windows,
-                                                             observer_prompts, reflector_prompts)]
+                         cache=cache, max_backlog=mb)
+            for o, r, ot, rt, w, op, rp, mb in itertools.product(observers, reflectors, observation, reflection,
+                                                                 windows, observer_prompts, reflector_prompts,
+                                                                 max_backlogs)]
     if not grid:
         raise ExperimentError("the grid is empty: give at least one value for every setting")
     return grid
@@ -108,6 +110,7 @@ _LABEL_PARTS = (
     ("observer_prompt", lambda c: c["observer_prompt"]["version"], "obs prompt {}"),
     ("reflector_prompt", lambda c: c["reflector_prompt"]["version"], "ref prompt {}"),
     ("token_counter", lambda c: c["token_counter"], "{}"),
+    ("max_backlog", lambda c: c.get("max_backlog") or "off", "max backlog {}"),
 )
 
 

@@ -60,6 +60,7 @@ class ReplayConfig:
     reflector_prompt: Prompt = REFLECTOR_PROMPT
     timeout: float | None = None
     cache: bool = True
+    max_backlog: int | None = None  # opt-in backlog ceiling (tokens): see create_observational_memory_store
 
     def __post_init__(self) -> None:
         for name in ("observation_threshold", "reflection_threshold", "last_messages"):
@@ -69,6 +70,9 @@ class ReplayConfig:
         if self.token_counter not in TOKEN_COUNTERS:
             raise ConfigurationError(
                 f"token_counter must be one of {', '.join(TOKEN_COUNTERS)}, got {self.token_counter!r}")
+        if self.max_backlog is not None and (isinstance(self.max_backlog, bool) or not isinstance(self.max_backlog, int)
+                                             or self.max_backlog < 1):
+            raise ConfigurationError(f"max_backlog must be a positive integer (tokens) or None, got {self.max_backlog!r}")
         if self.recall_on not in ("assistant", "every"):
             raise ConfigurationError(f"recall_on must be 'assistant' or 'every', got {self.recall_on!r}")
 
@@ -93,7 +97,8 @@ class ReplayConfig:
         reflector = self.reflector or "none"
         return (f"{self.observer} / {reflector} · obs {self.observation_threshold} · "
                 f"ref {self.reflection_threshold} · window {self.last_messages} · "
-                f"{self.observer_prompt.version}/{self.reflector_prompt.version}")
+                f"{self.observer_prompt.version}/{self.reflector_prompt.version}"
+                + (f" · max backlog {self.max_backlog}" if self.max_backlog else ""))
 
 
 @dataclass
@@ -281,7 +286,7 @@ async def replay(
             thresholds={"observation": config.observation_threshold, "reflection": config.reflection_threshold},
             count_tokens=count, observations=recorder.observations, observer_prompt=config.observer_prompt,
             reflector_prompt=config.reflector_prompt, timeout=config.timeout, on_event=recorder.on_event,
-            completion_kwargs=completion or None,
+            completion_kwargs=completion or None, max_backlog=config.max_backlog,
         )
         memory = Memory(wrapper, last_messages=config.last_messages)
     except ValueError as exc:  # the library refused the configuration (e.g. a threshold over max_input_tokens)
