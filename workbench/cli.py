@@ -393,10 +393,13 @@ def _experiment_progress(quiet: bool):
         return None
 
     def show(p) -> None:
+        width = 20
+        filled = round(width * p.done / max(p.total, 1))
+        bar = "█" * filled + "░" * (width - filled)
         eta = f", about {p.eta_s:,.0f} s left" if p.eta_s is not None and p.done < p.total else ""
         cost = f", ${p.cost_usd:.4f} spent" if p.cost_usd else ""
         state = "" if p.status == "completed" else f" ({p.status})"
-        click.echo(f"[{p.done}/{p.total}] {p.conversation_id} · {p.label}{state}{cost}{eta}", err=True)
+        click.echo(f"[{p.done}/{p.total}] {bar} {p.conversation_id} · {p.label}{state}{cost}{eta}", err=True)
 
     return show
 
