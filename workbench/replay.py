@@ -198,10 +198,11 @@ def _start(conversation: Conversation, config: ReplayConfig, store: RunStore | N
     """The run's recorder and the message index to continue from, after checking the config."""
     if resume is not None:
         if store is None:
-            raise ValueError("resume needs the run store that holds the run")
+            raise ConfigurationError("resume needs the run store that holds the run")
         run = store.run(resume)
         if run["conversation_id"] != conversation.id:
-            raise ValueError(f"run {resume} replayed conversation {run['conversation_id']!r}, not {conversation.id!r}")
+            raise ConfigurationError(
+                f"run {resume} replayed conversation {run['conversation_id']!r}, not {conversation.id!r}")
         config = ReplayConfig.from_json(run["config"])
     problem = configuration_problem(config)
     if problem is not None:
@@ -270,7 +271,9 @@ async def replay(
     with store.session() if store is not None and resume is not None else contextlib.nullcontext():
         config, recorder, start_index = _start(conversation, config, store, resume, label, message_tokens,
                                                flush_every, recorder)
-    count = token_counter(config.token_counter)
+    if resume is not None:  # the run's own configuration (and token counter) continues
+        count = token_counter(config.token_counter)
+        message_tokens = count([t.content for t in turns]) if turns else []
     try:
         completion: dict[str, Any] = dict(completion_extra or {})
         if config.cache:
