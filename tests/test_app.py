@@ -67,8 +67,16 @@ def test_explorer_on_a_fresh_store_replays_the_demo_and_charts_match(db: Path) -
     cursor, thresholds, volumes = spec(at, 0), spec(at, 1), spec(at, 2)
     assert trace(volumes, "full history")["y"] == list(steps.history_tokens)
     assert trace(volumes, "window")["y"] == list(steps.window_tokens)
-    assert trace(thresholds, "backlog")["y"] == list(steps.backlog_tokens)
+    backlog = trace(thresholds, "backlog")
+    after = [y for x, y, nxt in zip(backlog["x"], backlog["y"], backlog["x"][1:] + [None]) if x != nxt]
+    assert after == list(steps.backlog_tokens)  # the volume after each read, one per step
     assert trace(thresholds, "observe pass")["x"] == list(steps[steps.observed].step)
+    calls = s.model_calls(run_id)
+    first = calls[calls.stage == "observe"].iloc[0]
+    threshold = s.run(run_id)["config"]["observation_threshold"]
+    # where a pass fires the line rises over the dashed threshold (volume before) and drops (after)
+    at_pass = [y for x, y in zip(backlog["x"], backlog["y"]) if x == first.step]
+    assert at_pass == [first.volume_before, first.volume_after] and first.volume_before > threshold
     assert trace(cursor, "observed up to (cursor)")["y"] == list(steps.cursor_index + 1)
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Compression"] == f"{runs.compression[0]:.1f}x"
@@ -205,6 +213,7 @@ def test_compare_two_configurations(db: Path) -> None:
 
 def test_tune_sweep_runs_the_grid_and_plots_every_run(db: Path) -> None:
     at = app("tune")
+    at.sidebar.radio(key="tune_mode").set_value("Sweep one conversation").run()
     at.sidebar.text_input(key="tune_obs").set_value("150,300")
     at.sidebar.text_input(key="tune_ref").set_value("400")
     at.sidebar.button(key="tune_run").click().run()
@@ -265,9 +274,13 @@ def test_a_store_held_by_another_process_opens_read_only(db: Path, monkeypatch) 
         assert notice.startswith("Read-only: another program keeps app.duckdb open") and notice.count(". ") == 0
         assert at.metric  # the stored run is shown from the snapshot
         assert at.sidebar.button(key="ex_run").disabled
-        for page in ("runs", "compare", "present", "tune"):
+        for page in ("runs", "compare", "present", "tune", "experiments", "traces"):
             at.switch_page(PAGES.format(page)).run()
             assert not at.exception
+        at.switch_page(PAGES.format("experiments")).run()
+        assert at.button(key="xp_start").disabled  # nothing can be launched on a snapshot
+        at.switch_page(PAGES.format("tune")).run()
+        at.sidebar.radio(key="tune_mode").set_value("Sweep one conversation").run()
         assert at.sidebar.button(key="tune_run").disabled
     assert len(RunStore(db).runs()) == 1  # the original was never written
 
@@ -345,6 +358,7 @@ def test_failed_configurations_are_listed_never_silently_dropped(db: Path, monke
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     at = app("tune")  # the explorer's demo run is there already
+    at.sidebar.radio(key="tune_mode").set_value("Sweep one conversation").run()
     with RunStore(db) as s, pytest.raises(ConfigurationError):
         asyncio.run(replay(load_conversation(PROJECT_DEMO), ReplayConfig(observer="gpt-4o-mini"), s))
     at.run()
@@ -374,10 +388,322 @@ def test_no_page_shows_nan(db: Path, monkeypatch) -> None:
     at.sidebar.radio(key="ex_mode").set_value("Open a stored run").run()
     at.sidebar.selectbox(key="ex_open").set_value(failed_id).run()
     texts = []
-    for page in (None, "compare", "runs", "present", "tune"):
+    for page in (None, "compare", "runs", "present", "tune", "traces", "experiments"):
         if page is not None:
             at.switch_page(PAGES.format(page)).run()
         assert not at.exception
         texts += [str(m.value) for m in at.metric] + [e.value for e in (*at.markdown, *at.caption, *at.error)]
         texts += [o for s in at.selectbox for o in s.options]
     assert not [t for t in texts if re.search(r"\bnan\b|\$nan|nanx", t, re.IGNORECASE)]
+
+
+# -- experiments ---------------------------------------------------------------------------------------
+
+def run_experiment_in(db: Path, observation=(150, 600), observers=("omem/extractive",), dataset=PROJECT_DEMO,
+                      status: str | None = None) -> str:
+    """An experiment recorded through the engine (in-process, concurrency 1)."""
+    import asyncio
+
+    from workbench.experiments import ExperimentOptions, config_grid, create_experiment, run_experiment
+    from omem_core.prompts import BUILTIN_PROMPTS
+
+    grid = config_grid(observers=list(observers), reflectors=["omem/extractive"], observation=list(observation),
+                       reflection=[600], windows=[10], observer_prompts=[BUILTIN_PROMPTS["observer"][0]],
+                       reflector_prompts=[BUILTIN_PROMPTS["reflector"][0]])
+    with RunStore(db) as s:
+        experiment_id = create_experiment(s, dataset=dataset, grid=grid, options=ExperimentOptions(concurrency=1))
+        if status is None:
+            asyncio.run(run_experiment(s, experiment_id))
+        else:
+            s.finish_experiment(experiment_id, status, "stopped for the test", 0.0)
+    return experiment_id
+
+
+def dataframe(at: AppTest, *columns: str):
+    """The first table on the page with all of ``columns`` (tables without selection carry no key)."""
+    return next(d.value for d in at.dataframe if set(columns) <= set(d.value.columns))
+
+
+def test_launch_an_experiment_then_tune_compare_grid_and_a_trace(db: Path) -> None:
+    at = app("experiments")
+    at.text_input(key="xp_obs").set_value("150,600")
+    at.text_input(key="xp_ref").set_value("600")
+    at.number_input(key="xp_concurrency").set_value(1).run()
+    assert any("2 runs: 1 conversation(s) × 2 configuration(s). Estimated cost: free" in shown(i.value)
+               for i in at.info)  # the estimate is shown before anything starts
+    at.button(key="xp_start").click().run()
+    assert not at.exception, at.exception
+    s = store(db)
+    [experiment_id] = list(s.experiments().experiment_id)
+    runs = s.experiment_runs(experiment_id)
+    assert len(runs) == 2 and set(runs.status) == {"completed"} and set(runs.config_label) == {"obs 150", "obs 600"}
+    assert any(experiment_id in shown(m.value) and "completed" in m.value for m in at.success)
+    summary = dataframe(at, "configuration", "95% CI")
+    assert list(summary.configuration) == ["obs 150", "obs 600"]
+
+    # Tune: one point per configuration, with its CI; the front is drawn first and takes no hover.
+    at.switch_page(PAGES.format("tune")).run()
+    assert not at.exception
+    pareto = spec(at, 0)
+    assert pareto["data"][0]["name"] == "Pareto front" and pareto["data"][0]["hoverinfo"] == "skip"
+    points = trace(pareto, "configurations")
+    assert sorted(points["customdata"]) == ["obs 150", "obs 600"] and "error_y" in points
+    heat = spec(at, 1)
+    assert heat["layout"]["xaxis"]["type"] == "category" and heat["data"][0]["x"] == ["150", "600"]
+
+    # Compare: figures with CIs, the grid, the funnel, the memory diff.
+    at.switch_page(PAGES.format("compare")).run()
+    assert not at.exception
+    figures = dataframe(at, "figure")
+    assert figures.figure[0] == "retention (pooled)" and list(figures.columns[1:3]) == ["A · obs 150", "B · obs 600"]
+    grid = dataframe(at, "question", "gold")
+    probes = s.experiment_probes(experiment_id)
+    assert len(grid) == probes[probes.method == "memory"].probe_id.nunique()
+    assert {"question", "gold", "obs 150", "obs 600"} <= set(grid.columns)
+    assert any(spec_i["layout"]["title"]["text"].startswith("Loss funnel")
+               for spec_i in (json.loads(c.proto.spec) for c in at.get("plotly_chart")))
+    at.toggle(key="cmp_xp_differs").set_value(True).run()
+    differing = dataframe(at, "question", "gold")
+    kept = lambda v: v.startswith("kept")  # noqa: E731
+    assert len(differing) < len(grid) and all(kept(a) != kept(b) for a, b in zip(differing["obs 150"],
+                                                                                 differing["obs 600"]))
+    # Open a cell where obs 600 lost the probe: the explorer opens that run at the step it was lost.
+    from workbench import app_data
+
+    full = app_data.probe_grid(probes, s.experiment_losses(experiment_id), ["obs 150", "obs 600"])
+    row = next(i for i in full.index if not app_data.missing(full.at[i, "obs 600|step"])
+               and full.at[i, "obs 600|score"] < 0.5 and full.at[i, "obs 150|score"] >= 0.5)
+    run_id, step = full.at[row, "obs 600|run"], int(full.at[row, "obs 600|step"])
+    at.selectbox(key="cmp_xp_probe").set_value(row)
+    at.selectbox(key="cmp_xp_cell_config").set_value("obs 600").run()
+    at.button(key="cmp_xp_open").click().run()
+    assert not at.exception, at.exception
+    assert at.slider(key=f"ex_step_{run_id}").value == step
+    assert any(h.value == f"At step {step}" for h in at.subheader)
+    assert at.sidebar.selectbox(key="ex_open").value == run_id
+
+    at.switch_page(PAGES.format("explorer")).run()  # AppTest follows an in-script switch for one run only
+    assert at.slider(key=f"ex_step_{run_id}").value == step
+
+    # From a record of the explorer to its trace: the exact request sent and the raw reply.
+    trace_buttons = [b for b in at.button if b.key and b.key.startswith("ex_trace_")]
+    trace_buttons[0].click().run()
+    assert not at.exception, at.exception
+    assert [t.value for t in at.title] == ["Traces"]
+    calls = s.model_calls(run_id)
+    seq = at.selectbox(key="tr_call").value
+    call = calls[calls.seq == seq].iloc[0]
+    sent = json.loads(call.request)[0]
+    codes = [c.value for c in at.code]
+    assert sent[0]["content"] in codes and sent[-1]["content"] in codes  # every message, verbatim
+    assert json.loads(call.response)[0] in codes
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Tokens in"] == f"{int(call.input_tokens):,}" and metrics["Cache hit"] in ("yes", "no")
+
+
+def test_resume_export_and_delete_an_experiment(db: Path) -> None:
+    experiment_id = run_experiment_in(db, status="interrupted")  # recorded, nothing replayed yet
+    at = app("experiments")
+    assert any("This experiment is interrupted" in e.value for e in at.error)
+    resume = at.button(key="xp_resume")
+    assert resume.label == "Resume (2 left)" and not resume.disabled
+    resume.click().run()
+    assert not at.exception, at.exception
+    s = store(db)
+    assert s.experiment(experiment_id)["status"] == "completed" and len(s.experiment_runs(experiment_id)) == 2
+    assert at.button(key="xp_resume").disabled
+    at.button(key="xp_prepare").click().run()
+    assert not at.exception
+    assert at.get("download_button")
+    at.checkbox(key="xp_confirm").check().run()
+    at.button(key="xp_delete").click().run()
+    assert not at.exception
+    assert s.experiments().empty and s.runs().query("experiment_id == @experiment_id").empty
+    assert any("No experiments yet" in i.value for i in at.info)
+
+
+def test_experiment_pages_list_failed_configurations_and_show_no_nan(db: Path, monkeypatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    run_experiment_in(db, observation=(300,), observers=("omem/extractive", "gpt-4o-mini"))
+    at = app("experiments")
+    failed = dataframe(at, "configuration", "conversation", "error")
+    assert failed.configuration.tolist() == ["obs model gpt-4o-mini"] and "OPENAI_API_KEY" in failed.error[0]
+    texts = []
+    for page in ("experiments", "tune", "compare"):
+        at.switch_page(PAGES.format(page)).run()
+        assert not at.exception, at.exception
+        texts += [str(m.value) for m in at.metric] + [e.value for e in (*at.markdown, *at.caption, *at.error,
+                                                                          *at.warning, *at.info, *at.text)]
+        for frame in at.dataframe:
+            value = frame.value
+            data = value.data if hasattr(value, "data") else value  # a Styler or a DataFrame
+            texts += [str(v) for v in data.astype(object).to_numpy().ravel()]
+    assert any("gpt-4o-mini" in t and "OPENAI_API_KEY" in t for t in texts)  # the failure said, with its reason
+    assert not [t for t in texts if re.search(r"\bnan\b|\$nan|nanx|<NA>", t, re.IGNORECASE)]
+
+
+def test_traces_page_on_a_fresh_store_and_a_run(db: Path) -> None:
+    at = app("traces")  # the explorer replayed the demo on first open
+    assert not at.exception
+    run_id = store(db).runs().run_id[0]
+    assert at.sidebar.selectbox(key="tr_run").value == run_id
+    calls = store(db).model_calls(run_id)
+    assert len(dataframe(at, "call", "cache hit")) == len(calls)
+    at.selectbox(key="tr_call").set_value(int(calls.seq.iloc[-1])).run()
+    assert not at.exception
+    assert json.loads(calls.response.iloc[-1])[-1] in [c.value for c in at.code]
+    at.button(key="tr_open").click().run()
+    assert at.slider(key=f"ex_step_{run_id}").value == int(calls.step.iloc[-1])
+
+
+def test_explorer_steps_between_passes_and_paginates_records(db: Path) -> None:
+    at = app()
+    s = store(db)
+    run_id = s.runs().run_id[0]
+    steps = s.steps(run_id)
+    passes = list(steps[steps.observed | steps.reflected].step)
+    at.slider(key=f"ex_step_{run_id}").set_value(0).run()
+    at.button(key="ex_next_pass").click().run()
+    assert at.slider(key=f"ex_step_{run_id}").value == passes[0]
+    at.button(key="ex_next_pass").click().run()
+    assert at.slider(key=f"ex_step_{run_id}").value == passes[1]
+    at.button(key="ex_prev_pass").click().run()
+    assert at.slider(key=f"ex_step_{run_id}").value == passes[0]
+    assert any(m.label == "Blind-spot tokens" and m.value == f"{s.run(run_id)['blind_spot_tokens']:.3f}"
+               for m in at.metric)
+    # a run with more records than one page: 20 per page, newest first
+    at.sidebar.number_input(key="ex_obs_300").set_value(60)
+    at.sidebar.button(key="ex_run").click().run()
+    newest = s.runs().run_id[0]
+    assert len(s.records(newest)) > 20
+    records = [e for e in at.expander if " written at step " in e.label]
+    assert len(records) == 20
+    total = len(s.records(newest))
+    pages = -(-total // 20)
+    at.number_input(key=f"ex_page_{newest}_{int(s.steps(newest).step.max())}").set_value(pages).run()
+    assert not at.exception
+    oldest = [e for e in at.expander if " written at step " in e.label]
+    assert len(oldest) == total - 20 * (pages - 1) and oldest[-1].label.startswith("Observation written at step")
+
+
+def test_presentation_names_the_configuration_jumps_and_exports(db: Path) -> None:
+    at = app("present")
+    s = store(db)
+    run_id = s.runs().run_id[0]
+    steps = s.steps(run_id)
+    assert at.subheader[0].value.startswith("Step 0: the conversation begins")
+    assert any("observation threshold 300" in t.value and "window 10" in t.value for t in at.text)
+    volumes = spec(at, 0)
+    assert volumes["layout"]["xaxis"]["range"] == [-0.5, int(steps.step.max()) + 0.5]  # stable from step 0
+    at.button(key="pres_jump").click().run()
+    first = int(steps[steps.observed | steps.reflected].step.iloc[0])
+    assert at.subheader[0].value.startswith(f"Step {first}:")
+    assert spec(at, 0)["layout"]["xaxis"]["range"] == volumes["layout"]["xaxis"]["range"]
+    at.button(key="pres_prepare").click().run()
+    assert not at.exception and at.get("download_button")
+
+
+def test_comparing_prompts_with_the_offline_model_says_it_needs_an_llm(db: Path) -> None:
+    from omem_core import Prompt
+    from workbench import app_data
+
+    a = {"observer": "omem/extractive", "reflector": "omem/extractive",
+         "observer_prompt": {"version": "v2", "text": "one"}, "reflector_prompt": {"version": "v2", "text": "r"}}
+    b = {**a, "observer_prompt": {"version": "short", "text": "two"}}
+    assert "ignores prompt text" in app_data.offline_prompt_note(a, b)
+    assert app_data.offline_prompt_note(a, a) is None
+    assert app_data.offline_prompt_note({**a, "observer": "gpt-4o-mini"}, {**b, "observer": "gpt-4o-mini"}) is None
+    store(db).save_prompt(Prompt(name="observer", version="short", text="Write short notes."))
+    at = app("experiments")
+    at.multiselect(key="xp_oprompts").select("short").run()
+    assert any("ignores prompt text" in w.value for w in at.warning)
+
+
+# -- the pure helpers behind the pages --------------------------------------------------------------
+
+def test_probe_categories_are_named() -> None:
+    from workbench.app_data import category_name
+
+    assert [category_name(c) for c in (1, "2", 3.0, "4", 5)] == ["multi-hop", "temporal", "open-domain",
+                                                                 "single-hop", "adversarial"]
+    assert category_name(None) == "uncategorised" and category_name("temporal") == "temporal"
+
+
+def test_grid_differs_filter_and_cell_targets() -> None:
+    import pandas as pd
+
+    from workbench import app_data
+
+    probes = pd.DataFrame([
+        {"config_label": c, "conversation_id": "x", "run_id": f"r-{c}", "probe_id": p, "method": "memory",
+         "question": f"q {p}", "gold": "g", "category": "4", "score": score}
+        for c, p, score in (("A", "p1", 1.0), ("B", "p1", 0.0), ("A", "p2", 1.0), ("B", "p2", 0.5))])
+    losses = pd.DataFrame([{"config_label": "B", "conversation_id": "x", "probe_id": "p1", "lost_at": "reflection",
+                            "lost_step": 7}])
+    grid = app_data.probe_grid(probes, losses, ["A", "B"])
+    assert grid.category.tolist() == ["single-hop", "single-hop"]
+    assert grid.B.tolist() == ["lost 0.00 at reflection, step 7", "kept 0.50"]
+    view = app_data.grid_view(grid, ["A", "B"], differs_only=True)
+    assert view.probe.tolist() == ["p1"] and "B|run" not in view
+    assert app_data.grid_target(grid, view.index[0], "B") == ("r-B", 7)
+    assert app_data.grid_target(grid, 1, "A") == ("r-A", None)
+
+
+def test_crossing_series_and_pass_navigation() -> None:
+    import pandas as pd
+
+    from workbench import app_data
+
+    steps = pd.DataFrame({"step": [0, 1, 2, 3], "backlog_tokens": [50, 120, 30, 90],
+                          "unreflected_tokens": [0, 0, 20, 20], "observed": [False, False, True, False],
+                          "reflected": [False, False, False, False]})
+    calls = pd.DataFrame({"seq": [1], "step": [2], "stage": ["observe"], "volume_before": [170.0]})
+    series = app_data.crossing_series(steps, calls, "backlog_tokens", "observe")
+    assert series.step.tolist() == [0, 1, 2, 2, 3] and series.tokens.tolist() == [50, 120, 170, 30, 90]
+    assert app_data.pass_steps(steps) == [2]
+    assert app_data.neighbour([2, 5], 2, +1) == 5 and app_data.neighbour([2, 5], 2, -1) is None
+    assert app_data.page_slice(45, 3, 20) == slice(40, 45) and app_data.page_count(45, 20) == 3
+
+
+def test_figures_comparison_marks_differences_whose_ci_excludes_zero() -> None:
+    import pandas as pd
+
+    from workbench import app_data
+    from workbench.experiments import ConfigSummary
+
+    def summary(label: str, retention: float) -> ConfigSummary:
+        return ConfigSummary(label=label, config={}, runs=1, failed=0, probes=40, retention=retention,
+                             retention_ci95=None, compression=None, recency_ratio=None, blind_spot_tokens=None,
+                             observer_calls=3, reflector_calls=1, input_tokens=10, output_tokens=5, cost_usd=None,
+                             latency_ms_per_call=None, per_category={"temporal": {"retention": retention}})
+
+    probes = pd.DataFrame([{"config_label": c, "conversation_id": "x", "probe_id": f"p{i}", "method": "memory",
+                            "category": "temporal", "score": score}
+                           for i in range(40) for c, score in (("A", 0.0 if i % 4 else 1.0), ("B", 1.0))])
+    table = app_data.figures_comparison([summary("A", 0.25), summary("B", 1.0)], probes, "A", "B")
+    pooled = table.set_index("figure").loc["retention (pooled)"]
+    assert pooled["differs"] and pooled["B − A"] == "+0.750" and pooled["95% CI of B − A"].startswith("[+")
+    assert table.set_index("figure").loc["retention · temporal", "differs"]
+    assert not table.set_index("figure").loc["observer calls", "differs"]
+    assert table.set_index("figure").loc["cost (USD)", "A"] == "–"
+    assert "nan" not in table.to_string().lower()
+
+
+def test_html_export_is_self_contained_and_escapes_text(db: Path) -> None:
+    from workbench import export_html
+
+    experiment_id = run_experiment_in(db, observation=(150, 300))
+    s = store(db)
+    page = export_html.experiment_html(s, experiment_id)
+    assert page.startswith("<!DOCTYPE html>") and page.count("<script") >= 2
+    assert not re.search(r"<script[^>]+src=|<link[^>]+href=", page)  # plotly.js embedded, nothing fetched
+    assert "Loss funnel" in page and "obs 150" in page
+    run_id = s.experiment_runs(experiment_id).run_id[0]
+    with s.session() as cur:  # dataset text that looks like markup
+        cur.execute("UPDATE records SET text = '<script>alert(1)</script> Priya' WHERE run_id = ?", [run_id])
+    page = export_html.run_html(s, run_id)
+    assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt; Priya" in page
+    text = re.sub(r"<script.*?</script>", "", page, flags=re.DOTALL)  # what a reader sees, and the figures
+    assert not re.search(r"\bnan\b|\$nan|nanx", text, re.IGNORECASE)
+    figures = re.findall(r'Plotly.newPlot\(\s*"[^"]+",\s*(\[.*?\]),\s*\{', page, flags=re.DOTALL)
+    assert figures and not any(re.search(r"\bNaN\b", f) for f in figures)

@@ -31,6 +31,11 @@ def missing(value: Any) -> bool:
     return _missing(value)
 
 
+def _value(value: Any) -> Any:
+    """``None`` for any missing marker (pandas' NA included), else the value."""
+    return None if missing(value) else value
+
+
 def category_name(value: Any) -> str:
     """A probe category by name: LoCoMo's codes 1–5 named, a missing one "uncategorised"."""
     if missing(value) or str(value).strip() == "":
@@ -158,7 +163,8 @@ def failed_configs(runs: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=columns)
     bad = runs[runs.status != "completed"]
     out = pd.DataFrame({"configuration": bad.config_label, "conversation": bad.conversation_id,
-                        "status": [progress(s, k, n) for s, k, n in zip(bad.status, bad.steps, bad.planned_steps)],
+                        "status": [progress(s, _value(k), _value(n))
+                                   for s, k, n in zip(bad.status, bad.steps, bad.planned_steps)],
                         "error": bad.error}, columns=columns)
     return clean(out.reset_index(drop=True))
 
@@ -196,10 +202,12 @@ def figures_comparison(summaries: Sequence[Any], probes: pd.DataFrame, a: str, b
 
     def add(name: str, va: Any, vb: Any, shown: Any = display, ci: tuple[float, float] | None = None,
             diff: float | None = None, differs: bool = False) -> None:
+        whole = False
         if diff is None and not missing(va) and not missing(vb) and not isinstance(va, str):
             diff = float(vb) - float(va)
+            whole = float(va).is_integer() and float(vb).is_integer() and shown is display
         rows.append({"figure": name, "A": shown(va), "B": shown(vb),
-                     "B − A": MISSING if diff is None else f"{diff:+.3f}",
+                     "B − A": MISSING if diff is None else (f"{diff:+,.0f}" if whole else f"{diff:+.3f}"),
                      "95% CI of B − A": f"[{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else MISSING,
                      "differs": differs})
 
@@ -508,3 +516,9 @@ def html_text(value: Any) -> str:
     import html
 
     return html.escape(str(value), quote=False)
+
+
+def status_text(status: Any, steps: Any, planned: Any) -> str:
+    """:func:`workbench.formatting.progress` safe for pandas' ``NA`` (an experiment's run refused
+    before its first step has no planned steps): "failed at step 0"."""
+    return progress(str(status), _value(steps), _value(planned))

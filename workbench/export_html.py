@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 
 from . import app_data, charts
 from .analysis import narrate
-from .formatting import MISSING, display, missing, progress, ratio, share
+from .formatting import MISSING, display, missing, ratio, share
 
 _STYLE = """
 body { font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif; margin: 2rem auto;
@@ -132,7 +132,7 @@ def run_html(store: Any, run_id: str) -> str:
     page.text("p", f"Run {run_id} · conversation {run['conversation_id']} · "
                    + app_data.config_sentence(config, app_data.run_name(run)), "meta")
     if not done:
-        page.text("p", f"Not a finished run: it {progress(run['status'], run['steps'], run['planned_steps'])}. "
+        page.text("p", f"Not a finished run: it {app_data.status_text(run['status'], run['steps'], run['planned_steps'])}. "
                        f"Its figures cover only the part replayed. {run.get('error') or ''}", "warn")
     calls_made = sum(0 if missing(run.get(k)) else int(run[k]) for k in ("observer_calls", "reflector_calls"))
     page.figures([

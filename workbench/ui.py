@@ -35,7 +35,6 @@ from .models import model_status, usable_models
 from .replay import TOKEN_COUNTERS, ReplayConfig, ReplayFailed, ReplayResult, replay
 from .errors import WorkbenchError
 from .formatting import missing, ratio, share
-from .formatting import progress as progress_text
 from .runstore import RunStore, RunStoreError, RunStoreLocked
 
 RUN_KEY = "omem_run"  # the run opened across pages
@@ -279,7 +278,9 @@ def run_label(row: pd.Series) -> str:
         figures.append(ratio(row["compression"], partial=not done))
     if not missing(row.get("retention")):
         figures.append(f"retention {share(row['retention'])}")
-    state = progress_text(row.get("status"), row.get("steps"), row.get("planned_steps"))
+    from .app_data import status_text
+
+    state = status_text(row.get("status"), row.get("steps"), row.get("planned_steps"))
     return f"{row['run_id']} · {row['conversation_id']} · {state}" + (
         f" · {' · '.join(figures)}" if figures else "")
 

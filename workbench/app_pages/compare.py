@@ -6,7 +6,6 @@ import json
 import streamlit as st
 
 from workbench import analysis, app_data, charts, ui
-from workbench import formatting as fmt
 from workbench.experiments import summarise
 
 store = ui.get_store()
@@ -76,7 +75,7 @@ def experiment_comparison() -> None:
         for n in ("A", "B"):
             if info[n]["status"] != "completed":
                 ui.error(f"**{n} on {ui.plain(conversation)} "
-                         f"{fmt.progress(info[n]['status'], info[n]['steps'], info[n]['planned_steps'])}**: ",
+                         f"{app_data.status_text(info[n]['status'], info[n]['steps'], info[n]['planned_steps'])}**: ",
                          info[n]["error"] or "")
         st.subheader(ui.plain(f"Token volumes and thresholds on {conversation} (one y scale per row)"))
         volumes = {n: charts.volumes_chart(steps[n]) for n in pick}
@@ -197,7 +196,7 @@ if run_a == run_b:
 info_a, info_b = store.run(run_a), store.run(run_b)
 for name, info in (("A", info_a), ("B", info_b)):
     if info["status"] != "completed":  # its figures cover a prefix only: never compared as if final
-        ui.error(f"**Run {name} {fmt.progress(info['status'], info['steps'], info['planned_steps'])}**: its "
+        ui.error(f"**Run {name} {app_data.status_text(info['status'], info['steps'], info['planned_steps'])}**: its "
                  "figures describe only the part replayed. ", info["error"] or "")
 if info_a["conversation_id"] != info_b["conversation_id"]:
     st.warning("The two runs replayed different conversations; their figures are not directly comparable.")

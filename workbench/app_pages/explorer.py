@@ -71,7 +71,7 @@ if conversation is not None and [run["dataset"], run["conversation_id"]] != [con
     st.caption(ui.plain(f"This stored run replayed {run['conversation_id']}; {conversation.id}, chosen in the "
                         "sidebar, is replayed when you press Run replay."))
 if not done:
-    where = fmt.progress(run["status"], run["steps"], run["planned_steps"])
+    where = app_data.status_text(run["status"], run["steps"], run["planned_steps"])
     ui.error(f"**This run {where}** — the figures below describe the part replayed, not the whole "
              "conversation. ", run["error"] or "")
 

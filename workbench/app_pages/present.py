@@ -19,7 +19,7 @@ done = run["status"] == "completed"
 st.title("Observational memory, step by step")
 st.text(f"{run['conversation_id']} · " + app_data.config_sentence(run["config"], app_data.run_name(run)))
 if not done:  # never present a run that did not finish as if it had
-    ui.error(f"**Not a finished run: it {fmt.progress(run['status'], run['steps'], run['planned_steps'])}.** "
+    ui.error(f"**Not a finished run: it {app_data.status_text(run['status'], run['steps'], run['planned_steps'])}.** "
              "Its figures cover only the part replayed. ", run["error"] or "")
 if steps.empty:
     st.info("This run has no steps to present.")

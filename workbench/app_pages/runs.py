@@ -7,8 +7,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from workbench import analysis, ui
-from workbench import formatting as fmt
+from workbench import analysis, app_data, ui
 
 store = ui.get_store()
 st.title("Runs")
@@ -30,7 +29,7 @@ if statuses:
 if search:
     shown = shown[shown.label.fillna("").str.contains(search, case=False, regex=False)]
 
-shown = shown.assign(status=[fmt.progress(s, k, n) for s, k, n in zip(shown.status, shown.steps, shown.planned_steps)])
+shown = shown.assign(status=[app_data.status_text(s, k, n) for s, k, n in zip(shown.status, shown.steps, shown.planned_steps)])
 st.dataframe(shown[["run_id", "created_at", "status", "conversation_id", "observer", "reflector",
                     "observation_threshold", "reflection_threshold", "window", "steps", "compression",
                     "retention", "cost_usd", "label", "error"]], hide_index=True, key="runs_table")

@@ -113,7 +113,7 @@ runs = runs[runs.status == "completed"]
 if not failed.empty:  # never just fewer points: say which configurations did not finish, and why
     st.warning(f"{len(failed)} configuration(s) did not finish and are not drawn:")
     st.dataframe(failed.assign(
-        status=[fmt.progress(s, k, n) for s, k, n in zip(failed.status, failed.steps, failed.planned_steps)],
+        status=[app_data.status_text(s, k, n) for s, k, n in zip(failed.status, failed.steps, failed.planned_steps)],
         configuration=failed.label)[["run_id", "status", "configuration", "error"]],
         hide_index=True, key="tune_failed")
 if runs.empty:
