@@ -166,3 +166,67 @@ def test_dataset_and_model_text_is_inert(server) -> None:
         assert page.evaluate("window.__omem_pwned === undefined")
         assert page.locator('[data-testid="stMain"] img[src="x"]').count() == 0
         assert page.locator('[data-testid="stMain"] a[href^="javascript"]').count() == 0
+
+
+def test_experiment_grid_and_exported_html_from_disk(server) -> None:
+    """Launch a small experiment in the app, read the probe grid, then open the exported HTML file
+    from disk (file://, no server) and check it draws its charts with no network request."""
+    url, tmp = server
+    shots = Path(os.environ.get("OMEM_SCREENSHOT_DIR") or tmp)
+    shots.mkdir(parents=True, exist_ok=True)
+    with chromium(tmp / "profile3") as page:
+        page.goto(f"{url}/experiments")
+        settle(page)
+        thresholds = page.get_by_role("textbox", name="Observation thresholds")
+        thresholds.fill("150,300,600")
+        thresholds.press("Enter")
+        settle(page)
+        page.get_by_text("3 runs: 1 conversation(s) × 3 configuration(s)").wait_for(timeout=30_000)
+        page.get_by_role("button", name="Start experiment").click()
+        page.get_by_text(re.compile(r"completed: 3 runs in")).wait_for(timeout=120_000)
+        settle(page)
+        page.screenshot(path=str(shots / "experiments.png"), full_page=False)
+
+        page.get_by_role("link", name="Tune").click()
+        settle(page)
+        assert wait_for_charts(page, 3) >= 3  # the Pareto chart and two heatmaps
+        page.screenshot(path=str(shots / "tune.png"), full_page=False)
+
+        page.get_by_role("link", name="Compare").click()
+        settle(page)
+        page.get_by_text("Probes × configurations").wait_for(timeout=60_000)
+        grid = page.locator('[data-testid="stDataFrame"]').filter(has=page.locator("canvas")).nth(1)
+        grid.scroll_into_view_if_needed()
+        caption = page.get_by_text(re.compile(r"^\d+ of \d+ probes")).first
+        total = int(caption.inner_text().split(" of ")[1].split()[0])
+        assert total == 22  # every probe of the demo conversation, one row each
+        page.get_by_text("Only probes where the configurations differ").click()
+        settle(page)
+        shown = int(page.get_by_text(re.compile(r"^\d+ of \d+ probes")).first.inner_text().split()[0])
+        assert 0 < shown < total
+        page.get_by_role("heading", name="Probes × configurations").scroll_into_view_if_needed()
+        page.wait_for_timeout(500)
+        page.screenshot(path=str(shots / "compare-grid.png"), full_page=False)
+        main_text = page.locator('[data-testid="stMain"]').inner_text()
+        assert not re.search(r"\bnan\b|\$nan|nanx", main_text, re.IGNORECASE)
+
+        page.get_by_role("link", name="Experiments").click()
+        settle(page)
+        page.get_by_role("button", name="Prepare HTML export").click()
+        settle(page)
+        with page.expect_download() as download:
+            page.get_by_role("button", name="Download HTML").click()
+        exported = tmp / "experiment.html"
+        download.value.save_as(exported)
+
+    with chromium(tmp / "profile4") as page:
+        requests = []
+        page.on("request", lambda request: requests.append(request.url))
+        page.goto(exported.as_uri())
+        page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length >= 3", timeout=30_000)
+        text = page.locator("body").inner_text()
+        assert "Pooled retention (95% CI) vs compression" in text and "obs 150" in text
+        assert "Loss funnel" in text and "Compared with obs 150" in text
+        assert not re.search(r"\bnan\b|\$nan|nanx", text, re.IGNORECASE)
+        page.wait_for_timeout(500)
+        assert requests and all(u.startswith(("file://", "data:", "blob:")) for u in requests), requests
