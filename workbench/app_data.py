@@ -522,3 +522,11 @@ def status_text(status: Any, steps: Any, planned: Any) -> str:
     """:func:`workbench.formatting.progress` safe for pandas' ``NA`` (an experiment's run refused
     before its first step has no planned steps): "failed at step 0"."""
     return progress(str(status), _value(steps), _value(planned))
+
+
+def completed_pairs(runs: pd.DataFrame) -> int:
+    """How many (conversation, configuration) pairs of an experiment have a completed run."""
+    if runs.empty:
+        return 0
+    done = runs[runs.status == "completed"]
+    return int(len(done.drop_duplicates(["conversation_id", "config_label"])))

@@ -367,3 +367,36 @@ def open_trace(run_id: str, seq: int) -> None:
     st.session_state[TRACE_KEY] = (run_id, int(seq))
     st.session_state.pop("tr_run", None)
     st.session_state.pop("tr_call", None)
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _experiment_tables(path: str, experiment_id: str, stamp: tuple) -> dict:
+    """An experiment's figures and tables, computed once per change of the experiment (``stamp``:
+    its update time and run counts), so pages rerun without recomputing bootstrap intervals."""
+    from .experiments import summarise
+
+    store = _open_store(path)[0]
+    with store.session():
+        return {"experiment": store.experiment(experiment_id), "summaries": summarise(store, experiment_id),
+                "runs": store.experiment_runs(experiment_id), "probes": store.experiment_probes(experiment_id),
+                "losses": store.experiment_losses(experiment_id)}
+
+
+def experiment_tables(store: RunStore, experiment_id: str) -> dict:
+    """``experiment``, ``summaries``, ``runs``, ``probes`` and ``losses`` of an experiment (cached
+    until it changes: a run written or deleted, a resume, a status change)."""
+    frame = store.experiments()
+    row = frame[frame.experiment_id == experiment_id]
+    if row.empty:
+        from .runstore import UnknownRun
+
+        raise UnknownRun(experiment_id, store.path, kind="experiment")
+    r = row.iloc[0]
+    stamp = (str(r.updated_at), int(r.runs), int(r.failed_runs), str(r.status))
+    if store.snapshot_of or store.path == ":memory:":
+        from .experiments import summarise
+
+        return {"experiment": store.experiment(experiment_id), "summaries": summarise(store, experiment_id),
+                "runs": store.experiment_runs(experiment_id), "probes": store.experiment_probes(experiment_id),
+                "losses": store.experiment_losses(experiment_id)}
+    return _experiment_tables(db_path(), experiment_id, stamp)

@@ -6,7 +6,6 @@ import json
 import streamlit as st
 
 from workbench import analysis, app_data, charts, ui
-from workbench.experiments import summarise
 
 store = ui.get_store()
 st.title("Compare")
@@ -22,7 +21,8 @@ def experiment_comparison() -> None:
         st.info("No experiments yet: start one on the Experiments page, or compare two stored runs "
                 "(sidebar).")
         st.stop()
-    experiment = store.experiment(experiment_id)
+    tables = ui.experiment_tables(store, experiment_id)
+    experiment = tables["experiment"]
     labels = [entry["label"] for entry in experiment["configs"]]
     configs = {entry["label"]: entry["config"] for entry in experiment["configs"]}
     if len(labels) < 2:
@@ -39,10 +39,7 @@ def experiment_comparison() -> None:
     conversations = experiment["conversations"]
     conversation = st.sidebar.selectbox("Conversation (charts and memories)", conversations, key="cmp_xp_conv") \
         if len(conversations) > 1 else conversations[0]
-    summaries = summarise(store, experiment_id)
-    probes = store.experiment_probes(experiment_id)
-    losses = store.experiment_losses(experiment_id)
-    runs = store.experiment_runs(experiment_id)
+    summaries, probes, losses, runs = (tables[k] for k in ("summaries", "probes", "losses", "runs"))
 
     st.text(f"{experiment_id} · A = {a} · B = {b}")
     if a == b:

@@ -14,8 +14,6 @@ from workbench.experiments import (
     config_grid,
     create_experiment,
     estimate_cost,
-    pending_tasks,
-    summarise,
 )
 from workbench.models import usable_models
 from workbench.replay import TOKEN_COUNTERS
@@ -133,11 +131,11 @@ if st.session_state.get("xp_done"):
 st.subheader("Experiments")
 st.dataframe(app_data.experiments_table(existing), hide_index=True, key="xp_table")
 experiment_id = ui.experiment_picker(store, "Experiment", "xp_pick")
-experiment = store.experiment(experiment_id)
-runs = store.experiment_runs(experiment_id)
-pending = pending_tasks(store, experiment_id)
+tables = ui.experiment_tables(store, experiment_id)
+experiment, runs = tables["experiment"], tables["runs"]
 planned = len(experiment["conversations"]) * len(experiment["configs"])
-done = planned - len(pending)
+done = app_data.completed_pairs(runs)
+pending = planned - done
 
 st.text(f"{experiment_id} · {experiment['status']} · {experiment['dataset']}")
 if experiment["status"] == "running":
@@ -157,7 +155,7 @@ if actions[0].button("Tune", key="xp_open_tune", help="Retention vs compression 
     st.switch_page("workbench/app_pages/tune.py")
 if actions[1].button("Compare", key="xp_open_compare", help="Two configurations, probe by probe"):
     st.switch_page("workbench/app_pages/compare.py")
-resume = actions[2].button(f"Resume ({len(pending)} left)", key="xp_resume",
+resume = actions[2].button(f"Resume ({pending} left)", key="xp_resume",
                            disabled=not pending or store.read_only or experiment["status"] == "running")
 if actions[3].button("Prepare HTML export", key="xp_prepare"):
     st.session_state["xp_html"] = (experiment_id, export_html.experiment_html(store, experiment_id))
@@ -178,7 +176,7 @@ if resume:
         st.session_state["xp_done"] = f"{experiment_id} {outcome.status}: {outcome.runs} runs replayed"
     st.rerun()
 
-summaries = summarise(store, experiment_id)
+summaries = tables["summaries"]
 st.subheader("Figures per configuration")
 st.caption("Retention pools every probe of every conversation; the interval is a bootstrap over probes.")
 st.dataframe(app_data.summary_table(summaries), hide_index=True, key="xp_summary")

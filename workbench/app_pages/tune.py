@@ -8,7 +8,6 @@ import streamlit as st
 
 from workbench import analysis, app_data, charts, ui
 from workbench import formatting as fmt
-from workbench.experiments import summarise
 from workbench.replay import ReplayConfig, run_sweep
 
 store = ui.get_store()
@@ -23,9 +22,8 @@ if mode == "An experiment":
         if st.button("Go to Experiments", key="tune_go_exp"):
             st.switch_page("workbench/app_pages/experiments.py")
         st.stop()
-    experiment = store.experiment(experiment_id)
-    summaries = summarise(store, experiment_id)
-    runs = store.experiment_runs(experiment_id)
+    tables = ui.experiment_tables(store, experiment_id)
+    experiment, summaries, runs = tables["experiment"], tables["summaries"], tables["runs"]
     st.text(f"{experiment_id} · {experiment['dataset']} · {len(experiment['conversations'])} conversation(s) × "
             f"{len(experiment['configs'])} configuration(s) · {experiment['status']}")
     failed = app_data.failed_configs(runs)
