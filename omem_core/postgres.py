@@ -281,6 +281,17 @@ async def _close_when_cancelled(pool: AsyncConnectionPool) -> None:
             await pool.close(timeout=1.0)
 
 
+async def _shielded(coro: Any) -> Any:
+    """Run ``coro`` in its own task; a cancellation of the caller is raised to it at once (the
+    task finishes on its own)."""
+    task = asyncio.ensure_future(coro)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # never "exception never retrieved"
+        raise
+
+
 async def migrate(con: psycopg.AsyncConnection, schema: str | None = None) -> int:
     """Bring the schema to the newest version (idempotent; concurrent callers wait on an advisory
     lock and find it done). Returns the version."""
@@ -630,8 +641,15 @@ class PostgresObservationStore(_Store):
 
     async def try_lease(self, thread_id: str, holder: str, ttl: float) -> bool:
         """Take (or renew) the thread's lease for ``ttl`` seconds unless another holder's lease
-        is live. One atomic statement; the expiry is on the database server's clock."""
+        is live. One atomic statement; the expiry is on the database server's clock.
+
+        The wrapper cancels its renewer while a renewal may be in flight: the statement runs in
+        a task of its own, so the cancellation reaches the caller at once and the pooled
+        connection is returned cleanly (cancelling inside psycopg-pool's checkout can be lost)."""
         _no_nul(thread_id, "lease", "thread_id")
+        return await _shielded(self._try_lease(thread_id, holder, ttl))
+
+    async def _try_lease(self, thread_id: str, holder: str, ttl: float) -> bool:
         async with self._db.connection() as con:
             cursor = await con.execute(self._db.q(
                 "INSERT INTO {s}omem_leases AS l VALUES (%s, %s, clock_timestamp() + make_interval(secs => %s)) "
@@ -641,6 +659,9 @@ class PostgresObservationStore(_Store):
             return await cursor.fetchone() is not None
 
     async def release_lease(self, thread_id: str, holder: str) -> None:
+        await _shielded(self._release_lease(thread_id, holder))
+
+    async def _release_lease(self, thread_id: str, holder: str) -> None:
         async with self._db.connection() as con:
             await con.execute(self._db.q("DELETE FROM {s}omem_leases WHERE thread_id = %s AND holder = %s"),
                               (thread_id, holder))
