@@ -100,7 +100,7 @@ def test_bad_input_gets_a_clear_error(tmp_path) -> None:
     code, _, err = invoke("replay", "--dataset", TINY, "--observer", "no-such-model-xyz")
     assert code == 1 and "no-such-model-xyz: litellm does not know which provider serves it" in err
     code, _, err = invoke("replay", "--dataset", TINY, "--observation-threshold", "0")
-    assert code == 1 and "observation_threshold must be a positive integer" in err
+    assert code == 2 and "Invalid value for '--observation-threshold': 0 is not in the range x>=1" in err
 
 
 def test_model_error_then_resume(scripted: Scripted) -> None:

@@ -167,7 +167,7 @@ def test_experiment_list_show_compare_and_export(tmp_path) -> None:
     code, out, _ = invoke("experiment", "show", experiment_id, "--db", db)
     assert code == 0 and "obs 150" in out and "obs 600" in out and "95% CI" in out and "nan" not in out.lower()
     code, out, _ = invoke("experiment", "compare", experiment_id, "--a", "obs 600", "--b", "obs 150", "--db", db)
-    assert code == 0 and "obs 150 vs obs 600 on 22 shared probes:" in out
+    assert code == 0 and "obs 600 vs obs 150 on 22 shared probes (obs 150 minus obs 600):" in out
     code, _, err = invoke("experiment", "compare", experiment_id, "--a", "obs 999", "--db", db)
     assert code == 1 and "no configuration 'obs 999'" in err
     code, out, _ = invoke("experiment", "export", experiment_id, "--parquet", str(tmp_path / "out"), "--db", db)
@@ -222,3 +222,22 @@ def test_the_backlog_ceiling_is_a_grid_dimension(tmp_path) -> None:
     assert [off["label"], capped["label"]] == ["max backlog off", "max backlog 200"]
     assert capped["config"]["max_backlog"] == 200 and off["config"]["max_backlog"] is None
     assert capped["blind_spot_tokens"] < off["blind_spot_tokens"]  # the ceiling keeps the blind spot down
+
+
+def test_an_experiment_no_configuration_can_run_is_refused_before_it_starts(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    db = tmp_path / "x.duckdb"
+    code, _, err = invoke("experiment", "run", "--dataset", str(DEMO), "--observer", "gpt-4o-mini", "--db", str(db))
+    assert code == 1 and "no configuration can run here: gpt-4o-mini: missing OPENAI_API_KEY" in err
+    assert "Start?" not in err
+    with RunStore(db) as store:
+        assert store.experiments().empty  # nothing recorded
+
+
+def test_comparing_a_configuration_with_itself_is_refused(tmp_path) -> None:
+    db = str(tmp_path / "x.duckdb")
+    code, out, _ = invoke("experiment", "run", "--dataset", str(DEMO), "--observation-threshold", "150,600",
+                          "--concurrency", "1", "--json", "--db", db)
+    experiment_id = json.loads(out.strip().splitlines()[-1])["experiment_id"]
+    code, _, err = invoke("experiment", "compare", experiment_id, "--a", "obs 150", "--b", "obs 150", "--db", db)
+    assert code == 1 and "name two different configurations" in err

@@ -265,3 +265,17 @@ def test_a_threshold_the_library_refuses_is_a_clear_error(tmp_path) -> None:
     code, _, err = invoke("replay", "--dataset", str(TINY), "--observation-threshold", "50000",
                           "--db", str(tmp_path / "r.duckdb"), "--no-cache")
     assert code == 1 and "cannot replay:" in err and "max_input_tokens" in err and "Traceback" not in err
+
+
+def test_a_wrong_format_override_says_what_the_file_is(tmp_path) -> None:
+    code, _, err = invoke("replay", "--dataset", str(ROOT / "datasets" / "demo.jsonl"), "--format", "locomo",
+                          "--db", str(tmp_path / "r.duckdb"))
+    assert code == 1 and "is not in the locomo format: its content is omem" in err and "invalid JSON" not in err
+
+
+def test_resuming_something_already_completed_says_so(tmp_path) -> None:
+    db = str(tmp_path / "r.duckdb")
+    code, out, _ = invoke("replay", "--dataset", str(TINY), "--json", "--no-cache", "--db", db)
+    run_id = json.loads(out.strip().splitlines()[-1])["run_id"]
+    code, out, err = invoke("replay", "--resume", run_id, "--db", db)
+    assert code == 0 and "already completed: nothing to resume" in err and out == ""

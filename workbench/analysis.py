@@ -68,7 +68,7 @@ def compare_runs(store: RunStore, run_a: str, run_b: str) -> pd.DataFrame:
     columns = {}
     for run_id in (run_a, run_b):
         run = store.run(run_id)
-        values: dict[str, Any] = dict(config_rows(run["config"]))
+        values: dict[str, Any] = {"conversation": run["conversation_id"], **config_rows(run["config"])}
         for key, name in SUMMARY_ROWS:
             values[name] = run.get(key)
         values["status"] = progress(run["status"], run.get("steps"), run.get("planned_steps"))

@@ -62,13 +62,19 @@ def _using_store(db: str) -> Iterator[RunStore]:
 def _progress_printer(label: str, quiet: bool):
     state = {"last": -1}
 
+    terminal = sys.stderr.isatty()
+
     def progress(done: int, total: int, _: str) -> None:
         if quiet:
             return
         percent = done * 100 // max(total, 1)
-        if percent != state["last"] and (percent % 5 == 0 or done == total):
+        step = 5 if terminal else 25  # a log gets a few whole lines, a terminal one updating line
+        if percent != state["last"] and (percent % step == 0 or done == total):
             state["last"] = percent
-            click.echo(f"\r{label} {percent:3d}% ({done}/{total} messages)", nl=done == total, err=True)
+            if terminal:
+                click.echo(f"\r{label} {percent:3d}% ({done}/{total} messages)", nl=done == total, err=True)
+            else:
+                click.echo(f"{label} {percent:3d}% ({done}/{total} messages)", err=True)
 
     return progress
 
@@ -141,9 +147,9 @@ def cli() -> None:
 @click.option("--conversation", help="Conversation id (default: the first).")
 @click.option("--observer", default=OFFLINE_MODEL, show_default=True, help="litellm model string.")
 @click.option("--reflector", default=OFFLINE_MODEL, show_default=True, help="litellm model string, or 'none'.")
-@click.option("--observation-threshold", type=int, default=1000, show_default=True)
-@click.option("--reflection-threshold", type=int, default=2000, show_default=True)
-@click.option("--last-messages", type=int, default=10, show_default=True, help="Recall window.")
+@click.option("--observation-threshold", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option("--reflection-threshold", type=click.IntRange(min=1), default=2000, show_default=True)
+@click.option("--last-messages", type=click.IntRange(min=1), default=10, show_default=True, help="Recall window.")
 @click.option("--token-counter", type=click.Choice(TOKEN_COUNTERS), default="heuristic", show_default=True)
 @click.option("--recall-on", type=click.Choice(["assistant", "every"]), default="assistant", show_default=True,
               help="Read memory before each assistant message, or before every message.")
@@ -179,6 +185,10 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
     with _using_store(db) as store:
         if resume:
             run = store.run(resume)
+            if run["status"] == "completed":
+                click.echo(f"run {resume} is already completed: nothing to resume "
+                           f"(python -m workbench runs lists its figures)", err=True)
+                return
             conv = load_conversation(run["dataset"], run["conversation_id"], run["dataset_format"])
             config = ReplayConfig.from_json(run["config"])
         else:
@@ -331,6 +341,10 @@ def compare(run_a: str, run_b: str, as_json: bool, db: str) -> None:
 
     with _using_store(db) as store:
         table = compare_runs(store, run_a, run_b)
+        conversations = {store.run(r)["conversation_id"] for r in (run_a, run_b)}
+    if len(conversations) > 1:
+        click.echo(f"warning: the two runs replayed different conversations ({', '.join(sorted(conversations))}); "
+                   "their figures are not directly comparable", err=True)
     if as_json:
         click.echo(table.to_json(orient="columns"))
     else:
@@ -372,6 +386,10 @@ def datasets() -> None:
     """List the datasets the workbench knows (project and ../shared)."""
     from .datasets import DatasetError, list_conversations
 
+    from .catalog import shared_datasets_dir
+
+    if not shared_datasets_dir().is_dir():
+        click.echo(f"(no shared datasets at {shared_datasets_dir()}; set OMEM_SHARED_DATASETS to add them)", err=True)
     for entry in known_datasets():
         try:
             listed = list_conversations(entry.path, entry.format)
@@ -405,21 +423,21 @@ def _experiment_progress(quiet: bool):
 
 
 def _print_report(data: dict[str, Any]) -> None:
-    from .formatting import MISSING, display
+    from .formatting import MISSING, display, money, ratio
 
     def ci(pair) -> str:
         return f"[{pair[0]:.3f}, {pair[1]:.3f}]" if pair else MISSING
 
     click.echo(f"experiment {data['experiment_id']} ({data['status']}): {len(data['conversations'])} conversation(s) "
                f"of {data['dataset']}, {display(data['elapsed_s'])} s")
-    click.echo(f"{'configuration':<36} {'runs':>5} {'probes':>6} {'retention':>9} {'95% CI':>16} {'compr':>6} "
-               f"{'vs recency':>10} {'blind spot':>10} {'calls':>6} {'cost':>8}")
+    click.echo(f"{'configuration':<36} {'runs':>4} {'failed':>6} {'probes':>6} {'retention':>9} {'95% CI':>16} "
+               f"{'compr':>6} {'vs recency':>10} {'blind spot':>10} {'calls':>6} {'cost':>8}")
     for c in data["configs"]:
-        runs = f"{c['runs']}" + (f"+{c['failed']}!" if c["failed"] else "")
-        click.echo(f"{c['label'][:36]:<36} {runs:>5} {c['probes']:>6} {display(c['retention']):>9} "
-                   f"{ci(c['retention_ci95']):>16} {display(c['compression']):>6} {display(c['recency_ratio']):>10} "
-                   f"{display(c['blind_spot_tokens']):>10} {c['observer_calls'] + c['reflector_calls']:>6} "
-                   f"{display(c['cost_usd']):>8}")
+        blind = MISSING if c["blind_spot_tokens"] is None else f"{c['blind_spot_tokens']:,.0f} tok"
+        click.echo(f"{c['label'][:36]:<36} {c['runs']:>4} {c['failed']:>6} {c['probes']:>6} "
+                   f"{display(c['retention']):>9} {ci(c['retention_ci95']):>16} {ratio(c['compression']):>6} "
+                   f"{display(c['recency_ratio']):>10} {blind:>10} {c['observer_calls'] + c['reflector_calls']:>6} "
+                   f"{money(c['cost_usd']):>8}")
         for error in c["errors"]:
             click.echo(f"    failed: {error}", err=True)
     for comparison in data["comparisons"]:
@@ -479,6 +497,15 @@ def experiment_run(dataset, fmt, conversations, observation, reflection, windows
         options = ex.ExperimentOptions(concurrency=concurrency, max_cost=max_cost, rpm=rpm, num_retries=num_retries,
                                        timeout=timeout, traces=not no_traces, cache=not no_cache, api_base=api_base,
                                        judge=judge, answerer=answerer)
+        from .replay import configuration_problem
+
+        problems = {c.label(): configuration_problem(c) for c in grid}
+        if all(problems.values()):  # nothing could run: refuse before asking anything
+            raise ex.ExperimentError("no configuration can run here: "
+                                     + "; ".join(sorted({p for p in problems.values() if p})))
+        for label, problem in problems.items():
+            if problem:
+                click.echo(f"warning: {label} cannot run here and will be recorded as failed: {problem}", err=True)
         listed = {c.id: c for c in list_conversations(dataset, fmt)}
         chosen = list(conversations) or list(listed)
         estimate = ex.estimate_cost([listed[c].tokens for c in chosen if c in listed], grid)
@@ -538,7 +565,10 @@ def _finish_experiment(store, experiment_id: str, as_json: bool) -> None:
 def experiment_resume(experiment_id: str, max_cost: float | None, as_json: bool, db: str) -> None:
     """Finish what an interrupted or stopped experiment left undone (same grid, same options)."""
     with _using_store(db) as store:
-        store.experiment(experiment_id)
+        if store.experiment(experiment_id)["status"] == "completed":
+            click.echo(f"experiment {experiment_id} is already completed: nothing to resume "
+                       f"(python -m workbench experiment show {experiment_id})", err=True)
+            return
         if max_cost is not None:
             store.update_experiment_options(experiment_id, max_cost=max_cost)
         _finish_experiment(store, experiment_id, as_json)
@@ -559,7 +589,8 @@ def experiment_list(as_json: bool, db: str) -> None:
     else:
         from .formatting import MISSING, missing
 
-        click.echo(frame[columns].astype(object).map(lambda v: MISSING if missing(v) else v).to_string(index=False))
+        shown = frame[columns].assign(created_at=frame.created_at.dt.strftime("%Y-%m-%d %H:%M"))
+        click.echo(shown.astype(object).map(lambda v: MISSING if missing(v) else v).to_string(index=False))
 
 
 @experiment.command("show")
@@ -594,7 +625,8 @@ def experiment_compare(experiment_id: str, label_a: str | None, label_b: str | N
         click.echo(json.dumps({"a": diff.a, "b": diff.b, "probes": diff.probes, "retention_diff": diff.difference,
                                "ci95": list(diff.ci95) if diff.ci95 else None, "verdict": diff.verdict()}))
     else:
-        click.echo(f"{diff.b} vs {diff.a} on {diff.probes} shared probes: {diff.verdict()}")
+        click.echo(f"{diff.a} vs {diff.b} on {diff.probes} shared probes ({diff.b} minus {diff.a}): "
+                   f"{diff.verdict()}")
 
 
 @experiment.command("export")

@@ -362,6 +362,8 @@ async def run_experiment(store: Any, experiment_id: str, *, progress: Callable[[
             await _run_in_processes(runnable, options, dataset, dataset_format, extra, folder, write)
         elif runnable:
             await _run_in_tasks(runnable, options, dataset, dataset_format, extra, folder, write, add_cost, stop)
+        if state["done"] and state["failed"] == state["done"] and not stop.is_set():
+            status, error = "failed", "no run completed (each configuration's error is listed with it)"
         if stop.is_set():
             status, error = "stopped", (f"the cost limit of ${options.max_cost:.4f} was reached "
                                         f"(${state['cost']:.4f} spent); finish it with: python -m workbench "
@@ -571,6 +573,8 @@ def compare(store: Any, experiment_id: str, a: str, b: str) -> Any:
     for label in (a, b):
         if label not in names:
             raise ExperimentError(f"no configuration {label!r} in {experiment_id}; it has: {', '.join(names)}")
+    if a == b:
+        raise ExperimentError(f"both sides are {a!r}: name two different configurations")
     probes = store.experiment_probes(experiment_id)
     return paired_difference(a, b, probe_scores(probes[probes.config_label == a]),
                              probe_scores(probes[probes.config_label == b]))

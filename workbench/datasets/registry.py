@@ -76,7 +76,22 @@ def _open(path: str | Path | Source, format: str | None) -> tuple[Source, Datase
         raise DatasetError(source.path, "file", None, "does not exist")
     if format is not None and format not in _BY_NAME:
         raise DatasetError(source.path, "--format", None, f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
-    return source, (_BY_NAME[format] if format else _detect(source))
+    if format is None:
+        return source, _detect(source)
+    chosen = _BY_NAME[format]
+    if not chosen.sniff(source):
+        # Content that is plainly another format gets that said, not the parse error the wrong
+        # loader would give; content no format recognises goes to the chosen loader, whose error
+        # names the record and field that do not fit.
+        try:
+            detected = _detect(source)
+        except DatasetError:
+            detected = None
+        if detected is not None and detected is not chosen:
+            raise DatasetError(source.path, "top level", None,
+                               f"is not in the {format} format: its content is {detected.name} "
+                               f"(drop --format, or choose {detected.name})")
+    return source, chosen
 
 
 def detect_format(path: str | Path) -> str:
