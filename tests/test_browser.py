@@ -120,6 +120,8 @@ def test_replay_slider_compare_and_screenshots(server) -> None:
         settle(page)
         page.get_by_role("link", name="Compare").click()
         settle(page)
+        page.get_by_text("Pick two stored runs").click()  # experiments are the default mode
+        settle(page)
         page.get_by_text("Probes one keeps and the other loses").wait_for(timeout=90_000)
         assert wait_for_charts(page, 4) == 4
         page.screenshot(path=str(shots / "compare.png"), full_page=False)
@@ -195,13 +197,14 @@ def test_experiment_grid_and_exported_html_from_disk(server) -> None:
         page.get_by_role("link", name="Compare").click()
         settle(page)
         page.get_by_text("Probes × configurations").wait_for(timeout=60_000)
-        grid = page.locator('[data-testid="stDataFrame"]').filter(has=page.locator("canvas")).nth(1)
-        grid.scroll_into_view_if_needed()
+        page.get_by_role("heading", name="Probes × configurations").scroll_into_view_if_needed()
         caption = page.get_by_text(re.compile(r"^\d+ of \d+ probes")).first
+        caption.wait_for(timeout=30_000)
         total = int(caption.inner_text().split(" of ")[1].split()[0])
         assert total == 22  # every probe of the demo conversation, one row each
         page.get_by_text("Only probes where the configurations differ").click()
         settle(page)
+        page.get_by_text(re.compile(rf"^\d+ of {total} probes")).first.wait_for(timeout=30_000)
         shown = int(page.get_by_text(re.compile(r"^\d+ of \d+ probes")).first.inner_text().split()[0])
         assert 0 < shown < total
         page.get_by_role("heading", name="Probes × configurations").scroll_into_view_if_needed()

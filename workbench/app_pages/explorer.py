@@ -86,7 +86,7 @@ cols[3].metric("Compression" + ("" if done else " (partial)"), fmt.ratio(run["co
 cols[4].metric("Retention", fmt.share(run["retention"]),
                help="Share of gold-answer words visible at the end (memory + window); scored on completed "
                     "runs only")
-cols[5].metric("Blind-spot tokens", fmt.display(run.get("blind_spot_tokens")),
+cols[5].metric("Blind-spot tokens", fmt.number(run.get("blind_spot_tokens"), 0),
                help="Mean backlog per read: tokens of messages that have left the window but are not observed "
                     "yet, so the agent sees them neither verbatim nor as notes (max "
                     f"{fmt.display(run.get('blind_spot_max'))})")
@@ -111,7 +111,7 @@ def _jump(direction: int) -> None:
         st.session_state[step_key] = target
 
 
-back, slider_col, forward = st.columns([1, 8, 1], vertical_alignment="bottom")
+back, slider_col, forward = st.columns([2, 9, 2], vertical_alignment="bottom")
 back.button("◀ Previous pass", key="ex_prev_pass", on_click=_jump, args=(-1,),
             disabled=app_data.neighbour(passes, st.session_state[step_key], -1) is None)
 forward.button("Next pass ▶", key="ex_next_pass", on_click=_jump, args=(1,),
