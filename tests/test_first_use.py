@@ -279,3 +279,15 @@ def test_resuming_something_already_completed_says_so(tmp_path) -> None:
     run_id = json.loads(out.strip().splitlines()[-1])["run_id"]
     code, out, err = invoke("replay", "--resume", run_id, "--db", db)
     assert code == 0 and "already completed: nothing to resume" in err and out == ""
+
+
+def test_missing_figures_of_every_kind_read_as_a_dash() -> None:
+    import numpy as np
+    import pandas as pd
+
+    from workbench.formatting import display, money, progress, ratio
+
+    for value in (None, float("nan"), np.float64("nan"), pd.NA, pd.NaT):
+        assert display(value) == ratio(value) == money(value) == "–"
+    assert progress("failed", 0, pd.NA) == "failed at step 0" and progress("failed", 3, 100) == "failed at step 3 of 100"
+    assert display(0) == "0" and ratio(3.94) == "3.9x" and money(0.0) == "$0.0000"

@@ -308,7 +308,7 @@ async def run_experiment(store: Any, experiment_id: str, *, progress: Callable[[
     """Run (or finish) an experiment: every pair without a completed run, under one concurrency
     limit, this process writing every run. Configurations whose models cannot be used here are
     recorded as failed runs at once (with the reason), without stopping the others."""
-    from .replay import ReplayConfig, configuration_problem
+    from .replay import ReplayConfig, configuration_problem, planned_reads
 
     experiment = store.experiment(experiment_id)
     options = ExperimentOptions(**experiment["options"])
@@ -353,6 +353,7 @@ async def run_experiment(store: Any, experiment_id: str, *, progress: Callable[[
         write({"run": {"dataset": conversation.source, "dataset_format": conversation.format,
                        "conversation_id": conversation.id, "label": task.label, "config": task.config,
                        "config_label": task.label, "status": "failed", "steps": 0,
+                       "planned_steps": planned_reads(conversation, ReplayConfig.from_json(task.config)),
                        "error": f"cannot replay: {problems[task.index]}"},
                "messages": []}, task)
 

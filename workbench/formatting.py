@@ -13,13 +13,15 @@ MISSING = "–"
 
 
 def missing(value: Any) -> bool:
-    """``None``, NaN and pandas' missing markers."""
+    """``None``, NaN, and pandas' missing markers (``pd.NA``, ``NaT``)."""
     if value is None:
+        return True
+    if type(value).__name__ in ("NAType", "NaTType"):
         return True
     try:
         return isinstance(value, numbers.Real) and math.isnan(float(value))
     except (TypeError, ValueError):
-        return str(value) in {"<NA>", "NaT"}
+        return False
 
 
 def number(value: Any, digits: int = 3) -> str:
