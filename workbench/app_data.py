@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from .formatting import MISSING, display, money, progress, ratio, share
+from .formatting import MISSING, display, money, progress, ratio, share, tokens
 from .formatting import missing as _missing
 from .losses import STAGE_NAMES, STAGES
 from .stats import paired_difference
@@ -119,7 +119,7 @@ def summary_table(summaries: Sequence[Any]) -> pd.DataFrame:
             "95% CI": f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else MISSING,
             "compression": ratio(s.compression),
             "vs recency": display(s.recency_ratio),
-            "blind-spot tokens": display(s.blind_spot_tokens),
+            "blind-spot tokens": tokens(s.blind_spot_tokens),
             "observer calls": s.observer_calls,
             "reflector calls": s.reflector_calls,
             "tokens in": s.input_tokens,
@@ -223,7 +223,7 @@ def figures_comparison(summaries: Sequence[Any], probes: pd.DataFrame, a: str, b
             diff.ci95 if diff else None, diff.difference if diff else None, bool(diff and diff.detectable))
     add("compression (x)", sa.compression, sb.compression)
     add("retention vs recency baseline", sa.recency_ratio, sb.recency_ratio)
-    add("blind-spot tokens (mean backlog)", sa.blind_spot_tokens, sb.blind_spot_tokens)
+    add("blind-spot tokens (mean backlog)", sa.blind_spot_tokens, sb.blind_spot_tokens, tokens)
     add("observer calls", sa.observer_calls, sb.observer_calls)
     add("reflector calls", sa.reflector_calls, sb.reflector_calls)
     add("model tokens in", sa.input_tokens, sb.input_tokens)

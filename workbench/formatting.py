@@ -60,6 +60,11 @@ def ratio(value: Any, *, partial: bool = False) -> str:
     return f"{float(value):.1f}x" + (" (partial)" if partial else "")
 
 
+def tokens(value: Any) -> str:
+    """A token volume (possibly a mean) in whole tokens: ``1,234``."""
+    return MISSING if missing(value) else f"{float(value):,.0f}"
+
+
 def money(value: Any, digits: int = 4) -> str:
     return MISSING if missing(value) else f"${float(value):.{digits}f}"
 
@@ -89,4 +94,4 @@ def runs_table(frame: Any) -> Any:
     return shown.astype(object).map(lambda v: MISSING if missing(v) else v)
 
 
-__all__ = ["MISSING", "display", "missing", "money", "number", "progress", "ratio", "runs_table", "share"]
+__all__ = ["MISSING", "display", "missing", "money", "tokens", "number", "progress", "ratio", "runs_table", "share"]
