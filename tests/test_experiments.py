@@ -241,3 +241,21 @@ def test_comparing_a_configuration_with_itself_is_refused(tmp_path) -> None:
     experiment_id = json.loads(out.strip().splitlines()[-1])["experiment_id"]
     code, _, err = invoke("experiment", "compare", experiment_id, "--a", "obs 150", "--b", "obs 150", "--db", db)
     assert code == 1 and "name two different configurations" in err
+
+
+def test_workers_are_never_forked_from_a_threaded_process() -> None:
+    """The app's Streamlit server runs threads: forking it could deadlock a worker on a lock another
+    thread held, so workers then come from a fork server; a single-threaded CLI forks directly."""
+    import threading
+
+    from workbench.experiments import _pool_context
+
+    assert _pool_context().get_start_method() == ("fork" if threading.active_count() == 1 else "forkserver")
+    release = threading.Event()
+    other = threading.Thread(target=release.wait)
+    other.start()
+    try:
+        assert _pool_context().get_start_method() == "forkserver"
+    finally:
+        release.set()
+        other.join()

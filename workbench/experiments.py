@@ -261,8 +261,8 @@ def _all_offline(configs: Sequence[dict[str, Any]]) -> bool:
 
 
 def _worker_init() -> None:
-    """A worker forked from the scheduler: it inherits the imported modules (no 3-second litellm
-    import per worker), but not the scheduler's running event loop."""
+    """A worker forked from the scheduler (or a fork server): it inherits the imported modules (no
+    3-second litellm import per worker), but not the scheduler's running event loop."""
     asyncio.events._set_running_loop(None)
     import omem_core  # noqa: F401  (already imported when forked; imported here when spawned)
 
@@ -272,13 +272,22 @@ def _worker_init() -> None:
 
 
 def _pool_context() -> Any:
-    """``fork`` where the platform has it (workers start at once, sharing the parent's imports),
-    else ``spawn``. The parent holds no DuckDB connection while the pool runs: the store is opened
-    per operation, and only between workers' results."""
+    """How worker processes start. ``fork`` from a single-threaded scheduler (the CLI): workers
+    start at once with the parent's imports. From a threaded one (the app's Streamlit server) a
+    fork can deadlock on a lock another thread holds, so a ``forkserver`` is used: a fresh
+    single-threaded process that imports the engine once and forks the workers. ``spawn`` where
+    neither exists."""
     import multiprocessing
+    import threading
 
     methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    if "fork" in methods and threading.active_count() == 1:
+        return multiprocessing.get_context("fork")
+    if "forkserver" in methods:
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["omem_core", "workbench.experiments", "workbench.replay"])
+        return context
+    return multiprocessing.get_context("spawn")
 
 
 def create_experiment(store: Any, *, dataset: str | Path, grid: Sequence[Any], options: ExperimentOptions,
