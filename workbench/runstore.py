@@ -324,6 +324,11 @@ def process_token(pid: int | None = None) -> str | None:
         return None
 
 
+def _owner() -> list[Any]:
+    """This process as the owner of a run or experiment: host, pid, pid + start time."""
+    return [socket.gethostname(), os.getpid(), process_token()]
+
+
 def process_alive(pid: int, token: str | None) -> bool:
     """Whether the process that wrote ``pid``/``token`` is still running on this host."""
     try:
@@ -489,26 +494,22 @@ class RunStore:
         return int(row[0] or 0)
 
     def _reap_orphans(self, cur: duckdb.DuckDBPyConnection) -> None:
-        """Mark ``interrupted`` the runs left ``running`` by a process of this host that is gone."""
-        rows = cur.execute("SELECT run_id, owner_pid, owner_token, steps FROM runs WHERE status = 'running' "
-                           "AND owner_host = ?", [socket.gethostname()]).fetchall()
-        for run_id, pid, token, steps in rows:
-            if pid is None or process_alive(int(pid), token):
-                continue
-            cur.execute("UPDATE runs SET status = 'interrupted', error = ?, updated_at = ? WHERE run_id = ?",
-                        [f"the process that ran it (pid {pid}) stopped after {int(steps or 0)} recorded steps; "
-                         f"resume with: python -m workbench replay --resume {run_id}", _now(), run_id])
-        if not self._has_table("experiments"):
-            return
-        rows = cur.execute("SELECT experiment_id, owner_pid, owner_token FROM experiments WHERE status = 'running' "
-                           "AND owner_host = ?", [socket.gethostname()]).fetchall()
-        for experiment_id, pid, token in rows:
-            if pid is None or process_alive(int(pid), token):
-                continue
-            cur.execute("UPDATE experiments SET status = 'interrupted', error = ?, updated_at = ? "
-                        "WHERE experiment_id = ?",
-                        [f"the process that ran it (pid {pid}) stopped; finish it with: python -m workbench "
-                         f"experiment resume {experiment_id}", _now(), experiment_id])
+        """Mark ``interrupted`` the runs and experiments left ``running`` by a process of this host
+        that is gone (the schema is current here: migrations ran first)."""
+        for table, key, resume in (("runs", "run_id", "replay --resume {}"),
+                                   ("experiments", "experiment_id", "experiment resume {}")):
+            rows = cur.execute(f"SELECT {key}, owner_pid, owner_token FROM {table} WHERE status = 'running' "
+                               "AND owner_host = ?", [socket.gethostname()]).fetchall()
+            for value, pid, token in rows:
+                if pid is None or process_alive(int(pid), token):
+                    continue
+                done = ""
+                if table == "runs":
+                    steps = cur.execute("SELECT steps FROM runs WHERE run_id = ?", [value]).fetchall()[0][0]
+                    done = f" after {int(steps or 0)} recorded steps"
+                cur.execute(f"UPDATE {table} SET status = 'interrupted', error = ?, updated_at = ? WHERE {key} = ?",
+                            [f"the process that ran it (pid {pid}) stopped{done}; finish it with: "
+                             f"python -m workbench {resume.format(value)}", _now(), value])
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -531,8 +532,7 @@ class RunStore:
                     "label, config, status, error, messages, planned_steps, owner_host, owner_pid, owner_token) "
                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [run_id, now, now, dataset, dataset_format, conversation_id, label,
-                     json.dumps(config, sort_keys=True), status, error, len(messages), planned_steps,
-                     socket.gethostname(), os.getpid(), process_token()])
+                     json.dumps(config, sort_keys=True), status, error, len(messages), planned_steps, *_owner()])
                 if messages:
                     _insert_many(cur, "messages", ["run_id", *messages[0]], [[run_id, *m.values()] for m in messages])
                 cur.execute("COMMIT")
@@ -541,12 +541,14 @@ class RunStore:
                 raise
         return run_id
 
-    def claim_run(self, run_id: str) -> None:
-        """This process continues ``run_id`` (a resume): it is ``running`` and owned by us."""
+    def _claim(self, table: str, key: str, value: str) -> None:
+        """This process continues a run or experiment (a resume): ``running`` and owned by us."""
         with self._write_lock, self._writing() as cur:
-            cur.execute("UPDATE runs SET status = 'running', error = NULL, owner_host = ?, owner_pid = ?, "
-                        "owner_token = ?, updated_at = ? WHERE run_id = ?",
-                        [socket.gethostname(), os.getpid(), process_token(), _now(), run_id])
+            cur.execute(f"UPDATE {table} SET status = 'running', error = NULL, owner_host = ?, owner_pid = ?, "
+                        f"owner_token = ?, updated_at = ? WHERE {key} = ?", [*_owner(), _now(), value])
+
+    def claim_run(self, run_id: str) -> None:
+        self._claim("runs", "run_id", run_id)
 
     def add_steps(self, run_id: str, rows: list[dict[str, Any]], calls: Sequence[dict[str, Any]] = (),
                   records: Sequence[dict[str, Any]] = ()) -> None:
@@ -676,7 +678,7 @@ class RunStore:
         run_id = new_run_id()
         now = _now()
         columns = ["run_id", "created_at", "updated_at", "messages", "owner_host", "owner_pid", "owner_token"]
-        values: list[Any] = [run_id, now, now, len(messages), socket.gethostname(), os.getpid(), process_token()]
+        values: list[Any] = [run_id, now, now, len(messages), *_owner()]
         for key, value in run.items():
             columns.append(key)
             values.append(json.dumps(value, sort_keys=True) if key == "config" else value)
@@ -723,14 +725,11 @@ class RunStore:
                         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?)",
                         [experiment_id, now, now, name, dataset, dataset_format, json.dumps(list(conversations)),
                          json.dumps(list(configs), sort_keys=True), json.dumps(options, sort_keys=True),
-                         socket.gethostname(), os.getpid(), process_token()])
+                         *_owner()])
         return experiment_id
 
     def claim_experiment(self, experiment_id: str) -> None:
-        with self._write_lock, self._writing() as cur:
-            cur.execute("UPDATE experiments SET status = 'running', error = NULL, owner_host = ?, owner_pid = ?, "
-                        "owner_token = ?, updated_at = ? WHERE experiment_id = ?",
-                        [socket.gethostname(), os.getpid(), process_token(), _now(), experiment_id])
+        self._claim("experiments", "experiment_id", experiment_id)
 
     def update_experiment_options(self, experiment_id: str, **changes: Any) -> None:
         options = {**self.experiment(experiment_id)["options"], **changes}
