@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import builtins
 import itertools
+from collections import OrderedDict
 from typing import Protocol, runtime_checkable
 
 from .messages import ObservationRecord, check_text
@@ -104,6 +105,43 @@ def already_saved(existing: ObservationRecord, record: ObservationRecord) -> boo
     if existing.thread_id == record.thread_id and existing.source_ids == record.source_ids:
         return True
     raise ValueError(f"record {record.id!r} is already saved with other sources; records are never edited")
+
+
+class ReflectionCache:
+    """Decoded long reflections of a persistent store, by row ``seq`` (the SQLite and PostgreSQL
+    adapters share it). A reflection's source list grows with its thread; decoding it on every
+    read would make reads grow with the history. Bounded by the source ids held (``max_ids``),
+    least recently used out first. Rows are immutable and their ``seq`` never reused, so an entry
+    stays valid across processes and hosts."""
+
+    LONG = 512  # a reflection with fewer sources is cheap to decode: not kept
+
+    def __init__(self, max_ids: int) -> None:
+        self.max_ids = max_ids
+        self._records: OrderedDict[int, ObservationRecord] = OrderedDict()
+        self._ids = 0
+
+    def __contains__(self, seq: int) -> bool:
+        return seq in self._records
+
+    def get(self, seq: int) -> ObservationRecord | None:
+        record = self._records.get(seq)
+        if record is not None:
+            self._records.move_to_end(seq)
+        return record
+
+    def keep(self, seq: int, record: ObservationRecord) -> None:
+        if record.kind != "reflection" or not self.LONG <= len(record.source_ids) <= self.max_ids:
+            return
+        self._records[seq] = record
+        self._ids += len(record.source_ids)
+        while self._ids > self.max_ids:
+            _, evicted = self._records.popitem(last=False)
+            self._ids -= len(evicted.source_ids)
+
+    def forget_thread(self, thread_id: str) -> None:
+        for seq in [seq for seq, record in self._records.items() if record.thread_id == thread_id]:
+            self._ids -= len(self._records.pop(seq).source_ids)
 
 
 class _ThreadRecords:

@@ -38,7 +38,6 @@ import asyncio
 import builtins
 import contextlib
 import os
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -53,7 +52,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from .memory import check_last
 from .messages import Message, ObservationRecord, check_message
-from .observations import already_saved, check_record
+from .observations import ReflectionCache, already_saved, check_record
 
 __all__ = ["DatabaseUnavailableError", "PostgresMemoryStore", "PostgresObservationStore", "schema_version"]
 
@@ -61,7 +60,7 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 # Long reflections' source lists are fetched once per process and cached (rows are immutable and
 # identity numbers never reused); shorter ones come with every read.
-_LONG = 512
+_LONG = ReflectionCache.LONG  # sources of reflections this long are read apart (and cached)
 
 _MIGRATIONS: list[str] = [
     # 1: everything the SQLite adapter reached in its three versions. Text that may hold any
@@ -140,7 +139,8 @@ def _describe(dsn: str) -> tuple[str, str | None]:
     database = params.get("dbname") or os.environ.get("PGDATABASE") or params.get("user") or os.environ.get(
         "PGUSER") or "(default)"
     place = f"socket directory {host}, port {port}" if str(host).startswith("/") else f"{host}:{port}"
-    return f"{place}, database {database!r}", params.get("password") or os.environ.get("PGPASSWORD")
+    password = params.get("password") or os.environ.get("PGPASSWORD")
+    return f"{place}, database {database!r}", None if password is None else str(password)
 
 
 def _quote(name: str) -> str:
@@ -487,9 +487,7 @@ class PostgresObservationStore(_Store):
 
     def __init__(self, dsn: str, *, cache_ids: int = 500_000, **kwargs: Any) -> None:
         super().__init__(dsn, **kwargs)
-        self._cache: OrderedDict[int, ObservationRecord] = OrderedDict()
-        self._cached_ids = 0
-        self._cache_ids = cache_ids
+        self._cache = ReflectionCache(cache_ids)
 
     _COLUMNS = "id, thread_id, resource_id, created_at, kind, source_ids, text"
     _LIGHT = (f"seq, id, thread_id, resource_id, created_at, kind, "
@@ -512,19 +510,13 @@ class PostgresObservationStore(_Store):
             if source_ids is None:
                 cached = self._cache.get(seq)
                 if cached is not None:
-                    self._cache.move_to_end(seq)
                     records.append(cached)
                     continue
                 source_ids = fetched[seq]
             record = ObservationRecord(id=record_id, thread_id=thread_id, resource_id=resource_id,
                                        created_at=datetime.fromisoformat(created_at), kind=kind,
                                        source_ids=tuple(source_ids), text=bytes(text).decode())
-            if kind == "reflection" and _LONG <= len(record.source_ids) <= self._cache_ids:
-                self._cache[seq] = record
-                self._cached_ids += len(record.source_ids)
-                while self._cached_ids > self._cache_ids:
-                    _, evicted = self._cache.popitem(last=False)
-                    self._cached_ids -= len(evicted.source_ids)
+            self._cache.keep(seq, record)
             records.append(record)
         return records
 
@@ -621,8 +613,7 @@ class PostgresObservationStore(_Store):
         async with db.connection() as con, con.transaction():
             await con.execute(db.q("DELETE FROM {s}omem_threads WHERE thread_id = %s"), (thread_id,))
             await con.execute(db.q("DELETE FROM {s}omem_records WHERE thread_id = %s"), (thread_id,))
-        for seq in [seq for seq, record in self._cache.items() if record.thread_id == thread_id]:
-            self._cached_ids -= len(self._cache.pop(seq).source_ids)
+        self._cache.forget_thread(thread_id)
 
     async def delete_epoch(self, thread_id: str) -> int:
         _no_nul(thread_id, "delete epoch", "thread_id")

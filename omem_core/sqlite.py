@@ -20,7 +20,6 @@ import builtins
 
 import json
 import sqlite3
-from collections import OrderedDict
 import threading
 import time
 from collections.abc import Sequence
@@ -29,7 +28,7 @@ from pathlib import Path
 
 from .memory import check_last
 from .messages import Message, ObservationRecord, check_message
-from .observations import already_saved, check_record
+from .observations import ReflectionCache, already_saved, check_record
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -235,9 +234,7 @@ class SQLiteObservationStore:
 
     def __init__(self, path: str | Path, *, cache_ids: int = 500_000) -> None:
         self._db = _Database(path)
-        self._cache: OrderedDict[int, ObservationRecord] = OrderedDict()
-        self._cached_ids = 0
-        self._cache_ids = cache_ids
+        self._cache = ReflectionCache(cache_ids)
 
     def close(self) -> None:
         self._db.close()
@@ -254,7 +251,6 @@ class SQLiteObservationStore:
             if kind == "reflection":
                 cached = self._cache.get(seq)
                 if cached is not None:
-                    self._cache.move_to_end(seq)
                     records.append(cached)
                     continue
                 source_ids = self._db.con.execute("SELECT source_ids FROM omem_records WHERE seq = ?",
@@ -262,12 +258,7 @@ class SQLiteObservationStore:
             record = ObservationRecord(id=record_id, thread_id=thread_id, resource_id=resource_id,
                                        created_at=datetime.fromisoformat(created_at), kind=kind,
                                        source_ids=tuple(json.loads(source_ids)), text=text)
-            if kind == "reflection" and 512 <= len(record.source_ids) <= self._cache_ids:
-                self._cache[seq] = record
-                self._cached_ids += len(record.source_ids)
-                while self._cached_ids > self._cache_ids:
-                    _, evicted = self._cache.popitem(last=False)
-                    self._cached_ids -= len(evicted.source_ids)
+            self._cache.keep(seq, record)
             records.append(record)
         return records
 
@@ -354,8 +345,7 @@ class SQLiteObservationStore:
             except BaseException:
                 con.execute("ROLLBACK")
                 raise
-            for seq in [seq for seq, record in self._cache.items() if record.thread_id == thread_id]:
-                self._cached_ids -= len(self._cache.pop(seq).source_ids)
+            self._cache.forget_thread(thread_id)
 
     async def delete_epoch(self, thread_id: str) -> int:
         con = self._db.con

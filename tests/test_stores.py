@@ -360,3 +360,26 @@ async def test_a_record_with_a_lone_surrogate_is_rejected_alike(make_observation
     with pytest.raises(ValueError, match="text is not valid Unicode"):
         await store.save(bad)
     assert await store.list("t") == []
+
+
+def test_the_reflection_cache_keeps_long_reflections_within_its_bound() -> None:
+    """The SQLite and PostgreSQL adapters share it: long reflections only, least recently used out
+    first, bounded by the source ids held, and a deleted thread's entries dropped."""
+    from omem_core import ObservationRecord
+    from omem_core.observations import ReflectionCache
+
+    def reflection(thread: str, sources: int) -> ObservationRecord:
+        return ObservationRecord(id=f"r-{thread}-{sources}", thread_id=thread, resource_id=None, created_at=T0,
+                                 kind="reflection", source_ids=tuple(f"o{i}" for i in range(sources)), text="x")
+
+    cache = ReflectionCache(max_ids=1500)
+    cache.keep(1, reflection("a", 10))  # short: cheap to decode, not kept
+    cache.keep(2, reflection("a", 600))
+    cache.keep(3, reflection("b", 600))
+    assert 1 not in cache and cache.get(2) is not None  # 2 is now the most recently used
+    cache.keep(4, reflection("c", 600))  # 1,800 ids > 1,500: the least recently used (3) goes
+    assert 2 in cache and 3 not in cache and 4 in cache
+    cache.forget_thread("a")
+    assert 2 not in cache and cache.get(2) is None and 4 in cache
+    cache.keep(5, reflection("d", 2000))  # larger than the whole bound: never kept
+    assert 5 not in cache
