@@ -265,3 +265,21 @@ def test_the_explorer_shows_the_window_recall_returned(tmp_path) -> None:
     seen = [m.id for m in asyncio.run(agent_view())]
     assert seen == ["m3", "m4", "m5"]  # recall orders by time: m6 is dated among the older messages
     assert list(window.message_id) == seen  # not the file's last three, m4, m5, m6
+
+
+def test_a_run_written_whole_is_all_or_nothing(tmp_path) -> None:
+    """An experiment's run goes into the store in one transaction: a bad part leaves no trace."""
+    from datetime import datetime, timezone
+
+    with RunStore(tmp_path / "r.duckdb") as store:
+        payload = {"run": {"dataset": "d", "dataset_format": "omem", "conversation_id": "c", "config": {},
+                           "status": "completed", "steps": 1},
+                   "records": [{"step": 0}]}  # no record: fails after the run and its messages went in
+        messages = [{"idx": 0, "message_id": "m0", "role": "user", "speaker": None, "content": "hi",
+                     "created_at": datetime(2024, 1, 1, tzinfo=timezone.utc), "tokens": 1}]
+        with pytest.raises(KeyError):
+            store.write_run(payload, messages=messages)
+        assert store.runs().empty and store._df("SELECT * FROM messages").empty
+        payload["records"] = []
+        run_id = store.write_run(payload, messages=messages)
+        assert list(store.runs().run_id) == [run_id] and len(store.messages(run_id)) == 1

@@ -307,8 +307,18 @@ def _record_values(row: dict[str, Any]) -> list[Any]:
             json.dumps(list(record.source_ids)), record.text, row["tokens"], record.created_at]
 
 
-def _loss_row(run_id: str, row: dict[str, Any]) -> list[Any]:
-    return [run_id, *[json.dumps(row[c]) if c in ("evidence", "observation_ids") else row[c] for c in _LOSS_COLUMNS]]
+def _insert_dicts(cur: duckdb.DuckDBPyConnection, table: str, run_id: str, rows: Sequence[dict[str, Any]],
+                  *, verb: str = "INSERT") -> None:
+    """Rows given as dicts (one key order for all), each prefixed with ``run_id``; none: nothing."""
+    if rows:
+        _insert_many(cur, table, ["run_id", *rows[0]], [[run_id, *row.values()] for row in rows], verb=verb)
+
+
+def _insert_losses(cur: duckdb.DuckDBPyConnection, run_id: str, rows: Sequence[dict[str, Any]]) -> None:
+    if rows:
+        _insert_many(cur, "probe_losses", ["run_id", *_LOSS_COLUMNS],
+                     [[run_id, *[json.dumps(row[c]) if c in ("evidence", "observation_ids") else row[c]
+                                 for c in _LOSS_COLUMNS]] for row in rows])
 
 
 def process_token(pid: int | None = None) -> str | None:
@@ -518,27 +528,32 @@ class RunStore:
             raise RunStoreError(f"{self.snapshot_of or self.path} is open read-only here: nothing can be written")
         return self.session()
 
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """One write transaction: committed at the end, rolled back on any error."""
+        with self._write_lock, self._writing() as cur:
+            cur.execute("BEGIN TRANSACTION")
+            try:
+                yield cur
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            cur.execute("COMMIT")
+
     def create_run(self, *, dataset: str, dataset_format: str, conversation_id: str, config: dict[str, Any],
                    messages: Sequence[dict[str, Any]], label: str | None = None, planned_steps: int | None = None,
                    status: str = "running", error: str | None = None, run_id: str | None = None) -> str:
         """A new run owned by this process (a dead owner makes it ``interrupted`` on the next open)."""
         run_id = run_id or new_run_id()
         now = _now()
-        with self._write_lock, self._writing() as cur:
-            cur.execute("BEGIN TRANSACTION")
-            try:
-                cur.execute(
-                    "INSERT INTO runs (run_id, created_at, updated_at, dataset, dataset_format, conversation_id, "
-                    "label, config, status, error, messages, planned_steps, owner_host, owner_pid, owner_token) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [run_id, now, now, dataset, dataset_format, conversation_id, label,
-                     json.dumps(config, sort_keys=True), status, error, len(messages), planned_steps, *_owner()])
-                if messages:
-                    _insert_many(cur, "messages", ["run_id", *messages[0]], [[run_id, *m.values()] for m in messages])
-                cur.execute("COMMIT")
-            except Exception:
-                cur.execute("ROLLBACK")
-                raise
+        with self._transaction() as cur:
+            cur.execute(
+                "INSERT INTO runs (run_id, created_at, updated_at, dataset, dataset_format, conversation_id, "
+                "label, config, status, error, messages, planned_steps, owner_host, owner_pid, owner_token) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [run_id, now, now, dataset, dataset_format, conversation_id, label,
+                 json.dumps(config, sort_keys=True), status, error, len(messages), planned_steps, *_owner()])
+            _insert_dicts(cur, "messages", run_id, messages)
         return run_id
 
     def _claim(self, table: str, key: str, value: str) -> None:
@@ -557,12 +572,9 @@ class RunStore:
         ``tokens``."""
         if not rows and not calls and not records:
             return
-        with self._write_lock, self._writing() as cur:
-            cur.execute("BEGIN TRANSACTION")
-            try:
-                if rows:
-                    _insert_many(cur, "steps", ["run_id", *rows[0]], [[run_id, *r.values()] for r in rows],
-                                 verb="INSERT OR REPLACE")
+        try:
+            with self._transaction() as cur:
+                _insert_dicts(cur, "steps", run_id, rows, verb="INSERT OR REPLACE")
                 if records:
                     first = self._next_seq(cur, "records", run_id, len(records))
                     _insert_many(cur, "records", ["run_id", "seq", *_RECORD_COLUMNS],
@@ -574,12 +586,10 @@ class RunStore:
                 if rows:
                     cur.execute("UPDATE runs SET steps = ?, updated_at = ? WHERE run_id = ?",
                                 [rows[-1]["step"] + 1, _now(), run_id])
-                cur.execute("COMMIT")
-            except Exception:
-                cur.execute("ROLLBACK")
-                self._seq.pop(("model_calls", run_id), None)
-                self._seq.pop(("records", run_id), None)
-                raise
+        except Exception:  # the counted sequences are read again from the file next time
+            self._seq.pop(("model_calls", run_id), None)
+            self._seq.pop(("records", run_id), None)
+            raise
 
     def _next_seq(self, cur: duckdb.DuckDBPyConnection, table: str, run_id: str, count: int = 1) -> int:
         """The next ``seq`` of ``table`` for a run (read once from DuckDB, then counted here)."""
@@ -598,14 +608,12 @@ class RunStore:
         writes leaves such rows; a resume recomputes them from the same state, so the run ends as
         if never interrupted. Returns how many records were dropped.
         """
-        with self._write_lock, self._writing() as cur:
+        with self._transaction() as cur:
             dropped = cur.execute("SELECT count(*) FROM records WHERE run_id = ? AND step > ?",
                                   [run_id, step]).fetchall()[0][0]
-            cur.execute("BEGIN TRANSACTION")
             cur.execute("DELETE FROM records WHERE run_id = ? AND step > ?", [run_id, step])
             cur.execute("DELETE FROM model_calls WHERE run_id = ? AND step > ?", [run_id, step])
-            cur.execute("COMMIT")
-            self._seq = {k: v for k, v in self._seq.items() if k[1] != run_id}
+        self._seq = {k: v for k, v in self._seq.items() if k[1] != run_id}
         return int(dropped)
 
     def delete_records(self, run_id: str, thread_id: str) -> None:
@@ -626,25 +634,16 @@ class RunStore:
                         [*figures.values(), _now(), run_id])
 
     def replace_probes(self, run_id: str, rows: list[dict[str, Any]], methods: Iterable[str]) -> None:
-        with self._write_lock, self._writing() as cur:
-            cur.execute("BEGIN TRANSACTION")
-            try:
-                for method in methods:
-                    cur.execute("DELETE FROM probes WHERE run_id = ? AND method = ?", [run_id, method])
-                if rows:
-                    _insert_many(cur, "probes", ["run_id", *rows[0]], [[run_id, *r.values()] for r in rows])
-                cur.execute("COMMIT")
-            except Exception:
-                cur.execute("ROLLBACK")
-                raise
+        with self._transaction() as cur:
+            for method in methods:
+                cur.execute("DELETE FROM probes WHERE run_id = ? AND method = ?", [run_id, method])
+            _insert_dicts(cur, "probes", run_id, rows)
 
     def delete_run(self, run_id: str) -> None:
-        with self._write_lock, self._writing() as cur:
-            cur.execute("BEGIN TRANSACTION")
+        with self._transaction() as cur:
             for table in RUN_TABLES:
                 cur.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
-            cur.execute("COMMIT")
-            self._seq = {k: v for k, v in self._seq.items() if k[1] != run_id}
+        self._seq = {k: v for k, v in self._seq.items() if k[1] != run_id}
 
     def save_prompt(self, prompt: Prompt) -> None:
         with self._write_lock, self._writing() as cur:
@@ -660,16 +659,9 @@ class RunStore:
 
     def replace_losses(self, run_id: str, rows: Sequence[dict[str, Any]]) -> None:
         """The run's loss-attribution rows (see :mod:`workbench.losses`), replacing earlier ones."""
-        with self._write_lock, self._writing() as cur:
-            cur.execute("BEGIN TRANSACTION")
-            try:
-                cur.execute("DELETE FROM probe_losses WHERE run_id = ?", [run_id])
-                if rows:
-                    _insert_many(cur, "probe_losses", ["run_id", *_LOSS_COLUMNS], [_loss_row(run_id, r) for r in rows])
-                cur.execute("COMMIT")
-            except Exception:
-                cur.execute("ROLLBACK")
-                raise
+        with self._transaction() as cur:
+            cur.execute("DELETE FROM probe_losses WHERE run_id = ?", [run_id])
+            _insert_losses(cur, run_id, rows)
 
     def write_run(self, payload: dict[str, Any], *, messages: Sequence[dict[str, Any]]) -> str:
         """A whole run replayed elsewhere (an experiment's worker), written in one transaction:
@@ -682,34 +674,20 @@ class RunStore:
         for key, value in run.items():
             columns.append(key)
             values.append(json.dumps(value, sort_keys=True) if key == "config" else value)
-        with self._write_lock, self._writing() as cur:
-            cur.execute("BEGIN TRANSACTION")
-            try:
-                cur.execute(f"INSERT INTO runs ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
-                            values)
-                if messages:
-                    _insert_many(cur, "messages", ["run_id", *messages[0]], [[run_id, *m.values()] for m in messages])
-                steps = payload.get("steps") or []
-                if steps:
-                    _insert_many(cur, "steps", ["run_id", *steps[0]], [[run_id, *r.values()] for r in steps])
-                records = payload.get("records") or []
-                if records:
-                    _insert_many(cur, "records", ["run_id", "seq", *_RECORD_COLUMNS],
-                                 [[run_id, i + 1, *_record_values(r)] for i, r in enumerate(records)])
-                calls = payload.get("calls") or []
-                if calls:
-                    _insert_many(cur, "model_calls", ["run_id", "seq", *calls[0]],
-                                 [[run_id, i + 1, *c.values()] for i, c in enumerate(calls)])
-                probes = payload.get("probes") or []
-                if probes:
-                    _insert_many(cur, "probes", ["run_id", *probes[0]], [[run_id, *p.values()] for p in probes])
-                losses = payload.get("losses") or []
-                if losses:
-                    _insert_many(cur, "probe_losses", ["run_id", *_LOSS_COLUMNS], [_loss_row(run_id, r) for r in losses])
-                cur.execute("COMMIT")
-            except Exception:
-                cur.execute("ROLLBACK")
-                raise
+        with self._transaction() as cur:
+            cur.execute(f"INSERT INTO runs ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})", values)
+            _insert_dicts(cur, "messages", run_id, messages)
+            _insert_dicts(cur, "steps", run_id, payload.get("steps") or [])
+            records = payload.get("records") or []
+            if records:
+                _insert_many(cur, "records", ["run_id", "seq", *_RECORD_COLUMNS],
+                             [[run_id, i + 1, *_record_values(r)] for i, r in enumerate(records)])
+            calls = payload.get("calls") or []
+            if calls:
+                _insert_many(cur, "model_calls", ["run_id", "seq", *calls[0]],
+                             [[run_id, i + 1, *c.values()] for i, c in enumerate(calls)])
+            _insert_dicts(cur, "probes", run_id, payload.get("probes") or [])
+            _insert_losses(cur, run_id, payload.get("losses") or [])
         return run_id
 
     # -- experiments --------------------------------------------------------------------------
@@ -771,13 +749,11 @@ class RunStore:
                         "l.probe_id", [experiment_id])
 
     def delete_experiment(self, experiment_id: str) -> None:
-        with self._write_lock, self._writing() as cur:
-            cur.execute("BEGIN TRANSACTION")
+        with self._transaction() as cur:
             ids = [r[0] for r in cur.execute("SELECT run_id FROM runs WHERE experiment_id = ?", [experiment_id]).fetchall()]
             for table in RUN_TABLES:
                 cur.execute(f"DELETE FROM {table} WHERE run_id IN (SELECT unnest(?::VARCHAR[]))", [ids])
             cur.execute("DELETE FROM experiments WHERE experiment_id = ?", [experiment_id])
-            cur.execute("COMMIT")
 
     # -- reading ------------------------------------------------------------------------------
 
