@@ -23,6 +23,7 @@ Same input, same output, byte for byte.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -194,14 +195,34 @@ _EMOJI = re.compile("[\U0001F300-\U0001FAFF\u2600-\u27BF\uFE0F]+")
 _SPACES = re.compile(r"\s{2,}")
 
 
-def tidy(sentence: str) -> str:
+def drop_vocative(sentence: str, names: frozenset[str]) -> str:
+    """The sentence without a known speaker's name used as a form of address ("Thanks, Mel!" →
+    "Thanks!", "Yep, Melanie! A friend made it" keeps its fact); a name that is the sentence's
+    subject or object stays."""
+    if not names or not on("vocatives"):
+        return sentence
+
+    def strip(match: re.Match[str]) -> str:
+        return match.group("end") if match["name"].lower() in names else match.group()
+
+    return _VOCATIVE_END.sub(strip, _VOCATIVE_START.sub(
+        lambda m: m.group("rest") if m["name"].lower() in names else m.group(), sentence))
+
+
+_VOCATIVE_END = re.compile(r",\s+(?P<name>[A-Z][\w'’-]*)(?P<end>\s*[.!?]+[\"'”’)]*)$")
+_VOCATIVE_START = re.compile(r"^(?P<name>[A-Z][\w'’-]*),\s+(?P<rest>\S)")
+
+
+def tidy(sentence: str, names: frozenset[str] = frozenset()) -> str:
     """The sentence without openers, emoji and caption boilerplate ("Oh wow, I went…" → "I went…")."""
+    sentence = drop_vocative(sentence, names)
     text = _SPACES.sub(" ", _EMOJI.sub(" ", sentence)).strip()
     text = _CAPTION.sub("[image: ", text)
     stripped = (_INTERJECTION if on("openers") else _OLD_INTERJECTION).sub("", text)
     if stripped and len(_WORD.findall(stripped)) >= 2:
         text = stripped[0].upper() + stripped[1:]
     return text.strip()
+
 
 
 _BOUNDARY = re.compile(r"[.!?]+[\"'”’)\]]*\s+(?=[\"'“(\[]?[A-Z0-9])|\s+/\s+")
@@ -246,10 +267,96 @@ def split_sentences(text: str) -> list[str]:
 
 
 
+# A clause boundary inside a sentence: a semicolon, a spaced dash or ", and/but/so" before a clause
+# that starts with its own subject, so it reads on its own ("I ran a charity race last Saturday –
+# it was really rewarding"); "a gift from my grandma - a necklace" and "- which …" stay whole.
+_CLAUSE = re.compile(
+    r"(?:;|\s[–—-]|,\s+(?:and|but|so))\s+(?=(?:i|we|he|she|they|it|you|my|our|his|her|their|this|that|"
+    r"there|i'm|it's|that's|we're|they're|i've|we've|i'd|i'll)\b)", re.IGNORECASE)
+
+
+def split_clauses(sentence: str) -> list[tuple[str, str]]:
+    """``(separator before, clause)`` pieces of a sentence, split at a clause boundary (above) when
+    both sides have at least three words and it is not inside parentheses or quotes; the first
+    piece's separator is empty. Joined back in order they give the sentence."""
+    if not on("clauses"):
+        return [("", sentence)]
+    pieces: list[tuple[str, str]] = []
+    start, separator = 0, ""
+    for boundary in _CLAUSE.finditer(sentence):
+        left, right = sentence[start:boundary.start()], sentence[boundary.end():]
+        if len(_WORD.findall(left)) < 3 or len(_WORD.findall(right)) < 3:
+            continue
+        if sentence.count("(", 0, boundary.start()) > sentence.count(")", 0, boundary.start()):
+            continue  # inside parentheses: "(the week of 24 April 2023)"
+        if sentence.count('"', 0, boundary.start()) % 2:
+            continue  # inside a quotation
+        pieces.append((separator, left))
+        start, separator = boundary.end(), boundary.group()
+    pieces.append((separator, sentence[start:]))
+    return pieces
+
+
+_END = re.compile(r"(?:[.!?…]['\"”’)\]]*|\])$")
+
+
+def join_clauses(pieces: list[tuple[int, int, str, str, bool]]) -> str:
+    """Render chosen ``(sentence, clause, separator before, text, last of its sentence)`` pieces
+    in order: neighbouring clauses of one sentence keep their separator; a run that stops before
+    its sentence's end gets a full stop, and one that starts after its sentence's start a capital."""
+    out: list[str] = []
+    previous: tuple[int, int] | None = None
+    for sentence, clause, separator, text, last in pieces:
+        if previous is not None and previous == (sentence, clause - 1):
+            out[-1] = out[-1] + separator + text
+        else:
+            if out and not _END.search(out[-1]):
+                out[-1] = out[-1].rstrip(",;:–—- ") + "."
+            out.append(text[:1].upper() + text[1:] if clause else text)
+        previous = (sentence, clause)
+    if out and not _END.search(out[-1]):
+        out[-1] = out[-1].rstrip(",;:–—- ") + "."
+    return " ".join(out)
+
+
+@functools.lru_cache(maxsize=65536)
+def rarity(word: str) -> float:
+    """How specific an English word is (0.5–1.2), from the tokenizer's vocabulary: cl100k merges
+    frequent words first, so a word's token id grows as it gets rarer ("time" 892 → 0.5,
+    "journal" 8486 → 0.8, "violin" 63137 → 1.0), and a word it splits into pieces ("lasagna",
+    "kundalini") is rarer still (1.2). A general English frequency scale, not a word list, and
+    not read from any conversation."""
+    from ..tokens import _encoding
+
+    ids = _encoding("cl100k_base").encode_ordinary(" " + word)
+    if len(ids) > 1:
+        return 1.2
+    # log10(id) from 3 (the ~1,000 most common) to 4.5 (~30,000th) maps to 0.5 .. 1.0
+    position = (math.log10(max(ids[0], 1)) - 3.0) / 1.5
+    return 0.5 + 0.5 * min(1.0, max(0.0, position))
+
+
+_ASIDE = re.compile(r"\s*(\[[^\[\]]{12,}\])\s*")
+
+
+def split_sentences_and_asides(text: str) -> list[str]:
+    """Sentences, with a bracketed aside ("[shares an image: a dog on a boat]") as a unit of its
+    own, so it is kept or dropped on its own merit rather than with the sentence before it."""
+    if not on("asides"):
+        return split_sentences(text)
+    out: list[str] = []
+    for number, piece in enumerate(_ASIDE.split(text)):
+        if number % 2:
+            out.append(piece)
+        elif piece.strip():
+            out.extend(split_sentences(piece))
+    return out
+
+
 def word_weights(sentence: str) -> dict[str, float]:
     """Information carried by each content word: names and numbers weigh most (2.5), then dates
-    (1.5), then other words (1); very common words ("time", "feel", "great") weigh half, so a
-    sentence's specific words ("violin", "lasagna") carry it."""
+    (1.5), then other words by how specific they are (:func:`rarity`, 0.5–1.2), so a sentence's
+    specific words ("violin", "lasagna") carry it rather than common ones ("time", "feel")."""
     weights: dict[str, float] = {}
     words = _WORD.findall(sentence)
     for i, word in enumerate(words):
@@ -262,8 +369,8 @@ def word_weights(sentence: str) -> dict[str, float]:
             weight = 1.5
         elif word[0].isupper() and (i > 0 or word.isupper()):
             weight = 2.5
-        elif lowered in GENERIC_WORDS and on("generic"):
-            weight = 0.5
+        elif on("rarity"):
+            weight = rarity(lowered)
         else:
             weight = 1.0
         weights[lowered] = max(weights.get(lowered, 0.0), weight)
@@ -315,6 +422,22 @@ def greedy_cover(units: list[tuple[dict[str, float], int, float]], budget: int,
 
 
 _FIRST_PERSON = frozenset(("i", "my", "me", "mine", "i'm", "i've", "i'll", "i'd", "we", "our", "us", "we're", "we've"))
+_SECOND_PERSON = frozenset(("you", "your", "yours", "you're", "you've", "you'll", "you'd", "ya", "yourself"))
+
+
+def person_multiplier(text: str) -> float:
+    """What a sentence's grammatical person says about its worth as a fact: speakers state facts
+    about themselves ("I started pottery classes", 1.3x), while a sentence about the listener and
+    not the speaker is mostly a reaction ("That sounds like a great trip for you!", 0.5x)."""
+    if not on("person"):
+        return 1.0
+    persons = {w.lower().replace("’", "'") for w in _WORD.findall(text)}
+    if persons & _FIRST_PERSON:
+        return 1.3
+    if persons & _SECOND_PERSON:
+        return 0.5
+    return 1.0
+
 
 # -- observe --------------------------------------------------------------------------------
 
@@ -326,6 +449,11 @@ class _Candidate:
     text: str
     score: float
     cost: int
+    sentence: int = 0
+    clause: int = 0
+    separator: str = ""
+    last: bool = True
+    question: bool = False
 
 
 _NAME_PREFIX = re.compile(r"^(?P<name>[^\W\d_][\w'’.-]*(?: [^\W\d_][\w'’.-]*){0,2}):\s+(?P<rest>.+)$")
@@ -341,6 +469,15 @@ def _pleasantry(sentence: str) -> bool:
         return True
     return sentence.rstrip().endswith("!") and len(specific) <= 1 and len(words) <= 6 and not (
         _FIRST_PERSON & {w.lower().replace("’", "'") for w in words})
+
+
+def _name_forms(speaker: str) -> list[str]:
+    """Lower-cased forms of a speaker's name a vocative may use: the whole name, its first word
+    and that word's first three letters or more ("Melanie" → "melanie", "mel", "mela", …)."""
+    if speaker.lower() in ("user", "assistant", "system"):
+        return []
+    first = speaker.split()[0].lower()
+    return [speaker.lower(), first, *(first[:k] for k in range(3, len(first)))]
 
 
 def parse_messages(block: str) -> list[tuple[date, str, str]]:
@@ -379,19 +516,25 @@ def parse_messages(block: str) -> list[tuple[date, str, str]]:
 def observe(block: str, target_tokens: int) -> str:
     """Dated bullets of the most salient sentences of ``block`` within ``target_tokens``."""
     messages = parse_messages(block)
+    names = frozenset(part for _, who, _ in messages for part in _name_forms(who.split("|", 1)[1]))
     candidates: list[_Candidate] = []
     for index, (day, who, content) in enumerate(messages):
         role, speaker = who.split("|", 1)
-        for position, sentence in enumerate(split_sentences(content)):
-            text = annotate_relative_dates(tidy(sentence), day)
-            candidates.append(
-                _Candidate(index, position, text, sentence_score(sentence, role=role), estimate_tokens(text) + 1)
-            )
+        position = 0
+        for number, sentence in enumerate(split_sentences_and_asides(content)):
+            text = annotate_relative_dates(tidy(sentence, names), day)
+            question = text.rstrip().endswith("?")
+            clauses = split_clauses(text)
+            for part, (separator, clause) in enumerate(clauses):
+                candidates.append(_Candidate(index, position, clause, sentence_score(clause, role=role),
+                                             estimate_tokens(clause) + 1, number, part, separator,
+                                             part == len(clauses) - 1, question))
+                position += 1
     # Information-per-token greedy selection: speakers' names are in every bullet already.
     speakers = {word.lower() for _, who, _ in messages for word in who.split("|", 1)[1].split()}
     units = []
     for candidate in candidates:
-        multiplier = 0.5 if candidate.text.rstrip().endswith("?") else 1.0
+        multiplier = (0.5 if candidate.question else 1.0) * person_multiplier(candidate.text)
         if messages[candidate.message][1].startswith("assistant|") and not on("role_neutral"):
             multiplier *= 0.8
         if candidate.score <= 0:
@@ -409,11 +552,11 @@ def observe(block: str, target_tokens: int) -> str:
             return render_dated([(human_date(day), f"{who.split('|', 1)[1]}: {first_words(content, target_tokens) or '(an empty message)'}")])
         lines = [line.strip() for line in block.splitlines() if line.strip()]
         return f"- {first_words(lines[0], target_tokens)}" if lines else ""
-    bullets: dict[int, list[str]] = {}
-    for candidate in sorted(chosen, key=lambda c: (c.message, c.position)):
-        bullets.setdefault(candidate.message, []).append(candidate.text)
-    dated = [(human_date(messages[index][0]), f"{messages[index][1].split('|', 1)[1]}: {' '.join(sentences)}")
-             for index, sentences in bullets.items()]
+    bullets: dict[int, list[tuple[int, int, str, str, bool]]] = {}
+    for c in sorted(chosen, key=lambda c: (c.message, c.position)):
+        bullets.setdefault(c.message, []).append((c.sentence, c.clause, c.separator, c.text, c.last))
+    dated = [(human_date(messages[index][0]), f"{messages[index][1].split('|', 1)[1]}: {join_clauses(pieces)}")
+             for index, pieces in bullets.items()]
     return render_dated(dated)
 
 
@@ -440,10 +583,17 @@ def render_dated(bullets: list[tuple[str, str]]) -> str:
     """
     lines: list[str] = []
     current: str | None = None
+    speaker = ""
     for day, body in bullets:
         if day and day != current:
             lines.append(day)
             current = day
+            speaker = ""
+        head, sep, rest = body.partition(": ")
+        if on("merge_speakers") and sep and len(head) <= 40 and head == speaker and lines[-1].startswith("- "):
+            lines[-1] = f"{lines[-1]} {rest}"  # the same speaker again: one bullet, one name
+            continue
+        speaker = head if sep and len(head) <= 40 else ""
         lines.append(f"- {body}")
     return "\n".join(lines)
 
@@ -519,15 +669,19 @@ def reflect(reflection: str, observations: str, target_tokens: int) -> str:
         # Keep the sentences that add the most new information per token (each bullet's speaker
         # is charged once, to its first kept sentence); newer bullets weigh a little more (the
         # newest fact wins); the result stays in conversation order.
-        pieces: list[tuple[int, str, str]] = []  # (bullet index, head, sentence)
+        pieces: list[tuple[int, str, str]] = []  # (bullet index, head, clause)
+        parts: list[tuple[int, int, str, str, bool]] = []  # per piece: for join_clauses
         for index, bullet in enumerate(merged):
             head, sentences = _body_sentences(bullet.body)
-            pieces.extend((index, head, sentence) for sentence in sentences or [bullet.body])
+            for number, sentence in enumerate(sentences or [bullet.body]):
+                clauses = split_clauses(sentence)
+                for part, (separator, clause) in enumerate(clauses):
+                    pieces.append((index, head, clause))
+                    parts.append((number, part, separator, clause, part == len(clauses) - 1))
         units = [(word_weights(sentence), estimate_tokens(sentence) + 1 + estimate_tokens(head) // 2,
-                  1.0 if on("position_fair") else 1.0 + 0.5 * merged[index].order / newest)
+                  (1.0 if on("position_fair") else 1.0 + 0.5 * merged[index].order / newest)
+                  * person_multiplier(sentence))
                  for index, head, sentence in pieces]
-        picked = greedy_cover(units, int(budget * 0.93))
-
         candidates = merged
 
         def rebuild(chosen: list[int]) -> list[_Bullet]:
@@ -536,9 +690,12 @@ def reflect(reflection: str, observations: str, target_tokens: int) -> str:
                 members.setdefault(pieces[piece][0], []).append(piece)
             return [
                 _Bullet(candidates[index].order, candidates[index].date,
-                        pieces[kept[0]][1] + " ".join(pieces[p][2] for p in kept), candidates[index].words)
+                        pieces[kept[0]][1] + join_clauses([parts[p] for p in kept]), candidates[index].words)
                 for index, kept in members.items()
             ]
+
+        known = frozenset(w for _, head, _ in pieces for w in content_words(head) if on("vocatives"))
+        picked = greedy_cover(units, int(budget * 0.93), known)
 
         merged = rebuild(picked)
         while size() > budget and len(picked) > 1:  # headings cost a little more than estimated; keep one

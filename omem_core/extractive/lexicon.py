@@ -38,8 +38,10 @@ ABBREVIATIONS = frozenset(
     thur thurs fri sat sun a.m p.m u.s u.k""".split()
 )
 
-# Very common English content words: they say little on their own ("a really good time"), so a
-# sentence's specific words ("violin", "lasagna", "bullet journal") count for more than these.
+# Very common English content words: they say little on their own ("a really good time"). A
+# sentence made only of these is a pleasantry ("See ya later!") and is not picked as a note. (How
+# much a word weighs in the choice of notes comes from the tokenizer's vocabulary instead:
+# ``algorithm.rarity``.)
 GENERIC_WORDS = frozenset(
     """able actually ago ahead almost alone along already always amazing another anything anyway
     anywhere around away awesome back bad beautiful best better big bit came can come comes coming
