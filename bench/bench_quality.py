@@ -1,6 +1,6 @@
 """Compaction quality of the offline model on the shared datasets, against the baselines.
 
-    python bench/bench_quality.py [--observation 1000 --reflection 2000 --window 10] [--ablation]
+    python bench/bench_quality.py [--observation 1000 --reflection 2000 --window 10] [--ablation] [--frontier]
 
 For each LoCoMo conversation and BEAM chat: compression (full-history tokens / final context
 tokens) and model-free retention (share of each gold answer's content words visible at the end)
@@ -8,7 +8,9 @@ for the memory, the full history, the window only, and the newest-K-tokens basel
 context size), overall and per category. Then, side by side: LoCoMo retention of facts said in
 the first vs the last third of each conversation and of facts said by speaker A vs speaker B, and
 the BEAM chats' blind spot (backlog outside the window) with and without ``max_backlog``.
-``--ablation`` replays LoCoMo and BEAM once per heuristic of the offline model switched off.
+``--ablation`` replays LoCoMo and BEAM once per heuristic of the offline model switched off;
+``--frontier`` prints what one-shot sentence extraction reaches at each memory size, the ceiling
+the observe/reflect cascade of this model works under.
 Nothing here reads probes while compacting.
 """
 
@@ -25,6 +27,7 @@ from workbench.datasets import Conversation, load_dataset
 from omem_core import token_counter
 from omem_core.extractive import algorithm
 from workbench.replay import ReplayConfig, replay
+from omem_core.prompts import render_message_line, unescape_structure
 from workbench.retention import content_words, newest_tokens, probe_score, render_context
 
 
@@ -93,14 +96,27 @@ def locomo_figures(conversations: list[Conversation], config: ReplayConfig, *, c
                "compression": mean(compressions), "min compression": min(compressions), **fairness(rows)}
     figures["ratio"] = figures["retention"] / figures["recent"]
     if cuts:
-        mine = theirs = 0.0
+        cut_rows = []
         for conversation in conversations:
             for prefix in prefixes(conversation):
-                result = asyncio.run(replay(prefix, config, None))
-                mine += result.retention.retention * result.retention.scored
-                theirs += result.retention.recent_tokens * result.retention.scored
-        figures["ratio over cuts"] = mine / theirs
+                cut_rows.extend(probe_rows(prefix, asyncio.run(replay(prefix, config, None))))
+        figures["ratio over cuts"] = sum(r["memory"] for r in cut_rows) / sum(r["recent"] for r in cut_rows)
+        figures["cut rows"] = cut_rows
     return figures
+
+
+def paired_ratio_ci(base: list[dict], other: list[dict], replicates: int = 2000) -> tuple[float, float]:
+    """95% interval of ``ratio(other) - ratio(base)`` over the stopping points, by resampling the
+    same probes for both (rows in the same order: the replays are deterministic)."""
+    import numpy as np
+
+    rng = np.random.default_rng(20261203)
+    a_mem, a_rec = (np.array([r[k] for r in base]) for k in ("memory", "recent"))
+    b_mem, b_rec = (np.array([r[k] for r in other]) for k in ("memory", "recent"))
+    draws = rng.integers(0, len(base), size=(replicates, len(base)))
+    diffs = b_mem[draws].sum(1) / b_rec[draws].sum(1) - a_mem[draws].sum(1) / a_rec[draws].sum(1)
+    low, high = np.percentile(diffs, [2.5, 97.5])
+    return float(low), float(high)
 
 
 def beam_figures(conversations: list[Conversation], config: ReplayConfig, max_backlog: int | None) -> dict:
@@ -121,7 +137,9 @@ def beam_figures(conversations: list[Conversation], config: ReplayConfig, max_ba
 HEURISTICS = {
     "role_neutral": "assistant lines weigh as much as user lines",
     "position_fair": "reflection weighs old and new notes alike",
-    "generic": "very common words weigh half",
+    "rarity": "common words weigh less (tokenizer vocabulary rank)",
+    "person": "first-person sentences 1.3x, about-the-listener 0.5x",
+    "clauses": "a clause with its own subject is a unit",
     "pleasantries": "sentences with no specific word never picked",
     "split": "no split after abbreviations, initials, list numbers",
     "openers": "openers that can start a phrase kept unless punctuated",
@@ -129,10 +147,50 @@ HEURISTICS = {
 }
 
 
+def frontier(config: ReplayConfig, locomo: list[Conversation]) -> None:
+    """What sentence extraction of this kind can reach at each memory size, without the
+    observe/reflect cascade: the offline observer run once over each whole conversation (all but
+    the window) at a given target, the window added, scored like a replay and against the
+    equal-size recency baseline. The replays at several thresholds are printed beside it: their
+    distance to the one-shot line is what the cascade costs."""
+    count = token_counter("heuristic")
+    print("== what one-shot extraction reaches at each size (LoCoMo dev; the offline observer over the whole history)")
+    print(f"{'target':>8} {'compr':>6} {'ret':>6} {'recent':>6} {'ratio':>6}")
+    for budget in (1000, 1500, 2000, 2500, 3000, 4000):
+        scores, recents, compressions = [], [], []
+        for conversation in locomo:
+            history = [t.to_message(conversation.id) for t in conversation.turns]
+            window = history[-config.last_messages:]
+            block = "\n".join(render_message_line(m) for m in history[:-config.last_messages])
+            notes = unescape_structure(algorithm.observe(block, budget))
+            size = count([notes])[0] + sum(count([m.content for m in window]))
+            compressions.append(sum(count([m.content for m in history])) / size)
+            visible = content_words(notes + "\n" + render_context(window))
+            recent = content_words(render_context(newest_tokens(history, size, count)))
+            for probe in conversation.probes:
+                score = probe_score(probe.gold, visible)
+                if score is not None and probe.evidence:
+                    scores.append(score)
+                    recents.append(probe_score(probe.gold, recent))
+        print(f"{budget:>8,} {mean(compressions):>5.1f}x {mean(scores):>6.3f} {mean(recents):>6.3f} "
+              f"{mean(scores) / mean(recents):>5.2f}x")
+    print("replays (observe/reflect cascade) at other thresholds, window unchanged:")
+    for observation, reflection in ((500, 1000), (1000, 2000), (1500, 3000), (2000, 4000)):
+        f = locomo_figures(locomo, replace(config, observation_threshold=observation, reflection_threshold=reflection),
+                           cuts=False)
+        print(f"  {observation:>5}/{reflection:<5} {f['compression']:>5.1f}x {f['retention']:>6.3f} {f['recent']:>6.3f} "
+              f"{f['ratio']:>5.2f}x")
+    print()
+
+
 def ablation(config: ReplayConfig, locomo: list[Conversation], beam: list[Conversation]) -> None:
     print("== ablation: each heuristic switched off in turn (LoCoMo at the end and over the stopping points; BEAM)")
-    print(f"{'switched off':<16} {'ret':>6} {'compr':>6} {'ratio':>6} {'ratio@cuts':>10} {'first':>6} {'last':>6} "
-          f"{'spk A':>6} {'spk B':>6} {'BEAM ret':>8} {'BEAM ratio':>10}")
+    print("   'off - on @cuts' is the change of the recency ratio over the stopping points when the heuristic is")
+    print("   switched off, with its paired 95% bootstrap interval over probes (negative: the heuristic helps)")
+    print(f"{'switched off':<16} {'ret':>6} {'compr':>6} {'ratio':>6} {'ratio@cuts':>10} {'off - on @cuts (95% CI)':>27} "
+          f"{'first':>6} {'last':>6} {'spk A':>6} {'spk B':>6} {'BEAM ret':>8} {'BEAM ratio':>10}")
+    base: list[dict] = []
+    base_ratio = 0.0
     for name in ("(none)", *HEURISTICS):
         algorithm.DISABLED.clear()
         if name != "(none)":
@@ -142,9 +200,15 @@ def ablation(config: ReplayConfig, locomo: list[Conversation], beam: list[Conver
             b = beam_figures(beam, config, None)
         finally:
             algorithm.DISABLED.clear()
-        print(f"{name:<16} {f['retention']:>6.3f} {f['compression']:>5.1f}x {f['ratio']:>5.2f}x {f['ratio over cuts']:>9.2f}x "
+        if name == "(none)":
+            base, base_ratio, delta = f["cut rows"], f["ratio over cuts"], ""
+        else:
+            low, high = paired_ratio_ci(base, f["cut rows"])
+            delta = f"{f['ratio over cuts'] - base_ratio:+.3f} ({low:+.3f}, {high:+.3f})"
+        print(f"{name:<16} {f['retention']:>6.3f} {f['compression']:>5.1f}x {f['ratio']:>5.3f}x "
+              f"{f['ratio over cuts']:>9.3f}x {delta:>27} "
               f"{f['first third']:>6.3f} {f['last third']:>6.3f} {f['speaker A']:>6.3f} {f['speaker B']:>6.3f} "
-              f"{b['retention']:>8.3f} {b['ratio']:>9.2f}x")
+              f"{b['retention']:>8.3f} {b['ratio']:>9.3f}x")
     print()
 
 
@@ -166,7 +230,7 @@ def summary(config: ReplayConfig, locomo: list[Conversation], beam: list[Convers
     print()
 
 
-def run(config: ReplayConfig, *, with_ablation: bool = False) -> None:
+def run(config: ReplayConfig, *, with_ablation: bool = False, with_frontier: bool = False) -> None:
     shared = shared_datasets_dir()
     if not shared.is_dir():
         sys.exit(f"needs ../shared/datasets (looked in {shared})")
@@ -240,6 +304,8 @@ def run(config: ReplayConfig, *, with_ablation: bool = False) -> None:
         print()
     beam = suites["beam-100k-dev"]
     summary(config, suites["locomo-dev"], beam, config.observation_threshold)
+    if with_frontier:
+        frontier(config, suites["locomo-dev"])
     if with_ablation:
         ablation(config, suites["locomo-dev"], beam)
 
@@ -253,6 +319,9 @@ if __name__ == "__main__":
                         help="recall before each assistant message (default) or before every message")
     parser.add_argument("--ablation", action="store_true",
                         help="also replay with each heuristic of the offline model switched off (about 2 minutes)")
+    parser.add_argument("--frontier", action="store_true",
+                        help="also print what one-shot extraction reaches at each memory size (about 20 s)")
     args = parser.parse_args()
     run(ReplayConfig(observation_threshold=args.observation, reflection_threshold=args.reflection,
-                     last_messages=args.window, recall_on=args.recall_on, cache=False), with_ablation=args.ablation)
+                     last_messages=args.window, recall_on=args.recall_on, cache=False),
+        with_ablation=args.ablation, with_frontier=args.frontier)

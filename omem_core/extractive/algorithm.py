@@ -195,27 +195,8 @@ _EMOJI = re.compile("[\U0001F300-\U0001FAFF\u2600-\u27BF\uFE0F]+")
 _SPACES = re.compile(r"\s{2,}")
 
 
-def drop_vocative(sentence: str, names: frozenset[str]) -> str:
-    """The sentence without a known speaker's name used as a form of address ("Thanks, Mel!" →
-    "Thanks!", "Yep, Melanie! A friend made it" keeps its fact); a name that is the sentence's
-    subject or object stays."""
-    if not names or not on("vocatives"):
-        return sentence
-
-    def strip(match: re.Match[str]) -> str:
-        return match.group("end") if match["name"].lower() in names else match.group()
-
-    return _VOCATIVE_END.sub(strip, _VOCATIVE_START.sub(
-        lambda m: m.group("rest") if m["name"].lower() in names else m.group(), sentence))
-
-
-_VOCATIVE_END = re.compile(r",\s+(?P<name>[A-Z][\w'’-]*)(?P<end>\s*[.!?]+[\"'”’)]*)$")
-_VOCATIVE_START = re.compile(r"^(?P<name>[A-Z][\w'’-]*),\s+(?P<rest>\S)")
-
-
-def tidy(sentence: str, names: frozenset[str] = frozenset()) -> str:
+def tidy(sentence: str) -> str:
     """The sentence without openers, emoji and caption boilerplate ("Oh wow, I went…" → "I went…")."""
-    sentence = drop_vocative(sentence, names)
     text = _SPACES.sub(" ", _EMOJI.sub(" ", sentence)).strip()
     text = _CAPTION.sub("[image: ", text)
     stripped = (_INTERJECTION if on("openers") else _OLD_INTERJECTION).sub("", text)
@@ -336,23 +317,6 @@ def rarity(word: str) -> float:
     return 0.5 + 0.5 * min(1.0, max(0.0, position))
 
 
-_ASIDE = re.compile(r"\s*(\[[^\[\]]{12,}\])\s*")
-
-
-def split_sentences_and_asides(text: str) -> list[str]:
-    """Sentences, with a bracketed aside ("[shares an image: a dog on a boat]") as a unit of its
-    own, so it is kept or dropped on its own merit rather than with the sentence before it."""
-    if not on("asides"):
-        return split_sentences(text)
-    out: list[str] = []
-    for number, piece in enumerate(_ASIDE.split(text)):
-        if number % 2:
-            out.append(piece)
-        elif piece.strip():
-            out.extend(split_sentences(piece))
-    return out
-
-
 def word_weights(sentence: str) -> dict[str, float]:
     """Information carried by each content word: names and numbers weigh most (2.5), then dates
     (1.5), then other words by how specific they are (:func:`rarity`, 0.5–1.2), so a sentence's
@@ -471,15 +435,6 @@ def _pleasantry(sentence: str) -> bool:
         _FIRST_PERSON & {w.lower().replace("’", "'") for w in words})
 
 
-def _name_forms(speaker: str) -> list[str]:
-    """Lower-cased forms of a speaker's name a vocative may use: the whole name, its first word
-    and that word's first three letters or more ("Melanie" → "melanie", "mel", "mela", …)."""
-    if speaker.lower() in ("user", "assistant", "system"):
-        return []
-    first = speaker.split()[0].lower()
-    return [speaker.lower(), first, *(first[:k] for k in range(3, len(first)))]
-
-
 def parse_messages(block: str) -> list[tuple[date, str, str]]:
     """``(day, "role|speaker", text)`` per rendered message line; unparsable lines are skipped.
 
@@ -516,13 +471,12 @@ def parse_messages(block: str) -> list[tuple[date, str, str]]:
 def observe(block: str, target_tokens: int) -> str:
     """Dated bullets of the most salient sentences of ``block`` within ``target_tokens``."""
     messages = parse_messages(block)
-    names = frozenset(part for _, who, _ in messages for part in _name_forms(who.split("|", 1)[1]))
     candidates: list[_Candidate] = []
     for index, (day, who, content) in enumerate(messages):
         role, speaker = who.split("|", 1)
         position = 0
-        for number, sentence in enumerate(split_sentences_and_asides(content)):
-            text = annotate_relative_dates(tidy(sentence, names), day)
+        for number, sentence in enumerate(split_sentences(content)):
+            text = annotate_relative_dates(tidy(sentence), day)
             question = text.rstrip().endswith("?")
             clauses = split_clauses(text)
             for part, (separator, clause) in enumerate(clauses):
@@ -583,17 +537,10 @@ def render_dated(bullets: list[tuple[str, str]]) -> str:
     """
     lines: list[str] = []
     current: str | None = None
-    speaker = ""
     for day, body in bullets:
         if day and day != current:
             lines.append(day)
             current = day
-            speaker = ""
-        head, sep, rest = body.partition(": ")
-        if on("merge_speakers") and sep and len(head) <= 40 and head == speaker and lines[-1].startswith("- "):
-            lines[-1] = f"{lines[-1]} {rest}"  # the same speaker again: one bullet, one name
-            continue
-        speaker = head if sep and len(head) <= 40 else ""
         lines.append(f"- {body}")
     return "\n".join(lines)
 
@@ -694,8 +641,7 @@ def reflect(reflection: str, observations: str, target_tokens: int) -> str:
                 for index, kept in members.items()
             ]
 
-        known = frozenset(w for _, head, _ in pieces for w in content_words(head) if on("vocatives"))
-        picked = greedy_cover(units, int(budget * 0.93), known)
+        picked = greedy_cover(units, int(budget * 0.93))
 
         merged = rebuild(picked)
         while size() > budget and len(picked) > 1:  # headings cost a little more than estimated; keep one
