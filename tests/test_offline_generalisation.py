@@ -164,3 +164,61 @@ def test_notes_stay_dated_sentences() -> None:
 
 def test_offline_model_is_registered() -> None:
     assert omem_core.OFFLINE_MODEL == "omem/extractive"
+
+
+# -- round 2, second pass: clauses, grammatical person, word rarity ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sentence", "pieces"),
+    [
+        ("I ran a charity race in Leeds last Saturday – it was long and exhausting.",
+         ["I ran a charity race in Leeds last Saturday", "it was long and exhausting."]),
+        ("I moved the piano upstairs, but it still sounds out of tune.",
+         ["I moved the piano upstairs", "it still sounds out of tune."]),
+        # no subject of its own after the mark: one piece, so no fragment reads on its own
+        ("This necklace is special to me - a gift from my grandma in Sweden.",
+         ["This necklace is special to me - a gift from my grandma in Sweden."]),
+        ("I started running again - which clears my head before work.",
+         ["I started running again - which clears my head before work."]),
+        ("We bought bread, cheese, and apples for the picnic.", ["We bought bread, cheese, and apples for the picnic."]),
+        ("It rained (we stayed in; it was cold) all weekend.", ["It rained (we stayed in; it was cold) all weekend."]),
+    ],
+)
+def test_clauses_split_only_where_each_reads_on_its_own(sentence: str, pieces: list[str]) -> None:
+    assert [clause for _, clause in algorithm.split_clauses(sentence)] == pieces
+    assert "".join(separator + clause for separator, clause in algorithm.split_clauses(sentence)) == sentence
+
+
+async def test_a_clause_is_kept_without_the_rest_of_its_sentence() -> None:
+    chat = [line(0, "user", "Ann: I ran a charity race in Leeds last Saturday – it was long and hard and tiring but "
+                            "good fun overall for everyone who came along."),
+            line(1, "assistant", "Bea: My brother Piotr fixes old radios in Gdansk.")]
+    text = await observe(chat, 30)
+    assert "- Ann: I ran a charity race in Leeds last Saturday" in text and "tiring" not in text, text
+    assert all(row.endswith(".") for row in text.splitlines() if row.startswith("- ")), text
+
+
+async def test_what_a_speaker_says_of_themselves_beats_what_they_say_of_the_listener() -> None:
+    # Same words, same length: only the grammatical person differs, and the listener's comes first
+    # (it would win a tie).
+    chat = [line(0, "user", "Ann: You keep the old banjo in Hull."), line(1, "assistant", "Bea: I keep the old banjo in Hull.")]
+    text = await observe(chat, 12)
+    assert "Bea: I keep the old banjo" in text and "You keep" not in text, text
+    notes = "1 May 2023\n- Ann: You keep the old banjo in Hull.\n- Bea: I keep the old banjo in Hull.\n- Ann: Noted."
+    merged = reflect("", notes, 14)
+    assert "I keep the old banjo" in merged and "You keep" not in merged, merged
+
+
+def test_rarer_words_weigh_more() -> None:
+    assert algorithm.rarity("time") < algorithm.rarity("journal") < algorithm.rarity("violin") < algorithm.rarity("kundalini")
+    assert algorithm.word_weights("a good time with the violin")["violin"] > algorithm.word_weights("a good time")["time"]
+
+
+async def test_a_sentence_of_specific_words_beats_one_of_common_words_of_the_same_length() -> None:
+    # Three content words each, the same number of characters; the common one first (it would win a tie).
+    common = "Ann: We painted the house and the school."
+    specific = "Bea: We painted the yurts and the kayaks."
+    assert len(common) - len(common.split(":")[0]) == len(specific) - len(specific.split(":")[0])
+    text = await observe([line(0, "user", common), line(1, "assistant", specific)], 12)
+    assert "yurts" in text and "house" not in text, text

@@ -71,9 +71,9 @@ def pooled(results, field: str) -> float:
 def test_locomo_retention_and_compression_targets(locomo) -> None:
     memory, full = pooled(locomo, "retention"), pooled(locomo, "full_history")
     recent = pooled(locomo, "recent_tokens")
-    assert memory >= 0.65, f"retention {memory:.3f}"
+    assert memory >= 0.68, f"retention {memory:.3f}"
     assert memory >= 0.72 * full, f"retention {memory:.3f} is {memory / full:.1%} of full history"
-    assert memory >= 1.5 * recent, f"{memory / recent:.2f}x the recency baseline of equal size"
+    assert memory >= 1.6 * recent, f"{memory / recent:.2f}x the recency baseline of equal size"
     for result in locomo:
         assert result.compression >= 5, f"{result.compression:.1f}x"
         # Far above the window alone on every conversation: memory carries what left the window.

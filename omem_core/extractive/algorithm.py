@@ -3,14 +3,17 @@
 This is a deterministic, model-free baseline, not a language model. It cannot paraphrase,
 infer or answer; it keeps the sentences that look most informative and tidies them:
 
-* **observe**: split each message into sentences, score them (names, numbers, dates, first-person
-  facts, preference/plan/decision verbs score up; greetings, filler and bare questions score
-  down), keep the best ones within the target length, in conversation order, as dated bullets
-  ``- (8 May 2023) Caroline: …``; relative dates ("yesterday", "last Friday", "two weeks ago")
-  get the absolute date from the message's timestamp appended in parentheses;
+* **observe**: split each message into sentences and clauses (a clause that starts with its own
+  subject), tidy them (openers, emoji, caption boilerplate), and keep the ones that add the most
+  new information per token within the target length — each content word counts once, names and
+  numbers most, common English words least (:func:`rarity`), first-person statements up and
+  remarks about the listener, questions and pleasantries down, whoever said them — as dated
+  bullets under ``8 May 2023`` headings, ``- Caroline: …``, in conversation order; relative dates
+  ("yesterday", "last Friday", "two weeks ago") get the absolute date from the message's
+  timestamp appended in parentheses;
 * **reflect**: merge the current reflection's bullets with the new notes, drop near-duplicates
-  (the newer wording wins), then tighten until the result fits the target length: first drop the
-  weakest sentences inside long bullets, then the weakest bullets, older before newer on ties.
+  (the newer wording wins), then, when the result is over the target length, keep the clauses
+  that add the most new information per token the same way, old and new notes alike.
 
 It writes a note for every segment that has a message (the most salient sentence when none
 clears the bar, the message's first words when it has no sentence), and reflects any non-empty
