@@ -467,15 +467,17 @@ def test_launch_an_experiment_then_tune_compare_grid_and_a_trace(db: Path) -> No
     kept = lambda v: v.startswith("kept")  # noqa: E731
     assert len(differing) < len(grid) and all(kept(a) != kept(b) for a, b in zip(differing["obs 150"],
                                                                                  differing["obs 600"]))
-    # Open a cell where obs 600 lost the probe: the explorer opens that run at the step it was lost.
+    # Open a cell where a configuration lost a probe at a known step: the explorer opens that run
+    # at the step it was lost.
     from workbench import app_data
 
     full = app_data.probe_grid(probes, s.experiment_losses(experiment_id), ["obs 150", "obs 600"])
-    row = next(i for i in full.index if not app_data.missing(full.at[i, "obs 600|step"])
-               and full.at[i, "obs 600|score"] < 0.5 and full.at[i, "obs 150|score"] >= 0.5)
-    run_id, step = full.at[row, "obs 600|run"], int(full.at[row, "obs 600|step"])
+    row, lost = next((i, lost) for lost in ("obs 600", "obs 150") for i in full.index
+                     if not app_data.missing(full.at[i, f"{lost}|step"]) and full.at[i, f"{lost}|score"] < 0.5)
+    run_id, step = full.at[row, f"{lost}|run"], int(full.at[row, f"{lost}|step"])
+    at.toggle(key="cmp_xp_differs").set_value(False).run()  # every probe again, not only the differing ones
     at.selectbox(key="cmp_xp_probe").set_value(row)
-    at.selectbox(key="cmp_xp_cell_config").set_value("obs 600").run()
+    at.selectbox(key="cmp_xp_cell_config").set_value(lost).run()
     at.button(key="cmp_xp_open").click().run()
     assert not at.exception, at.exception
     assert at.slider(key=f"ex_step_{run_id}").value == step
