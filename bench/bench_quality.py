@@ -140,6 +140,7 @@ HEURISTICS = {
     "rarity": "common words weigh less (tokenizer vocabulary rank)",
     "person": "first-person sentences 1.3x, about-the-listener 0.5x",
     "clauses": "a clause with its own subject is a unit",
+    "context": "a short sentence pointing back joined to the one before",
     "pleasantries": "sentences with no specific word never picked",
     "split": "no split after abbreviations, initials, list numbers",
     "openers": "openers that can start a phrase kept unless punctuated",

@@ -222,3 +222,26 @@ async def test_a_sentence_of_specific_words_beats_one_of_common_words_of_the_sam
     assert len(common) - len(common.split(":")[0]) == len(specific) - len(specific.split(":")[0])
     text = await observe([line(0, "user", common), line(1, "assistant", specific)], 12)
     assert "yurts" in text and "house" not in text, text
+
+
+@pytest.mark.parametrize(
+    ("sentences", "expected"),
+    [
+        (["We played the final in Hull.", "We won it by a tight score."], ["We played the final in Hull. We won it by a tight score."]),
+        (["I baked a lemon cake.", "That was the best part."], ["I baked a lemon cake. That was the best part."]),
+        (["I baked a lemon cake.", "Did you like it?"], ["I baked a lemon cake.", "Did you like it?"]),  # a question stays apart
+        (["It rained all day in Bergen."], ["It rained all day in Bergen."]),  # nothing before it in the message
+        (["I baked a lemon cake.", "My sister Ines brought the plates and the candles for it."],
+         ["I baked a lemon cake.", "My sister Ines brought the plates and the candles for it."]),  # long: says enough alone
+    ],
+)
+def test_a_short_sentence_pointing_back_keeps_what_it_points_to(sentences: list[str], expected: list[str]) -> None:
+    assert algorithm.with_context(sentences) == expected
+
+
+async def test_a_note_never_keeps_it_without_what_it_is() -> None:
+    # The first sentence is said elsewhere too, so alone "We won it …" would be the cheap new fact.
+    chat = [line(0, "assistant", "Bea: Our team played the regional final in Hull on Sunday."),
+            line(1, "user", "Ann: Our team played the regional final in Hull on Sunday. We won it by a tight score.")]
+    text = await observe(chat, 30)
+    assert all("Sunday. We won it" in row for row in text.splitlines() if "We won it" in row), text

@@ -320,6 +320,26 @@ def rarity(word: str) -> float:
     return 0.5 + 0.5 * min(1.0, max(0.0, position))
 
 
+_BACK_REFERENCE = frozenset(("it", "that", "this", "they", "them", "he", "she", "him", "her", "there", "those", "these",
+                             "it's", "it'll", "that's", "they're", "they've", "he's", "she's", "there's"))
+
+
+def with_context(sentences: list[str]) -> list[str]:
+    """Sentences, each short one that points back ("We won it by a tight score.", "That was the
+    best part.") joined to the sentence before it in the same message, so a note never keeps
+    "it" without what "it" is."""
+    if not on("context"):
+        return sentences
+    out: list[str] = []
+    for sentence in sentences:
+        words = [w.lower().replace("’", "'") for w in _WORD.findall(sentence)]
+        if out and len(words) <= 8 and _BACK_REFERENCE & set(words) and not sentence.rstrip().endswith("?"):
+            out[-1] = f"{out[-1]} {sentence}"
+        else:
+            out.append(sentence)
+    return out
+
+
 def word_weights(sentence: str) -> dict[str, float]:
     """Information carried by each content word: names and numbers weigh most (2.5), then dates
     (1.5), then other words by how specific they are (:func:`rarity`, 0.5–1.2), so a sentence's
@@ -478,7 +498,7 @@ def observe(block: str, target_tokens: int) -> str:
     for index, (day, who, content) in enumerate(messages):
         role, speaker = who.split("|", 1)
         position = 0
-        for number, sentence in enumerate(split_sentences(content)):
+        for number, sentence in enumerate(with_context(split_sentences(content))):
             text = annotate_relative_dates(tidy(sentence), day)
             question = text.rstrip().endswith("?")
             clauses = split_clauses(text)
