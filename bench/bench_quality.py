@@ -214,7 +214,8 @@ def ablation(config: ReplayConfig, locomo: list[Conversation], beam: list[Conver
 
 
 def summary(config: ReplayConfig, locomo: list[Conversation], beam: list[Conversation], max_backlog: int) -> None:
-    f = locomo_figures(locomo, config, cuts=False)
+    f = locomo_figures(locomo, config)
+    c = fairness(f["cut rows"])
     print("== the round-2 figures side by side")
     print(f"LoCoMo   retention {f['retention']:.3f} at {f['compression']:.1f}x (lowest {f['min compression']:.1f}x), "
           f"{f['ratio']:.2f}x the equal-size recency baseline ({f['recent']:.3f})")
@@ -222,6 +223,9 @@ def summary(config: ReplayConfig, locomo: list[Conversation], beam: list[Convers
           f"{f['last third']:.3f} ({f['last third n']}): gap {f['first third'] - f['last third']:+.3f}")
     print(f"         speaker A {f['speaker A']:.3f} ({f['speaker A n']} probes) vs speaker B "
           f"{f['speaker B']:.3f} ({f['speaker B n']}): gap {f['speaker A'] - f['speaker B']:+.3f}")
+    print(f"         over the stopping points: {f['ratio over cuts']:.2f}x recency; first third {c['first third']:.3f} "
+          f"vs last {c['last third']:.3f} ({c['first third'] - c['last third']:+.3f}); speaker A {c['speaker A']:.3f} "
+          f"vs B {c['speaker B']:.3f} ({c['speaker A'] - c['speaker B']:+.3f})")
     for label, ceiling in (("off", None), (f"{max_backlog:,}", max_backlog)):
         b = beam_figures(beam, config, ceiling)
         print(f"BEAM     max_backlog {label:>6}: retention {b['retention']:.3f} at {b['compression']:.1f}x "
