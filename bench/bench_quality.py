@@ -22,12 +22,12 @@ import sys
 from collections import defaultdict
 from dataclasses import replace
 
-from workbench.catalog import shared_datasets_dir
-from workbench.datasets import Conversation, load_dataset
 from omem_core import token_counter
 from omem_core.extractive import algorithm
-from workbench.replay import ReplayConfig, replay
 from omem_core.prompts import render_message_line, unescape_structure
+from workbench.catalog import shared_datasets_dir
+from workbench.datasets import Conversation, load_dataset
+from workbench.replay import ReplayConfig, replay
 from workbench.retention import content_words, newest_tokens, probe_score, render_context
 
 
@@ -63,7 +63,7 @@ def probe_rows(conversation: Conversation, result) -> list[dict]:
         evidence = [e for e in probe.evidence if e in index]
         if score is None or not evidence:
             continue
-        rows.append({"memory": score, "recent": probe_score(probe.gold, recent),
+        rows.append({"probe": f"{conversation.id}/{probe.id}", "memory": score, "recent": probe_score(probe.gold, recent),
                      "position": max(index[e] for e in evidence) / len(conversation.turns),
                      "roles": {role[e] for e in evidence}})
     return rows
@@ -106,16 +106,23 @@ def locomo_figures(conversations: list[Conversation], config: ReplayConfig, *, c
 
 
 def paired_ratio_ci(base: list[dict], other: list[dict], replicates: int = 2000) -> tuple[float, float]:
-    """95% interval of ``ratio(other) - ratio(base)`` over the stopping points, by resampling the
-    same probes for both (rows in the same order: the replays are deterministic)."""
+    """95% interval of ``ratio(other) - ratio(base)`` over the stopping points. What is resampled is
+    the *probe*, with all its rows (one per stopping point that has it), drawn the same for both
+    configurations: a probe's scores at the six points are not independent draws."""
     import numpy as np
 
+    if [r["probe"] for r in base] != [r["probe"] for r in other]:
+        raise ValueError("the two replays scored different probes; they cannot be paired")
+    probes = sorted({r["probe"] for r in base})
+    index = {probe: i for i, probe in enumerate(probes)}
+    totals = np.zeros((4, len(probes)))  # memory and recent of base, then of other, summed per probe
+    for row_a, row_b in zip(base, other):
+        i = index[row_a["probe"]]
+        totals[:, i] += (row_a["memory"], row_a["recent"], row_b["memory"], row_b["recent"])
     rng = np.random.default_rng(20261203)
-    a_mem, a_rec = (np.array([r[k] for r in base]) for k in ("memory", "recent"))
-    b_mem, b_rec = (np.array([r[k] for r in other]) for k in ("memory", "recent"))
-    draws = rng.integers(0, len(base), size=(replicates, len(base)))
-    diffs = b_mem[draws].sum(1) / b_rec[draws].sum(1) - a_mem[draws].sum(1) / a_rec[draws].sum(1)
-    low, high = np.percentile(diffs, [2.5, 97.5])
+    draws = rng.integers(0, len(probes), size=(replicates, len(probes)))
+    a_mem, a_rec, b_mem, b_rec = (totals[k][draws].sum(1) for k in range(4))
+    low, high = np.percentile(b_mem / b_rec - a_mem / a_rec, [2.5, 97.5])
     return float(low), float(high)
 
 
@@ -138,7 +145,6 @@ HEURISTICS = {
     "role_neutral": "assistant lines weigh as much as user lines",
     "position_fair": "reflection weighs old and new notes alike",
     "rarity": "common words weigh less (tokenizer vocabulary rank)",
-    "person": "first-person sentences 1.3x, about-the-listener 0.5x",
     "clauses": "a clause with its own subject is a unit",
     "context": "a short sentence pointing back joined to the one before",
     "pleasantries": "sentences with no specific word never picked",
@@ -323,9 +329,9 @@ if __name__ == "__main__":
     parser.add_argument("--recall-on", choices=("assistant", "every"), default="assistant",
                         help="recall before each assistant message (default) or before every message")
     parser.add_argument("--ablation", action="store_true",
-                        help="also replay with each heuristic of the offline model switched off (about 2 minutes)")
+                        help="also replay with each heuristic of the offline model switched off (about 2 minutes more)")
     parser.add_argument("--frontier", action="store_true",
-                        help="also print what one-shot extraction reaches at each memory size (about 20 s)")
+                        help="also print what one-shot extraction reaches at each memory size (about 25 s more)")
     args = parser.parse_args()
     run(ReplayConfig(observation_threshold=args.observation, reflection_threshold=args.reflection,
                      last_messages=args.window, recall_on=args.recall_on, cache=False),

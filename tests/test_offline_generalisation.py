@@ -166,7 +166,7 @@ def test_offline_model_is_registered() -> None:
     assert omem_core.OFFLINE_MODEL == "omem/extractive"
 
 
-# -- round 2, second pass: clauses, grammatical person, word rarity ------------------------------
+# -- round 2, second pass: clauses, word rarity, context ----------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -197,17 +197,6 @@ async def test_a_clause_is_kept_without_the_rest_of_its_sentence() -> None:
     text = await observe(chat, 30)
     assert "- Ann: I ran a charity race in Leeds last Saturday" in text and "tiring" not in text, text
     assert all(row.endswith(".") for row in text.splitlines() if row.startswith("- ")), text
-
-
-async def test_what_a_speaker_says_of_themselves_beats_what_they_say_of_the_listener() -> None:
-    # Same words, same length: only the grammatical person differs, and the listener's comes first
-    # (it would win a tie).
-    chat = [line(0, "user", "Ann: You keep the old banjo in Hull."), line(1, "assistant", "Bea: I keep the old banjo in Hull.")]
-    text = await observe(chat, 12)
-    assert "Bea: I keep the old banjo" in text and "You keep" not in text, text
-    notes = "1 May 2023\n- Ann: You keep the old banjo in Hull.\n- Bea: I keep the old banjo in Hull.\n- Ann: Noted."
-    merged = reflect("", notes, 14)
-    assert "I keep the old banjo" in merged and "You keep" not in merged, merged
 
 
 def test_rarer_words_weigh_more() -> None:
@@ -245,3 +234,19 @@ async def test_a_note_never_keeps_it_without_what_it_is() -> None:
             line(1, "user", "Ann: Our team played the regional final in Hull on Sunday. We won it by a tight score.")]
     text = await observe(chat, 30)
     assert all("Sunday. We won it" in row for row in text.splitlines() if "We won it" in row), text
+
+
+def test_a_reflection_of_notes_that_add_little_is_never_empty() -> None:
+    assert reflect("", "1 May 2023\n- User: Ann.", 5).strip()
+    assert reflect("1 May 2023\n- User: Ok.", "2 May 2023\n- Assistant: Fine.", 3).strip()
+
+
+def test_pointing_back_joins_one_sentence_not_a_chain() -> None:
+    assert algorithm.with_context(["I baked a cake.", "It was sweet.", "It was tart.", "It was big."]) == [
+        "I baked a cake. It was sweet.", "It was tart. It was big."]
+
+
+def test_words_with_accents_are_words() -> None:
+    assert algorithm.content_words("Zürich café Inês") == ["zürich", "café", "inês"]
+    assert "zürich" in algorithm.word_weights("We moved to Zürich in May") and algorithm.word_weights(
+        "We moved to Zürich in May")["zürich"] == 2.5  # a name, not the fragment "rich"

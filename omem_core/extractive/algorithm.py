@@ -6,8 +6,8 @@ infer or answer; it keeps the sentences that look most informative and tidies th
 * **observe**: split each message into sentences and clauses (a clause that starts with its own
   subject), tidy them (openers, emoji, caption boilerplate), and keep the ones that add the most
   new information per token within the target length — each content word counts once, names and
-  numbers most, common English words least (:func:`rarity`), first-person statements up and
-  remarks about the listener, questions and pleasantries down, whoever said them — as dated
+  numbers most, common English words least (:func:`rarity`), questions and pleasantries down,
+  whoever said them — as dated
   bullets under ``8 May 2023`` headings, ``- Caroline: …``, in conversation order; relative dates
   ("yesterday", "last Friday", "two weeks ago") get the absolute date from the message's
   timestamp appended in parentheses;
@@ -35,6 +35,7 @@ from datetime import date, timedelta
 from collections.abc import Callable
 
 from ..prompts import unescape_structure
+from ..tokens import _encoding
 from .lexicon import ABBREVIATIONS, FILLER_WORDS, GENERIC_WORDS, MONTHS, STOP_WORDS, WEEKDAYS
 
 #: Heuristics switched off, by name (empty in normal use). Only ``bench/bench_quality.py
@@ -49,7 +50,7 @@ _HEADER = re.compile(
     r"^\[(?P<y>\d{4})-(?P<m>\d{2})-(?P<d>\d{2})[^\]]*\]\s+(?P<role>[a-z]+):\s?(?P<content>.*)$"
 )
 _SPEAKER = re.compile(r"^(?P<name>[A-Z][\w'’.-]*(?: [A-Z][\w'’.-]*){0,2}):\s+(?P<rest>.+)$")
-_WORD = re.compile(r"[A-Za-z][A-Za-z'’-]*|\d+(?:[.,:/]\d+)*")
+_WORD = re.compile(r"[^\W\d_](?:[^\W\d_]|['’-])*|\d+(?:[.,:/]\d+)*")  # "Zürich", "Inês", "mom's", 4.5
 _TARGET = re.compile(r"Target length: at most (\d+) tokens")
 _BULLET = re.compile(r"^-\s+(?:\((?P<date>[^)]*)\)\s+)?(?P<body>.+)$")
 _DATE_HEADING = re.compile(r"^(?:#+\s*)?(?:\*\*)?(?P<date>\d{1,2} [A-Z][a-z]+ \d{4}):?(?:\*\*)?:?$")
@@ -271,9 +272,10 @@ def split_clauses(sentence: str) -> list[tuple[str, str]]:
         left, right = sentence[start:boundary.start()], sentence[boundary.end():]
         if len(_WORD.findall(left)) < 3 or len(_WORD.findall(right)) < 3:
             continue
-        if sentence.count("(", 0, boundary.start()) > sentence.count(")", 0, boundary.start()):
-            continue  # inside parentheses: "(the week of 24 April 2023)"
-        if sentence.count('"', 0, boundary.start()) % 2:
+        before = sentence[:boundary.start()]
+        if before.count("(") > before.count(")") or before.count("[") > before.count("]"):
+            continue  # inside brackets: "(the week of 24 April 2023)", "[image: …; …]"
+        if before.count('"') % 2 or before.count("“") > before.count("”"):
             continue  # inside a quotation
         pieces.append((separator, left))
         start, separator = boundary.end(), boundary.group()
@@ -284,13 +286,13 @@ def split_clauses(sentence: str) -> list[tuple[str, str]]:
 _END = re.compile(r"(?:[.!?…]['\"”’)\]]*|\])$")
 
 
-def join_clauses(pieces: list[tuple[int, int, str, str, bool]]) -> str:
-    """Render chosen ``(sentence, clause, separator before, text, last of its sentence)`` pieces
+def join_clauses(pieces: list[tuple[int, int, str, str]]) -> str:
+    """Render chosen ``(sentence, clause, separator before, text)`` pieces
     in order: neighbouring clauses of one sentence keep their separator; a run that stops before
     its sentence's end gets a full stop, and one that starts after its sentence's start a capital."""
     out: list[str] = []
     previous: tuple[int, int] | None = None
-    for sentence, clause, separator, text, last in pieces:
+    for sentence, clause, separator, text in pieces:
         if previous is not None and previous == (sentence, clause - 1):
             out[-1] = out[-1] + separator + text
         else:
@@ -303,16 +305,32 @@ def join_clauses(pieces: list[tuple[int, int, str, str, bool]]) -> str:
     return " ".join(out)
 
 
+@functools.cache
+def _vocabulary():  # type: ignore[no-untyped-def]
+    """cl100k's encoder, or None when it cannot be loaded (no cached file and no network)."""
+    try:
+        return _encoding("cl100k_base")
+    except RuntimeError:
+        return None
+
+
 @functools.lru_cache(maxsize=65536)
 def rarity(word: str) -> float:
     """How specific an English word is (0.5–1.2), from the tokenizer's vocabulary: cl100k merges
     frequent words first, so a word's token id grows as it gets rarer ("time" 892 → 0.5,
     "journal" 8486 → 0.8, "violin" 63137 → 1.0), and a word it splits into pieces ("lasagna",
     "kundalini") is rarer still (1.2). A general English frequency scale, not a word list, and
-    not read from any conversation."""
-    from ..tokens import _encoding
-
-    ids = _encoding("cl100k_base").encode_ordinary(" " + word)
+    not read from any conversation. "mom's" weighs as "mom", "well-known" as its rarer part. When
+    the vocabulary cannot be loaded (tiktoken has no cached cl100k and no network; omem points
+    tiktoken at the copy litellm ships), every word weighs 1."""
+    vocabulary = _vocabulary()
+    if vocabulary is None:
+        return 1.0
+    word = re.sub(r"['’]s$", "", word)
+    parts = [part for part in re.split(r"['’-]", word) if part]
+    if len(parts) > 1:
+        return max(rarity(part) for part in parts)
+    ids = vocabulary.encode_ordinary(" " + (parts[0] if parts else word))
     if len(ids) > 1:
         return 1.2
     # log10(id) from 3 (the ~1,000 most common) to 4.5 (~30,000th) maps to 0.5 .. 1.0
@@ -331,12 +349,16 @@ def with_context(sentences: list[str]) -> list[str]:
     if not on("context"):
         return sentences
     out: list[str] = []
+    joined = False  # the last sentence of ``out`` already has one joined to it: no chains
     for sentence in sentences:
         words = [w.lower().replace("’", "'") for w in _WORD.findall(sentence)]
-        if out and len(words) <= 8 and _BACK_REFERENCE & set(words) and not sentence.rstrip().endswith("?"):
+        if (out and not joined and len(words) <= 8 and _BACK_REFERENCE & set(words)
+                and not sentence.rstrip().endswith("?")):
             out[-1] = f"{out[-1]} {sentence}"
+            joined = True
         else:
             out.append(sentence)
+            joined = False
     return out
 
 
@@ -409,22 +431,6 @@ def greedy_cover(units: list[tuple[dict[str, float], int, float]], budget: int,
 
 
 _FIRST_PERSON = frozenset(("i", "my", "me", "mine", "i'm", "i've", "i'll", "i'd", "we", "our", "us", "we're", "we've"))
-_SECOND_PERSON = frozenset(("you", "your", "yours", "you're", "you've", "you'll", "you'd", "ya", "yourself"))
-
-
-def person_multiplier(text: str) -> float:
-    """What a sentence's grammatical person says about its worth as a fact: speakers state facts
-    about themselves ("I started pottery classes", 1.3x), while a sentence about the listener and
-    not the speaker is mostly a reaction ("That sounds like a great trip for you!", 0.5x)."""
-    if not on("person"):
-        return 1.0
-    persons = {w.lower().replace("’", "'") for w in _WORD.findall(text)}
-    if persons & _FIRST_PERSON:
-        return 1.3
-    if persons & _SECOND_PERSON:
-        return 0.5
-    return 1.0
-
 
 # -- observe --------------------------------------------------------------------------------
 
@@ -439,7 +445,6 @@ class _Candidate:
     sentence: int = 0
     clause: int = 0
     separator: str = ""
-    last: bool = True
     question: bool = False
 
 
@@ -504,14 +509,13 @@ def observe(block: str, target_tokens: int) -> str:
             clauses = split_clauses(text)
             for part, (separator, clause) in enumerate(clauses):
                 candidates.append(_Candidate(index, position, clause, sentence_score(clause, role=role),
-                                             estimate_tokens(clause) + 1, number, part, separator,
-                                             part == len(clauses) - 1, question))
+                                             estimate_tokens(clause) + 1, number, part, separator, question))
                 position += 1
     # Information-per-token greedy selection: speakers' names are in every bullet already.
     speakers = {word.lower() for _, who, _ in messages for word in who.split("|", 1)[1].split()}
     units = []
     for candidate in candidates:
-        multiplier = (0.5 if candidate.question else 1.0) * person_multiplier(candidate.text)
+        multiplier = 0.5 if candidate.question else 1.0
         if messages[candidate.message][1].startswith("assistant|") and not on("role_neutral"):
             multiplier *= 0.8
         if candidate.score <= 0:
@@ -522,16 +526,17 @@ def observe(block: str, target_tokens: int) -> str:
     chosen = [candidates[i] for i in greedy_cover(units, target_tokens, speakers)]
     if not chosen and candidates:  # nothing clears the bar: the most salient sentence, cut to fit
         best = max(candidates, key=lambda c: (c.score, -c.message, -c.position))
-        chosen = [_Candidate(best.message, best.position, first_words(best.text, target_tokens), best.score, best.cost)]
+        cut = first_words(best.text, target_tokens)
+        chosen = [_Candidate(best.message, best.position, cut if cut == best.text else f"{cut}…", best.score, best.cost)]
     if not chosen:  # no sentence at all (empty or unreadable messages): say so, never nothing
         if messages:
             day, who, content = messages[0]
             return render_dated([(human_date(day), f"{who.split('|', 1)[1]}: {first_words(content, target_tokens) or '(an empty message)'}")])
         lines = [line.strip() for line in block.splitlines() if line.strip()]
         return f"- {first_words(lines[0], target_tokens)}" if lines else ""
-    bullets: dict[int, list[tuple[int, int, str, str, bool]]] = {}
+    bullets: dict[int, list[tuple[int, int, str, str]]] = {}
     for c in sorted(chosen, key=lambda c: (c.message, c.position)):
-        bullets.setdefault(c.message, []).append((c.sentence, c.clause, c.separator, c.text, c.last))
+        bullets.setdefault(c.message, []).append((c.sentence, c.clause, c.separator, c.text))
     dated = [(human_date(messages[index][0]), f"{messages[index][1].split('|', 1)[1]}: {join_clauses(pieces)}")
              for index, pieces in bullets.items()]
     return render_dated(dated)
@@ -640,17 +645,16 @@ def reflect(reflection: str, observations: str, target_tokens: int) -> str:
         # is charged once, to its first kept sentence); newer bullets weigh a little more (the
         # newest fact wins); the result stays in conversation order.
         pieces: list[tuple[int, str, str]] = []  # (bullet index, head, clause)
-        parts: list[tuple[int, int, str, str, bool]] = []  # per piece: for join_clauses
+        parts: list[tuple[int, int, str, str]] = []  # per piece: for join_clauses
         for index, bullet in enumerate(merged):
             head, sentences = _body_sentences(bullet.body)
             for number, sentence in enumerate(sentences or [bullet.body]):
                 clauses = split_clauses(sentence)
                 for part, (separator, clause) in enumerate(clauses):
                     pieces.append((index, head, clause))
-                    parts.append((number, part, separator, clause, part == len(clauses) - 1))
+                    parts.append((number, part, separator, clause))
         units = [(word_weights(sentence), estimate_tokens(sentence) + 1 + estimate_tokens(head) // 2,
-                  (1.0 if on("position_fair") else 1.0 + 0.5 * merged[index].order / newest)
-                  * person_multiplier(sentence))
+                  1.0 if on("position_fair") else 1.0 + 0.5 * merged[index].order / newest)
                  for index, head, sentence in pieces]
         candidates = merged
 
@@ -665,6 +669,8 @@ def reflect(reflection: str, observations: str, target_tokens: int) -> str:
             ]
 
         picked = greedy_cover(units, int(budget * 0.93))
+        if not picked:  # no clause adds enough ("- User: Ann."): the newest, never nothing
+            picked = [len(pieces) - 1]
 
         merged = rebuild(picked)
         while size() > budget and len(picked) > 1:  # headings cost a little more than estimated; keep one
