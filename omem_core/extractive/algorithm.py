@@ -209,7 +209,6 @@ def tidy(sentence: str) -> str:
     return text.strip()
 
 
-
 _BOUNDARY = re.compile(r"[.!?]+[\"'”’)\]]*\s+(?=[\"'“(\[]?[A-Z0-9])|\s+/\s+")
 _LAST_TOKEN = re.compile(r"(\S+)$")
 
@@ -247,9 +246,6 @@ def split_sentences(text: str) -> list[str]:
         start = boundary.end()
     pieces.append(text[start:])
     return [p.strip() for p in pieces if p and p.strip()]
-
-
-
 
 
 # A clause boundary inside a sentence: a semicolon, a spaced dash or ", and/but/so" before a clause
