@@ -250,3 +250,8 @@ def test_words_with_accents_are_words() -> None:
     assert algorithm.content_words("Zürich café Inês") == ["zürich", "café", "inês"]
     assert "zürich" in algorithm.word_weights("We moved to Zürich in May") and algorithm.word_weights(
         "We moved to Zürich in May")["zürich"] == 2.5  # a name, not the fragment "rich"
+
+
+async def test_a_joined_sentence_loses_its_opener_too() -> None:
+    text = await observe([line(0, "user", "Ann: I'm a big fan of pottery in Leeds. Plus, making it is so calming.")], 200)
+    assert "pottery in Leeds. Making it is so calming." in text and "Plus" not in text, text

@@ -499,8 +499,8 @@ def observe(block: str, target_tokens: int) -> str:
     for index, (day, who, content) in enumerate(messages):
         role, speaker = who.split("|", 1)
         position = 0
-        for number, sentence in enumerate(with_context(split_sentences(content))):
-            text = annotate_relative_dates(tidy(sentence), day)
+        for number, sentence in enumerate(with_context([tidy(s) for s in split_sentences(content)])):
+            text = annotate_relative_dates(sentence, day)
             question = text.rstrip().endswith("?")
             clauses = split_clauses(text)
             for part, (separator, clause) in enumerate(clauses):
