@@ -4,13 +4,13 @@ This is a deterministic, model-free baseline, not a language model. It cannot pa
 infer or answer; it keeps the sentences that look most informative and tidies them:
 
 * **observe**: split each message into sentences and clauses (a clause that starts with its own
-  subject), tidy them (openers, emoji, caption boilerplate), and keep the ones that add the most
-  new information per token within the target length — each content word counts once, names and
-  numbers most, common English words least (:func:`rarity`), questions and pleasantries down,
-  whoever said them — as dated
-  bullets under ``8 May 2023`` headings, ``- Caroline: …``, in conversation order; relative dates
-  ("yesterday", "last Friday", "two weeks ago") get the absolute date from the message's
-  timestamp appended in parentheses;
+  subject), tidy them (openers, emoji, caption boilerplate), keep a short sentence that points
+  back with the one before it, and keep the pieces that add the most new information per token
+  within the target length — each content word counts once, names and numbers most, common
+  English words least (:func:`rarity`), questions and pleasantries down, whoever said them — as
+  dated bullets under ``8 May 2023`` headings, ``- Caroline: …``, in conversation order;
+  relative dates ("yesterday", "last Friday", "two weeks ago") get the absolute date from the
+  message's timestamp appended in parentheses;
 * **reflect**: merge the current reflection's bullets with the new notes, drop near-duplicates
   (the newer wording wins), then, when the result is over the target length, keep the clauses
   that add the most new information per token the same way, old and new notes alike.
@@ -283,9 +283,9 @@ _END = re.compile(r"(?:[.!?…]['\"”’)\]]*|\])$")
 
 
 def join_clauses(pieces: list[tuple[int, int, str, str]]) -> str:
-    """Render chosen ``(sentence, clause, separator before, text)`` pieces
-    in order: neighbouring clauses of one sentence keep their separator; a run that stops before
-    its sentence's end gets a full stop, and one that starts after its sentence's start a capital."""
+    """Render chosen ``(sentence, clause, separator before, text)`` pieces in order: neighbouring
+    clauses of one sentence keep their separator; a run that stops before its sentence's end gets
+    a full stop, and one that starts after its sentence's start a capital."""
     out: list[str] = []
     previous: tuple[int, int] | None = None
     for sentence, clause, separator, text in pieces:
@@ -637,9 +637,10 @@ def reflect(reflection: str, observations: str, target_tokens: int) -> str:
 
     newest = max((b.order for b in merged), default=0) or 1
     if size() > budget:
-        # Keep the sentences that add the most new information per token (each bullet's speaker
-        # is charged once, to its first kept sentence); newer bullets weigh a little more (the
-        # newest fact wins); the result stays in conversation order.
+        # Keep the clauses that add the most new information per token (each bullet's speaker is
+        # charged half to every kept clause); old and new notes weigh alike (``position_fair``:
+        # the newest wording of a fact already won in the de-duplication above); the result stays
+        # in conversation order.
         pieces: list[tuple[int, str, str]] = []  # (bullet index, head, clause)
         parts: list[tuple[int, int, str, str]] = []  # per piece: for join_clauses
         for index, bullet in enumerate(merged):
