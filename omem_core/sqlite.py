@@ -98,6 +98,24 @@ def _micros(value: datetime) -> int:
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
+def use_wal(con: sqlite3.Connection, wait_s: float = 30.0) -> None:
+    """Put ``con``'s database in WAL mode (stored in the file: a no-op once done).
+
+    Processes that open the same new file at once all try this switch, and SQLite fails it at once
+    with "database is locked" for all but one — it does not wait on the busy timeout there — so it
+    is retried until ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            if con.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                con.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
 class _Database:
     """One connection per store object, serialised by a lock; the schema migrated on open."""
 
@@ -105,18 +123,22 @@ class _Database:
         self.path = str(path)
         self.lock = threading.Lock()
         self.con = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
-        self.con.execute("PRAGMA journal_mode=WAL")
+        use_wal(self.con)
         self.con.execute("PRAGMA synchronous=NORMAL")
         self.con.execute("PRAGMA busy_timeout=30000")
         self.migrate()
 
     def migrate(self) -> None:
+        """Apply the migrations this file lacks. The version is read again under the write lock:
+        another process opening the same file may have applied them meanwhile."""
         with self.lock:
-            version = self.con.execute("PRAGMA user_version").fetchone()[0]
             for number, script in enumerate(_MIGRATIONS, start=1):
-                if number <= version:
+                if number <= self.con.execute("PRAGMA user_version").fetchone()[0]:
                     continue
                 self.con.execute("BEGIN IMMEDIATE")
+                if number <= self.con.execute("PRAGMA user_version").fetchone()[0]:
+                    self.con.execute("COMMIT")  # applied by another process while we waited
+                    continue
                 try:
                     for statement in filter(str.strip, script.split(";")):
                         self.con.execute(statement)

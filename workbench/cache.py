@@ -44,31 +44,21 @@ def default_cache_path() -> Path:
     return default_cache_dir() / CACHE_FILE_NAME
 
 
-CONNECT_WAIT_S = 30.0
-
-
 def _connect(path: Path) -> sqlite3.Connection:
-    """A connection to the cache file, created in WAL mode if new.
+    """A connection to the cache file, created in WAL mode if new (an experiment's workers may
+    create the same file at once: :func:`omem_core.sqlite.use_wal` waits for each other)."""
+    from omem_core.sqlite import use_wal  # here, not at import: quick CLI paths never load omem_core
 
-    Several processes may create the same file at once (an experiment's workers start together).
-    Switching a new file to WAL can fail at once with "database is locked" while another process
-    is doing the same — SQLite does not wait on its busy timeout there — so that step is retried
-    until ``CONNECT_WAIT_S``; WAL mode is then stored in the file, and later connections skip it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    con = sqlite3.connect(path, timeout=CONNECT_WAIT_S, isolation_level=None)
-    deadline = time.monotonic() + CONNECT_WAIT_S
-    while True:
-        try:
-            if con.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
-                con.execute("PRAGMA journal_mode=WAL")
-            con.execute("CREATE TABLE IF NOT EXISTS cache (key TEXT PRIMARY KEY, value TEXT NOT NULL, "
-                        "created REAL NOT NULL, ttl REAL)")
-            return con
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) and "busy" not in str(exc) or time.monotonic() > deadline:
-                con.close()
-                raise
-            time.sleep(0.02)
+    con = sqlite3.connect(path, timeout=30, isolation_level=None)
+    try:
+        use_wal(con)
+        con.execute("CREATE TABLE IF NOT EXISTS cache (key TEXT PRIMARY KEY, value TEXT NOT NULL, "
+                    "created REAL NOT NULL, ttl REAL)")
+    except sqlite3.Error:
+        con.close()
+        raise
+    return con
 
 
 def prepare_cache(folder: str | Path | None = None) -> Path:
