@@ -9,8 +9,8 @@ context size), overall and per category. Then, side by side: LoCoMo retention of
 the first vs the last third of each conversation and of facts said by speaker A vs speaker B, and
 the BEAM chats' blind spot (backlog outside the window) with and without ``max_backlog``.
 ``--ablation`` replays LoCoMo and BEAM once per heuristic of the offline model switched off;
-``--frontier`` prints what one-shot sentence extraction reaches at each memory size, the ceiling
-the observe/reflect cascade of this model works under.
+``--frontier`` prints what the same sentence selection keeps at each memory size when run once
+over a whole conversation (no observe/reflect cascade): not a bound, a reference line.
 Nothing here reads probes while compacting.
 """
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import multiprocessing
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -135,3 +136,25 @@ def shared_datasets() -> Path:
 
 
 __all__ = ["Scripted", "msg", "ones", "omem_core"]
+
+
+def run_together(action: Callable[[], object], workers: int = 8) -> list[str]:
+    """Fork ``workers`` processes that all run ``action`` at the same moment (behind a barrier):
+    what each reported, ``"ok"`` or the ``repr`` of its exception. For races on first use."""
+    context = multiprocessing.get_context("fork")
+    barrier, results = context.Barrier(workers), context.Queue()
+
+    def worker() -> None:
+        barrier.wait()
+        try:
+            action()
+            results.put("ok")
+        except Exception as exc:  # noqa: BLE001 - reported to the test
+            results.put(repr(exc))
+
+    processes = [context.Process(target=worker) for _ in range(workers)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(60)
+    return [results.get(timeout=5) for _ in processes]

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import msg, ones
+from conftest import msg, ones, run_together
 
 from omem_core import create_observational_memory_store
 from omem_core.sqlite import SQLiteMemoryStore, SQLiteObservationStore
@@ -217,31 +217,16 @@ async def test_a_delete_is_not_undone_by_another_process_in_flight_pass(tmp_path
     assert all("secret" not in m.content for m in got)
 
 
-def _open_after(barrier, path: str, results) -> None:  # a worker of the test below
-    barrier.wait()
-    try:
-        SQLiteMemoryStore(path).close()
-        SQLiteObservationStore(path).close()
-        results.put("ok")
-    except Exception as exc:  # noqa: BLE001 - reported to the test
-        results.put(repr(exc))
-
-
 def test_processes_opening_one_new_file_at_once_all_open_it(tmp_path) -> None:
     """Hosts started together open the same new file: each switches it to WAL and migrates it. Both
     steps raced — "database is locked" from the WAL switch, "duplicate column" from a migration
     applied twice — and failed 19 starts of 8 processes out of 20; the version is now read again
     under the write lock and the switch retried."""
-    import multiprocessing
+    def open_both(path: str) -> None:
+        SQLiteMemoryStore(path).close()
+        SQLiteObservationStore(path).close()
 
-    context = multiprocessing.get_context("fork")
     for trial in range(10):
-        barrier, results = context.Barrier(8), context.Queue()
-        workers = [context.Process(target=_open_after, args=(barrier, str(tmp_path / f"{trial}.db"), results))
-                   for _ in range(8)]
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join(60)
-        outcomes = [results.get(timeout=5) for _ in workers]
+        path = str(tmp_path / f"{trial}.db")
+        outcomes = run_together(lambda: open_both(path))
         assert outcomes == ["ok"] * 8, outcomes

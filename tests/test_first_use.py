@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import run_together
 
 from workbench.cli import cli
 from workbench.datasets import load_conversation
@@ -53,36 +54,16 @@ def test_the_cache_is_chosen_per_run_not_once_per_process(tmp_path) -> None:
     assert (tmp_path / "b" / "litellm-cache.sqlite").exists()
 
 
-def _prepare_after(barrier, folder: str, results) -> None:  # a worker of the test below
-    from workbench.cache import prepare_cache
-
-    barrier.wait()
-    try:
-        prepare_cache(folder)
-        results.put("ok")
-    except Exception as exc:  # noqa: BLE001 - reported to the test
-        results.put(repr(exc))
-
-
 def test_workers_that_create_one_cache_at_once_all_get_it(tmp_path) -> None:
     """An experiment's workers start together and all create the same new cache file. Switching
     it to WAL mode fails at once with "database is locked" for all but one of them unless it is
     retried: about one start in ten failed before (a worker reported the cache folder as not
     writable), so this starts 8 workers together 20 times."""
-    import multiprocessing
+    from workbench.cache import prepare_cache  # loaded before the fork, so no child imports anything
 
-    import workbench.cache  # noqa: F401 - loaded before the fork, so no child imports anything
-
-    context = multiprocessing.get_context("fork")
     for trial in range(20):
-        barrier, results = context.Barrier(8), context.Queue()
-        workers = [context.Process(target=_prepare_after, args=(barrier, str(tmp_path / str(trial)), results))
-                   for _ in range(8)]
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join(60)
-        outcomes = [results.get(timeout=5) for _ in workers]
+        folder = tmp_path / str(trial)
+        outcomes = run_together(lambda: prepare_cache(folder))
         assert outcomes == ["ok"] * 8, outcomes
 
 
