@@ -10,8 +10,10 @@ the first vs the last third of each conversation and of facts said by speaker A 
 the BEAM chats' blind spot (backlog outside the window) with and without ``max_backlog``.
 ``--ablation`` replays LoCoMo and BEAM once per heuristic of the offline model switched off;
 ``--frontier`` prints what the same sentence selection keeps at each memory size when run once
-over a whole conversation (no observe/reflect cascade): not a bound, a reference line.
-Nothing here reads probes while compacting.
+over a whole conversation (no observe/reflect cascade): not a bound, a reference line; beside it
+the same selection told which words the gold answers hold (answer-aware), the one place here that
+reads probes while compacting, as a reference for how much of the gap is choosing what to keep.
+Nothing else here reads probes while compacting.
 """
 
 from __future__ import annotations
@@ -154,33 +156,53 @@ HEURISTICS = {
 }
 
 
+def answer_weights(conversation: Conversation) -> dict[str, float]:
+    """Each gold answer's content words, weighing 10 split among the words of its answer: what an
+    observer would weigh if it knew every question that will be asked (a reference, never a model)."""
+    weights: dict[str, float] = defaultdict(float)
+    for probe in conversation.probes:
+        words = content_words(probe.gold) if probe.gold and probe.evidence else set()
+        for word in words:
+            weights[word] += 10.0 / len(words)
+    return weights
+
+
 def frontier(config: ReplayConfig, locomo: list[Conversation]) -> None:
     """What sentence extraction of this kind can reach at each memory size, without the
     observe/reflect cascade: the offline observer run once over each whole conversation (all but
     the window) at a given target, the window added, scored like a replay and against the
-    equal-size recency baseline. The replays at several thresholds are printed beside it: their
-    distance to the one-shot line is what the cascade costs."""
+    equal-size recency baseline; beside it the same selection with each word weighed by the gold
+    answers instead (*answer-aware*: it reads the probes, so it is a reference for how much of the
+    gap is what to keep rather than how notes are written, not a model). The replays at several
+    thresholds are printed below: their distance to the one-shot line is what the cascade costs."""
     count = token_counter("heuristic")
     print("== what one-shot extraction reaches at each size (LoCoMo dev; the offline observer over the whole history)")
-    print(f"{'target':>8} {'compr':>6} {'ret':>6} {'recent':>6} {'ratio':>6}")
+    print(f"{'target':>8} {'compr':>6} {'ret':>6} {'recent':>6} {'ratio':>6}   answer-aware: {'compr':>6} {'ret':>6} {'ratio':>6}")
     for budget in (1000, 1500, 2000, 2500, 3000, 4000):
-        scores, recents, compressions = [], [], []
-        for conversation in locomo:
-            history = [t.to_message(conversation.id) for t in conversation.turns]
-            window = history[-config.last_messages:]
-            block = "\n".join(render_message_line(m) for m in history[:-config.last_messages])
-            notes = unescape_structure(algorithm.observe(block, budget))
-            size = count([notes])[0] + sum(count([m.content for m in window]))
-            compressions.append(sum(count([m.content for m in history])) / size)
-            visible = content_words(notes + "\n" + render_context(window))
-            recent = content_words(render_context(newest_tokens(history, size, count)))
-            for probe in conversation.probes:
-                score = probe_score(probe.gold, visible)
-                if score is not None and probe.evidence:
-                    scores.append(score)
-                    recents.append(probe_score(probe.gold, recent))
-        print(f"{budget:>8,} {mean(compressions):>5.1f}x {mean(scores):>6.3f} {mean(recents):>6.3f} "
-              f"{mean(scores) / mean(recents):>5.2f}x")
+        line = f"{budget:>8,}"
+        for aware in (False, True):
+            scores, recents, compressions = [], [], []
+            for conversation in locomo:
+                history = [t.to_message(conversation.id) for t in conversation.turns]
+                window = history[-config.last_messages:]
+                block = "\n".join(render_message_line(m) for m in history[:-config.last_messages])
+                gold = answer_weights(conversation)
+                weigh = (lambda sentence, gold=gold: {w: gold[w] for w in content_words(sentence) if w in gold}) if aware else None
+                notes = unescape_structure(algorithm.observe(block, budget, weigh=weigh))
+                size = count([notes])[0] + sum(count([m.content for m in window]))
+                compressions.append(sum(count([m.content for m in history])) / size)
+                visible = content_words(notes + "\n" + render_context(window))
+                recent = content_words(render_context(newest_tokens(history, size, count)))
+                for probe in conversation.probes:
+                    score = probe_score(probe.gold, visible)
+                    if score is not None and probe.evidence:
+                        scores.append(score)
+                        recents.append(probe_score(probe.gold, recent))
+            if aware:
+                line += f"                 {mean(compressions):>5.1f}x {mean(scores):>6.3f} {mean(scores) / mean(recents):>5.2f}x"
+            else:
+                line += f" {mean(compressions):>5.1f}x {mean(scores):>6.3f} {mean(recents):>6.3f} {mean(scores) / mean(recents):>5.2f}x"
+        print(line)
     print("replays (observe/reflect cascade) at other thresholds, window unchanged:")
     for observation, reflection in ((500, 1000), (1000, 2000), (1500, 3000), (2000, 4000)):
         f = locomo_figures(locomo, replace(config, observation_threshold=observation, reflection_threshold=reflection),
@@ -331,7 +353,7 @@ if __name__ == "__main__":
     parser.add_argument("--ablation", action="store_true",
                         help="also replay with each heuristic of the offline model switched off (about 2 minutes more)")
     parser.add_argument("--frontier", action="store_true",
-                        help="also print what one-shot extraction reaches at each memory size (about 25 s more)")
+                        help="also print what one-shot extraction reaches at each memory size, and the same selection told the answers (about 15 s more)")
     args = parser.parse_args()
     run(ReplayConfig(observation_threshold=args.observation, reflection_threshold=args.reflection,
                      last_messages=args.window, recall_on=args.recall_on, cache=False),

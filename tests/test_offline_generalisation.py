@@ -15,7 +15,7 @@ import omem_core
 from omem_core import Message
 from omem_core.extractive import algorithm
 from omem_core.extractive.algorithm import reflect, split_sentences, tidy
-from omem_core.prompts import OBSERVER_PROMPT, render_observer_input
+from omem_core.prompts import OBSERVER_PROMPT, render_message_line, render_observer_input
 
 from conftest import T0
 
@@ -255,3 +255,15 @@ def test_words_with_accents_are_words() -> None:
 async def test_a_joined_sentence_loses_its_opener_too() -> None:
     text = await observe([line(0, "user", "Ann: I'm a big fan of pottery in Leeds. Plus, making it is so calming.")], 200)
     assert "pottery in Leeds. Making it is so calming." in text and "Plus" not in text, text
+
+
+def test_observe_can_be_told_what_each_word_is_worth() -> None:
+    # The research hook behind the bench's answer-aware line: the same selection, other weights.
+    block = "\n".join(render_message_line(m) for m in [
+        line(0, "user", "Ann: We painted the yurts and the kayaks in Oslo."),
+        line(1, "assistant", "Bea: I play the violin."),
+    ])
+    default = algorithm.observe(block, 12)
+    told = algorithm.observe(block, 12, weigh=lambda sentence: {"violin": 10.0} if "violin" in sentence else {})
+    assert "yurts" in default and "violin" not in default, default
+    assert "violin" in told and "yurts" not in told, told

@@ -492,8 +492,12 @@ def parse_messages(block: str) -> list[tuple[date, str, str]]:
     return parsed
 
 
-def observe(block: str, target_tokens: int) -> str:
-    """Dated bullets of the most salient sentences of ``block`` within ``target_tokens``."""
+def observe(block: str, target_tokens: int, *, weigh: Callable[[str], dict[str, float]] | None = None) -> str:
+    """Dated bullets of the most salient sentences of ``block`` within ``target_tokens``.
+
+    ``weigh`` replaces :func:`word_weights` (a sentence's words and what each is worth) for
+    research: ``bench/bench_quality.py --frontier`` passes the gold answers' words to see what
+    the same selection keeps when it knows what will be asked."""
     messages = parse_messages(block)
     candidates: list[_Candidate] = []
     for index, (day, who, content) in enumerate(messages):
@@ -518,7 +522,7 @@ def observe(block: str, target_tokens: int) -> str:
             multiplier *= 0.3
         if on("pleasantries") and _pleasantry(candidate.text):
             multiplier = 0.0  # "See ya later!": kept only when nothing else is said
-        units.append((word_weights(candidate.text), candidate.cost + 3, multiplier))
+        units.append(((weigh or word_weights)(candidate.text), candidate.cost + 3, multiplier))
     chosen = [candidates[i] for i in greedy_cover(units, target_tokens, speakers)]
     if not chosen and candidates:  # nothing clears the bar: the most salient sentence, cut to fit
         best = max(candidates, key=lambda c: (c.score, -c.message, -c.position))
