@@ -29,7 +29,9 @@ Across hosts (see ``docs/storage.md``):
   (and the delete removes its record) or sees the row gone and saves nothing.
 
 An unreachable database is a :class:`DatabaseUnavailableError` naming the host, port and
-database (never the password); every write is one transaction, so nothing is half-saved.
+database (never the password); every write is one transaction, so nothing is half-saved. Once
+the server is back, a pool still waiting out its reconnect back-off is replaced by a fresh one, so
+the store's first call after an outage works.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from typing import Any
 try:
     import psycopg
     from psycopg.conninfo import conninfo_to_dict
-    from psycopg_pool import AsyncConnectionPool, PoolTimeout
+    from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("omem_core.postgres needs psycopg 3 and psycopg-pool: "
                       "pip install 'omem[postgres]' (or: pip install 'psycopg[binary]' psycopg-pool)") from exc
@@ -184,6 +186,7 @@ class _Database:
         self._migrated = False
         self._closed = False
         self._sentinel: asyncio.Task | None = None
+        self._in_use: dict[int, int] = {}  # id(pool) -> connections of that pool this store holds
 
     def q(self, text: str) -> str:
         return text.replace("{s}", self.prefix)
@@ -238,23 +241,56 @@ class _Database:
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[psycopg.AsyncConnection]:
-        pool = await self.pool()
-        try:
-            async with pool.connection() as con:
-                yield con
-        except (PoolTimeout, psycopg.OperationalError) as exc:
-            if not _connection_failure(exc):
-                raise
-            if isinstance(exc, PoolTimeout):  # say why: try once ourselves
-                try:
-                    con = await psycopg.AsyncConnection.connect(self._dsn, **self._connect)
-                except psycopg.OperationalError as direct:
-                    raise self.unavailable(direct) from None
-                await con.close()
-                raise DatabaseUnavailableError(
-                    f"PostgreSQL at {self.where}: no pooled connection within {self._timeout:g} s "
-                    f"(pool max_size {self._sizes[1]}); nothing of this call was saved") from None
-            raise self.unavailable(exc) from None
+        replaced = False
+        while True:
+            pool = await self.pool()
+            entered = False
+            try:
+                async with pool.connection() as con:
+                    entered = True
+                    self._in_use[id(pool)] = self._in_use.get(id(pool), 0) + 1
+                    try:
+                        yield con
+                    finally:
+                        self._in_use[id(pool)] -= 1
+                        if not self._in_use[id(pool)]:
+                            del self._in_use[id(pool)]
+                return
+            except PoolClosed:
+                if entered or replaced:
+                    raise
+                replaced = True  # another call replaced a stalled pool while this one waited on it
+            except (PoolTimeout, psycopg.OperationalError) as exc:
+                if not _connection_failure(exc):
+                    raise
+                if entered or not isinstance(exc, PoolTimeout):
+                    raise self.unavailable(exc) from None
+                try:  # say why: try once ourselves
+                    direct = await psycopg.AsyncConnection.connect(self._dsn, **self._connect)
+                except psycopg.OperationalError as failure:
+                    raise self.unavailable(failure) from None
+                await direct.close()
+                if replaced or self._in_use.get(id(pool), 0) >= self._sizes[1]:
+                    raise DatabaseUnavailableError(
+                        f"PostgreSQL at {self.where}: no pooled connection within {self._timeout:g} s "
+                        f"(pool max_size {self._sizes[1]}); nothing of this call was saved") from None
+                # The server answers and this store does not hold every connection: the pool is
+                # waiting out the reconnect back-off it grew while the server was away (up to a
+                # minute after a minute's outage). A fresh pool connects now.
+                await self._replace(pool)
+                replaced = True
+
+    async def _replace(self, stalled: AsyncConnectionPool) -> None:
+        """Open a new pool in place of ``stalled`` and close that one in the background (its
+        waiting calls see ``PoolClosed`` and move to the new one; its leased connections are
+        closed when given back)."""
+        assert self._opening is not None
+        async with self._opening:
+            if self._pool is stalled:
+                self._pool = None
+                sentinel, self._sentinel = self._sentinel, None
+                if sentinel is not None:
+                    sentinel.cancel()  # closes the stalled pool
 
     async def close(self) -> None:
         self._closed = True
