@@ -167,6 +167,30 @@ def answer_weights(conversation: Conversation) -> dict[str, float]:
     return weights
 
 
+def one_shot(locomo: list[Conversation], budget: int, window_size: int, *, answer_aware: bool) -> tuple[float, float, float]:
+    """Mean compression, retention and equal-size recency retention of the offline observer run
+    once over each whole conversation (all but the window) at ``budget``, the window added."""
+    count = token_counter("heuristic")
+    scores, recents, compressions = [], [], []
+    for conversation in locomo:
+        history = [t.to_message(conversation.id) for t in conversation.turns]
+        window = history[-window_size:]
+        block = "\n".join(render_message_line(m) for m in history[:-window_size])
+        gold = answer_weights(conversation)
+        weigh = (lambda sentence: {w: gold[w] for w in content_words(sentence) if w in gold}) if answer_aware else None
+        notes = unescape_structure(algorithm.observe(block, budget, weigh=weigh))
+        size = count([notes])[0] + sum(count([m.content for m in window]))
+        compressions.append(sum(count([m.content for m in history])) / size)
+        visible = content_words(notes + "\n" + render_context(window))
+        recent = content_words(render_context(newest_tokens(history, size, count)))
+        for probe in conversation.probes:
+            score = probe_score(probe.gold, visible)
+            if score is not None and probe.evidence:
+                scores.append(score)
+                recents.append(probe_score(probe.gold, recent))
+    return mean(compressions), mean(scores), mean(recents)
+
+
 def frontier(config: ReplayConfig, locomo: list[Conversation]) -> None:
     """What sentence extraction of this kind can reach at each memory size, without the
     observe/reflect cascade: the offline observer run once over each whole conversation (all but
@@ -175,34 +199,13 @@ def frontier(config: ReplayConfig, locomo: list[Conversation]) -> None:
     answers instead (*answer-aware*: it reads the probes, so it is a reference for how much of the
     gap is what to keep rather than how notes are written, not a model). The replays at several
     thresholds are printed below: their distance to the one-shot line is what the cascade costs."""
-    count = token_counter("heuristic")
     print("== what one-shot extraction reaches at each size (LoCoMo dev; the offline observer over the whole history)")
     print(f"{'target':>8} {'compr':>6} {'ret':>6} {'recent':>6} {'ratio':>6}   answer-aware: {'compr':>6} {'ret':>6} {'ratio':>6}")
     for budget in (1000, 1500, 2000, 2500, 3000, 4000):
-        line = f"{budget:>8,}"
-        for aware in (False, True):
-            scores, recents, compressions = [], [], []
-            for conversation in locomo:
-                history = [t.to_message(conversation.id) for t in conversation.turns]
-                window = history[-config.last_messages:]
-                block = "\n".join(render_message_line(m) for m in history[:-config.last_messages])
-                gold = answer_weights(conversation)
-                weigh = (lambda sentence, gold=gold: {w: gold[w] for w in content_words(sentence) if w in gold}) if aware else None
-                notes = unescape_structure(algorithm.observe(block, budget, weigh=weigh))
-                size = count([notes])[0] + sum(count([m.content for m in window]))
-                compressions.append(sum(count([m.content for m in history])) / size)
-                visible = content_words(notes + "\n" + render_context(window))
-                recent = content_words(render_context(newest_tokens(history, size, count)))
-                for probe in conversation.probes:
-                    score = probe_score(probe.gold, visible)
-                    if score is not None and probe.evidence:
-                        scores.append(score)
-                        recents.append(probe_score(probe.gold, recent))
-            if aware:
-                line += f"                 {mean(compressions):>5.1f}x {mean(scores):>6.3f} {mean(scores) / mean(recents):>5.2f}x"
-            else:
-                line += f" {mean(compressions):>5.1f}x {mean(scores):>6.3f} {mean(recents):>6.3f} {mean(scores) / mean(recents):>5.2f}x"
-        print(line)
+        compression, retention, recent = one_shot(locomo, budget, config.last_messages, answer_aware=False)
+        aware = one_shot(locomo, budget, config.last_messages, answer_aware=True)
+        print(f"{budget:>8,} {compression:>5.1f}x {retention:>6.3f} {recent:>6.3f} {retention / recent:>5.2f}x"
+              f"                 {aware[0]:>5.1f}x {aware[1]:>6.3f} {aware[1] / aware[2]:>5.2f}x")
     print("replays (observe/reflect cascade) at other thresholds, window unchanged:")
     for observation, reflection in ((500, 1000), (1000, 2000), (1500, 3000), (2000, 4000)):
         f = locomo_figures(locomo, replace(config, observation_threshold=observation, reflection_threshold=reflection),
