@@ -3,7 +3,8 @@
 Random interleavings of saves (some out of time order), cursorless reads (alone, several at once,
 and with SQLite from a second wrapper standing for another process), paging reads, deletes (some
 while a pass is in flight), model failures and restarts, with random thresholds and message sizes,
-on the in-memory and the SQLite adapters. After every operation:
+on the in-memory, SQLite and PostgreSQL adapters (PostgreSQL: a throwaway server, skipped without
+one; "another process" is another host's stores on the same schemas). After every operation:
 
 * no message is lost or altered (the inner store equals the reference, in time order); a message
   dated before the newest observed one is refused, never silently kept behind the cursor;
@@ -38,6 +39,12 @@ from omem_core import (
 )
 from omem_core.planning import memory_text, view_of
 from omem_core.sqlite import SQLiteMemoryStore, SQLiteObservationStore
+from pg import new_schema
+
+try:
+    from omem_core.postgres import PostgresMemoryStore, PostgresObservationStore
+except ImportError:  # psycopg missing: the PostgreSQL example is skipped by its fixture
+    PostgresMemoryStore = PostgresObservationStore = None  # type: ignore[assignment,misc]
 
 SAVE = st.tuples(st.just("save"), st.integers(1, 6), st.integers(1, 4))
 READ = st.tuples(st.just("read"), st.integers(1, 5))
@@ -91,12 +98,24 @@ def ordered_insert(reference: list[Message], message: Message) -> None:
     reference.insert(at, message)
 
 
-async def run_ops(ops, backend: str, folder: Path, thresholds: dict[str, int]) -> None:
+async def run_ops(ops, backend: str, folder: Path | None, thresholds: dict[str, int], dsn: str = "") -> None:
+    schema = new_schema()  # PostgreSQL: this example's messages; records get schemas of their own
+    made = []  # PostgreSQL stores, closed at the end
+
+    def postgres(kind, space: str):
+        store = kind(dsn, schema=space)
+        made.append(store)
+        return store
+
     def stores(fresh_records: bool, inner=None, observations=None):
         if backend == "sqlite":
             inner = inner or SQLiteMemoryStore(folder / "m.db")
             if fresh_records or observations is None:
                 observations = SQLiteObservationStore(folder / f"o{len(list(folder.iterdir()))}.db")
+        elif backend == "postgres":
+            inner = inner or postgres(PostgresMemoryStore, schema)
+            if fresh_records or observations is None:
+                observations = postgres(PostgresObservationStore, new_schema())
         else:
             inner = inner or InMemoryMemoryStore()
             if fresh_records or observations is None:
@@ -114,7 +133,11 @@ async def run_ops(ops, backend: str, folder: Path, thresholds: dict[str, int]) -
                 count_tokens=words, observations=observation_store, on_event=events.append)
 
         def other_process():
-            """Another process on the same files (SQLite): its own connections and guards."""
+            """Another process on the same files (SQLite) or host on the same schemas (PostgreSQL):
+            its own connections and guards."""
+            if backend == "postgres":
+                return wrap(postgres(PostgresMemoryStore, schema),
+                            postgres(PostgresObservationStore, observations._db.schema))
             if backend != "sqlite":
                 return store
             return wrap(SQLiteMemoryStore(folder / "m.db"), SQLiteObservationStore(observations._db.path))
@@ -227,6 +250,8 @@ async def run_ops(ops, backend: str, folder: Path, thresholds: dict[str, int]) -
             stored = await inner.recall("t", last=10_000)
             check_invariants(reference, stored, records, memory, rendered=op[0] == "read" and got is not None,
                              recent=await observations.list_recent("t"))
+    for opened in made:
+        await opened.close()
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -235,3 +260,12 @@ async def run_ops(ops, backend: str, folder: Path, thresholds: dict[str, int]) -
 def test_wrapper_matches_the_reference_model(ops, backend, observation, reflection) -> None:
     with tempfile.TemporaryDirectory() as folder:
         asyncio.run(run_ops(ops, backend, Path(folder), {"observation": observation, "reflection": reflection}))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(OPS, min_size=10, max_size=60), observation=st.integers(2, 12), reflection=st.integers(2, 9))
+def test_wrapper_matches_the_reference_model_on_postgres(pg_cluster, ops, observation, reflection) -> None:
+    """The same operations and invariants on the PostgreSQL adapters (a fresh schema per example;
+    "another process" is another host: its own stores and pools on the same schemas)."""
+    asyncio.run(run_ops(ops, "postgres", None, {"observation": observation, "reflection": reflection},
+                        dsn=pg_cluster.dsn))
