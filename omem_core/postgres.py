@@ -30,8 +30,9 @@ Across hosts (see ``docs/storage.md``):
 
 An unreachable database is a :class:`DatabaseUnavailableError` naming the host, port and
 database (never the password); every write is one transaction, so nothing is half-saved. Once
-the server is back, a pool still waiting out its reconnect back-off is replaced by a fresh one, so
-the store's first call after an outage works.
+the server is back, a pool still waiting out its reconnect back-off (it served no call for a
+whole ``timeout``) is replaced by a fresh one, so the store's first call after an outage works; a
+merely busy pool is never replaced, so a store holds at most ``max_size`` connections.
 """
 
 from __future__ import annotations
@@ -187,6 +188,7 @@ class _Database:
         self._closed = False
         self._sentinel: asyncio.Task | None = None
         self._in_use: dict[int, int] = {}  # id(pool) -> connections of that pool this store holds
+        self._handouts = 0  # connections given to this store's calls, by any of its pools
 
     def q(self, text: str) -> str:
         return text.replace("{s}", self.prefix)
@@ -217,6 +219,8 @@ class _Database:
         if self._opening is None or self._loop is not loop:
             self._opening, self._loop, self._pool = asyncio.Lock(), loop, None
         async with self._opening:
+            if self._closed:  # closed while this call waited for the lock
+                raise RuntimeError(f"this store ({self.where}) is closed")
             if self._pool is None:
                 if not self._migrated:
                     con = await self._direct()  # a clear error now if the database is unreachable
@@ -234,6 +238,9 @@ class _Database:
                 except PoolTimeout as exc:
                     await pool.close()
                     raise self.unavailable(exc) from None
+                if self._closed:  # close() ran while this pool was opening: never leave it open
+                    await pool.close()
+                    raise RuntimeError(f"this store ({self.where}) is closed")
                 self._pool = pool
                 self._sentinel = loop.create_task(_close_when_cancelled(pool), name="omem: close the pool at loop end")
         assert self._pool is not None
@@ -241,13 +248,16 @@ class _Database:
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[psycopg.AsyncConnection]:
-        replaced = False
+        replaced = False  # this call already replaced a stalled pool (it does so at most once)
+        moves = 0  # pools closed under this call while it waited (replaced by other calls)
         while True:
             pool = await self.pool()
             entered = False
+            served = self._handouts
             try:
                 async with pool.connection() as con:
                     entered = True
+                    self._handouts += 1
                     self._in_use[id(pool)] = self._in_use.get(id(pool), 0) + 1
                     try:
                         yield con
@@ -256,27 +266,35 @@ class _Database:
                         if not self._in_use[id(pool)]:
                             del self._in_use[id(pool)]
                 return
-            except PoolClosed:
-                if entered or replaced:
-                    raise
-                replaced = True  # another call replaced a stalled pool while this one waited on it
+            except PoolClosed as exc:
+                if self._closed:
+                    raise RuntimeError(f"this store ({self.where}) is closed") from None
+                if entered or moves >= 3:
+                    raise self.unavailable(exc) from None
+                moves += 1  # another call replaced a stalled pool while this one waited on it
             except (PoolTimeout, psycopg.OperationalError) as exc:
                 if not _connection_failure(exc):
                     raise
                 if entered or not isinstance(exc, PoolTimeout):
                     raise self.unavailable(exc) from None
-                try:  # say why: try once ourselves
-                    direct = await psycopg.AsyncConnection.connect(self._dsn, **self._connect)
-                except psycopg.OperationalError as failure:
-                    raise self.unavailable(failure) from None
-                await direct.close()
-                if replaced or self._in_use.get(id(pool), 0) >= self._sizes[1]:
+                # Busy or stalled? Decided before the test connection below, which takes time.
+                # A pool that gave any call a connection while this one waited, or whose every
+                # connection this store holds, is busy; one that gave nothing for the whole
+                # timeout while the server answers is stalled.
+                busy = self._handouts != served or self._in_use.get(id(pool), 0) >= self._sizes[1]
+                if not busy:  # say why: try once ourselves (not under load: it would add a client)
+                    try:
+                        direct = await psycopg.AsyncConnection.connect(self._dsn, **self._connect)
+                    except psycopg.OperationalError as failure:
+                        raise self.unavailable(failure) from None
+                    await direct.close()
+                if replaced or busy:
                     raise DatabaseUnavailableError(
                         f"PostgreSQL at {self.where}: no pooled connection within {self._timeout:g} s "
                         f"(pool max_size {self._sizes[1]}); nothing of this call was saved") from None
-                # The server answers and this store does not hold every connection: the pool is
-                # waiting out the reconnect back-off it grew while the server was away (up to a
-                # minute after a minute's outage). A fresh pool connects now.
+                # The server answers and the pool gave nobody a connection for the whole timeout:
+                # it is waiting out the reconnect back-off it grew while the server was away (up
+                # to a minute after a minute's outage). A fresh pool connects now.
                 await self._replace(pool)
                 replaced = True
 

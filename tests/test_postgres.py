@@ -207,6 +207,70 @@ async def test_a_store_holding_every_pooled_connection_gets_a_clear_error_not_a_
     assert [m.id for m in await store.recall("t", last=5)] == ["m0", "m1"]
 
 
+def _connections_named(dsn: str, name: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as con:
+        return con.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                           (name,)).fetchone()[0]
+
+
+async def test_a_store_under_load_never_holds_more_than_max_size_connections(pg) -> None:
+    """Hundreds of calls at once on a two-connection pool: the ones that wait too long get the clear
+    "no pooled connection" error, and the store never opens a connection beyond its pool's two (a
+    loaded pool is not taken for a stalled one and replaced, and a timed-out call does not dial the
+    server itself to find out why). Fails with a pool replaced under load."""
+    store = PostgresMemoryStore(pg.dsn + " application_name=omem_load", schema=pg.schema,
+                                min_size=1, max_size=2, timeout=0.3)
+    pg.made.append(store)
+    await store.save_messages([msg(0)])
+    peak, watching = 0, True
+
+    async def watch() -> None:
+        nonlocal peak
+        async with await psycopg.AsyncConnection.connect(pg.dsn, autocommit=True) as con:
+            while watching:
+                row = await (await con.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'omem_load'")).fetchone()
+                peak = max(peak, row[0])
+                await asyncio.sleep(0.005)
+
+    async def call() -> str:
+        try:
+            assert [m.id for m in await store.recall("t", last=5)] == ["m0"]
+            return "ok"
+        except DatabaseUnavailableError as exc:
+            assert "no pooled connection within 0.3 s" in str(exc), exc
+            return "busy"
+
+    watcher = asyncio.create_task(watch())
+    outcomes = []
+    for _ in range(2):
+        outcomes += await asyncio.gather(*(call() for _ in range(800)))
+    watching = False
+    await watcher
+    assert "ok" in outcomes and "busy" in outcomes  # the load did exceed the pool
+    assert peak <= 2
+
+
+async def test_a_store_closed_while_it_opens_its_pool_leaves_no_connection_open(pg) -> None:
+    """``close()`` lands at many points of a first call (migration, the pool opening): the call
+    either finishes or says the store is closed, and afterwards the server holds none of the
+    store's connections. Fails when a pool that finished opening after ``close()`` is kept."""
+    for step in range(40):
+        name = f"omem_close_{step}"
+        store = PostgresMemoryStore(pg.dsn + f" application_name={name}", schema=pg.schema, min_size=2)
+        first = asyncio.create_task(store.recall("t", last=5))
+        await asyncio.sleep(step * 0.002)
+        await store.close()
+        try:
+            await first
+        except RuntimeError as exc:
+            assert "is closed" in str(exc)
+        deadline = time.monotonic() + 5
+        while _connections_named(pg.dsn, name) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert _connections_named(pg.dsn, name) == 0, f"close() after {step * 2} ms left connections open"
+
+
 # -- delete epochs: the row lock ----------------------------------------------------------------
 
 
