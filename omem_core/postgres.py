@@ -11,7 +11,7 @@ rest of ``omem_core`` never imports psycopg. Both stores may share one database 
         PostgresMemoryStore(dsn), observer="gpt-4o-mini", observations=PostgresObservationStore(dsn))
 
 Each store holds one psycopg ``AsyncConnectionPool`` (opened on first use, in the running event
-loop). The schema is versioned (table ``omem_schema``) and migrated on first use under a
+loop; a store serves one event loop at a time). The schema is versioned (table ``omem_schema``) and migrated on first use under a
 transaction-level advisory lock, so hosts starting together migrate it once. Indexes keep a
 cursorless recall, a paging read and ``list_recent`` independent of the thread's length.
 
@@ -31,7 +31,8 @@ Across hosts (see ``docs/storage.md``):
 An unreachable database is a :class:`DatabaseUnavailableError` naming the host, port and
 database (never the password); every write is one transaction, so nothing is half-saved. Once
 the server is back, a pool still waiting out its reconnect back-off (it served no call for a
-whole ``timeout``) is replaced by a fresh one, so the store's first call after an outage works; a
+whole ``timeout``; one test connection tells, shared by the calls that time out together) is
+replaced by a fresh one, so the store's first call after an outage works; a
 merely busy pool is never replaced, so a store holds at most ``max_size`` connections.
 """
 
@@ -188,7 +189,8 @@ class _Database:
         self._closed = False
         self._sentinel: asyncio.Task | None = None
         self._in_use: dict[int, int] = {}  # id(pool) -> connections of that pool this store holds
-        self._handouts = 0  # connections given to this store's calls, by any of its pools
+        self._handouts = 0  # connections handed over to this store's calls, by any of its pools
+        self._probes: dict[int, asyncio.Future] = {}  # id(pool) -> the test of why it gives no connection
 
     def q(self, text: str) -> str:
         return text.replace("{s}", self.prefix)
@@ -210,17 +212,28 @@ class _Database:
         except psycopg.OperationalError as exc:
             raise self.unavailable(exc) from None
 
+    def _closed_error(self) -> RuntimeError:
+        return RuntimeError(f"this store ({self.where}) is closed")
+
     async def pool(self) -> AsyncConnectionPool:
         loop = asyncio.get_running_loop()
-        if self._pool is not None and self._loop is loop:
+        if self._pool is not None and self._loop is loop and not self._pool.closed:
             return self._pool
         if self._closed:
-            raise RuntimeError(f"this store ({self.where}) is closed")
-        if self._opening is None or self._loop is not loop:
-            self._opening, self._loop, self._pool = asyncio.Lock(), loop, None
+            raise self._closed_error()
+        if self._loop is not loop:
+            if self._pool is not None and self._loop is not None and self._loop.is_running():
+                raise RuntimeError(
+                    f"this store ({self.where}) is in use by an event loop running in another thread; a "
+                    "store serves one event loop at a time (make one store per thread, or close it there first)")
+            # The pool's loop has ended (asyncio.run closed the pool at its end): start afresh here.
+            self._opening, self._loop, self._pool, self._sentinel = asyncio.Lock(), loop, None, None
+        assert self._opening is not None
         async with self._opening:
             if self._closed:  # closed while this call waited for the lock
-                raise RuntimeError(f"this store ({self.where}) is closed")
+                raise self._closed_error()
+            if self._pool is not None and self._pool.closed:  # closed by someone else (its sentinel cancelled)
+                self._pool, self._sentinel = None, None
             if self._pool is None:
                 if not self._migrated:
                     con = await self._direct()  # a clear error now if the database is unreachable
@@ -229,79 +242,125 @@ class _Database:
                     finally:
                         await con.close()
                     self._migrated = True
+                if self._closed:
+                    raise self._closed_error()
                 min_size, max_size = self._sizes
                 pool = AsyncConnectionPool(self._dsn, min_size=min_size, max_size=max_size, open=False,
                                            kwargs=self._connect, timeout=self._timeout,
-                                           check=AsyncConnectionPool.check_connection, name="omem")
+                                           check=self._check, name="omem")
                 try:
                     await pool.open(wait=True, timeout=self._connect.get("connect_timeout", 10) + 5)
-                except PoolTimeout as exc:
-                    await pool.close()
-                    raise self.unavailable(exc) from None
+                except BaseException as exc:  # a timeout, or this call cancelled: never leave it open
+                    closing = loop.create_task(pool.close(timeout=1.0))
+                    with contextlib.suppress(BaseException):
+                        await asyncio.shield(closing)
+                    if isinstance(exc, PoolTimeout):
+                        raise self.unavailable(exc) from None
+                    raise
                 if self._closed:  # close() ran while this pool was opening: never leave it open
                     await pool.close()
-                    raise RuntimeError(f"this store ({self.where}) is closed")
+                    raise self._closed_error()
                 self._pool = pool
                 self._sentinel = loop.create_task(_close_when_cancelled(pool), name="omem: close the pool at loop end")
         assert self._pool is not None
         return self._pool
 
+    async def _check(self, con: psycopg.AsyncConnection) -> None:
+        """The pool's check of a connection it is handing over, counted first: a pool that hands
+        connections over is busy, not stalled."""
+        self._handouts += 1
+        await AsyncConnectionPool.check_connection(con)
+
+    def _busy_error(self) -> DatabaseUnavailableError:
+        return DatabaseUnavailableError(
+            f"PostgreSQL at {self.where}: no pooled connection within {self._timeout:g} s "
+            f"(pool max_size {self._sizes[1]}); nothing of this call was saved")
+
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[psycopg.AsyncConnection]:
-        replaced = False  # this call already replaced a stalled pool (it does so at most once)
-        moves = 0  # pools closed under this call while it waited (replaced by other calls)
+        replaced = False  # a stalled pool was replaced for this call (once at most)
+        moves = 0  # pools closed under this call while it waited (replaced for other calls)
         while True:
             pool = await self.pool()
             entered = False
             served = self._handouts
             try:
-                async with pool.connection() as con:
-                    entered = True
-                    self._handouts += 1
-                    self._in_use[id(pool)] = self._in_use.get(id(pool), 0) + 1
-                    try:
+                try:
+                    async with pool.connection() as con:
+                        entered = True
+                        self._in_use[id(pool)] = self._in_use.get(id(pool), 0) + 1
                         yield con
-                    finally:
+                finally:
+                    if entered:  # counted until the connection is back in its pool
                         self._in_use[id(pool)] -= 1
                         if not self._in_use[id(pool)]:
                             del self._in_use[id(pool)]
                 return
             except PoolClosed as exc:
                 if self._closed:
-                    raise RuntimeError(f"this store ({self.where}) is closed") from None
+                    raise self._closed_error() from None
                 if entered or moves >= 3:
                     raise self.unavailable(exc) from None
-                moves += 1  # another call replaced a stalled pool while this one waited on it
+                moves += 1  # the pool was replaced while this call waited on it
             except (PoolTimeout, psycopg.OperationalError) as exc:
                 if not _connection_failure(exc):
                     raise
                 if entered or not isinstance(exc, PoolTimeout):
                     raise self.unavailable(exc) from None
-                # Busy or stalled? Decided before the test connection below, which takes time.
-                # A pool that gave any call a connection while this one waited, or whose every
-                # connection this store holds, is busy; one that gave nothing for the whole
-                # timeout while the server answers is stalled.
-                busy = self._handouts != served or self._in_use.get(id(pool), 0) >= self._sizes[1]
-                if not busy:  # say why: try once ourselves (not under load: it would add a client)
-                    try:
-                        direct = await psycopg.AsyncConnection.connect(self._dsn, **self._connect)
-                    except psycopg.OperationalError as failure:
-                        raise self.unavailable(failure) from None
-                    await direct.close()
-                if replaced or busy:
-                    raise DatabaseUnavailableError(
-                        f"PostgreSQL at {self.where}: no pooled connection within {self._timeout:g} s "
-                        f"(pool max_size {self._sizes[1]}); nothing of this call was saved") from None
-                # The server answers and the pool gave nobody a connection for the whole timeout:
-                # it is waiting out the reconnect back-off it grew while the server was away (up
-                # to a minute after a minute's outage). A fresh pool connects now.
-                await self._replace(pool)
+                if self._closed:
+                    raise self._closed_error() from None
+                if self._pool is not pool and moves < 3:  # replaced while this call waited
+                    moves += 1
+                    continue
+                # Busy or stalled? A pool that handed any call a connection while this one waited,
+                # or whose every connection this store holds, is busy: say so, without dialling
+                # the server (under load that would add clients beyond the pool).
+                if replaced or self._handouts != served or self._in_use.get(id(pool), 0) >= self._sizes[1]:
+                    raise self._busy_error() from None
+                verdict = await self._probe(pool)
+                if isinstance(verdict, BaseException):
+                    raise self.unavailable(verdict) from None
+                if verdict != "replaced":
+                    raise self._busy_error() from None
                 replaced = True
 
+    async def _probe(self, pool: AsyncConnectionPool) -> BaseException | str:
+        """Why does ``pool`` give no connection? One test connection per pool, however many calls
+        ask at once (they share its verdict): the server's error if it is unreachable; ``"busy"``
+        if the pool handed a connection over meanwhile; else the server answers while the pool
+        waits out the reconnect back-off it grew while the server was away (up to a minute after a
+        minute's outage), and it is ``"replaced"`` by a fresh pool that connects now."""
+        key = id(pool)
+        task = self._probes.get(key)
+        if task is None:
+            task = asyncio.ensure_future(self._test_and_replace(pool))
+            self._probes[key] = task
+
+            def forget(done: asyncio.Future) -> None:
+                if self._probes.get(key) is done:
+                    del self._probes[key]
+                if not done.cancelled():
+                    done.exception()  # retrieved, even when every asker was cancelled
+
+            task.add_done_callback(forget)
+        return await asyncio.shield(task)
+
+    async def _test_and_replace(self, pool: AsyncConnectionPool) -> BaseException | str:
+        before = self._handouts
+        try:
+            direct = await psycopg.AsyncConnection.connect(self._dsn, **self._connect)
+        except psycopg.OperationalError as failure:
+            return failure
+        await direct.close()
+        if self._handouts != before or self._in_use.get(id(pool), 0):
+            return "busy"  # it handed a connection over during the test (a late one, not a stalled one)
+        await self._replace(pool)
+        return "replaced"
+
     async def _replace(self, stalled: AsyncConnectionPool) -> None:
-        """Open a new pool in place of ``stalled`` and close that one in the background (its
+        """Drop ``stalled`` (the next call opens a new pool) and close it in the background: its
         waiting calls see ``PoolClosed`` and move to the new one; its leased connections are
-        closed when given back)."""
+        closed when given back."""
         assert self._opening is not None
         async with self._opening:
             if self._pool is stalled:
@@ -314,13 +373,24 @@ class _Database:
         self._closed = True
         pool, self._pool = self._pool, None
         sentinel, self._sentinel = self._sentinel, None
-        if pool is not None and self._loop is asyncio.get_running_loop():  # a pool of a finished loop is dropped
-            if sentinel is not None:
-                sentinel.cancel()
-                with contextlib.suppress(BaseException):
-                    await sentinel  # closes the pool
-            with contextlib.suppress(Exception):
-                await pool.close()
+        if pool is None or self._loop is None:
+            return
+        here = asyncio.get_running_loop()
+        if self._loop is here:
+            await _close_pool(pool, sentinel)
+        elif self._loop.is_running():  # its loop runs in another thread: close it there
+            future = asyncio.run_coroutine_threadsafe(_close_pool(pool, sentinel), self._loop)
+            await asyncio.wrap_future(future)
+        # else its loop has ended, and asyncio.run closed the pool at its end (its sentinel)
+
+
+async def _close_pool(pool: AsyncConnectionPool, sentinel: asyncio.Task | None) -> None:
+    if sentinel is not None:
+        sentinel.cancel()
+        with contextlib.suppress(BaseException):
+            await sentinel  # closes the pool
+    with contextlib.suppress(Exception):
+        await pool.close()
 
 
 async def _close_when_cancelled(pool: AsyncConnectionPool) -> None:

@@ -87,7 +87,8 @@ async def test_any_unicode_round_trips_and_nul_in_a_key_is_refused(pg) -> None:
 
 
 async def test_a_store_outlives_its_event_loop(pg) -> None:
-    """A store used from a second event loop opens a new pool there (the first loop's is dropped)."""
+    """A store used from one ``asyncio.run`` after another opens a new pool in each (the ended
+    loop's pool was closed at its end)."""
     store = pg.memory()
 
     def run(coro):
@@ -102,6 +103,32 @@ async def test_a_store_outlives_its_event_loop(pg) -> None:
     run(store.save_messages([msg(0)]))
     assert [m.id for m in run(store.recall("t", last=1))] == ["m0"]
     assert [m.id for m in await store.recall("t", last=1)] == ["m0"]
+
+
+async def test_a_store_serves_one_running_loop_at_a_time_and_closes_from_another(pg) -> None:
+    """A store whose pool lives on a loop running in another thread: a call from this loop is a
+    clear error (it cannot share that loop's pool, and a second pool would double the store's
+    connections), and ``close()`` from here closes the pool there, leaving no connection open.
+    Fails when a second loop quietly gets a pool of its own, or when close() drops the pool."""
+    import threading
+
+    name = "omem_two_loops"
+    store = PostgresMemoryStore(pg.dsn + f" application_name={name}", schema=pg.schema, min_size=2)
+    other = asyncio.new_event_loop()
+    thread = threading.Thread(target=other.run_forever)
+    thread.start()
+    try:
+        saved = asyncio.run_coroutine_threadsafe(store.save_messages([msg(0)]), other)
+        await asyncio.wrap_future(saved)
+        assert _connections_named(pg.dsn, name) == 2
+        with pytest.raises(RuntimeError, match="one event loop at a time"):
+            await store.recall("t", last=1)
+        await store.close()
+        assert _connections_named(pg.dsn, name) == 0
+    finally:
+        other.call_soon_threadsafe(other.stop)
+        thread.join()
+        other.close()
 
 
 # -- an unreachable database: a clear error, nothing half-saved -------------------------------
@@ -169,18 +196,29 @@ async def test_a_server_that_goes_away_and_comes_back(pg_cluster) -> None:
     call works. The pool's own reconnect back-off doubles while the server is away (attempts at
     about 1, 3, 7, 15, 31 s), so after a 20-second outage its next attempt is more than 10 s off:
     without replacing a stalled pool the first call after the restart fails with "no pooled
-    connection". (A second throwaway server of its own; ``pg_cluster`` only for the skip.)"""
+    connection". The first calls come as a burst of 40: they share one test connection (not one
+    each, a herd of clients beyond the pool's two) and all work; the server's log counts the
+    connections. (A second throwaway server of its own; ``pg_cluster`` only for the skip.)"""
     cluster = start_cluster()
     try:
-        store = PostgresMemoryStore(cluster.dsn, timeout=3)
+        store = PostgresMemoryStore(cluster.dsn, min_size=2, max_size=2, timeout=3)
         await store.save_messages([msg(0)])
         cluster.stop()
         with pytest.raises(DatabaseUnavailableError, match=f"127.0.0.1:{cluster.port}"):
             await store.save_messages([msg(1)])
         await asyncio.sleep(20)
-        cluster._run("pg_ctl", "-D", str(cluster.folder / "data"), "-l", str(cluster.folder / "server.log"),
-                     "-w", "-o", f"-p {cluster.port} -k {cluster.folder} -c listen_addresses=127.0.0.1", "start")
-        assert [m.id for m in await store.recall("t", last=5)] == ["m0"]
+        log = cluster.folder / "server.log"
+        before = log.stat().st_size
+        cluster._run("pg_ctl", "-D", str(cluster.folder / "data"), "-l", str(log), "-w", "-o",
+                     f"-p {cluster.port} -k {cluster.folder} -c listen_addresses=127.0.0.1 -c log_connections=on",
+                     "start")
+        burst = await asyncio.gather(*(store.recall("t", last=5) for _ in range(40)), return_exceptions=True)
+        assert [[m.id for m in got] if isinstance(got, list) else repr(got) for got in burst] == [["m0"]] * 40
+        with log.open("rb") as f:
+            f.seek(before)
+            connections = f.read().decode(errors="replace").count("connection received")
+        # one test connection, the new pool's two, and perhaps the stalled pool's late attempts
+        assert connections <= 6, f"{connections} connections for a burst on a pool of two"
         await store.save_messages([msg(1)])
         assert [m.id for m in await store.recall("t", last=5)] == ["m0", "m1"]
         await store.close()
