@@ -10,9 +10,12 @@ rest of ``omem_core`` never imports psycopg. Both stores may share one database 
     store = create_observational_memory_store(
         PostgresMemoryStore(dsn), observer="gpt-4o-mini", observations=PostgresObservationStore(dsn))
 
-Each store holds one psycopg ``AsyncConnectionPool`` (opened on first use, in the running event
-loop; a store serves one event loop at a time). The schema is versioned (table ``omem_schema``) and migrated on first use under a
-transaction-level advisory lock, so hosts starting together migrate it once. Indexes keep a
+Each store holds one psycopg ``AsyncConnectionPool``, opened on first use in the running event
+loop. A store serves one event loop at a time: a call from another loop is a clear
+``RuntimeError`` while the first runs (or is stopped with the pool on it); after it is closed
+(``asyncio.run`` ended, closing the pool) the next loop opens a pool of its own. The schema is
+versioned (table ``omem_schema``) and migrated on first use under a transaction-level advisory
+lock, so hosts starting together migrate it once. Indexes keep a
 cursorless recall, a paging read and ``list_recent`` independent of the thread's length.
 
 Across hosts (see ``docs/storage.md``):
@@ -42,6 +45,8 @@ import asyncio
 import builtins
 import contextlib
 import os
+import threading
+import warnings
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -165,7 +170,8 @@ def _connection_failure(exc: BaseException) -> bool:
 
 
 class _Database:
-    """A pool per event loop, the schema migrated once per process, errors made clear."""
+    """One pool, on one event loop at a time (claimed under a thread lock, so two loops starting
+    together cannot both open one), the schema migrated once per process, errors made clear."""
 
     def __init__(self, dsn: str, *, schema: str | None, min_size: int, max_size: int, timeout: float,
                  connect_timeout: float) -> None:
@@ -180,8 +186,15 @@ class _Database:
         self._sizes = (min_size, max_size)
         self._timeout = float(timeout)
         self._connect: dict[str, Any] = {"autocommit": True}
-        if "connect_timeout" not in conninfo_to_dict(dsn):
+        given = conninfo_to_dict(dsn)
+        if "connect_timeout" not in given:
             self._connect["connect_timeout"] = max(1, int(connect_timeout))
+        if not any(key.startswith("keepalives") for key in given):
+            # A server host that vanishes (power, network) is noticed on an idle or waiting
+            # connection after about a minute, not the OS default of hours. (A server process
+            # that is frozen while its host answers TCP is not: see docs/storage.md.)
+            self._connect.update(keepalives=1, keepalives_idle=30, keepalives_interval=10, keepalives_count=3)
+        self._claim = threading.Lock()  # guards _loop, _pool and _closed against other threads
         self._pool: AsyncConnectionPool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._opening: asyncio.Lock | None = None
@@ -215,19 +228,36 @@ class _Database:
     def _closed_error(self) -> RuntimeError:
         return RuntimeError(f"this store ({self.where}) is closed")
 
+    def _enter(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Make ``loop`` the store's loop, or say why it cannot be: another loop that is not
+        closed still owns the store (running in another thread, perhaps opening its pool right
+        now; or stopped with the pool's connections on it)."""
+        with self._claim:
+            if self._closed:
+                raise self._closed_error()
+            old = self._loop
+            if old is loop:
+                return
+            if old is not None and not old.is_closed():
+                if old.is_running():
+                    raise RuntimeError(
+                        f"this store ({self.where}) is in use by an event loop running in another thread; a "
+                        "store serves one event loop at a time (make one store per thread, or close it there first)")
+                if self._pool is not None and not self._pool.closed:
+                    raise RuntimeError(
+                        f"this store ({self.where}) holds its connections on an event loop that is stopped but "
+                        "not closed; a store serves one event loop at a time: close the store on that loop "
+                        "(loop.run_until_complete(store.close())), or close that loop first")
+            # No loop yet, or the old one is closed (asyncio.run closed the pool at its end).
+            self._opening, self._loop, self._pool, self._sentinel = asyncio.Lock(), loop, None, None
+            self._probes = {}
+
     async def pool(self) -> AsyncConnectionPool:
         loop = asyncio.get_running_loop()
-        if self._pool is not None and self._loop is loop and not self._pool.closed:
-            return self._pool
-        if self._closed:
-            raise self._closed_error()
-        if self._loop is not loop:
-            if self._pool is not None and self._loop is not None and self._loop.is_running():
-                raise RuntimeError(
-                    f"this store ({self.where}) is in use by an event loop running in another thread; a "
-                    "store serves one event loop at a time (make one store per thread, or close it there first)")
-            # The pool's loop has ended (asyncio.run closed the pool at its end): start afresh here.
-            self._opening, self._loop, self._pool, self._sentinel = asyncio.Lock(), loop, None, None
+        pool = self._pool
+        if pool is not None and self._loop is loop and not pool.closed:
+            return pool
+        self._enter(loop)
         assert self._opening is not None
         async with self._opening:
             if self._closed:  # closed while this call waited for the lock
@@ -239,8 +269,13 @@ class _Database:
                     con = await self._direct()  # a clear error now if the database is unreachable
                     try:
                         await migrate(con, self.schema)
+                    except psycopg.OperationalError as exc:  # the connection broke during the migration
+                        if _connection_failure(exc):
+                            raise self.unavailable(exc) from None
+                        raise
                     finally:
-                        await con.close()
+                        with contextlib.suppress(Exception):
+                            await con.close()
                     self._migrated = True
                 if self._closed:
                     raise self._closed_error()
@@ -257,19 +292,29 @@ class _Database:
                     if isinstance(exc, PoolTimeout):
                         raise self.unavailable(exc) from None
                     raise
-                if self._closed:  # close() ran while this pool was opening: never leave it open
+                with self._claim:  # close() from another thread either sees this pool or is seen here
+                    keep = not self._closed and self._loop is loop
+                    if keep:
+                        self._pool = pool
+                        self._sentinel = loop.create_task(_close_when_cancelled(pool),
+                                                          name="omem: close the pool at loop end")
+                if not keep:  # close() ran while this pool was opening: never leave it open
                     await pool.close()
-                    raise self._closed_error()
-                self._pool = pool
-                self._sentinel = loop.create_task(_close_when_cancelled(pool), name="omem: close the pool at loop end")
-        assert self._pool is not None
-        return self._pool
+                    if self._closed:
+                        raise self._closed_error()
+                    raise RuntimeError(f"this store ({self.where}) was taken over by another event loop while "
+                                       "this one (stopped meanwhile) opened its pool; a store serves one event "
+                                       "loop at a time")
+            pool = self._pool
+        if pool is None:  # closed from another thread just now
+            raise self._closed_error()
+        return pool
 
     async def _check(self, con: psycopg.AsyncConnection) -> None:
-        """The pool's check of a connection it is handing over, counted first: a pool that hands
-        connections over is busy, not stalled."""
-        self._handouts += 1
+        """The pool's check of a connection it is handing over, counted once it passed: a pool
+        that hands connections over is busy, not stalled (a broken one it discards is neither)."""
         await AsyncConnectionPool.check_connection(con)
+        self._handouts += 1
 
     def _busy_error(self) -> DatabaseUnavailableError:
         return DatabaseUnavailableError(
@@ -370,18 +415,36 @@ class _Database:
                     sentinel.cancel()  # closes the stalled pool
 
     async def close(self) -> None:
-        self._closed = True
-        pool, self._pool = self._pool, None
-        sentinel, self._sentinel = self._sentinel, None
-        if pool is None or self._loop is None:
+        with self._claim:
+            self._closed = True
+            pool, self._pool = self._pool, None
+            sentinel, self._sentinel = self._sentinel, None
+            loop = self._loop
+        if pool is None or loop is None:
             return
-        here = asyncio.get_running_loop()
-        if self._loop is here:
+        if loop is asyncio.get_running_loop():
             await _close_pool(pool, sentinel)
-        elif self._loop.is_running():  # its loop runs in another thread: close it there
-            future = asyncio.run_coroutine_threadsafe(_close_pool(pool, sentinel), self._loop)
-            await asyncio.wrap_future(future)
-        # else its loop has ended, and asyncio.run closed the pool at its end (its sentinel)
+            return
+        if loop.is_closed():
+            return  # asyncio.run closed the pool at the loop's end (its sentinel)
+        # The pool lives on a loop in another thread: it can only be closed there.
+        try:
+            future = asyncio.run_coroutine_threadsafe(_close_pool(pool, sentinel), loop)
+        except RuntimeError:  # that loop closed just now (asyncio.run closed the pool at its end)
+            return
+        if loop.is_running():
+            wait = max(1.0, self._timeout)
+            try:
+                await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), wait)
+                return
+            except asyncio.TimeoutError:
+                why = f"did not run it within {wait:g} s"
+        else:
+            why = "is stopped"
+        warnings.warn(
+            f"closing this store ({self.where}): the event loop its pool lives on (in another thread) {why}; "
+            "the pool's connections close when that loop runs again (the store itself is closed now)",
+            RuntimeWarning, stacklevel=3)
 
 
 async def _close_pool(pool: AsyncConnectionPool, sentinel: asyncio.Task | None) -> None:
@@ -397,10 +460,18 @@ async def _close_when_cancelled(pool: AsyncConnectionPool) -> None:
     """Live as long as the event loop and close ``pool`` when cancelled: ``asyncio.run`` cancels
     every task at its end, and psycopg-pool's connection attempts swallow that cancellation and
     reschedule themselves, so a pool left open by its owner would keep the loop (and the
-    process) from ever finishing."""
+    process) from ever finishing.
+
+    At the end of ``asyncio.run`` the pool's worker tasks are cancelled together with this one, and
+    psycopg-pool's ``close()`` then stops on their cancellation before it closes the idle
+    connections (they stayed open on the server): those are taken out and closed first."""
     try:
         await asyncio.Event().wait()
     finally:
+        with contextlib.suppress(BaseException):
+            for _ in range(pool.get_stats().get("pool_available", 0)):
+                con = await pool.getconn(timeout=0.5)
+                await con.close()
         with contextlib.suppress(BaseException):
             await pool.close(timeout=1.0)
 

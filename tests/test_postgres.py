@@ -87,9 +87,12 @@ async def test_any_unicode_round_trips_and_nul_in_a_key_is_refused(pg) -> None:
 
 
 async def test_a_store_outlives_its_event_loop(pg) -> None:
-    """A store used from one ``asyncio.run`` after another opens a new pool in each (the ended
-    loop's pool was closed at its end)."""
-    store = pg.memory()
+    """A store used from one ``asyncio.run`` after another opens a new pool in each, and the ended
+    loop's pool was closed at its end, its idle connections too (the end of ``asyncio.run``
+    cancels psycopg-pool's workers, and its ``close()`` then left them open on the server)."""
+    name = "omem_outlives"
+    store = PostgresMemoryStore(pg.dsn + f" application_name={name}", schema=pg.schema, min_size=3)
+    pg.made.append(store)
 
     def run(coro):
         import threading
@@ -101,7 +104,9 @@ async def test_a_store_outlives_its_event_loop(pg) -> None:
         return box[0]
 
     run(store.save_messages([msg(0)]))
+    assert await _until_no_connections(pg.dsn, name) == 0
     assert [m.id for m in run(store.recall("t", last=1))] == ["m0"]
+    assert await _until_no_connections(pg.dsn, name) == 0
     assert [m.id for m in await store.recall("t", last=1)] == ["m0"]
 
 
@@ -125,6 +130,138 @@ async def test_a_store_serves_one_running_loop_at_a_time_and_closes_from_another
             await store.recall("t", last=1)
         await store.close()
         assert _connections_named(pg.dsn, name) == 0
+    finally:
+        other.call_soon_threadsafe(other.stop)
+        thread.join()
+        other.close()
+
+
+def _hold_the_migration_lock(dsn: str, schema: str):
+    """A connection holding the advisory lock the first call's migration waits on."""
+    con = psycopg.connect(dsn, autocommit=True)
+    con.execute("SELECT pg_advisory_lock(hashtext('omem:migrate:' || %s))", (schema,))
+    return con
+
+
+async def _waiting_on_a_lock(dsn: str, name: str) -> int:
+    """The pid of the store's connection once it waits on a lock (its migration)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with psycopg.connect(dsn, autocommit=True) as con:
+            row = con.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s "
+                              "AND wait_event_type = 'Lock'", (name,)).fetchone()
+        if row:
+            return row[0]
+        await asyncio.sleep(0.05)
+    raise AssertionError("the store's migration never waited on the lock")
+
+
+async def test_two_loops_starting_together_one_is_refused_while_the_other_opens(pg) -> None:
+    """A loop in another thread is opening the store's pool (its migration waits on a lock) when
+    this loop calls: this call is the clear one-loop-at-a-time error at once, and the other call
+    goes on and works. Fails when both loops go on to open pools of their own (this call then
+    waits on the migration lock too)."""
+    import threading
+
+    name = "omem_two_starts"
+    store = PostgresMemoryStore(pg.dsn + f" application_name={name}", schema=pg.schema)
+    gate = _hold_the_migration_lock(pg.dsn, pg.schema)
+    box: list = []
+    thread = threading.Thread(target=lambda: box.append(asyncio.run(store.recall("t", last=1))))
+    try:
+        thread.start()
+        await _waiting_on_a_lock(pg.dsn, name)
+        with pytest.raises(RuntimeError, match="one event loop at a time"):
+            await asyncio.wait_for(store.recall("t", last=1), 5)
+    finally:
+        gate.close()  # the other loop's migration goes on
+        thread.join(20)
+    assert box == [[]]
+    assert [m.id for m in await store.recall("t", last=1)] == []  # that loop ended: this one takes over
+    await store.close()
+    assert await _until_no_connections(pg.dsn, name) == 0
+
+
+async def test_a_connection_broken_during_the_migration_is_the_clear_error(pg) -> None:
+    """The server ends the first call's connection while its migration waits on the lock: the
+    call says the database is unreachable or the connection broke (not psycopg's raw
+    AdminShutdown), and the store's next call migrates and works."""
+    name = "omem_migration_broken"
+    store = PostgresMemoryStore(pg.dsn + f" application_name={name}", schema=pg.schema)
+    gate = _hold_the_migration_lock(pg.dsn, pg.schema)
+    try:
+        first = asyncio.create_task(store.recall("t", last=1))
+        pid = await _waiting_on_a_lock(pg.dsn, name)
+        execute(pg.dsn, f"SELECT pg_terminate_backend({pid})")
+        with pytest.raises(DatabaseUnavailableError, match="unreachable or the connection broke"):
+            await first
+    finally:
+        gate.close()
+    await store.save_messages([msg(0)])
+    assert [m.id for m in await store.recall("t", last=1)] == ["m0"]
+    await store.close()
+
+
+def _in_thread(function):
+    import threading
+
+    box: list = []
+    thread = threading.Thread(target=lambda: box.append(function()))
+    thread.start()
+    thread.join(30)
+    return box[0]
+
+
+async def _until_no_connections(dsn: str, name: str) -> int:
+    deadline = time.monotonic() + 10
+    while _connections_named(dsn, name) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return _connections_named(dsn, name)
+
+
+async def test_a_store_left_on_a_stopped_loop_is_refused_elsewhere_and_closes_there(pg) -> None:
+    """A pool opened with ``loop.run_until_complete`` on a loop that is then left open: a call from
+    another loop is a clear error (its connections are still there, on the stopped loop), not a
+    second pool beside the first; ``close()`` from here warns that those connections close when
+    that loop runs again, and they do. Fails when the other loop quietly opens a pool of its own."""
+    name = "omem_stopped_loop"
+    store = PostgresMemoryStore(pg.dsn + f" application_name={name}", schema=pg.schema, min_size=2)
+    stopped = asyncio.new_event_loop()
+    try:
+        _in_thread(lambda: stopped.run_until_complete(store.save_messages([msg(0)])))
+        assert _connections_named(pg.dsn, name) == 2
+        with pytest.raises(RuntimeError, match="stopped but not closed"):
+            await store.recall("t", last=1)
+        assert _connections_named(pg.dsn, name) == 2
+        with pytest.warns(RuntimeWarning, match="close when that loop runs again"):
+            await store.close()
+        with pytest.raises(RuntimeError, match="is closed"):
+            await store.recall("t", last=1)
+        _in_thread(lambda: stopped.run_until_complete(asyncio.sleep(0.5)))
+        assert await _until_no_connections(pg.dsn, name) == 0
+    finally:
+        stopped.close()
+
+
+async def test_closing_from_another_loop_waits_a_bounded_time(pg) -> None:
+    """``close()`` from this loop, while the pool's loop (in another thread) is stuck in a blocking
+    call: after at most ``max(1 s, timeout)`` it returns with a warning instead of waiting on that
+    loop, and the pool closes there once the loop runs. Fails when close() waits for the loop."""
+    import threading
+
+    name = "omem_close_bounded"
+    store = PostgresMemoryStore(pg.dsn + f" application_name={name}", schema=pg.schema, timeout=0.5)
+    other = asyncio.new_event_loop()
+    thread = threading.Thread(target=other.run_forever)
+    thread.start()
+    try:
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(store.save_messages([msg(0)]), other))
+        other.call_soon_threadsafe(time.sleep, 4)  # that loop is stuck for 4 s
+        started = time.monotonic()
+        with pytest.warns(RuntimeWarning, match="did not run it within 1 s"):
+            await store.close()
+        assert time.monotonic() - started < 3
+        assert await _until_no_connections(pg.dsn, name) == 0
     finally:
         other.call_soon_threadsafe(other.stop)
         thread.join()
@@ -243,6 +380,28 @@ async def test_a_store_holding_every_pooled_connection_gets_a_clear_error_not_a_
         await store.recall("t", last=5)
     await saving
     assert [m.id for m in await store.recall("t", last=5)] == ["m0", "m1"]
+
+
+async def test_the_first_call_after_the_server_refuses_the_store_says_so_not_busy(pg) -> None:
+    """The server ends the store's pooled connection and refuses new ones (its role may no longer
+    log in): the call cannot be served, and its error is the server's refusal, not "no pooled
+    connection" (the pool discarding the broken connection it was about to hand over is not the
+    pool serving calls). Fails when that discarded connection counts as a handout."""
+    role = f"gate_{pg.schema}"
+    execute(pg.dsn, f"CREATE ROLE {role} LOGIN SUPERUSER")
+    dsn = pg.dsn.replace("user=postgres", f"user={role}")
+    store = PostgresMemoryStore(dsn, schema=pg.schema, min_size=1, max_size=1, timeout=1)
+    try:
+        await store.save_messages([msg(0)])
+        execute(pg.dsn, f"ALTER ROLE {role} NOLOGIN",
+                f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'")
+        with pytest.raises(DatabaseUnavailableError, match="unreachable.*not permitted to log in"):
+            await store.recall("t", last=1)
+        execute(pg.dsn, f"ALTER ROLE {role} LOGIN")
+        assert [m.id for m in await store.recall("t", last=1)] == ["m0"]
+    finally:
+        await store.close()
+        execute(pg.dsn, f"REASSIGN OWNED BY {role} TO postgres", f"DROP ROLE {role}")
 
 
 def _connections_named(dsn: str, name: str) -> int:
