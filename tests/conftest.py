@@ -158,3 +158,12 @@ def run_together(action: Callable[[], object], workers: int = 8) -> list[str]:
     for process in processes:
         process.join(60)
     return [results.get(timeout=5) for _ in processes]
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ANN001
+    """The shuffled order's seed, at the end and even under ``-q`` (which hides pytest-randomly's
+    header line), so a failure that depends on the order can be repeated."""
+    seed = getattr(config.option, "randomly_seed", None)
+    if config.pluginmanager.hasplugin("randomly") and isinstance(seed, int):
+        terminalreporter.write_line(f"test order shuffled with seed {seed}: repeat it with "
+                                    f"python -m pytest -q --randomly-seed={seed}")

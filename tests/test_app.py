@@ -387,6 +387,8 @@ def test_no_page_shows_nan(db: Path, monkeypatch) -> None:
     failed_id = store(db).runs().query("status == 'failed'").run_id[0]
     at.sidebar.radio(key="ex_mode").set_value("Open a stored run").run()
     at.sidebar.selectbox(key="ex_open").set_value(failed_id).run()
+    assert [w.value for w in at.warning if "no steps" in w.value] == [
+        "This run recorded no steps: it ended before its first memory read (the error above says why)."]
     texts = []
     for page in (None, "compare", "runs", "present", "tune", "traces", "experiments"):
         if page is not None:
@@ -710,3 +712,47 @@ def test_html_export_is_self_contained_and_escapes_text(db: Path) -> None:
     assert not re.search(r"\bnan\b|\$nan|nanx", text, re.IGNORECASE)
     figures = re.findall(r'Plotly.newPlot\(\s*"[^"]+",\s*(\[.*?\]),\s*\{', page, flags=re.DOTALL)
     assert figures and not any(re.search(r"\bNaN\b", f) for f in figures)
+
+
+def test_a_new_experiment_is_the_one_picked_and_shown(db: Path) -> None:
+    """After starting an experiment, the picker and the details below it are both that experiment
+    (Tune, Compare and Delete act on what the picker shows). It failed when the picker kept the
+    previously picked experiment while the details showed the new one."""
+    first = run_experiment_in(db, observation=(300,))
+    at = app("experiments")
+    assert at.selectbox(key="xp_pick").value == first
+    at.selectbox(key="xp_pick").set_value(first).run()  # picked by hand, as a user would
+    at.text_input(key="xp_obs").set_value("150")
+    at.number_input(key="xp_concurrency").set_value(1).run()
+    at.button(key="xp_start").click().run()
+    assert not at.exception, at.exception
+    newest = store(db).experiments().experiment_id[0]
+    assert newest != first
+    assert at.selectbox(key="xp_pick").value == newest
+    assert [t.value.split(" · ")[0] for t in at.text if " · " in t.value][0] == newest
+    at.run()  # and it stays so on the next interaction
+    assert at.selectbox(key="xp_pick").value == newest
+    at.switch_page(PAGES.format("tune")).run()
+    assert at.sidebar.selectbox(key="tune_exp").value == newest
+    at.sidebar.selectbox(key="tune_exp").set_value(first).run()
+    at.switch_page(PAGES.format("experiments")).run()
+    assert at.selectbox(key="xp_pick").value == first  # the experiment opened across pages
+
+
+def test_the_experiment_form_thresholds_follow_the_dataset(db: Path) -> None:
+    """The demo's scaled thresholds for the demo, the library's defaults around 1000 / 2000 for
+    any other dataset, switching back and forth; a value typed for one dataset is kept while the
+    kind of dataset stays. It failed when switching away from the demo kept its 150,300,600 / 600."""
+    at = app("experiments")
+    assert (at.text_input(key="xp_obs").value, at.text_input(key="xp_ref").value) == ("150,300,600", "600")
+    names = at.selectbox(key="xp_dataset").options
+    tiny = next(n for n in names if n.startswith("tiny "))
+    at.selectbox(key="xp_dataset").set_value(tiny).run()
+    assert (at.text_input(key="xp_obs").value, at.text_input(key="xp_ref").value) == ("500,1000,2000", "2000")
+    at.text_input(key="xp_obs").set_value("800").run()
+    sample = next(n for n in names if n.startswith("realtalk-sample "))
+    at.selectbox(key="xp_dataset").set_value(sample).run()
+    assert at.text_input(key="xp_obs").value == "800"
+    at.selectbox(key="xp_dataset").set_value(next(n for n in names if n.startswith("demo "))).run()
+    assert (at.text_input(key="xp_obs").value, at.text_input(key="xp_ref").value) == ("150,300,600", "600")
+    assert not at.exception

@@ -317,13 +317,21 @@ def experiment_picker(store: RunStore, label: str, key: str, *, container=None) 
     box = container or st
     ids = list(frame.experiment_id)
     labels = {r["experiment_id"]: experiment_label(r) for r in frame.to_dict("records")}
+    # The experiment opened across pages is the one shown, set through the widget's state: a
+    # browser keeps a widget's own selection (the previous experiment after a new one started)
+    # unless the app sets it. A pick by hand opens that experiment (the callback runs first).
     wanted = st.session_state.get(EXPERIMENT_KEY)
-    if key in st.session_state and st.session_state[key] not in ids:
-        del st.session_state[key]  # deleted meanwhile
-    index = ids.index(wanted) if wanted in ids else 0
-    picked = box.selectbox(label, ids, index=index, format_func=labels.get, key=key)
+    if wanted in ids:
+        st.session_state[key] = wanted
+    elif st.session_state.get(key) not in ids:  # none opened yet, or deleted meanwhile
+        st.session_state[key] = ids[0]
+    picked = box.selectbox(label, ids, format_func=labels.get, key=key, on_change=_open_experiment, args=(key,))
     st.session_state[EXPERIMENT_KEY] = picked
     return picked
+
+
+def _open_experiment(key: str) -> None:
+    st.session_state[EXPERIMENT_KEY] = st.session_state[key]
 
 
 def run_experiment_with_progress(store: RunStore, experiment_id: str):

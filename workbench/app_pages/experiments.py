@@ -52,9 +52,15 @@ with st.expander("New experiment", expanded=existing.empty):
                                     accept_new_options=True)
     counter = right.selectbox("Token counter", TOKEN_COUNTERS, key="xp_counter")
     is_demo = dataset is not None and Path(dataset) == DEMO_DATASET
-    obs_text = left.text_input("Observation thresholds", "150,300,600" if is_demo else "500,1000,2000",
-                               key="xp_obs", help="Comma-separated token volumes")
-    ref_text = middle.text_input("Reflection thresholds", "600" if is_demo else "2000", key="xp_ref")
+    # Thresholds around the demo's scaled ones (300 / 600) or the library's defaults (1000 / 2000),
+    # set again when the dataset switches between the two kinds (through the widgets' state: a
+    # browser keeps a text box's own value unless the app sets it).
+    defaults = ("150,300,600", "600") if is_demo else ("500,1000,2000", "2000")
+    if st.session_state.get("xp_defaults") != defaults or "xp_obs" not in st.session_state:
+        st.session_state["xp_defaults"] = defaults
+        st.session_state["xp_obs"], st.session_state["xp_ref"] = defaults
+    obs_text = left.text_input("Observation thresholds", key="xp_obs", help="Comma-separated token volumes")
+    ref_text = middle.text_input("Reflection thresholds", key="xp_ref")
     win_text = right.text_input("Windows (last messages)", "10", key="xp_win")
     observer_prompts = ui.prompt_choices(store, "observer")
     reflector_prompts = ui.prompt_choices(store, "reflector")
@@ -112,8 +118,7 @@ with st.expander("New experiment", expanded=existing.empty):
         except WorkbenchError as exc:
             ui.error("The experiment cannot start: ", exc)
         else:
-            st.session_state[ui.EXPERIMENT_KEY] = experiment_id
-            st.session_state.pop("xp_pick", None)
+            st.session_state[ui.EXPERIMENT_KEY] = experiment_id  # the picker shows it after the rerun
             outcome = ui.run_experiment_with_progress(store, experiment_id)
             if outcome is not None:
                 st.session_state["xp_done"] = (f"{experiment_id} {outcome.status}: {outcome.runs} runs in "

@@ -93,7 +93,9 @@ cols[5].metric("Blind-spot tokens", fmt.number(run.get("blind_spot_tokens"), 0),
 cols[6].metric("Cost", fmt.money(run["cost_usd"]))
 
 if steps.empty:
-    st.warning("This run recorded no steps yet.")
+    st.warning("This run recorded no steps yet." if run["status"] == "running" else
+               "This run recorded no steps." if done else
+               "This run recorded no steps: it ended before its first memory read (the error above says why).")
     st.stop()
 for note in analysis.findings(steps, config["observation_threshold"], calls):
     st.warning(note)

@@ -50,7 +50,7 @@ def _move(target: int | None) -> None:
 back, _, jump, forward = st.columns([1, 4, 2, 1])
 back.button("◀ Back", key="pres_back", disabled=st.session_state[key] <= 0,
             on_click=lambda: _move(st.session_state[key] - 1))
-jump.button("Jump to next compaction ⏭", key="pres_jump",
+jump.button("Jump to next compaction »", key="pres_jump",
             disabled=app_data.next_compaction(steps, st.session_state[key]) is None,
             on_click=lambda: _move(app_data.next_compaction(steps, st.session_state[key])))
 forward.button("Next ▶", key="pres_next", disabled=st.session_state[key] >= last,
