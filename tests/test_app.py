@@ -462,6 +462,15 @@ def test_launch_an_experiment_then_tune_compare_grid_and_a_trace(db: Path) -> No
     probes = s.experiment_probes(experiment_id)
     assert len(grid) == probes[probes.method == "memory"].probe_id.nunique()
     assert {"question", "gold", "obs 150", "obs 600"} <= set(grid.columns)
+    # Each count on the page says which probes it counts (the grid lists every probe, retention
+    # pools the scored ones, the funnel those with evidence).
+    memory = probes[probes.method == "memory"]
+    scored = memory[memory.score.notna()].probe_id.nunique()
+    captions = [c.value for c in at.caption]
+    assert any(c.startswith(f"Retention pools the {scored:,} probes scored") for c in captions), captions
+    assert any(c.startswith(f"{len(grid):,} of {len(grid):,} probes") for c in captions), captions
+    said = s.experiment_losses(experiment_id).query("config_label == 'obs 150'").probe_id.nunique()
+    assert any(f"the dataset names: {said:,}, followed" in c for c in captions), captions
     assert any(spec_i["layout"]["title"]["text"].startswith("Loss funnel")
                for spec_i in (json.loads(c.proto.spec) for c in at.get("plotly_chart")))
     at.toggle(key="cmp_xp_differs").set_value(True).run()
@@ -652,6 +661,12 @@ def test_grid_differs_filter_and_cell_targets() -> None:
     assert view.probe.tolist() == ["p1"] and "B|run" not in view
     assert app_data.grid_target(grid, view.index[0], "B") == ("r-B", 7)
     assert app_data.grid_target(grid, 1, "A") == ("r-A", None)
+    unscored = pd.DataFrame([{"config_label": c, "conversation_id": "x", "run_id": f"r-{c}", "probe_id": "p3",
+                              "method": "memory", "question": "q", "gold": None, "category": "5", "score": None}
+                             for c in ("A", "B")])
+    listed = pd.concat([probes, unscored], ignore_index=True)
+    assert app_data.probe_counts(listed, ["A", "B"]) == (3, 2)  # the grid lists 3, retention pools 2
+    assert app_data.probe_grid(listed, losses, ["A", "B"]).A.tolist()[-1] == "not scored"
 
 
 def test_crossing_series_and_pass_navigation() -> None:
@@ -712,6 +727,11 @@ def test_html_export_is_self_contained_and_escapes_text(db: Path) -> None:
     assert not re.search(r"\bnan\b|\$nan|nanx", text, re.IGNORECASE)
     figures = re.findall(r'Plotly.newPlot\(\s*"[^"]+",\s*(\[.*?\]),\s*\{', page, flags=re.DOTALL)
     assert figures and not any(re.search(r"\bNaN\b", f) for f in figures)
+    # Read as a stakeholder would: a whole number of blind-spot tokens, and a first step that
+    # does not speak of "the 0 messages so far".
+    blind = re.search(r"Blind-spot tokens \(mean\)<b>([^<]+)</b>", page)
+    assert blind and re.fullmatch(r"[\d,]+", blind.group(1)), blind
+    assert "the 0 messages" not in text and "(0 tokens)" not in text
 
 
 def test_a_new_experiment_is_the_one_picked_and_shown(db: Path) -> None:
@@ -756,3 +776,38 @@ def test_the_experiment_form_thresholds_follow_the_dataset(db: Path) -> None:
     at.selectbox(key="xp_dataset").set_value(next(n for n in names if n.startswith("demo "))).run()
     assert (at.text_input(key="xp_obs").value, at.text_input(key="xp_ref").value) == ("150,300,600", "600")
     assert not at.exception
+
+
+def test_two_stored_runs_compared_first_are_of_one_conversation_and_tables_read_plainly() -> None:
+    import pandas as pd
+
+    from workbench import analysis, app_data
+
+    runs = pd.DataFrame({"run_id": ["r4", "r3", "r2", "r1"], "conversation_id": ["x", "y", "failed", "x"],
+                         "status": ["completed", "completed", "failed", "completed"]})
+    assert app_data.default_run_pair(runs) == ("r1", "r4")  # not r3 (another conversation) nor the failed r2
+    assert app_data.default_run_pair(runs.iloc[:2]) == ("r3", "r4")  # no other run of x: the next one
+    probes = pd.DataFrame([{"method": m, "category": c, "score": 1.0, "probe_id": f"p{c}"}
+                           for m in ("memory", "recent_tokens", "full_history") for c in ("2", "4")])
+    table = analysis.retention_table(probes)
+    assert list(table.columns) == ["memory", "recency baseline (same tokens)", "full history", "probes"]
+    assert list(table.index) == ["temporal", "single-hop"]
+
+
+def test_presentation_text_and_labels_read_right_at_the_edges() -> None:
+    """Step 0 before any message says so (not "the 0 messages so far (0 tokens)"), and the
+    compression label at the last step sits left of its point, inside the plot, not cut off."""
+    import pandas as pd
+
+    from workbench import app_data, charts
+
+    first = app_data.opening_sentence({"message_index": 0, "context_tokens": 0}, 40)
+    assert "the first of 40 messages" in first and "the 0 messages" not in first and "(0 tokens)" not in first
+    assert "message 4 of 40" in app_data.opening_sentence({"message_index": 3, "context_tokens": 90}, 40)
+    steps = pd.DataFrame({"step": [0, 1, 2], "memory_tokens": [0, 50, 60], "reflection_tokens": [0, 0, 0],
+                          "window_tokens": [100, 120, 110], "history_tokens": [100, 400, 700],
+                          "context_tokens": [100, 170, 170]})
+    label = charts.volumes_chart(steps).layout.annotations[-1]
+    assert label.text == "4.1x compression at step 2" and label.xanchor == "right" and label.ax < 0
+    early = charts.volumes_chart(steps, step=0).layout.annotations
+    assert [a for a in early if "compression" in a.text][0].xanchor == "left"

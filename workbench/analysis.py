@@ -78,7 +78,7 @@ def compare_runs(store: RunStore, run_a: str, run_b: str) -> pd.DataFrame:
         values["model tokens in"] = int(tokens.input_tokens.fillna(0).sum()) if not tokens.empty else 0
         values["model tokens out"] = int(tokens.output_tokens.fillna(0).sum()) if not tokens.empty else 0
         for category, score in category_retention(store.probes(run_id)).items():
-            values[f"retention · category {category}"] = score
+            values[f"retention · {_category(category)}"] = score
         columns[run_id] = values
     return pd.DataFrame(columns)
 
@@ -90,15 +90,29 @@ def category_retention(probes: pd.DataFrame, method: str = "memory") -> dict[str
     return {str(k): float(v) for k, v in rows.groupby("category").score.mean().sort_index().items()}
 
 
+METHOD_NAMES = {"memory": "memory", "recent_tokens": "recency baseline (same tokens)", "window_only": "window only",
+                "full_history": "full history", "llm_judge": "LLM judge", "probes": "probes"}
+
+
+def _category(value: Any) -> str:
+    from .app_data import category_name  # (app_data imports this module)
+
+    return category_name(value)
+
+
 def retention_table(probes: pd.DataFrame) -> pd.DataFrame:
-    """Mean score per category (rows) and method (columns)."""
+    """Mean score per category (rows, by name) and method (columns, readable names)."""
     if probes.empty:
         return pd.DataFrame()
     scored = probes[probes.score.notna()]
     table = scored.pivot_table(index="category", columns="method", values="score", aggfunc="mean")
     table["probes"] = scored[scored.method == "memory"].groupby("category").size()
-    order = [c for c in ("memory", "recent_tokens", "window_only", "full_history", "llm_judge", "probes") if c in table]
-    return table[order]
+    order = [c for c in METHOD_NAMES if c in table]
+    table = table[order].rename(columns=METHOD_NAMES)
+    table.index = [_category(c) for c in table.index]
+    table.index.name = "category"
+    table.columns.name = None
+    return table
 
 
 def probe_diff(store: RunStore, run_a: str, run_b: str, *, kept: float = 0.5) -> pd.DataFrame:

@@ -233,6 +233,28 @@ def figures_comparison(summaries: Sequence[Any], probes: pd.DataFrame, a: str, b
     return pd.DataFrame(rows)
 
 
+def default_run_pair(runs: pd.DataFrame) -> tuple[str, str]:
+    """Two stored runs to compare first (``runs`` newest first): the newest completed one as B and,
+    as A, the newest other completed run of the same conversation; failing that, the next run."""
+    done = runs[runs.status == "completed"] if "status" in runs else runs
+    pool = done if len(done) >= 2 else runs
+    b = pool.iloc[0]
+    same = pool[(pool.conversation_id == b.conversation_id) & (pool.run_id != b.run_id)]
+    a = same.iloc[0] if not same.empty else pool[pool.run_id != b.run_id].iloc[0]
+    return str(a.run_id), str(b.run_id)
+
+
+def probe_counts(probes: pd.DataFrame, labels: Sequence[str]) -> tuple[int, int]:
+    """``(listed, scored)``: the distinct probes of ``labels``' memory scores, and those of them
+    that have a score (a gold answer); retention pools the scored ones, the grid lists them all."""
+    if probes.empty:
+        return 0, 0
+    memory = probes[(probes.method == "memory") & probes.config_label.isin(list(labels))]
+    listed = memory.drop_duplicates(["conversation_id", "probe_id"])
+    scored = memory[memory.score.notna()].drop_duplicates(["conversation_id", "probe_id"])
+    return len(listed), len(scored)
+
+
 def verdict(probes: pd.DataFrame, a: str, b: str) -> str:
     return paired_difference(a, b, _scores(probes, a), _scores(probes, b)).verdict()
 
@@ -476,6 +498,10 @@ def next_compaction(steps: pd.DataFrame, step: int) -> int | None:
 def opening_sentence(row: Any, total_messages: int) -> str:
     """What step 0 means: the first memory read, before anything could be compacted."""
     seen = int(row["message_index"])
+    if seen == 0:
+        return (f"Step 0: the conversation begins. The agent is about to answer the first of {total_messages:,} "
+                "messages, with nothing said before it. Notes start once messages leave the window and the "
+                "backlog passes the observation threshold.")
     return (f"Step 0: the conversation begins. The agent is about to answer message {seen + 1} of "
             f"{total_messages:,}; it sees the {seen} message{'s' if seen != 1 else ''} so far "
             f"({int(row['context_tokens']):,} tokens) verbatim. Nothing is old enough to condense yet: "

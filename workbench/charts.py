@@ -96,8 +96,10 @@ def volumes_chart(steps: pd.DataFrame, step: int | None = None) -> go.Figure:
     if not steps.empty:
         last = steps.iloc[-1] if step is None else steps[steps.step == step].iloc[0]
         ratio = last.history_tokens / last.context_tokens if last.context_tokens else 1.0
+        right_half = float(last.step) > float(steps.step.max()) / 2
         fig.add_annotation(x=last.step, y=last.context_tokens, text=f"{ratio:.1f}x compression at step {int(last.step)}",
-                           showarrow=True, arrowhead=2)
+                           showarrow=True, arrowhead=2, ax=-20 if right_half else 20, ay=-30,
+                           xanchor="right" if right_half else "left")  # the label stays inside the plot
     _marker_line(fig, step)
     return _layout(fig, "Token volumes", "tokens")
 

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 
 from . import app_data, charts
 from .analysis import narrate
-from .formatting import MISSING, display, missing, ratio, share
+from .formatting import MISSING, display, missing, number, ratio, share
 
 _STYLE = """
 body { font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif; margin: 2rem auto;
@@ -139,7 +139,7 @@ def run_html(store: Any, run_id: str) -> str:
         ("Compression" + ("" if done else " (partial)"), ratio(run.get("compression"))),
         ("Facts retained", MISSING if missing(run.get("retention")) else f"{float(run['retention']):.0%}"),
         ("Model calls", display(calls_made)),
-        ("Blind-spot tokens (mean)", display(run.get("blind_spot_tokens"))),
+        ("Blind-spot tokens (mean)", number(run.get("blind_spot_tokens"), 0)),
         ("Messages", display(run.get("messages"))),
     ])
     if not steps.empty:

@@ -59,7 +59,10 @@ def experiment_comparison() -> None:
     st.dataframe(shown.style.apply(lambda row: ["background-color: #ffeaa7; font-weight: 600"
                                                 if highlight[row.name] else "" for _ in row], axis=1),
                  hide_index=True, key="cmp_xp_figures", height=35 * (len(shown) + 1) + 3)
-    st.caption("Highlighted: a difference whose 95% interval excludes zero (paired bootstrap over probes).")
+    listed, scored = app_data.probe_counts(probes, [a, b])
+    unscored = f"; the other {listed - scored:,} have no gold answer" if listed > scored else ""
+    st.caption(f"Retention pools the {scored:,} probes scored (they have a gold answer{unscored}). Highlighted: "
+               "a difference whose 95% interval excludes zero (paired bootstrap over probes).")
 
     pick = {}
     for name, label in (("A", a), ("B", b)):
@@ -100,9 +103,12 @@ def experiment_comparison() -> None:
     else:
         differs_only = st.toggle("Only probes where the configurations differ", key="cmp_xp_differs")
         view = app_data.grid_view(grid, labels, differs_only=differs_only)
-        st.caption(f"{len(view)} of {len(grid)} probes. Each cell: the probe's score with that configuration and, "
-                   "when lost, the stage and step where its answer was lost. Select a cell to open that run at "
-                   "that step.")
+        listed, scored = app_data.probe_counts(probes, labels)
+        st.caption(f"{len(view):,} of {len(grid):,} probes"
+                   + (f" ({listed - scored:,} without a gold answer are listed as not scored)" if listed > scored
+                      else "")
+                   + ". Each cell: the probe's score with that configuration and, when lost, the stage and step "
+                   "where its answer was lost. Select a cell to open that run at that step.")
         event = st.dataframe(view, hide_index=True, key="cmp_xp_grid", on_select="rerun",
                              selection_mode="single-cell", column_config={
                                  "question": st.column_config.TextColumn(width="large")})
@@ -130,6 +136,10 @@ def experiment_comparison() -> None:
     if funnel.empty or not int(funnel.iloc[0].sum()):
         st.info("No probe with evidence and a gold answer: no funnel to draw.")
     else:
+        said = int(funnel.iloc[0].max())
+        st.caption(f"The scored probes whose evidence (the messages that hold the answer) the dataset names: "
+                   f"{said:,}, followed from evidence said to visible at the end; a scored probe without "
+                   "evidence has no path to follow and is not counted here.")
         st.plotly_chart(charts.funnel_chart(funnel), key="cmp_xp_funnel")
         st.dataframe(funnel, key="cmp_xp_funnel_table")
 
@@ -181,8 +191,9 @@ else:
         st.info("Compare needs two stored runs: run two configurations here, or replays in the explorer.")
         st.stop()
     ids = list(runs.run_id)
-    run_a = ui.run_picker(store, "Run A", "cmp_a_pick", default=ids[1], container=st.sidebar)
-    run_b = ui.run_picker(store, "Run B", "cmp_b_pick", default=ids[0], container=st.sidebar)
+    default_a, default_b = app_data.default_run_pair(runs)
+    run_a = ui.run_picker(store, "Run A", "cmp_a_pick", default=default_a, container=st.sidebar)
+    run_b = ui.run_picker(store, "Run B", "cmp_b_pick", default=default_b, container=st.sidebar)
 
 if not run_a or not run_b:
     st.info("Choose or run two configurations.")
@@ -221,9 +232,10 @@ diff = analysis.probe_diff(store, run_a, run_b)
 if diff.empty:
     st.info("No probe is kept by one run and lost by the other (or the conversation has no probes).")
 else:
-    diff = diff.assign(kept_by=diff.kept_by.map({run_a: "A", run_b: "B"}))
-    st.dataframe(diff[["kept_by", "category", "question", "gold", "score_a", "score_b"]], hide_index=True,
-                 key="cmp_diff")
+    diff = diff.assign(kept_by=diff.kept_by.map({run_a: "A", run_b: "B"}),
+                       category=diff.category.map(app_data.category_name))
+    st.dataframe(diff[["kept_by", "category", "question", "gold", "score_a", "score_b"]].rename(
+        columns={"kept_by": "kept by", "score_a": "score A", "score_b": "score B"}), hide_index=True, key="cmp_diff")
 
 st.subheader("What each wrote")
 left, right = st.columns(2)
