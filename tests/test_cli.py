@@ -66,6 +66,9 @@ def test_an_earlier_built_in_prompt_version_can_be_chosen(tmp_path) -> None:
     assert code == 0 and "observer prompt" in out
     [compression] = [line for line in out.splitlines() if line.startswith("compression (x)")]
     assert all(len(value.split(".")[1]) == 3 for value in compression.split()[2:])  # rounded, not 1.1666666
+    # The long configuration labels are above the table, which fits a terminal.
+    assert out.splitlines()[0].startswith(f"A  {rows[0].split()[0]}: ") and out.splitlines()[0].endswith("v1/v2")
+    assert max(len(line) for line in out.splitlines()[2:]) <= 100 and "\nconfiguration " not in out
 
 
 def test_replay_defaults_to_the_demo_and_prints_figures() -> None:

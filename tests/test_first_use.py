@@ -304,4 +304,5 @@ def test_missing_figures_of_every_kind_read_as_a_dash() -> None:
     for value in (None, float("nan"), np.float64("nan"), pd.NA, pd.NaT):
         assert display(value) == ratio(value) == money(value) == "–"
     assert progress("failed", 0, pd.NA) == "failed at step 0" and progress("failed", 3, 100) == "failed at step 3 of 100"
-    assert display(0) == "0" and ratio(3.94) == "3.9x" and money(0.0) == "$0.0000"
+    assert display(0) == "0" and ratio(3.94) == "3.9x" and money(0.0) == "$0"
+    assert money(0.00123) == "$0.0012" and money(12.346) == "$12.35"  # (a headline that fits its column)

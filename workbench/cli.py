@@ -347,8 +347,12 @@ def compare(run_a: str, run_b: str, as_json: bool, db: str) -> None:
                    "their figures are not directly comparable", err=True)
     if as_json:
         click.echo(table.to_json(orient="columns"))
-    else:
-        click.echo(table.map(display).to_string())
+    else:  # the long configuration labels above the table, so that it fits a terminal
+        for name, run_id in (("A", run_a), ("B", run_b)):
+            click.echo(f"{name}  {run_id}: {display(table.at['configuration', run_id])}")
+        shown = table.drop(index="configuration").map(display)
+        shown.columns = [f"A {run_a}", f"B {run_b}"] if run_a != run_b else [f"A {run_a}"]
+        click.echo(shown.to_string())
 
 
 @cli.command("runs")

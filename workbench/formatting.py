@@ -66,7 +66,14 @@ def tokens(value: Any) -> str:
 
 
 def money(value: Any, digits: int = 4) -> str:
-    return MISSING if missing(value) else f"${float(value):.{digits}f}"
+    """``$0`` for nothing spent (the offline model), cents from a dollar up, else ``digits`` decimals
+    (calls cost fractions of a cent)."""
+    if missing(value):
+        return MISSING
+    amount = float(value)
+    if amount == 0:
+        return "$0"
+    return f"${amount:,.2f}" if abs(amount) >= 1 else f"${amount:.{digits}f}"
 
 
 def share(value: Any, digits: int = 2) -> str:

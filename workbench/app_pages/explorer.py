@@ -79,14 +79,15 @@ cols = st.columns(7)
 cols[0].metric("Messages", fmt.display(run["messages"]))
 cols[1].metric("Memory reads", fmt.display(run["steps"]) if done
                else f"{fmt.display(run['steps'])} of {fmt.display(run['planned_steps'])}")
-cols[2].metric("Observer / reflector calls", f"{fmt.display(run['observer_calls'])} / {fmt.display(run['reflector_calls'])}")
+cols[2].metric("Model calls", f"{fmt.display(run['observer_calls'])} / {fmt.display(run['reflector_calls'])}",
+               help="Observer calls / reflector calls")
 cols[3].metric("Compression" + ("" if done else " (partial)"), fmt.ratio(run["compression"]),
                help="Full-history tokens / what the agent sees after the last message (memory + window). "
                     "The chart's figure is the same ratio at the chosen step.")
 cols[4].metric("Retention", fmt.share(run["retention"]),
                help="Share of gold-answer words visible at the end (memory + window); scored on completed "
                     "runs only")
-cols[5].metric("Blind-spot tokens", fmt.number(run.get("blind_spot_tokens"), 0),
+cols[5].metric("Blind spot", fmt.number(run.get("blind_spot_tokens"), 0),
                help="Mean backlog per read: tokens of messages that have left the window but are not observed "
                     "yet, so the agent sees them neither verbatim nor as notes (max "
                     f"{fmt.display(run.get('blind_spot_max'))})")
