@@ -691,10 +691,10 @@ def test_figures_comparison_marks_differences_whose_ci_excludes_zero() -> None:
     from workbench import app_data
     from workbench.experiments import ConfigSummary
 
-    def summary(label: str, retention: float) -> ConfigSummary:
+    def summary(label: str, retention: float, blind: float | None = None, cost: float | None = None) -> ConfigSummary:
         return ConfigSummary(label=label, config={}, runs=1, failed=0, probes=40, retention=retention,
-                             retention_ci95=None, compression=None, recency_ratio=None, blind_spot_tokens=None,
-                             observer_calls=3, reflector_calls=1, input_tokens=10, output_tokens=5, cost_usd=None,
+                             retention_ci95=None, compression=None, recency_ratio=None, blind_spot_tokens=blind,
+                             observer_calls=3, reflector_calls=1, input_tokens=10, output_tokens=5, cost_usd=cost,
                              latency_ms_per_call=None, per_category={"temporal": {"retention": retention}})
 
     probes = pd.DataFrame([{"config_label": c, "conversation_id": "x", "probe_id": f"p{i}", "method": "memory",
@@ -707,6 +707,11 @@ def test_figures_comparison_marks_differences_whose_ci_excludes_zero() -> None:
     assert not table.set_index("figure").loc["observer calls", "differs"]
     assert table.set_index("figure").loc["cost (USD)", "A"] == "–"
     assert "nan" not in table.to_string().lower()
+    # Differences read like the figures: whole tokens, dollars.
+    table = app_data.figures_comparison([summary("A", 0.25, 148.2, 0.0), summary("B", 1.0, 286.69, 0.0012)],
+                                        probes, "A", "B").set_index("figure")
+    assert table.loc["blind-spot tokens (mean backlog)", "B − A"] == "+138"
+    assert table.loc["cost (USD)"].tolist()[:3] == ["$0", "$0.0012", "+$0.0012"]
 
 
 def test_html_export_is_self_contained_and_escapes_text(db: Path) -> None:
@@ -811,3 +816,15 @@ def test_presentation_text_and_labels_read_right_at_the_edges() -> None:
     assert label.text == "4.1x compression at step 2" and label.xanchor == "right" and label.ax < 0
     early = charts.volumes_chart(steps, step=0).layout.annotations
     assert [a for a in early if "compression" in a.text][0].xanchor == "left"
+    # Threshold labels never print over each other: one label for one value, the lower of two
+    # close ones under its line.
+    steps = steps.assign(backlog_tokens=[0, 300, 10], unreflected_tokens=[0, 0, 40], observed=[False, True, False],
+                         reflected=[False, False, False])
+
+    def labels(observation: int, reflection: int) -> dict[str, float]:
+        figure = charts.thresholds_chart(steps, observation, reflection)
+        return {a.text: a.yanchor for a in figure.layout.annotations if "threshold" in a.text}
+
+    assert list(labels(600, 600)) == ["observation and reflection threshold 600"]
+    assert labels(580, 600) == {"observation threshold 580": "top", "reflection threshold 600": "bottom"}
+    assert labels(300, 600) == {"observation threshold 300": "bottom", "reflection threshold 600": "bottom"}

@@ -202,12 +202,17 @@ def figures_comparison(summaries: Sequence[Any], probes: pd.DataFrame, a: str, b
 
     def add(name: str, va: Any, vb: Any, shown: Any = display, ci: tuple[float, float] | None = None,
             diff: float | None = None, differs: bool = False) -> None:
-        whole = False
+        whole = shown is tokens  # (a difference in tokens is a whole number, like the figures)
         if diff is None and not missing(va) and not missing(vb) and not isinstance(va, str):
             diff = float(vb) - float(va)
-            whole = float(va).is_integer() and float(vb).is_integer() and shown is display
-        rows.append({"figure": name, "A": shown(va), "B": shown(vb),
-                     "B − A": MISSING if diff is None else (f"{diff:+,.0f}" if whole else f"{diff:+.3f}"),
+            whole = whole or (float(va).is_integer() and float(vb).is_integer() and shown is display)
+        if diff is None:
+            change = MISSING
+        elif shown is money:
+            change = ("-" if diff < 0 else "+") + money(abs(diff))
+        else:
+            change = f"{diff:+,.0f}" if whole else f"{diff:+.3f}"
+        rows.append({"figure": name, "A": shown(va), "B": shown(vb), "B − A": change,
                      "95% CI of B − A": f"[{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else MISSING,
                      "differs": differs})
 

@@ -63,10 +63,20 @@ def thresholds_chart(steps: pd.DataFrame, observation: int, reflection: int, ste
     fig.add_scatter(x=unreflected.step, y=unreflected.tokens, name="unreflected observations", mode="lines",
                     line=dict(color=COLORS["observe"]),
                     hovertemplate="step %{x}: %{y} tokens<extra>unreflected</extra>")
-    fig.add_hline(y=observation, line_dash="dash", line_color=COLORS["window"],
-                  annotation_text=f"observation threshold {observation}")
-    fig.add_hline(y=reflection, line_dash="dash", line_color=COLORS["observe"],
-                  annotation_text=f"reflection threshold {reflection}")
+    # Two thresholds close together would print their labels over each other: the lower one's
+    # label goes under its line (the same value: one label for both).
+    close = abs(reflection - observation) <= 0.12 * max(observation, reflection, 1)
+    if observation == reflection:
+        fig.add_hline(y=observation, line_dash="dash", line_color=COLORS["observe"],
+                      annotation_text=f"observation and reflection threshold {observation}")
+    else:
+        low_is_obs = observation < reflection
+        fig.add_hline(y=observation, line_dash="dash", line_color=COLORS["window"],
+                      annotation_text=f"observation threshold {observation}",
+                      annotation_position="bottom right" if close and low_is_obs else "top right")
+        fig.add_hline(y=reflection, line_dash="dash", line_color=COLORS["observe"],
+                      annotation_text=f"reflection threshold {reflection}",
+                      annotation_position="bottom right" if close and not low_is_obs else "top right")
     observed = backlog[backlog.point == "before pass"]
     if observed.empty:  # no calls recorded: mark the passes on the after-volumes
         observed = steps[steps.observed].rename(columns={"backlog_tokens": "tokens"})

@@ -111,7 +111,9 @@ def experiment_comparison() -> None:
                    "where its answer was lost. Select a cell to open that run at that step.")
         event = st.dataframe(view, hide_index=True, key="cmp_xp_grid", on_select="rerun",
                              selection_mode="single-cell", column_config={
-                                 "question": st.column_config.TextColumn(width="large")})
+                                 "question": st.column_config.TextColumn(width="medium", pinned=True),
+                                 "conversation": st.column_config.TextColumn(width="small"),
+                                 "category": st.column_config.TextColumn(width="small")})
         cells = (event.selection.get("cells") if event and event.selection else None) or []
         if cells:
             position, column = cells[0]
