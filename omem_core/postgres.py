@@ -47,6 +47,7 @@ import contextlib
 import os
 import threading
 import warnings
+import weakref
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -201,6 +202,8 @@ class _Database:
         self._migrated = False
         self._closed = False
         self._sentinel: asyncio.Task | None = None
+        self._made: weakref.WeakSet | None = None  # the current pool's connections (to close what it leaves)
+        self._lent: set[int] = set()  # id() of the connections this store's calls hold right now
         self._in_use: dict[int, int] = {}  # id(pool) -> connections of that pool this store holds
         self._handouts = 0  # connections handed over to this store's calls, by any of its pools
         self._probes: dict[int, asyncio.Future] = {}  # id(pool) -> the test of why it gives no connection
@@ -228,16 +231,17 @@ class _Database:
     def _closed_error(self) -> RuntimeError:
         return RuntimeError(f"this store ({self.where}) is closed")
 
-    def _enter(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _enter(self, loop: asyncio.AbstractEventLoop) -> list[psycopg.AsyncConnection]:
         """Make ``loop`` the store's loop, or say why it cannot be: another loop that is not
         closed still owns the store (running in another thread, perhaps opening its pool right
-        now; or stopped with the pool's connections on it)."""
+        now; or stopped with the pool's connections on it). Returns the connections a closed
+        loop's pool left open (a loop closed without ``asyncio.run``'s cancelling): to close."""
         with self._claim:
             if self._closed:
                 raise self._closed_error()
             old = self._loop
             if old is loop:
-                return
+                return []
             if old is not None and not old.is_closed():
                 if old.is_running():
                     raise RuntimeError(
@@ -248,16 +252,21 @@ class _Database:
                         f"this store ({self.where}) holds its connections on an event loop that is stopped but "
                         "not closed; a store serves one event loop at a time: close the store on that loop "
                         "(loop.run_until_complete(store.close())), or close that loop first")
-            # No loop yet, or the old one is closed (asyncio.run closed the pool at its end).
+            # No loop yet, or the old one is closed (asyncio.run closed the pool at its end, or
+            # the loop was closed with the pool open: its connections are closed here).
+            left = _left_open(self._made)
             self._opening, self._loop, self._pool, self._sentinel = asyncio.Lock(), loop, None, None
-            self._probes = {}
+            self._probes, self._made = {}, None
+            return left
 
     async def pool(self) -> AsyncConnectionPool:
         loop = asyncio.get_running_loop()
         pool = self._pool
         if pool is not None and self._loop is loop and not pool.closed:
             return pool
-        self._enter(loop)
+        for con in self._enter(loop):
+            with contextlib.suppress(Exception):
+                await con.close()  # (no round trip: it only closes the socket)
         assert self._opening is not None
         async with self._opening:
             if self._closed:  # closed while this call waited for the lock
@@ -280,9 +289,14 @@ class _Database:
                 if self._closed:
                     raise self._closed_error()
                 min_size, max_size = self._sizes
+                made: weakref.WeakSet = weakref.WeakSet()
+
+                async def remember(con: psycopg.AsyncConnection) -> None:
+                    made.add(con)
+
                 pool = AsyncConnectionPool(self._dsn, min_size=min_size, max_size=max_size, open=False,
                                            kwargs=self._connect, timeout=self._timeout,
-                                           check=self._check, name="omem")
+                                           check=self._check, configure=remember, name="omem")
                 try:
                     await pool.open(wait=True, timeout=self._connect.get("connect_timeout", 10) + 5)
                 except BaseException as exc:  # a timeout, or this call cancelled: never leave it open
@@ -295,8 +309,8 @@ class _Database:
                 with self._claim:  # close() from another thread either sees this pool or is seen here
                     keep = not self._closed and self._loop is loop
                     if keep:
-                        self._pool = pool
-                        self._sentinel = loop.create_task(_close_when_cancelled(pool),
+                        self._pool, self._made = pool, made
+                        self._sentinel = loop.create_task(_close_when_cancelled(pool, made, self._lent),
                                                           name="omem: close the pool at loop end")
                 if not keep:  # close() ran while this pool was opening: never leave it open
                     await pool.close()
@@ -334,9 +348,11 @@ class _Database:
                     async with pool.connection() as con:
                         entered = True
                         self._in_use[id(pool)] = self._in_use.get(id(pool), 0) + 1
+                        self._lent.add(id(con))
                         yield con
                 finally:
                     if entered:  # counted until the connection is back in its pool
+                        self._lent.discard(id(con))
                         self._in_use[id(pool)] -= 1
                         if not self._in_use[id(pool)]:
                             del self._in_use[id(pool)]
@@ -419,14 +435,17 @@ class _Database:
             self._closed = True
             pool, self._pool = self._pool, None
             sentinel, self._sentinel = self._sentinel, None
-            loop = self._loop
+            loop, made = self._loop, self._made
         if pool is None or loop is None:
             return
         if loop is asyncio.get_running_loop():
             await _close_pool(pool, sentinel)
             return
-        if loop.is_closed():
-            return  # asyncio.run closed the pool at the loop's end (its sentinel)
+        if loop.is_closed():  # asyncio.run closed the pool at its end; a loop merely closed did not
+            for con in _left_open(made):
+                with contextlib.suppress(Exception):
+                    await con.close()
+            return
         # The pool lives on a loop in another thread: it can only be closed there.
         try:
             future = asyncio.run_coroutine_threadsafe(_close_pool(pool, sentinel), loop)
@@ -456,7 +475,11 @@ async def _close_pool(pool: AsyncConnectionPool, sentinel: asyncio.Task | None) 
         await pool.close()
 
 
-async def _close_when_cancelled(pool: AsyncConnectionPool) -> None:
+def _left_open(made: weakref.WeakSet | None) -> list[psycopg.AsyncConnection]:
+    return [con for con in list(made or ()) if not con.closed]
+
+
+async def _close_when_cancelled(pool: AsyncConnectionPool, made: weakref.WeakSet, lent: set[int]) -> None:
     """Live as long as the event loop and close ``pool`` when cancelled: ``asyncio.run`` cancels
     every task at its end, and psycopg-pool's connection attempts swallow that cancellation and
     reschedule themselves, so a pool left open by its owner would keep the loop (and the
@@ -464,16 +487,19 @@ async def _close_when_cancelled(pool: AsyncConnectionPool) -> None:
 
     At the end of ``asyncio.run`` the pool's worker tasks are cancelled together with this one, and
     psycopg-pool's ``close()`` then stops on their cancellation before it closes the idle
-    connections (they stayed open on the server): those are taken out and closed first."""
+    connections (they stayed open on the server): whichever of the pool's connections is still
+    open afterwards, and not held by a call (the pool closes those when they are given back), is
+    closed here, with no round trip to the server, so this never waits on it."""
     try:
         await asyncio.Event().wait()
     finally:
-        with contextlib.suppress(BaseException):
-            for _ in range(pool.get_stats().get("pool_available", 0)):
-                con = await pool.getconn(timeout=0.5)
-                await con.close()
+        held = _left_open(made)  # strong references: psycopg-pool's close() may drop its own midway
         with contextlib.suppress(BaseException):
             await pool.close(timeout=1.0)
+        for con in held:
+            if not con.closed and id(con) not in lent:
+                with contextlib.suppress(Exception):
+                    await con.close()
 
 
 async def _shielded(coro: Any) -> Any:

@@ -243,6 +243,62 @@ async def test_a_store_left_on_a_stopped_loop_is_refused_elsewhere_and_closes_th
         stopped.close()
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+async def test_a_store_left_on_a_loop_closed_without_asyncio_run_closes_its_connections(pg) -> None:
+    """``loop.run_until_complete`` then ``loop.close()`` (no task cancelled, so nothing closed the
+    pool): the next loop's first call closes what that pool left open and opens its own, and a
+    ``close()`` from here closes them too. Fails when the closed loop's connections stay open.
+    (The pool's worker tasks die with that loop, as any task left on a closed loop does: Python
+    reports them when they are collected, here within the test.)"""
+    import gc
+
+    name = "omem_closed_loop"
+    for last in ("a call", "close"):
+        store = PostgresMemoryStore(pg.dsn + f" application_name={name}", schema=pg.schema, min_size=2)
+        closed = asyncio.new_event_loop()
+        kept_alive = []  # (the test holds nothing of the pool: only its connections keep it open)
+        _in_thread(lambda: kept_alive.append(closed.run_until_complete(store.save_messages([msg(0)]))))
+        closed.close()
+        assert _connections_named(pg.dsn, name) == 2
+        if last == "a call":
+            assert [m.id for m in await store.recall("t", last=1)] == ["m0"]
+            deadline = time.monotonic() + 10
+            while _connections_named(pg.dsn, name) > 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert _connections_named(pg.dsn, name) == 2  # the new pool's two, the old two closed
+        await store.close()
+        assert await _until_no_connections(pg.dsn, name) == 0, last
+        del store, closed
+        gc.collect()
+
+
+async def test_closing_is_prompt_even_when_the_server_is_frozen(pg) -> None:
+    """The server's processes for the store's connections are stopped (SIGSTOP: the host still
+    answers TCP, the server never does): ``close()`` returns at once, without a round trip to
+    the server, and the connections are gone once the server runs again. Fails when closing
+    checks connections (it then waits on the frozen server for ever)."""
+    import os
+    import signal
+
+    name = "omem_frozen_close"
+    store = PostgresMemoryStore(pg.dsn + f" application_name={name}", schema=pg.schema, min_size=3)
+    await store.save_messages([msg(0)])
+    with psycopg.connect(pg.dsn, autocommit=True) as con:
+        pids = [row[0] for row in con.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+                                              (name,)).fetchall()]
+    assert len(pids) == 3
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        await asyncio.wait_for(store.close(), 10)
+        assert time.monotonic() - started < 3
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    assert await _until_no_connections(pg.dsn, name) == 0
+
+
 async def test_closing_from_another_loop_waits_a_bounded_time(pg) -> None:
     """``close()`` from this loop, while the pool's loop (in another thread) is stuck in a blocking
     call: after at most ``max(1 s, timeout)`` it returns with a warning instead of waiting on that
