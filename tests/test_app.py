@@ -667,6 +667,9 @@ def test_grid_differs_filter_and_cell_targets() -> None:
     listed = pd.concat([probes, unscored], ignore_index=True)
     assert app_data.probe_counts(listed, ["A", "B"]) == (3, 2)  # the grid lists 3, retention pools 2
     assert app_data.probe_grid(listed, losses, ["A", "B"]).A.tolist()[-1] == "not scored"
+    unobserved = pd.DataFrame([{"config_label": "B", "conversation_id": "x", "probe_id": "p1",
+                                "lost_at": "observation", "lost_step": None}])
+    assert app_data.probe_grid(probes, unobserved, ["A", "B"]).B.tolist()[0] == "lost 0.00: no note covers its evidence"
 
 
 def test_crossing_series_and_pass_navigation() -> None:

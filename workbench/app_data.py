@@ -312,7 +312,9 @@ def probe_grid(probes: pd.DataFrame, losses: pd.DataFrame, labels: Sequence[str]
                 text = f"kept {score:.2f}"
             else:
                 text = f"lost {score:.2f}"
-                if lost_at:
+                if lost_at == "observation" and lost_step is None:
+                    text += ": no note covers its evidence"  # (still in the backlog at the end)
+                elif lost_at:
                     text += f" at {lost_at}" + (f", step {lost_step}" if lost_step is not None else "")
             cells.append(text)
             scores.append(score)
