@@ -9,6 +9,7 @@ The contract, wrapper, trust and cross-process suites run on PostgreSQL as well 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import textwrap
@@ -115,25 +116,36 @@ async def test_a_store_serves_one_running_loop_at_a_time_and_closes_from_another
     clear error (it cannot share that loop's pool, and a second pool would double the store's
     connections), and ``close()`` from here closes the pool there, leaving no connection open.
     Fails when a second loop quietly gets a pool of its own, or when close() drops the pool."""
-    import threading
-
     name = "omem_two_loops"
     store = PostgresMemoryStore(pg.dsn + f" application_name={name}", schema=pg.schema, min_size=2)
-    other = asyncio.new_event_loop()
-    thread = threading.Thread(target=other.run_forever)
-    thread.start()
-    try:
-        saved = asyncio.run_coroutine_threadsafe(store.save_messages([msg(0)]), other)
-        await asyncio.wrap_future(saved)
+    with _loop_in_thread() as other:
+        await _on(other, store.save_messages([msg(0)]))
         assert _connections_named(pg.dsn, name) == 2
         with pytest.raises(RuntimeError, match="one event loop at a time"):
             await store.recall("t", last=1)
         await store.close()
         assert _connections_named(pg.dsn, name) == 0
+
+
+@contextlib.contextmanager
+def _loop_in_thread():
+    """An event loop running in a thread of its own (stopped and closed afterwards)."""
+    import threading
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever)
+    thread.start()
+    try:
+        yield loop
     finally:
-        other.call_soon_threadsafe(other.stop)
+        loop.call_soon_threadsafe(loop.stop)
         thread.join()
-        other.close()
+        loop.close()
+
+
+async def _on(loop: asyncio.AbstractEventLoop, coro):
+    """Run ``coro`` on ``loop`` (in its thread) and wait for it here."""
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
 
 
 def _hold_the_migration_lock(dsn: str, schema: str):
@@ -303,25 +315,16 @@ async def test_closing_from_another_loop_waits_a_bounded_time(pg) -> None:
     """``close()`` from this loop, while the pool's loop (in another thread) is stuck in a blocking
     call: after at most ``max(1 s, timeout)`` it returns with a warning instead of waiting on that
     loop, and the pool closes there once the loop runs. Fails when close() waits for the loop."""
-    import threading
-
     name = "omem_close_bounded"
     store = PostgresMemoryStore(pg.dsn + f" application_name={name}", schema=pg.schema, timeout=0.5)
-    other = asyncio.new_event_loop()
-    thread = threading.Thread(target=other.run_forever)
-    thread.start()
-    try:
-        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(store.save_messages([msg(0)]), other))
+    with _loop_in_thread() as other:
+        await _on(other, store.save_messages([msg(0)]))
         other.call_soon_threadsafe(time.sleep, 4)  # that loop is stuck for 4 s
         started = time.monotonic()
         with pytest.warns(RuntimeWarning, match="did not run it within 1 s"):
             await store.close()
         assert time.monotonic() - started < 3
         assert await _until_no_connections(pg.dsn, name) == 0
-    finally:
-        other.call_soon_threadsafe(other.stop)
-        thread.join()
-        other.close()
 
 
 # -- an unreachable database: a clear error, nothing half-saved -------------------------------
