@@ -473,6 +473,27 @@ def test_launch_an_experiment_then_tune_compare_grid_and_a_trace(db: Path) -> No
     assert any(f"the dataset names: {said:,}, followed" in c for c in captions), captions
     assert any(spec_i["layout"]["title"]["text"].startswith("Loss funnel")
                for spec_i in (json.loads(c.proto.spec) for c in at.get("plotly_chart")))
+    # A and B swapped: the grid and the funnel list A first, as the header and figures do.
+    at.sidebar.selectbox(key="cmp_xp_a").set_value("obs 600")
+    at.sidebar.selectbox(key="cmp_xp_b").set_value("obs 150").run()
+    swapped = dataframe(at, "question", "gold")
+    assert [c for c in swapped.columns if c.startswith("obs")] == ["obs 600", "obs 150"]
+    funnel = next(d.value for d in at.dataframe if set(d.value.columns) == {"obs 600", "obs 150"})
+    assert list(funnel.columns) == ["obs 600", "obs 150"]
+    thresholds = {spec_i["layout"]["title"]["text"]: spec_i for spec_i in
+                  (json.loads(c.proto.spec) for c in at.get("plotly_chart"))
+                  if "thresholds and passes" in spec_i["layout"]["title"]["text"]}
+    passes = trace(thresholds["A · obs 600: thresholds and passes"], "observe pass")["y"]
+    at.sidebar.selectbox(key="cmp_xp_a").set_value("obs 150")
+    at.sidebar.selectbox(key="cmp_xp_b").set_value("obs 600").run()
+    # The same run drawn in the stored-runs mode: its passes at the same volumes (before the pass).
+    run_600 = runs[runs.config_label == "obs 600"].run_id.iloc[0]
+    at.sidebar.radio(key="cmp_mode").set_value("Pick two stored runs").run()
+    at.sidebar.selectbox(key="cmp_a_pick").set_value(run_600).run()
+    stored = next(json.loads(c.proto.spec) for c in at.get("plotly_chart")
+                  if json.loads(c.proto.spec)["layout"]["title"]["text"] == "A: thresholds and passes")
+    assert trace(stored, "observe pass")["y"] == passes
+    at.sidebar.radio(key="cmp_mode").set_value("Two configurations of an experiment").run()
     at.toggle(key="cmp_xp_differs").set_value(True).run()
     differing = dataframe(at, "question", "gold")
     kept = lambda v: v.startswith("kept")  # noqa: E731

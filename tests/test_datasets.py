@@ -60,7 +60,9 @@ def test_project_datasets_load() -> None:
 @pytest.mark.parametrize(
     "text, record, field, problem",
     [
-        ("{not json\n", "line 1", None, "invalid JSON"),
+        ("{not json\n", "line 1 column 2", None, "invalid JSON"),
+        (line() + '{"role": "user", "content": "unclosed\n', "line 2 column 29", None,
+         "invalid JSON: Unterminated string starting at column 29"),
         (line(role="robot"), "line 1", "role", "unknown role 'robot'"),
         (line(content=...), "line 1", "content", "missing"),
         (line(timestamp="yesterday"), "line 1", "timestamp", "unrecognised date-time 'yesterday'"),

@@ -266,7 +266,8 @@ def verdict(probes: pd.DataFrame, a: str, b: str) -> str:
 
 def funnel_table(summaries: Sequence[Any], labels: Sequence[str] | None = None) -> pd.DataFrame:
     """Probes reaching each stage (rows: stages by name; columns: configurations)."""
-    chosen = [s for s in summaries if labels is None or s.label in labels]
+    by = {s.label: s for s in summaries}
+    chosen = list(summaries) if labels is None else [by[label] for label in labels if label in by]
     data = {s.label: [int(s.funnel.get(stage, 0)) for stage in STAGES] for s in chosen}
     return pd.DataFrame(data, index=[STAGE_NAMES[s] for s in STAGES])
 

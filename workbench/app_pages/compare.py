@@ -97,13 +97,14 @@ def experiment_comparison() -> None:
                 column.plotly_chart(figures[n], key=f"cmp_xp_{title}_{n}")
 
     st.subheader("Probes × configurations")
-    grid = app_data.probe_grid(probes, losses, labels)
+    ordered = list(dict.fromkeys([a, b, *labels]))  # A and B first, as in the figures above
+    grid = app_data.probe_grid(probes, losses, ordered)
     if grid.empty:
         st.info("This experiment's conversations have no scored probes.")
     else:
         differs_only = st.toggle("Only probes where the configurations differ", key="cmp_xp_differs")
-        view = app_data.grid_view(grid, labels, differs_only=differs_only)
-        listed, scored = app_data.probe_counts(probes, labels)
+        view = app_data.grid_view(grid, ordered, differs_only=differs_only)
+        listed, scored = app_data.probe_counts(probes, ordered)
         st.caption(f"{len(view):,} of {len(grid):,} probes"
                    + (f" ({listed - scored:,} without a gold answer are listed as not scored)" if listed > scored
                       else "")
@@ -117,7 +118,7 @@ def experiment_comparison() -> None:
         cells = (event.selection.get("cells") if event and event.selection else None) or []
         if cells:
             position, column = cells[0]
-            if column in labels and position < len(view):
+            if column in ordered and position < len(view):
                 target = app_data.grid_target(grid, view.index[position], column)
                 if target:
                     ui.open_run_at(*target)
@@ -126,7 +127,7 @@ def experiment_comparison() -> None:
             left, middle, right = st.columns([3, 2, 1])
             probe_keys = {i: f"{r.conversation} · {r.probe} · {r.question}" for i, r in view.iterrows()}
             row = left.selectbox("Probe", list(probe_keys), format_func=probe_keys.get, key="cmp_xp_probe")
-            label = middle.selectbox("Configuration", labels, key="cmp_xp_cell_config")
+            label = middle.selectbox("Configuration", ordered, key="cmp_xp_cell_config")
             target = app_data.grid_target(grid, row, label)
             where = "at the step its evidence was lost" if target and target[1] is not None else "at its last step"
             if right.button("Open run", key="cmp_xp_open", disabled=target is None, help=f"Opens the run {where}"):
@@ -134,7 +135,7 @@ def experiment_comparison() -> None:
                 st.switch_page("workbench/app_pages/explorer.py")
 
     st.subheader("Loss funnel")
-    funnel = app_data.funnel_table(summaries)
+    funnel = app_data.funnel_table(summaries, ordered)
     if funnel.empty or not int(funnel.iloc[0].sum()):
         st.info("No probe with evidence and a gold answer: no funnel to draw.")
     else:
@@ -219,8 +220,9 @@ st.dataframe(table, key="cmp_table", height=35 * (len(table) + 1) + 3)
 steps_a, steps_b = store.steps(run_a), store.steps(run_b)
 for title, build in (
     ("Token volumes", lambda steps, info: charts.volumes_chart(steps)),
-    ("Thresholds and passes", lambda steps, info: charts.thresholds_chart(
-        steps, info["config"]["observation_threshold"], info["config"]["reflection_threshold"])),
+    ("Thresholds and passes", lambda steps, info: charts.thresholds_chart(  # drawn as in the explorer
+        steps, info["config"]["observation_threshold"], info["config"]["reflection_threshold"],
+        calls=store.model_calls(info["run_id"]))),
 ):
     st.subheader(title)
     left, right = st.columns(2)

@@ -39,7 +39,8 @@ class Element:
 def _invalid_json(file: Path, exc: json.JSONDecodeError, line_base: int = 1, column_base: int = 1) -> DatasetError:
     """The error at ``exc``'s place, for text that starts at ``line_base``:``column_base`` of the file."""
     column = exc.colno + (column_base - 1 if exc.lineno == 1 else 0)
-    return DatasetError(file, f"line {line_base + exc.lineno - 1} column {column}", None, f"invalid JSON: {exc.msg}")
+    reason = exc.msg + (f" column {column}" if exc.msg.endswith(" at") else "")  # "Unterminated string starting at"
+    return DatasetError(file, f"line {line_base + exc.lineno - 1} column {column}", None, f"invalid JSON: {reason}")
 
 
 def _unreadable(file: Path, exc: OSError) -> DatasetError:
@@ -77,7 +78,7 @@ def json_lines(file: Path) -> Iterator[Element]:
                 try:
                     value = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    raise DatasetError(file, f"line {number}", None, f"invalid JSON: {exc.msg}") from exc
+                    raise _invalid_json(file, exc, line_base=number) from exc
                 except RecursionError as exc:
                     raise DatasetError(file, f"line {number}", None, "nested too deeply") from exc
                 yield Element(number, value, start, len(raw))
