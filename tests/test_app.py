@@ -470,7 +470,7 @@ def test_launch_an_experiment_then_tune_compare_grid_and_a_trace(db: Path) -> No
     assert any(c.startswith(f"Retention pools the {scored:,} probes scored") for c in captions), captions
     assert any(c.startswith(f"{len(grid):,} of {len(grid):,} probes") for c in captions), captions
     said = s.experiment_losses(experiment_id).query("config_label == 'obs 150'").probe_id.nunique()
-    assert any(f"the dataset names: {said:,}, followed" in c for c in captions), captions
+    assert any(c.startswith(f"{said:,} scored probes have evidence named by the dataset") for c in captions), captions
     assert any(spec_i["layout"]["title"]["text"].startswith("Loss funnel")
                for spec_i in (json.loads(c.proto.spec) for c in at.get("plotly_chart")))
     # A and B swapped: the grid and the funnel list A first, as the header and figures do.

@@ -140,9 +140,9 @@ def experiment_comparison() -> None:
         st.info("No probe with evidence and a gold answer: no funnel to draw.")
     else:
         said = int(funnel.iloc[0].max())
-        st.caption(f"The scored probes whose evidence (the messages that hold the answer) the dataset names: "
-                   f"{said:,}, followed from evidence said to visible at the end; a scored probe without "
-                   "evidence has no path to follow and is not counted here.")
+        st.caption(f"{said:,} scored probes have evidence named by the dataset (the messages that hold the "
+                   "answer); the funnel follows them from evidence said to visible at the end. A scored probe "
+                   "without evidence has no path to follow and is not counted here.")
         st.plotly_chart(charts.funnel_chart(funnel), key="cmp_xp_funnel")
         st.dataframe(funnel, key="cmp_xp_funnel_table")
 
