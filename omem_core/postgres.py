@@ -264,9 +264,7 @@ class _Database:
         pool = self._pool
         if pool is not None and self._loop is loop and not pool.closed:
             return pool
-        for con in self._enter(loop):
-            with contextlib.suppress(Exception):
-                await con.close()  # (no round trip: it only closes the socket)
+        await _close_all(self._enter(loop))
         assert self._opening is not None
         async with self._opening:
             if self._closed:  # closed while this call waited for the lock
@@ -442,9 +440,7 @@ class _Database:
             await _close_pool(pool, sentinel)
             return
         if loop.is_closed():  # asyncio.run closed the pool at its end; a loop merely closed did not
-            for con in _left_open(made):
-                with contextlib.suppress(Exception):
-                    await con.close()
+            await _close_all(_left_open(made))
             return
         # The pool lives on a loop in another thread: it can only be closed there.
         try:
@@ -479,6 +475,14 @@ def _left_open(made: weakref.WeakSet | None) -> list[psycopg.AsyncConnection]:
     return [con for con in list(made or ()) if not con.closed]
 
 
+async def _close_all(connections: Any) -> None:
+    """Close each connection still open; no round trip to the server (it only closes the socket)."""
+    for con in connections:
+        if not con.closed:
+            with contextlib.suppress(Exception):
+                await con.close()
+
+
 async def _close_when_cancelled(pool: AsyncConnectionPool, made: weakref.WeakSet, lent: set[int]) -> None:
     """Live as long as the event loop and close ``pool`` when cancelled: ``asyncio.run`` cancels
     every task at its end, and psycopg-pool's connection attempts swallow that cancellation and
@@ -496,10 +500,7 @@ async def _close_when_cancelled(pool: AsyncConnectionPool, made: weakref.WeakSet
         held = _left_open(made)  # strong references: psycopg-pool's close() may drop its own midway
         with contextlib.suppress(BaseException):
             await pool.close(timeout=1.0)
-        for con in held:
-            if not con.closed and id(con) not in lent:
-                with contextlib.suppress(Exception):
-                    await con.close()
+        await _close_all(con for con in held if id(con) not in lent)
 
 
 async def _shielded(coro: Any) -> Any:
