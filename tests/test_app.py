@@ -239,7 +239,7 @@ def test_prompts_save_a_version(db: Path) -> None:
 
 def test_runs_page_filters_and_deletes(db: Path) -> None:
     at = app("runs")
-    assert "1 of 1 runs" in at.caption[0].value
+    assert "1 of 1 run" in at.caption[0].value
     at.checkbox(key="runs_confirm").check().run()
     at.button(key="runs_delete").click().run()
     assert not at.exception
@@ -363,7 +363,7 @@ def test_failed_configurations_are_listed_never_silently_dropped(db: Path, monke
         asyncio.run(replay(load_conversation(PROJECT_DEMO), ReplayConfig(observer="gpt-4o-mini"), s))
     at.run()
     assert not at.exception
-    assert any("1 configuration(s) did not finish" in w.value for w in at.warning)
+    assert any("1 configuration did not finish and is not drawn" in w.value for w in at.warning)
     failed = at.dataframe[0].value  # the first table on the page: the failed configurations
     assert failed.status.tolist() == ["failed at step 0 of 100"] and "OPENAI_API_KEY" in failed.error[0]
     at.switch_page(PAGES.format("present")).run()
@@ -431,7 +431,7 @@ def test_launch_an_experiment_then_tune_compare_grid_and_a_trace(db: Path) -> No
     at.text_input(key="xp_obs").set_value("150,600")
     at.text_input(key="xp_ref").set_value("600")
     at.number_input(key="xp_concurrency").set_value(1).run()
-    assert any("2 runs: 1 conversation(s) × 2 configuration(s). Estimated cost: free" in shown(i.value)
+    assert any("2 runs: 1 conversation × 2 configurations. Estimated cost: free" in shown(i.value)
                for i in at.info)  # the estimate is shown before anything starts
     at.button(key="xp_start").click().run()
     assert not at.exception, at.exception
@@ -563,6 +563,10 @@ def test_experiment_pages_list_failed_configurations_and_show_no_nan(db: Path, m
     at = app("experiments")
     failed = dataframe(at, "configuration", "conversation", "error")
     assert failed.configuration.tolist() == ["obs model gpt-4o-mini"] and "OPENAI_API_KEY" in failed.error[0]
+    header = [t.value for t in at.text if t.value.startswith("exp-")]
+    assert header and "· completed; 1 of 2 runs failed ·" in header[0]  # not a bare "completed"
+    assert "1 run did not complete and is left out of the figures (Resume retries it):" in [w.value for w in at.warning]
+    assert at.button(key="xp_resume").label == "Resume (1 left)" and not at.button(key="xp_resume").disabled
     texts = []
     for page in ("experiments", "tune", "compare"):
         at.switch_page(PAGES.format(page)).run()

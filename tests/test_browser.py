@@ -183,7 +183,7 @@ def test_experiment_grid_and_exported_html_from_disk(server) -> None:
         thresholds.fill("150,300,600")
         thresholds.press("Enter")
         settle(page)
-        page.get_by_text("3 runs: 1 conversation(s) × 3 configuration(s)").wait_for(timeout=30_000)
+        page.get_by_text("3 runs: 1 conversation × 3 configurations").wait_for(timeout=30_000)
         page.get_by_role("button", name="Start experiment").click()
         page.get_by_text(re.compile(r"completed: 3 runs in")).wait_for(timeout=120_000)
         settle(page)

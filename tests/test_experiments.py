@@ -155,6 +155,31 @@ def test_a_configuration_that_cannot_run_is_listed_with_its_error(tmp_path, monk
     assert good["runs"] == 1 and good["failed"] == 0
     assert bad["runs"] == 0 and bad["failed"] == 1 and "missing OPENAI_API_KEY" in bad["errors"][0]
     assert data["comparisons"][0]["verdict"] == "not enough shared probes to compare"
+    assert data["status"] == "completed" and data["failed_runs"] == 1
+    assert data["status_text"] == "completed; 1 of 2 runs failed"
+
+
+def test_an_experiment_that_finished_with_failed_runs_says_so_and_resume_retries_them(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    db = str(tmp_path / "x.duckdb")
+    code, out, err = invoke("experiment", "run", "--dataset", str(DEMO), "--observer", "omem/extractive,gpt-4o-mini",
+                            "--concurrency", "1", "--yes", "--db", db)
+    assert code == 1
+    experiment_id = out.split()[1]
+    assert f"experiment {experiment_id} (completed; 1 of 2 runs failed): 1 conversation of" in out
+    assert f"retry the failed runs with: python -m workbench experiment resume {experiment_id}" in err
+    with RunStore(db) as store:
+        [failed_before] = store.experiment_runs(experiment_id).query("status != 'completed'").run_id
+    # The key is still missing, so the retry fails again; but it is a retry, not "nothing to resume".
+    code, out, err = invoke("experiment", "resume", experiment_id, "--db", db)
+    assert code == 1 and "nothing to resume" not in err and "missing OPENAI_API_KEY" in err
+    with RunStore(db) as store:
+        runs = store.experiment_runs(experiment_id)
+        assert len(runs) == 2 and failed_before not in set(runs.run_id)  # replaced, never piled up
+    code, out, err = invoke("experiment", "run", "--dataset", str(DEMO), "--concurrency", "1", "--db", db)
+    done_id = out.split()[1]
+    code, out, err = invoke("experiment", "resume", done_id, "--db", db)
+    assert code == 0 and f"every run of experiment {done_id} is already completed: nothing to resume" in err
 
 
 def test_experiment_list_show_compare_and_export(tmp_path) -> None:

@@ -306,3 +306,10 @@ def test_missing_figures_of_every_kind_read_as_a_dash() -> None:
     assert progress("failed", 0, pd.NA) == "failed at step 0" and progress("failed", 3, 100) == "failed at step 3 of 100"
     assert display(0) == "0" and ratio(3.94) == "3.9x" and money(0.0) == "$0"
     assert money(0.00123) == "$0.0012" and money(12.346) == "$12.35"  # (a headline that fits its column)
+
+
+def test_counts_read_as_english() -> None:
+    from workbench.formatting import count
+
+    assert count(1, "run") == "1 run" and count(0, "run") == "0 runs" and count(2, "probe") == "2 probes"
+    assert count(1204, "message") == "1,204 messages" and count(3, "analysis", "analyses") == "3 analyses"

@@ -23,6 +23,7 @@ import click
 from .catalog import DEMO_DATASET, ROOT, known_datasets
 from .datasets import FORMATS  # the format registry (imports no model library)
 from .errors import WorkbenchError
+from .formatting import count
 from .models import OFFLINE_MODEL
 
 if TYPE_CHECKING:
@@ -99,11 +100,11 @@ def _print_summary(result: ReplayResult) -> None:
         click.echo(f"  retention {_fmt(s['retention'])} (full history {_fmt(s['retention_full_history'])}, "
                    f"window only {_fmt(s['retention_window_only'])}, newest-K-tokens "
                    f"{_fmt(s['retention_recent_tokens'])}; relative to full history "
-                   f"{_fmt(s['retention_relative'])}) over {s['probes_scored']} probes")
+                   f"{_fmt(s['retention_relative'])}) over {count(s['probes_scored'], 'probe')}")
         for category, figures in s["retention_per_category"].items():
             click.echo(f"    {category:>28}: memory {_fmt(figures['memory'])}  full {_fmt(figures['full_history'])}  "
                        f"window {_fmt(figures['window_only'])}  recent {_fmt(figures['recent_tokens'])}  "
-                       f"({int(figures['probes'])} probes)")
+                       f"({count(int(figures['probes']), 'probe')})")
     click.echo(f"  elapsed {s['elapsed_s']:.2f} s")
 
 
@@ -251,7 +252,7 @@ def _run_judge(store, result, conv, config, answerer, judge, yes, quiet) -> None
     store.replace_probes(result.run_id, rows, ["llm_judge"])
     scores = [r["score"] for r in rows]
     if scores and not quiet:
-        click.echo(f"LLM-judged accuracy: {sum(scores) / len(scores):.3f} over {len(scores)} probes")
+        click.echo(f"LLM-judged accuracy: {sum(scores) / len(scores):.3f} over {count(len(scores), 'probe')}")
 
 
 @cli.command()
@@ -397,8 +398,8 @@ def datasets() -> None:
     for entry in known_datasets():
         try:
             listed = list_conversations(entry.path, entry.format)
-            detail = (f"{len(listed)} conversation(s), {sum(c.messages for c in listed):,} messages, "
-                      f"{sum(c.probes for c in listed):,} probes")
+            detail = (f"{count(len(listed), 'conversation')}, {count(sum(c.messages for c in listed), 'message')}, "
+                      f"{count(sum(c.probes for c in listed), 'probe')}")
         except DatasetError as exc:
             detail = f"unreadable: {exc}"
         click.echo(f"{entry.name:<24} {entry.origin:<8} {entry.path}  {detail}")
@@ -432,8 +433,9 @@ def _print_report(data: dict[str, Any]) -> None:
     def ci(pair) -> str:
         return f"[{pair[0]:.3f}, {pair[1]:.3f}]" if pair else MISSING
 
-    click.echo(f"experiment {data['experiment_id']} ({data['status']}): {len(data['conversations'])} conversation(s) "
-               f"of {data['dataset']}, {display(data['elapsed_s'])} s")
+    click.echo(f"experiment {data['experiment_id']} ({data['status_text']}): "
+               f"{count(len(data['conversations']), 'conversation')} of {data['dataset']}, "
+               f"{display(data['elapsed_s'])} s")
     click.echo(f"{'configuration':<36} {'runs':>4} {'failed':>6} {'probes':>6} {'retention':>9} {'95% CI':>16} "
                f"{'compr':>6} {'vs recency':>10} {'blind spot':>10} {'calls':>6} {'cost':>8}")
     for c in data["configs"]:
@@ -446,6 +448,9 @@ def _print_report(data: dict[str, Any]) -> None:
             click.echo(f"    failed: {error}", err=True)
     for comparison in data["comparisons"]:
         click.echo(f"{comparison['b']} vs {comparison['a']}: {comparison['verdict']}")
+    if data["failed_runs"] and data["status"] == "completed":
+        click.echo(f"retry the failed runs with: python -m workbench experiment resume {data['experiment_id']}",
+                   err=True)
 
 
 @experiment.command("run")
@@ -516,7 +521,8 @@ def experiment_run(dataset, fmt, conversations, observation, reflection, windows
         runs = len(chosen) * len(grid)
         cost = "free (offline model)" if estimate == 0 else (
             f"about ${estimate:.2f} at most" if estimate is not None else "unknown (a model's price is not known)")
-        click.echo(f"{runs} runs: {len(chosen)} conversation(s) × {len(grid)} configuration(s); cost {cost}", err=True)
+        click.echo(f"{count(runs, 'run')}: {count(len(chosen), 'conversation')} × "
+                   f"{count(len(grid), 'configuration')}; cost {cost}", err=True)
         if estimate and not yes and not as_json and not click.confirm("Start?", default=True, err=True):
             raise SystemExit(1)
         experiment_id = ex.create_experiment(store, dataset=dataset, grid=grid, options=options,
@@ -569,8 +575,10 @@ def _finish_experiment(store, experiment_id: str, as_json: bool) -> None:
 def experiment_resume(experiment_id: str, max_cost: float | None, as_json: bool, db: str) -> None:
     """Finish what an interrupted or stopped experiment left undone (same grid, same options)."""
     with _using_store(db) as store:
-        if store.experiment(experiment_id)["status"] == "completed":
-            click.echo(f"experiment {experiment_id} is already completed: nothing to resume "
+        from . import experiments as ex
+
+        if not ex.pending_tasks(store, experiment_id):
+            click.echo(f"every run of experiment {experiment_id} is already completed: nothing to resume "
                        f"(python -m workbench experiment show {experiment_id})", err=True)
             return
         if max_cost is not None:
@@ -629,7 +637,7 @@ def experiment_compare(experiment_id: str, label_a: str | None, label_b: str | N
         click.echo(json.dumps({"a": diff.a, "b": diff.b, "probes": diff.probes, "retention_diff": diff.difference,
                                "ci95": list(diff.ci95) if diff.ci95 else None, "verdict": diff.verdict()}))
     else:
-        click.echo(f"{diff.a} vs {diff.b} on {diff.probes} shared probes ({diff.b} minus {diff.a}): "
+        click.echo(f"{diff.a} vs {diff.b} on {count(diff.probes, 'shared probe')} ({diff.b} minus {diff.a}): "
                    f"{diff.verdict()}")
 
 

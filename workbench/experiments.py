@@ -199,6 +199,14 @@ def pending_tasks(store: Any, experiment_id: str) -> list[Task]:
     return tasks
 
 
+def status_text(status: str, failed: int, planned: int) -> str:
+    """An experiment's status as people read it: ``completed`` only when every run completed;
+    a grid that finished with failed runs says how many (``completed; 1 of 4 runs failed``)."""
+    if failed and status == "completed":
+        return f"completed; {failed} of {planned} run{'s' if planned != 1 else ''} failed"
+    return status
+
+
 def _clear_unfinished(store: Any, experiment_id: str) -> None:
     """Runs of the experiment that did not complete are replaced by the resume's new runs."""
     runs = store.experiment_runs(experiment_id)
@@ -604,8 +612,11 @@ def report(store: Any, experiment_id: str) -> dict[str, Any]:
             diff = compare(store, experiment_id, base, other.label)
             comparisons.append({"a": base, "b": other.label, "retention_diff": diff.difference,
                                 "ci95": list(diff.ci95) if diff.ci95 else None, "verdict": diff.verdict()})
+    failed = sum(s.failed for s in summaries)
+    planned = len(experiment["conversations"]) * len(experiment["configs"])
     return {
         "experiment_id": experiment_id, "name": experiment["name"], "status": experiment["status"],
+        "status_text": status_text(experiment["status"], failed, planned), "failed_runs": failed,
         "dataset": experiment["dataset"], "conversations": experiment["conversations"],
         "elapsed_s": float(experiment["elapsed_s"] or 0.0),
         "configs": [{k: s.to_json()[k] for k in keys} | {"per_category": s.per_category, "funnel": s.funnel,

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 
 from . import app_data, charts
 from .analysis import narrate
-from .formatting import MISSING, display, missing, number, ratio, share
+from .formatting import MISSING, count, display, missing, number, ratio, share
 
 _STYLE = """
 body { font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif; margin: 2rem auto;
@@ -81,14 +81,15 @@ def experiment_html(store: Any, experiment_id: str) -> str:
     page = _Page(f"omem experiment {name or experiment_id}")
     page.text("h1", f"Experiment {name or experiment_id}")
     page.text("p", f"{experiment_id} · {experiment['status']} · dataset {experiment['dataset']} · "
-                   f"{len(experiment['conversations'])} conversation(s) × {len(experiment['configs'])} "
-                   "configuration(s)", "meta")
+                   f"{count(len(experiment['conversations']), 'conversation')} × "
+                   f"{count(len(experiment['configs']), 'configuration')}", "meta")
     if experiment["status"] != "completed":
         page.text("p", f"This experiment is {experiment['status']}: figures cover the runs that completed. "
                        f"{experiment.get('error') or ''}", "warn")
     failed = app_data.failed_configs(runs)
     if not failed.empty:
-        page.text("p", f"{len(failed)} run(s) did not complete; they are listed at the end and not drawn.", "warn")
+        page.text("p", f"{count(len(failed), 'run')} did not complete; "
+                       f"{'it is' if len(failed) == 1 else 'they are'} listed at the end and not drawn.", "warn")
     page.text("h2", "Configurations")
     page.table(app_data.config_table(experiment["configs"]))
     page.text("h2", "Figures per configuration (pooled over every probe of every conversation)")

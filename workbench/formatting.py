@@ -76,6 +76,11 @@ def money(value: Any, digits: int = 4) -> str:
     return f"${amount:,.2f}" if abs(amount) >= 1 else f"${amount:.{digits}f}"
 
 
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 run``, ``2 runs``, ``1,204 probes``; ``plural`` for nouns that do not take an s."""
+    return f"{n:,} {noun if n == 1 else (plural or noun + 's')}"
+
+
 def share(value: Any, digits: int = 2) -> str:
     return MISSING if missing(value) else f"{float(value):.{digits}f}"
 
@@ -101,4 +106,5 @@ def runs_table(frame: Any) -> Any:
     return shown.astype(object).map(lambda v: MISSING if missing(v) else v)
 
 
-__all__ = ["MISSING", "display", "missing", "money", "tokens", "number", "progress", "ratio", "runs_table", "share"]
+__all__ = ["MISSING", "count", "display", "missing", "money", "tokens", "number", "progress", "ratio", "runs_table",
+           "share"]

@@ -34,7 +34,7 @@ from .datasets import (
 from .models import model_status, usable_models
 from .replay import TOKEN_COUNTERS, ReplayConfig, ReplayFailed, ReplayResult, replay
 from .errors import WorkbenchError
-from .formatting import missing, ratio, share
+from .formatting import count, missing, ratio, share
 from .runstore import RunStore, RunStoreError, RunStoreLocked
 
 RUN_KEY = "omem_run"  # the run opened across pages
@@ -192,7 +192,7 @@ def dataset_picker(prefix: str) -> Conversation | None:
     except DatasetError as exc:
         error("Cannot read the conversation: ", exc)
         return None
-    st.sidebar.caption(plain(f"{len(conversation.turns)} messages · {len(conversation.probes)} probes"))
+    st.sidebar.caption(plain(f"{count(len(conversation.turns), 'message')} · {count(len(conversation.probes), 'probe')}"))
     if not conversation.probes:
         st.sidebar.info("This conversation has no probes: replays show compression and the timeline, "
                         "but no retention.")

@@ -6,6 +6,7 @@ import json
 import streamlit as st
 
 from workbench import analysis, app_data, charts, ui
+from workbench import formatting as fmt
 
 store = ui.get_store()
 st.title("Compare")
@@ -61,7 +62,7 @@ def experiment_comparison() -> None:
                  hide_index=True, key="cmp_xp_figures", height=35 * (len(shown) + 1) + 3)
     listed, scored = app_data.probe_counts(probes, [a, b])
     unscored = f"; the other {listed - scored:,} have no gold answer" if listed > scored else ""
-    st.caption(f"Retention pools the {scored:,} probes scored (they have a gold answer{unscored}). Highlighted: "
+    st.caption(f"Retention pools the {fmt.count(scored, 'probe')} scored (they have a gold answer{unscored}). Highlighted: "
                "a difference whose 95% interval excludes zero (paired bootstrap over probes).")
 
     pick = {}
@@ -105,7 +106,7 @@ def experiment_comparison() -> None:
         differs_only = st.toggle("Only probes where the configurations differ", key="cmp_xp_differs")
         view = app_data.grid_view(grid, ordered, differs_only=differs_only)
         listed, scored = app_data.probe_counts(probes, ordered)
-        st.caption(f"{len(view):,} of {len(grid):,} probes"
+        st.caption(f"{len(view):,} of {fmt.count(len(grid), 'probe')}"
                    + (f" ({listed - scored:,} without a gold answer are listed as not scored)" if listed > scored
                       else "")
                    + ". Each cell: the probe's score with that configuration and, when lost, the stage and step "

@@ -14,6 +14,7 @@ from workbench.experiments import (
     config_grid,
     create_experiment,
     estimate_cost,
+    status_text,
 )
 from workbench.models import usable_models
 from workbench.replay import TOKEN_COUNTERS
@@ -101,8 +102,9 @@ with st.expander("New experiment", expanded=existing.empty):
         priced = ("free (built-in offline model)" if offline else
                   "unknown (a model's price is not known to litellm)" if cost is None else
                   f"about {fmt.money(cost, 2)} at most (a rough upper estimate)")
-        st.info(ui.plain(f"{len(conversations) * len(grid)} runs: {len(conversations)} conversation(s) × "
-                         f"{len(grid)} configuration(s). Estimated cost: {priced}."))
+        st.info(ui.plain(f"{fmt.count(len(conversations) * len(grid), 'run')}: "
+                         f"{fmt.count(len(conversations), 'conversation')} × "
+                         f"{fmt.count(len(grid), 'configuration')}. Estimated cost: {priced}."))
         differ = len({c.observer_prompt.sha256 for c in grid}) > 1 or len({c.reflector_prompt.sha256 for c in grid}) > 1
         if differ and offline:
             st.warning("These configurations differ in prompt versions, but the built-in offline model ignores "
@@ -142,7 +144,8 @@ planned = len(experiment["conversations"]) * len(experiment["configs"])
 done = app_data.completed_pairs(runs)
 pending = planned - done
 
-st.text(f"{experiment_id} · {experiment['status']} · {experiment['dataset']}")
+failed_runs = int((runs.status != "completed").sum()) if not runs.empty else 0
+st.text(f"{experiment_id} · {status_text(experiment['status'], failed_runs, planned)} · {experiment['dataset']}")
 if experiment["status"] == "running":
     st.progress(done / max(planned, 1), text=f"{done} of {planned} runs completed")
 
@@ -173,12 +176,12 @@ if actions[4].button("Delete experiment", key="xp_delete", disabled=not confirm 
     store.delete_experiment(experiment_id)
     st.session_state.pop(ui.EXPERIMENT_KEY, None)
     st.session_state.pop("xp_pick", None)
-    st.session_state["xp_done"] = f"Deleted {experiment_id} and its {len(runs)} runs."
+    st.session_state["xp_done"] = f"Deleted {experiment_id} and its {fmt.count(len(runs), 'run')}."
     st.rerun()
 if resume:
     outcome = ui.run_experiment_with_progress(store, experiment_id)
     if outcome is not None:
-        st.session_state["xp_done"] = f"{experiment_id} {outcome.status}: {outcome.runs} runs replayed"
+        st.session_state["xp_done"] = f"{experiment_id} {outcome.status}: {fmt.count(outcome.runs, 'run')} replayed"
     st.rerun()
 
 summaries = tables["summaries"]
@@ -187,7 +190,9 @@ st.caption("Retention pools every probe of every conversation; the interval is a
 st.dataframe(app_data.summary_table(summaries), hide_index=True, key="xp_summary")
 failed = app_data.failed_configs(runs)
 if not failed.empty:
-    st.warning(f"{len(failed)} run(s) did not complete and are left out of the figures:")
+    st.warning(f"{fmt.count(len(failed), 'run')} did not complete and "
+               f"{'is' if len(failed) == 1 else 'are'} left out of the figures (Resume retries "
+               f"{'it' if len(failed) == 1 else 'them'}):")
     st.dataframe(failed, hide_index=True, key="xp_failed")
 with st.expander("The grid"):
     st.dataframe(app_data.config_table(experiment["configs"]), hide_index=True, key="xp_grid")

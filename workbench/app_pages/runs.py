@@ -8,6 +8,7 @@ from pathlib import Path
 import streamlit as st
 
 from workbench import analysis, app_data, ui
+from workbench import formatting as fmt
 
 store = ui.get_store()
 st.title("Runs")
@@ -33,7 +34,7 @@ shown = shown.assign(status=[app_data.status_text(s, k, n) for s, k, n in zip(sh
 st.dataframe(shown[["run_id", "created_at", "status", "conversation_id", "observer", "reflector",
                     "observation_threshold", "reflection_threshold", "window", "steps", "compression",
                     "retention", "cost_usd", "label", "error"]], hide_index=True, key="runs_table")
-st.caption(f"{len(shown)} of {len(runs)} runs")
+st.caption(f"{len(shown):,} of {fmt.count(len(runs), 'run')}")
 
 if shown.empty:
     st.stop()

@@ -24,12 +24,13 @@ if mode == "An experiment":
         st.stop()
     tables = ui.experiment_tables(store, experiment_id)
     experiment, summaries, runs = tables["experiment"], tables["summaries"], tables["runs"]
-    st.text(f"{experiment_id} · {experiment['dataset']} · {len(experiment['conversations'])} conversation(s) × "
-            f"{len(experiment['configs'])} configuration(s) · {experiment['status']}")
+    st.text(f"{experiment_id} · {experiment['dataset']} · "
+            f"{fmt.count(len(experiment['conversations']), 'conversation')} × "
+            f"{fmt.count(len(experiment['configs']), 'configuration')} · {experiment['status']}")
     failed = app_data.failed_configs(runs)
     if not failed.empty:  # never just fewer points: say which configurations did not finish, and why
-        st.warning(f"{len(failed)} run(s) did not complete; their configurations are drawn from the runs that did, "
-                   "or not at all:")
+        st.warning(f"{fmt.count(len(failed), 'run')} did not complete; their configurations are drawn from the "
+                   "runs that did, or not at all:")
         st.dataframe(failed, hide_index=True, key="tune_xp_failed")
     points = app_data.pareto_points(summaries)
     if points.empty:
@@ -91,7 +92,7 @@ windows = _grid("Windows", "10", "tune_win")
 concurrency = st.sidebar.slider("Runs at once", 1, 8, 2, key="tune_conc")
 grid = [ReplayConfig(observation_threshold=o, reflection_threshold=r, last_messages=w)
         for o in observation for r in reflection for w in windows]
-st.sidebar.caption(f"{len(grid)} runs with the built-in offline model")
+st.sidebar.caption(f"{fmt.count(len(grid), 'run')} with the built-in offline model")
 
 if st.sidebar.button("Run sweep", type="primary", key="tune_run",
                      disabled=conversation is None or not grid or store.read_only):
@@ -109,7 +110,8 @@ if conversation is not None:
 failed = runs[runs.status != "completed"]
 runs = runs[runs.status == "completed"]
 if not failed.empty:  # never just fewer points: say which configurations did not finish, and why
-    st.warning(f"{len(failed)} configuration(s) did not finish and are not drawn:")
+    st.warning(f"{fmt.count(len(failed), 'configuration')} did not finish and "
+               f"{'is' if len(failed) == 1 else 'are'} not drawn:")
     st.dataframe(failed.assign(
         status=[app_data.status_text(s, k, n) for s, k, n in zip(failed.status, failed.steps, failed.planned_steps)],
         configuration=failed.label)[["run_id", "status", "configuration", "error"]],
