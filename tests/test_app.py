@@ -240,6 +240,14 @@ def test_prompts_save_a_version(db: Path) -> None:
 def test_runs_page_filters_and_deletes(db: Path) -> None:
     at = app("runs")
     assert "1 of 1 run" in at.caption[0].value
+    table = next(d for d in at.dataframe if "observation_threshold" in d.value)
+    columns = json.loads(table.proto.columns)  # what the browser is told to draw
+    assert columns["observation_threshold"]["label"] == "observation threshold"
+    assert columns["conversation_id"]["label"] == "conversation" and columns["cost_usd"]["label"] == "cost"
+    assert columns["compression"]["type_config"]["format"] == "%.1fx"
+    assert columns["retention"]["type_config"]["format"] == "%.3f"
+    assert table.value.compression.dtype.kind == "f"  # still numbers: the column sorts by value
+    assert table.value.error.tolist() == ["–"]  # a completed run has no error, and says so without "None"
     at.checkbox(key="runs_confirm").check().run()
     at.button(key="runs_delete").click().run()
     assert not at.exception

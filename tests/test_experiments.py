@@ -189,6 +189,7 @@ def test_experiment_list_show_compare_and_export(tmp_path) -> None:
     experiment_id = json.loads(out.strip().splitlines()[-1])["experiment_id"]
     code, out, _ = invoke("experiment", "list", "--db", db)
     assert code == 0 and experiment_id in out and "thresholds" in out
+    assert out.split()[:7] == ["experiment", "status", "name", "dataset", "runs", "not", "completed"]
     code, out, _ = invoke("experiment", "show", experiment_id, "--db", db)
     assert code == 0 and "obs 150" in out and "obs 600" in out and "95% CI" in out and "nan" not in out.lower()
     code, out, _ = invoke("experiment", "compare", experiment_id, "--a", "obs 600", "--b", "obs 150", "--db", db)

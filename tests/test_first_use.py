@@ -257,6 +257,22 @@ def test_the_cli_offers_every_registered_format() -> None:
     assert code == 0 and "longmemeval-sample" in out and "probes" in out
 
 
+def test_paths_are_shown_as_short_as_still_works_from_here(tmp_path, monkeypatch) -> None:
+    from workbench.cli import _shown_path
+
+    demo = ROOT / "datasets" / "demo.jsonl"
+    monkeypatch.chdir(ROOT)
+    assert _shown_path(demo) == "datasets/demo.jsonl" and _shown_path(ROOT.parent / "x") == "../x"
+    code, out, _ = invoke("datasets")
+    [line] = [row for row in out.splitlines() if row.startswith("demo ")]
+    assert line.split()[2:] == ["1", "200", "22", "datasets/demo.jsonl"]  # conversations, messages, probes, path
+    deep = tmp_path / "a" / "b"
+    deep.mkdir(parents=True)
+    monkeypatch.chdir(deep)
+    assert _shown_path(demo) == str(demo)  # "../../../…" would be longer and harder to read
+    assert _shown_path("x.jsonl") == "x.jsonl"
+
+
 def test_a_conversation_whose_dates_go_backwards_fails_clearly(tmp_path) -> None:
     """The library refuses a message dated behind what was already observed: the run says which."""
     rows = []
@@ -306,6 +322,23 @@ def test_missing_figures_of_every_kind_read_as_a_dash() -> None:
     assert progress("failed", 0, pd.NA) == "failed at step 0" and progress("failed", 3, 100) == "failed at step 3 of 100"
     assert display(0) == "0" and ratio(3.94) == "3.9x" and money(0.0) == "$0"
     assert money(0.00123) == "$0.0012" and money(12.346) == "$12.35"  # (a headline that fits its column)
+
+
+def test_figures_round_half_up_like_the_charts_and_never_read_minus_zero() -> None:
+    import pandas as pd
+
+    from workbench import charts
+    from workbench.formatting import display, fixed, money, ratio, share, tokens
+
+    # 5.25 is exact in binary: Python's own format would print 5.2 while Plotly's ".1f" prints 5.3.
+    assert fixed(5.25, 1) == "5.3" and ratio(5.25) == "5.3x" and share(0.125, 2) == "0.13"
+    assert fixed(2.675, 2) == "2.67"  # (2.675 is 2.67499… in binary: no tie, both read 2.67)
+    assert display(0.6786) == "0.679" and tokens(1234.5) == "1,235" and money(1234.565) == "$1,234.57"
+    assert tokens(-0.4) == "0" and display(-0.0001) == "-0.00010" and share(-0.0004, 3) == "0.000"
+    runs = pd.DataFrame({"observation_threshold": [300, 600], "reflection_threshold": [2000, 2000],
+                         "compression": [5.25, 3.0], "retention": [0.6786, 0.5]})
+    assert list(charts.heatmap(runs, "compression").data[0].text[0]) == ["5.3x", "3.0x"]  # as the table says
+    assert list(charts.heatmap(runs, "retention").data[0].text[0]) == ["0.679", "0.500"]
 
 
 def test_counts_read_as_english() -> None:

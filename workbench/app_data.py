@@ -51,6 +51,36 @@ def clean(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.astype(object).map(lambda v: MISSING if missing(v) else v)
 
 
+# Stored columns as a table shows them: a header people read and a number format (printf, as
+# Streamlit's NumberColumn takes it; ``%,d`` adds thousands separators). Numbers stay numbers, so a
+# column still sorts by value; only what is drawn changes.
+COLUMNS: dict[str, tuple[str, str | None]] = {
+    "run_id": ("run", None), "created_at": ("created", None), "status": ("status", None),
+    "conversation_id": ("conversation", None), "probe_id": ("probe", None), "label": ("label", None),
+    "observer": ("observer", None), "reflector": ("reflector", None), "error": ("error", None),
+    "observation_threshold": ("observation threshold", "%,d"), "reflection_threshold": ("reflection threshold", "%,d"),
+    "window": ("window", "%,d"), "steps": ("steps", "%,d"), "planned_steps": ("planned steps", "%,d"),
+    "observer_calls": ("observer calls", "%,d"), "reflector_calls": ("reflector calls", "%,d"),
+    "input_tokens": ("tokens in", "%,d"), "output_tokens": ("tokens out", "%,d"), "probes": ("probes", "%,d"),
+    "compression": ("compression", "%.1fx"), "retention": ("retention", "%.3f"), "score": ("score", "%.3f"),
+    "cost_usd": ("cost", "$%.4f"), "latency_ms": ("latency (ms)", "%,.0f"),
+    "evidence_in_window": ("evidence in window", None),
+}
+SCORE_FORMAT = "%.3f"
+
+
+def column_spec(frame: pd.DataFrame, *, scores: bool = False) -> dict[str, tuple[str, str | None]]:
+    """Header and number format for each of ``frame``'s columns: :data:`COLUMNS` for stored names,
+    underscores read as spaces otherwise; ``scores`` formats every other float column as a score."""
+    spec = {}
+    for name in frame.columns:
+        label, number = COLUMNS.get(str(name), (str(name).replace("_", " "), None))
+        if number is None and scores and pd.api.types.is_float_dtype(frame[name]):
+            number = SCORE_FORMAT
+        spec[str(name)] = (label, number)
+    return spec
+
+
 # -- experiments -----------------------------------------------------------------------------------
 
 def experiment_label(row: Any) -> str:
@@ -120,12 +150,12 @@ def summary_table(summaries: Sequence[Any]) -> pd.DataFrame:
             "compression": ratio(s.compression),
             "vs recency": display(s.recency_ratio),
             "blind-spot tokens": tokens(s.blind_spot_tokens),
-            "observer calls": s.observer_calls,
-            "reflector calls": s.reflector_calls,
-            "tokens in": s.input_tokens,
-            "tokens out": s.output_tokens,
+            "observer calls": display(s.observer_calls),
+            "reflector calls": display(s.reflector_calls),
+            "tokens in": tokens(s.input_tokens),
+            "tokens out": tokens(s.output_tokens),
             "cost": money(s.cost_usd),
-            "ms per call": display(s.latency_ms_per_call),
+            "ms per call": tokens(s.latency_ms_per_call),  # whole milliseconds
         })
     return clean(pd.DataFrame(rows))
 

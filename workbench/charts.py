@@ -7,6 +7,8 @@ import html
 import pandas as pd
 import plotly.graph_objects as go
 
+from . import formatting as fmt
+
 COLORS = {
     "reflection": "#6C5CE7",
     "observations": "#00B894",
@@ -105,10 +107,10 @@ def volumes_chart(steps: pd.DataFrame, step: int | None = None) -> go.Figure:
                     line=dict(color=COLORS["history"], dash="dash"))
     if not steps.empty:
         last = steps.iloc[-1] if step is None else steps[steps.step == step].iloc[0]
-        ratio = last.history_tokens / last.context_tokens if last.context_tokens else 1.0
+        times = last.history_tokens / last.context_tokens if last.context_tokens else 1.0
         right_half = float(last.step) > float(steps.step.max()) / 2
-        fig.add_annotation(x=last.step, y=last.context_tokens, text=f"{ratio:.1f}x compression at step {int(last.step)}",
-                           showarrow=True, arrowhead=2, ax=-20 if right_half else 20, ay=-30,
+        fig.add_annotation(x=last.step, y=last.context_tokens,
+                           text=f"{fmt.ratio(times)} compression at step {int(last.step)}", showarrow=True, arrowhead=2, ax=-20 if right_half else 20, ay=-30,
                            xanchor="right" if right_half else "left")  # the label stays inside the plot
     _marker_line(fig, step)
     return _layout(fig, "Token volumes", "tokens")
@@ -177,8 +179,9 @@ def heatmap(runs: pd.DataFrame, value: str = "retention") -> go.Figure:
     table = table.sort_index().sort_index(axis=1)
     xs, ys = [str(int(c)) for c in table.columns], [str(int(i)) for i in table.index]
     z = [[None if pd.isna(v) else float(v) for v in row] for row in table.values]
+    cell = fmt.ratio if value == "compression" else (lambda v: fmt.share(v, 3))  # as the tables print them
     fig = go.Figure(go.Heatmap(z=z, x=xs, y=ys, colorscale="Viridis", colorbar=dict(title=value),
-                               text=[["" if v is None else f"{v:.3f}" for v in row] for row in z],
+                               text=[["" if v is None else cell(v) for v in row] for row in z],
                                texttemplate="%{text}", hoverongaps=False,
                                hovertemplate="observation %{x} · reflection %{y}: %{z:.3f}<extra></extra>"))
     fig.update_layout(title=f"{value} by thresholds", height=380, margin=dict(l=40, r=20, t=50, b=40))

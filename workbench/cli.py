@@ -386,6 +386,18 @@ def export(run_id: str, folder: Path, db: str) -> None:
         click.echo(str(path))
 
 
+def _shown_path(path: str | Path) -> str:
+    """A path as short as it can be and still work from here: relative to the working folder when
+    that is shorter and at most one folder up (``datasets/demo.jsonl``, ``../shared/…``), else absolute."""
+    absolute = os.path.abspath(path)
+    try:
+        relative = os.path.relpath(absolute)
+    except ValueError:  # another drive (Windows)
+        return absolute
+    up = relative.split(os.sep).count(os.pardir)
+    return relative if up <= 1 and len(relative) < len(absolute) else absolute
+
+
 @cli.command()
 def datasets() -> None:
     """List the datasets the workbench knows (project and ../shared)."""
@@ -395,14 +407,15 @@ def datasets() -> None:
 
     if not shared_datasets_dir().is_dir():
         click.echo(f"(no shared datasets at {shared_datasets_dir()}; set OMEM_SHARED_DATASETS to add them)", err=True)
+    click.echo(f"{'name':<20} {'origin':<8} {'conversations':>13} {'messages':>8} {'probes':>6}  path")
     for entry in known_datasets():
         try:
             listed = list_conversations(entry.path, entry.format)
-            detail = (f"{count(len(listed), 'conversation')}, {count(sum(c.messages for c in listed), 'message')}, "
-                      f"{count(sum(c.probes for c in listed), 'probe')}")
+            detail = (f"{len(listed):>13,} {sum(c.messages for c in listed):>8,} "
+                      f"{sum(c.probes for c in listed):>6,}  {_shown_path(entry.path)}")
         except DatasetError as exc:
-            detail = f"unreadable: {exc}"
-        click.echo(f"{entry.name:<24} {entry.origin:<8} {entry.path}  {detail}")
+            detail = f"{'unreadable':>29}  {_shown_path(entry.path)}: {exc}"
+        click.echo(f"{entry.name:<20} {entry.origin:<8} {detail}")
 
 
 @cli.group()
@@ -434,13 +447,14 @@ def _print_report(data: dict[str, Any]) -> None:
         return f"[{pair[0]:.3f}, {pair[1]:.3f}]" if pair else MISSING
 
     click.echo(f"experiment {data['experiment_id']} ({data['status_text']}): "
-               f"{count(len(data['conversations']), 'conversation')} of {data['dataset']}, "
+               f"{count(len(data['conversations']), 'conversation')} of {_shown_path(data['dataset'])}, "
                f"{display(data['elapsed_s'])} s")
-    click.echo(f"{'configuration':<36} {'runs':>4} {'failed':>6} {'probes':>6} {'retention':>9} {'95% CI':>16} "
+    width = min(36, max([len("configuration"), *(len(c["label"]) for c in data["configs"])]))
+    click.echo(f"{'configuration':<{width}} {'runs':>4} {'failed':>6} {'probes':>6} {'retention':>9} {'95% CI':>16} "
                f"{'compr':>6} {'vs recency':>10} {'blind spot':>10} {'calls':>6} {'cost':>8}")
     for c in data["configs"]:
         blind = MISSING if c["blind_spot_tokens"] is None else f"{c['blind_spot_tokens']:,.0f} tok"
-        click.echo(f"{c['label'][:36]:<36} {c['runs']:>4} {c['failed']:>6} {c['probes']:>6} "
+        click.echo(f"{c['label'][:width]:<{width}} {c['runs']:>4} {c['failed']:>6} {c['probes']:>6} "
                    f"{display(c['retention']):>9} {ci(c['retention_ci95']):>16} {ratio(c['compression']):>6} "
                    f"{display(c['recency_ratio']):>10} {blind:>10} {c['observer_calls'] + c['reflector_calls']:>6} "
                    f"{money(c['cost_usd']):>8}")
@@ -601,7 +615,10 @@ def experiment_list(as_json: bool, db: str) -> None:
     else:
         from .formatting import MISSING, missing
 
-        shown = frame[columns].assign(created_at=frame.created_at.dt.strftime("%Y-%m-%d %H:%M"))
+        shown = frame[columns].assign(created_at=frame.created_at.dt.strftime("%Y-%m-%d %H:%M"),
+                                      dataset=frame.dataset.map(_shown_path))
+        shown = shown.rename(columns={"experiment_id": "experiment", "failed_runs": "not completed",
+                                      "created_at": "created"})
         click.echo(shown.astype(object).map(lambda v: MISSING if missing(v) else v).to_string(index=False))
 
 

@@ -1,15 +1,26 @@
 """Figures as people read them, for the CLI and the app alike: never ``nan``, ``$nan`` or ``nanx``.
 
 A missing value (``None``, NaN, a figure a failed run never reached) is shown as an en dash.
+Decimals round half up, as Plotly's number formats (JavaScript's ``toFixed``) do, so a figure in a
+table and the same figure on a chart read alike (Python alone would print 5.25 as ``5.2``).
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 MISSING = "–"
+
+
+def fixed(value: float, digits: int, *, separators: bool = False) -> str:
+    """``value`` to ``digits`` decimals, rounding half up (away from zero) on its exact binary
+    value, like JavaScript's ``toFixed``: ``fixed(5.25, 1) == "5.3"``, ``fixed(0.125, 2) == "0.13"``."""
+    exact = Decimal(float(value)).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP)
+    exact = exact.copy_abs() if exact.is_zero() else exact  # never "-0.000"
+    return f"{exact:,.{digits}f}" if separators else f"{exact:.{digits}f}"
 
 
 def missing(value: Any) -> bool:
@@ -33,7 +44,7 @@ def number(value: Any, digits: int = 3) -> str:
     if isinstance(value, numbers.Integral):
         return f"{int(value):,}"
     if isinstance(value, numbers.Real):
-        return f"{float(value):.{digits}f}"
+        return fixed(value, digits)
     return str(value)
 
 
@@ -49,7 +60,7 @@ def display(value: Any) -> str:
         value = float(value)
         if value.is_integer() and abs(value) >= 1000:
             return f"{int(value):,}"
-        return f"{value:.5f}" if 0 < abs(value) < 0.01 else f"{value:.3f}"
+        return fixed(value, 5) if 0 < abs(value) < 0.01 else fixed(value, 3)
     return str(value)
 
 
@@ -57,12 +68,12 @@ def ratio(value: Any, *, partial: bool = False) -> str:
     """A compression figure: ``3.9x``; ``3.9x (partial)`` for a run that did not finish."""
     if missing(value):
         return MISSING
-    return f"{float(value):.1f}x" + (" (partial)" if partial else "")
+    return fixed(value, 1) + "x" + (" (partial)" if partial else "")
 
 
 def tokens(value: Any) -> str:
     """A token volume (possibly a mean) in whole tokens: ``1,234``."""
-    return MISSING if missing(value) else f"{float(value):,.0f}"
+    return MISSING if missing(value) else fixed(value, 0, separators=True)
 
 
 def money(value: Any, digits: int = 4) -> str:
@@ -73,7 +84,7 @@ def money(value: Any, digits: int = 4) -> str:
     amount = float(value)
     if amount == 0:
         return "$0"
-    return f"${amount:,.2f}" if abs(amount) >= 1 else f"${amount:.{digits}f}"
+    return "$" + (fixed(amount, 2, separators=True) if abs(amount) >= 1 else fixed(amount, digits))
 
 
 def count(n: int, noun: str, plural: str | None = None) -> str:
@@ -82,7 +93,7 @@ def count(n: int, noun: str, plural: str | None = None) -> str:
 
 
 def share(value: Any, digits: int = 2) -> str:
-    return MISSING if missing(value) else f"{float(value):.{digits}f}"
+    return MISSING if missing(value) else fixed(value, digits)
 
 
 def progress(status: str, steps: Any, planned: Any) -> str:
@@ -106,5 +117,5 @@ def runs_table(frame: Any) -> Any:
     return shown.astype(object).map(lambda v: MISSING if missing(v) else v)
 
 
-__all__ = ["MISSING", "count", "display", "missing", "money", "tokens", "number", "progress", "ratio", "runs_table",
+__all__ = ["MISSING", "count", "display", "fixed", "missing", "money", "tokens", "number", "progress", "ratio", "runs_table",
            "share"]

@@ -14,6 +14,7 @@ import re
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import streamlit as st
@@ -34,7 +35,7 @@ from .datasets import (
 from .models import model_status, usable_models
 from .replay import TOKEN_COUNTERS, ReplayConfig, ReplayFailed, ReplayResult, replay
 from .errors import WorkbenchError
-from .formatting import count, missing, ratio, share
+from .formatting import MISSING, count, missing, ratio, share
 from .runstore import RunStore, RunStoreError, RunStoreLocked
 
 RUN_KEY = "omem_run"  # the run opened across pages
@@ -92,6 +93,25 @@ def plain(text: object) -> str:
 def error(prefix: str, detail: object = "") -> None:
     """An error banner: our ``prefix`` (Markdown) and the data in ``detail`` shown as text."""
     st.error(prefix + plain(detail))
+
+
+def table(frame: pd.DataFrame, *, key: str, scores: bool = False, **kwargs) -> Any:
+    """``st.dataframe`` with readable headers and number formats (:func:`app_data.column_spec`),
+    numbers kept numeric (so columns sort by value) and missing text shown as a dash, never None."""
+    from .app_data import column_spec
+
+    spec = column_spec(frame, scores=scores)
+    config = {}
+    for name, (label, number) in spec.items():
+        if number is not None:
+            config[name] = st.column_config.NumberColumn(label, format=number)
+        elif pd.api.types.is_datetime64_any_dtype(frame[name]):
+            config[name] = st.column_config.DatetimeColumn(label, format="YYYY-MM-DD HH:mm")
+        else:
+            config[name] = st.column_config.Column(label)
+    text = [c for c in frame.columns if frame[c].dtype == object]
+    shown = frame.assign(**{c: frame[c].map(lambda v: MISSING if missing(v) else v) for c in text})
+    return st.dataframe(shown, key=key, column_config=config | kwargs.pop("column_config", {}), **kwargs)
 
 
 def text_block(text: str, *, height: int | None = None) -> None:

@@ -183,9 +183,9 @@ with seen:
 probes = store.probes(run_id)
 if not probes.empty:
     st.subheader("Retention per probe category")
-    st.dataframe(analysis.retention_table(probes), key="ex_retention")
+    ui.table(analysis.retention_table(probes), key="ex_retention", scores=True)
     with st.expander("Every probe"):
         every = probes[probes.method == "memory"][["probe_id", "category", "question", "gold", "score",
                                                    "evidence_in_window"]]
-        st.dataframe(app_data.clean(every.assign(category=every.category.map(app_data.category_name))),
-                     hide_index=True)
+        ui.table(every.assign(category=every.category.map(app_data.category_name)), hide_index=True,
+                 key="ex_every_probe")

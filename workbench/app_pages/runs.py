@@ -31,9 +31,9 @@ if search:
     shown = shown[shown.label.fillna("").str.contains(search, case=False, regex=False)]
 
 shown = shown.assign(status=[app_data.status_text(s, k, n) for s, k, n in zip(shown.status, shown.steps, shown.planned_steps)])
-st.dataframe(shown[["run_id", "created_at", "status", "conversation_id", "observer", "reflector",
-                    "observation_threshold", "reflection_threshold", "window", "steps", "compression",
-                    "retention", "cost_usd", "label", "error"]], hide_index=True, key="runs_table")
+ui.table(shown[["run_id", "created_at", "status", "conversation_id", "observer", "reflector",
+                "observation_threshold", "reflection_threshold", "window", "steps", "compression",
+                "retention", "cost_usd", "label", "error"]], hide_index=True, key="runs_table")
 st.caption(f"{len(shown):,} of {fmt.count(len(runs), 'run')}")
 
 if shown.empty:

@@ -133,5 +133,5 @@ left, right = st.columns(2)
 if runs.retention.notna().any():
     left.plotly_chart(charts.heatmap(runs, "retention"), key="tune_heat_retention")
 right.plotly_chart(charts.heatmap(runs, "compression"), key="tune_heat_compression")
-st.dataframe(runs[["run_id", "observation_threshold", "reflection_threshold", "window", "compression", "retention",
-                   "observer_calls", "reflector_calls"]], hide_index=True, key="tune_table")
+ui.table(runs[["run_id", "observation_threshold", "reflection_threshold", "window", "compression", "retention",
+               "observer_calls", "reflector_calls"]], hide_index=True, key="tune_table")
