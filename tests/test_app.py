@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from workbench import app_data
 from workbench.runstore import RunStore
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
@@ -209,6 +210,12 @@ def test_compare_two_configurations(db: Path) -> None:
     assert list(table.columns) == [f"A · {runs.run_id[1]}", f"B · {runs.run_id[0]}"]
     assert table.loc["observation threshold"].astype(int).tolist() == [150, 600]
     assert len(at.get("plotly_chart")) == 4
+    # Shown elsewhere, a run made here is named by its configuration once, with no stray "B ·".
+    at.switch_page(PAGES.format("present")).run()
+    at.sidebar.selectbox(key="pres_run").set_value(runs.run_id[0]).run()
+    [header] = [t.value for t in at.text if t.value.startswith("priya-lisbon · ")]
+    assert header == "priya-lisbon · " + app_data.config_sentence(store(db).run(runs.run_id[0])["config"])
+    assert "B ·" not in header and "obs 600" not in header and "observation threshold 600" in header
 
 
 def test_tune_sweep_runs_the_grid_and_plots_every_run(db: Path) -> None:
@@ -510,8 +517,6 @@ def test_launch_an_experiment_then_tune_compare_grid_and_a_trace(db: Path) -> No
     # Open a cell where a configuration lost a probe at a known step: the explorer opens that run
     # at the step it was lost. (Any such cell: whether one configuration loses at a step what the
     # other keeps depends on the offline model's choices on the demo, so it is not required here.)
-    from workbench import app_data
-
     full = app_data.probe_grid(probes, s.experiment_losses(experiment_id), ["obs 150", "obs 600"])
     row, lost = next((i, lost) for lost in ("obs 600", "obs 150") for i in full.index
                      if not app_data.missing(full.at[i, f"{lost}|step"]) and full.at[i, f"{lost}|score"] < 0.5)

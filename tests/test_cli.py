@@ -104,6 +104,20 @@ def test_bad_input_gets_a_clear_error(tmp_path) -> None:
     assert code == 1 and "no-such-model-xyz: litellm does not know which provider serves it" in err
     code, _, err = invoke("replay", "--dataset", TINY, "--observation-threshold", "0")
     assert code == 2 and "Invalid value for '--observation-threshold': 0 is not in the range x>=1" in err
+    code, _, err = invoke("replay", "--dataset", TINY, "--observer", "opena/gpt-4o")
+    assert code == 1 and "opena/gpt-4o: litellm has no provider 'opena'; did you mean openai/gpt-4o?" in err
+
+
+@pytest.mark.parametrize("command", [("sweep",), ("experiment", "run", "--dataset", TINY)])
+def test_a_bad_value_in_a_list_option_is_a_usage_error_naming_it(command, tmp_path) -> None:
+    db = ("--db", str(tmp_path / "r.duckdb"))
+    code, _, err = invoke(*command, "--observation-threshold", "0,300", *db)
+    assert code == 2 and "Invalid value for '--observation-threshold': 0 is not in the range x>=1. (in '0,300')" in err
+    code, _, err = invoke(*command, "--reflection-threshold", "400,abc", *db)
+    assert code == 2 and "'abc' is not a valid integer. (in '400,abc')" in err
+    code, _, err = invoke(*command, "--observation-threshold", " , ", *db)
+    assert code == 2 and "expected at least one value" in err
+    assert not (tmp_path / "r.duckdb").exists()  # refused before anything was opened or recorded
 
 
 def test_model_error_then_resume(scripted: Scripted) -> None:

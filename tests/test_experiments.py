@@ -98,7 +98,7 @@ def test_pooled_figures_intervals_and_the_funnel_are_computed_from_the_recorded_
 
 def test_paired_comparison_verdicts() -> None:
     same = {str(i): float(i % 2) for i in range(40)}
-    assert paired_difference("a", "b", same, same).verdict() == "no detectable difference: +0.000 [+0.000, +0.000]"
+    assert paired_difference("a", "b", same, same).verdict() == "no detectable difference: 0.000 [0.000, 0.000]"
     better = {k: min(1.0, v + 0.5) for k, v in same.items()}
     diff = paired_difference("v1", "v2", same, better)
     assert diff.detectable and diff.verdict().startswith("v2 keeps more: +0.250 [")
@@ -108,6 +108,13 @@ def test_paired_comparison_verdicts() -> None:
     shifted = {str(i): float(i % 4 == 0) for i in range(12)}
     assert paired_difference("a", "b", noisy, shifted).verdict().startswith("no detectable difference")
     assert paired_difference("a", "b", {}, {}).verdict() == "not enough shared probes to compare"
+    # An interval that reaches 0 ends at an unsigned 0; one stopping just short of it says on which side.
+    from workbench.stats import PairedDifference
+
+    assert PairedDifference("a", "b", 9, -0.045, (-0.091, 0.0)).verdict() == \
+        "no detectable difference: -0.045 [-0.091, 0.000]"
+    assert PairedDifference("a", "b", 9, 0.03, (0.0004, 0.06)).verdict() == "b keeps more: +0.030 [+0.0004, +0.060]"
+    assert PairedDifference("a", "b", 9, -0.03, (-0.06, -0.0004)).verdict() == "a keeps more: +0.030 [+0.0004, +0.060]"
 
 
 def test_a_killed_experiment_is_resumed_without_redoing_finished_runs(tmp_path) -> None:

@@ -17,7 +17,7 @@ import pandas as pd
 from .formatting import MISSING, display, money, progress, ratio, share, tokens
 from .formatting import missing as _missing
 from .losses import STAGE_NAMES, STAGES
-from .stats import paired_difference
+from .stats import paired_difference, signed
 
 OFFLINE_PREFIX = "omem/"
 KEPT = 0.5  # a probe scoring at least this is "kept" (the retention rule's threshold)
@@ -241,9 +241,9 @@ def figures_comparison(summaries: Sequence[Any], probes: pd.DataFrame, a: str, b
         elif shown is money:
             change = ("-" if diff < 0 else "+") + money(abs(diff))
         else:
-            change = f"{diff:+,.0f}" if whole else f"{diff:+.3f}"
+            change = f"{diff:+,.0f}" if whole else signed(diff)
         rows.append({"figure": name, "A": shown(va), "B": shown(vb), "B − A": change,
-                     "95% CI of B − A": f"[{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else MISSING,
+                     "95% CI of B − A": f"[{signed(ci[0])}, {signed(ci[1])}]" if ci else MISSING,
                      "differs": differs})
 
     pooled = paired_difference(a, b, _scores(probes, a), _scores(probes, b)) if not probes.empty else None
@@ -557,12 +557,22 @@ def config_sentence(config: dict[str, Any], label: str | None = None) -> str:
 
 
 def run_name(run: dict[str, Any]) -> str | None:
-    """A run's configuration label in its experiment, else its own label, else ``None``."""
+    """A run's configuration label in its experiment, else its own label, else ``None``; never the
+    default label that only restates the configuration (the sentence after it says all of that)."""
     for key in ("config_label", "label"):
         value = run.get(key)
         if value is not None and not missing(value) and str(value).strip():
-            return str(value)
+            return None if key == "label" and str(value) == _default_label(run.get("config")) else str(value)
     return None
+
+
+def _default_label(config: Any) -> str | None:
+    from .replay import ReplayConfig  # (imports the library: only when a run is shown)
+
+    try:
+        return ReplayConfig.from_json(config if isinstance(config, dict) else json.loads(config)).label()
+    except (TypeError, ValueError, KeyError):
+        return None
 
 
 __all__ = [

@@ -125,14 +125,28 @@ def _resolve_prompt(store: RunStore | None, name: str, version: str | None) -> P
         raise click.BadParameter(f"no saved {name} prompt version {version!r} in {store.path}") from exc
 
 
+POSITIVE = click.IntRange(min=1)
+
+
 def _csv(kind):
+    """A comma-separated option: each value checked as ``kind`` (a click type, e.g. ``POSITIVE``, or
+    ``str``), so a bad one gets click's own message and exit code 2, naming the value."""
     def convert(ctx, param, value):
         if value is None:
             return None
-        try:
-            return [kind(v.strip()) for v in value.split(",") if v.strip()]
-        except ValueError as exc:
-            raise click.BadParameter(f"expected comma-separated {kind.__name__} values, got {value!r}") from exc
+        items = [v.strip() for v in value.split(",") if v.strip()]
+        if not items:
+            raise click.BadParameter(f"expected at least one value, got {value!r}", ctx, param)
+        if kind is str:
+            return items
+        values = []
+        for item in items:
+            try:
+                number = click.INT.convert(item, param, ctx)  # "'abc' is not a valid integer"
+                values.append(kind.convert(number, param, ctx))  # "0 is not in the range x>=1"
+            except click.BadParameter as exc:
+                raise click.BadParameter(f"{exc.message} (in {value!r})", ctx, param) from exc
+        return values
     return convert
 
 
@@ -263,9 +277,11 @@ def _run_judge(store, result, conv, config, answerer, judge, yes, quiet) -> None
 @click.option("--observer", "observers", default=OFFLINE_MODEL, callback=_csv(str), show_default=True,
               help="Comma-separated models.")
 @click.option("--reflector", "reflectors", default=OFFLINE_MODEL, callback=_csv(str), show_default=True)
-@click.option("--observation-threshold", "observation", default="500,1000,2000", callback=_csv(int), show_default=True)
-@click.option("--reflection-threshold", "reflection", default="1000,2000,4000", callback=_csv(int), show_default=True)
-@click.option("--last-messages", "windows", default="10", callback=_csv(int), show_default=True)
+@click.option("--observation-threshold", "observation", default="500,1000,2000", callback=_csv(POSITIVE),
+              show_default=True)
+@click.option("--reflection-threshold", "reflection", default="1000,2000,4000", callback=_csv(POSITIVE),
+              show_default=True)
+@click.option("--last-messages", "windows", default="10", callback=_csv(POSITIVE), show_default=True)
 @click.option("--observer-prompt", "observer_prompts", default=None, callback=_csv(str),
               help="Comma-separated prompt versions (default: the newest built-in).")
 @click.option("--reflector-prompt", "reflector_prompts", default=None, callback=_csv(str),
@@ -471,9 +487,9 @@ def _print_report(data: dict[str, Any]) -> None:
 @click.option("--dataset", type=click.Path(exists=True, path_type=Path), required=True, help="Dataset file or folder.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), help="Override format detection.")
 @click.option("--conversation", "conversations", multiple=True, help="A conversation id (repeat; default: all).")
-@click.option("--observation-threshold", "observation", default="1000", callback=_csv(int), show_default=True)
-@click.option("--reflection-threshold", "reflection", default="2000", callback=_csv(int), show_default=True)
-@click.option("--window", "windows", default="10", callback=_csv(int), show_default=True)
+@click.option("--observation-threshold", "observation", default="1000", callback=_csv(POSITIVE), show_default=True)
+@click.option("--reflection-threshold", "reflection", default="2000", callback=_csv(POSITIVE), show_default=True)
+@click.option("--window", "windows", default="10", callback=_csv(POSITIVE), show_default=True)
 @click.option("--observer", "observers", default=OFFLINE_MODEL, callback=_csv(str), show_default=True,
               help="Comma-separated litellm model strings.")
 @click.option("--reflector", "reflectors", default=OFFLINE_MODEL, callback=_csv(str), show_default=True,

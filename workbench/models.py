@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 OFFLINE_MODEL = "omem/extractive"  # omem_core.OFFLINE_MODEL, without importing litellm for it
 # Providers whose only "missing key" is a server address with a local default: not a reason to refuse.
@@ -46,8 +47,7 @@ def model_status(model: str) -> ModelStatus:
     try:
         litellm.get_llm_provider(model)
     except Exception:
-        return ModelStatus(model, False, "litellm does not know which provider serves it (write it as "
-                                         "provider/model, e.g. openai/" + model.split("/")[-1] + ")")
+        return ModelStatus(model, False, _no_provider(model, litellm))
     try:
         checked = litellm.validate_environment(model=model)
     except Exception as exc:
@@ -56,6 +56,19 @@ def model_status(model: str) -> ModelStatus:
     if missing:
         return ModelStatus(model, False, "missing " + ", ".join(missing) + " in the environment")
     return ModelStatus(model, True, "keys found in the environment")
+
+
+def _no_provider(model: str, litellm: Any) -> str:
+    """Why litellm cannot route ``model``, with the nearest provider name when one is close."""
+    import difflib
+
+    if "/" not in model:
+        return f"litellm does not know which provider serves it (write it as provider/model, e.g. openai/{model})"
+    provider, name = model.split("/", 1)
+    known = [getattr(p, "value", str(p)) for p in litellm.provider_list]
+    close = difflib.get_close_matches(provider, known, n=1)
+    hint = f"; did you mean {close[0]}/{name}?" if close else " (litellm.provider_list names them)"
+    return f"litellm has no provider '{provider}'{hint}"
 
 
 def unusable_models(models: list[str | None]) -> list[ModelStatus]:

@@ -50,14 +50,29 @@ class PairedDifference:
         """A plain sentence: "b keeps more: +0.031 [+0.012, +0.050]" or no detectable difference."""
         if self.difference is None or self.ci95 is None:
             return "not enough shared probes to compare"
-        figures = f"{self.difference:+.3f} [{self.ci95[0]:+.3f}, {self.ci95[1]:+.3f}]"
+        figures = f"{signed(self.difference)} [{signed(self.ci95[0])}, {signed(self.ci95[1])}]"
         if not self.detectable:
             return f"no detectable difference: {figures}"
         if self.difference > 0:
             better, change, (low, high) = self.b, self.difference, self.ci95
         else:
             better, change, (low, high) = self.a, -self.difference, (-self.ci95[1], -self.ci95[0])
-        return f"{better} keeps more: {change:+.3f} [{low:+.3f}, {high:+.3f}]"
+        return f"{better} keeps more: {signed(change)} [{signed(low)}, {signed(high)}]"
+
+
+def signed(value: float) -> str:
+    """A difference with its sign, never a sign the rounding hid: an interval that reaches 0 ends
+    at ``0.000`` (no sign), one that stops just short of it shows enough digits to say on which
+    side (``+0.0004``), so "+0.000" never appears beside a verdict it seems to contradict."""
+    from .formatting import fixed
+
+    if value == 0:
+        return "0.000"
+    for digits in (3, 4, 5):
+        text = fixed(value, digits)
+        if text.strip("-0."):
+            return text if text.startswith("-") else "+" + text
+    return f"{value:+.0e}"
 
 
 def paired_difference(a: str, b: str, scores_a: dict[str, float], scores_b: dict[str, float], *,

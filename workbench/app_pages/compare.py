@@ -184,8 +184,8 @@ if mode == MODES[2]:
     with right.expander("Configuration B", expanded=True):
         config_b = ui.config_form(store, "cmp_b", conversation, container=st)
     if st.button("Run both", type="primary", key="cmp_run", disabled=conversation is None or store.read_only):
-        result_a = ui.run_replay(store, conversation, config_a, label="A · " + config_a.label())
-        result_b = ui.run_replay(store, conversation, config_b, label="B · " + config_b.label())
+        result_a = ui.run_replay(store, conversation, config_a)  # labelled by their configuration: "A" and
+        result_b = ui.run_replay(store, conversation, config_b)  # "B" mean nothing outside this page
         if result_a and result_b and result_a.run_id and result_b.run_id:
             st.session_state["cmp_pair"] = (result_a.run_id, result_b.run_id)
     run_a, run_b = st.session_state.get("cmp_pair", (None, None))
