@@ -488,6 +488,9 @@ def test_launch_an_experiment_then_tune_compare_grid_and_a_trace(db: Path) -> No
     assert any(c.startswith(f"{said:,} scored probes have evidence named by the dataset") for c in captions), captions
     assert any(spec_i["layout"]["title"]["text"].startswith("Loss funnel")
                for spec_i in (json.loads(c.proto.spec) for c in at.get("plotly_chart")))
+    # The final memories' diff is drawn as a diff (removed and added lines coloured), still as text.
+    [diff] = [c for c in at.code if c.value.startswith("--- A · obs 150")]
+    assert diff.language == "diff" and "\n+++ B · obs 600" in diff.value
     # A and B swapped: the grid and the funnel list A first, as the header and figures do.
     at.sidebar.selectbox(key="cmp_xp_a").set_value("obs 600")
     at.sidebar.selectbox(key="cmp_xp_b").set_value("obs 150").run()
@@ -858,6 +861,12 @@ def test_presentation_text_and_labels_read_right_at_the_edges() -> None:
     assert label.text == "4.1x compression at step 2" and label.xanchor == "right" and label.ax < 0
     early = charts.volumes_chart(steps, step=0).layout.annotations
     assert [a for a in early if "compression" in a.text][0].xanchor == "left"
+    # The current step's label sits on the side with room: right of its line at step 0 (to the left
+    # it would print over the y axis' "0" tick), left of it at the last step (not past the edge).
+    for chart in (charts.volumes_chart, lambda s, step: charts.cursor_chart(s.assign(
+            message_index=[1, 2, 3], cursor_index=[0, 0, 1]), 3, step=step)):
+        marks = {k: [a for a in chart(steps, step=k).layout.annotations if a.text == f"step {k}"] for k in (0, 2)}
+        assert marks[0][0].xanchor == "left" and marks[2][0].xanchor == "right"
     # Threshold labels never print over each other: one label for one value, the lower of two
     # close ones under its line.
     steps = steps.assign(backlog_tokens=[0, 300, 10], unreflected_tokens=[0, 0, 40], observed=[False, True, False],
@@ -870,3 +879,25 @@ def test_presentation_text_and_labels_read_right_at_the_edges() -> None:
     assert list(labels(600, 600)) == ["observation and reflection threshold 600"]
     assert labels(580, 600) == {"observation threshold 580": "top", "reflection threshold 600": "bottom"}
     assert labels(300, 600) == {"observation threshold 300": "bottom", "reflection threshold 600": "bottom"}
+
+
+def test_run_labels_put_what_tells_runs_apart_first() -> None:
+    """A sidebar picker cuts the end of a label off: conversation, configuration and figures come
+    before the id, and a run that did not finish says so."""
+    import pandas as pd
+
+    from workbench.ui import run_label
+
+    config = json.dumps({"observer": "omem/extractive", "observation_threshold": 300, "reflection_threshold": 2000})
+    done = pd.Series({"run_id": "20261204-075033-1b1aca", "conversation_id": "priya-lisbon", "status": "completed",
+                      "compression": 3.52, "retention": 0.818, "config": config, "config_label": None,
+                      "steps": 100, "planned_steps": 100})
+    assert run_label(done) == "priya-lisbon · obs 300 · ref 2000 · 3.5x · retention 0.82 · 20261204-075033-1b1aca"
+    in_experiment = done.copy()
+    in_experiment["config_label"] = "obs 150"  # an experiment's own short label wins
+    assert run_label(in_experiment).startswith("priya-lisbon · obs 150 · 3.5x")
+    failed = done.copy()
+    failed[["status", "steps", "retention", "config"]] = ["failed", 26, None, config.replace("omem/extractive",
+                                                                                           "openai/gpt-4o-mini")]
+    assert run_label(failed) == ("priya-lisbon · openai/gpt-4o-mini · obs 300 · ref 2000 · 3.5x (partial) · "
+                                 "failed at step 26 of 100 · 20261204-075033-1b1aca")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 import tracemalloc
 from datetime import timedelta
 

@@ -566,6 +566,19 @@ def run_name(run: dict[str, Any]) -> str | None:
     return None
 
 
+def short_config(run: Any) -> str:
+    """A run's configuration in a few words: its experiment label (``obs 150``), else the thresholds,
+    with the observer named when it is not the built-in model."""
+    label = run.get("config_label")
+    if label is not None and not missing(label) and str(label).strip():
+        return str(label)
+    config = run.get("config")
+    config = json.loads(config) if isinstance(config, str) else (config or {})
+    text = f"obs {config.get('observation_threshold')} · ref {config.get('reflection_threshold')}"
+    observer = str(config.get("observer") or "")
+    return text if observer.startswith("omem/") else f"{observer} · {text}"
+
+
 def _default_label(config: Any) -> str | None:
     from .replay import ReplayConfig  # (imports the library: only when a run is shown)
 
@@ -576,12 +589,13 @@ def _default_label(config: Any) -> str | None:
 
 
 __all__ = [
-    "KEPT", "LOCOMO_CATEGORIES", "call_label", "calls_table", "category_name", "clean", "config_sentence",
+    "COLUMNS", "KEPT", "LOCOMO_CATEGORIES", "call_label", "calls_table", "category_name", "clean", "column_spec",
+    "config_sentence",
     "config_table", "crossing_series", "experiment_label", "experiments_table", "failed_configs",
     "figures_comparison", "final_memory", "funnel_table", "grid_target", "grid_view", "neighbour",
     "next_compaction", "offline_prompt_note", "opening_sentence", "page_count", "page_slice", "pareto_points",
     "parse_values", "pass_steps", "probe_grid", "prompt_of", "shared_range", "summary_table", "text_diff",
-    "threshold_cells", "trace_attempts", "verdict",
+    "run_name", "short_config", "status_text", "threshold_cells", "trace_attempts", "verdict",
 ]
 
 

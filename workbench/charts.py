@@ -25,9 +25,13 @@ def _esc(text: object) -> str:
 
 
 def _marker_line(fig: go.Figure, step: int | None) -> None:
+    """The current step as a dotted line, its label on the side with room: right of the line in the
+    left half of the chart (at step 0 a label to the left would sit on the y axis' ticks), else left."""
     if step is not None:
+        ends = [max(trace.x) for trace in fig.data if trace.x is not None and len(trace.x)]
+        left_half = not ends or step <= max(ends) / 2
         fig.add_vline(x=step, line_dash="dot", line_color="#d63031", annotation_text=f"step {step}",
-                      annotation_position="bottom left")
+                      annotation_position="bottom right" if left_half else "bottom left")
 
 
 def _layout(fig: go.Figure, title: str, y: str) -> go.Figure:

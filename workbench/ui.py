@@ -114,6 +114,11 @@ def table(frame: pd.DataFrame, *, key: str, scores: bool = False, **kwargs) -> A
     return st.dataframe(shown, key=key, column_config=config | kwargs.pop("column_config", {}), **kwargs)
 
 
+def diff_block(diff: str, *, empty: str) -> None:
+    """A unified diff as text, its removed and added lines coloured (``empty`` when there is none)."""
+    st.code(diff or empty, language="diff" if diff else "text", wrap_lines=True)
+
+
 def text_block(text: str, *, height: int | None = None) -> None:
     """Show dataset or model text exactly as text (no Markdown, no HTML)."""
     st.code(text or "(empty)", language="text", wrap_lines=True, height=height)
@@ -292,17 +297,19 @@ def run_replay(store: RunStore, conversation: Conversation, config: ReplayConfig
 
 
 def run_label(row: pd.Series) -> str:
-    done = row.get("status") == "completed"
-    figures = []
-    if not missing(row.get("compression")):
-        figures.append(ratio(row["compression"], partial=not done))
-    if not missing(row.get("retention")):
-        figures.append(f"retention {share(row['retention'])}")
-    from .app_data import status_text
+    """What tells runs apart first (a sidebar cuts the end off): conversation, configuration in
+    short, figures, the state of a run that did not finish, then the id."""
+    from .app_data import short_config, status_text
 
-    state = status_text(row.get("status"), row.get("steps"), row.get("planned_steps"))
-    return f"{row['run_id']} · {row['conversation_id']} · {state}" + (
-        f" · {' · '.join(figures)}" if figures else "")
+    done = row.get("status") == "completed"
+    parts = [str(row["conversation_id"]), short_config(row)]
+    if not missing(row.get("compression")):
+        parts.append(ratio(row["compression"], partial=not done))
+    if not missing(row.get("retention")):
+        parts.append(f"retention {share(row['retention'])}")
+    if not done:
+        parts.append(status_text(row.get("status"), row.get("steps"), row.get("planned_steps")))
+    return " · ".join([*parts, str(row["run_id"])])
 
 
 def run_picker(store: RunStore, label: str, key: str, *, default: str | None = None,

@@ -156,7 +156,7 @@ def experiment_comparison() -> None:
         diff = app_data.text_diff(texts["A"], texts["B"], f"A · {a}", f"B · {b}")
         st.caption(ui.plain(f"What the agent saw as memory after the last message of {conversation}: "
                             "a line diff (- only in A, + only in B)."))
-        ui.text_block(diff or "The two memories are identical.")
+        ui.diff_block(diff, empty="The two memories are identical.")
         left, right = st.columns(2)
         for column, n in ((left, "A"), (right, "B")):
             with column.expander(f"{n}: the whole memory"):
@@ -168,7 +168,7 @@ def experiment_comparison() -> None:
             st.text(f"{name.capitalize()} prompt: the same text in A and B ({va}).")
         else:
             st.text(f"{name.capitalize()} prompt: A uses {va}, B uses {vb}:")
-            ui.text_block(app_data.text_diff(ta, tb, f"A · {name} {va}", f"B · {name} {vb}"))
+            ui.diff_block(app_data.text_diff(ta, tb, f"A · {name} {va}", f"B · {name} {vb}"), empty="(no difference)")
     st.stop()
 
 
