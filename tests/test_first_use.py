@@ -262,7 +262,8 @@ def test_paths_are_shown_as_short_as_still_works_from_here(tmp_path, monkeypatch
 
     demo = ROOT / "datasets" / "demo.jsonl"
     monkeypatch.chdir(ROOT)
-    assert _shown_path(demo) == "datasets/demo.jsonl" and _shown_path(ROOT.parent / "elsewhere.jsonl") == "../elsewhere.jsonl"
+    assert _shown_path(demo) == "datasets/demo.jsonl"
+    assert _shown_path(ROOT.parent / "elsewhere.jsonl") == "../elsewhere.jsonl"
     code, out, _ = invoke("datasets")
     [line] = [row for row in out.splitlines() if row.startswith("demo ")]
     assert line.split()[2:] == ["1", "200", "22", "datasets/demo.jsonl"]  # conversations, messages, probes, path
