@@ -199,6 +199,7 @@ def test_experiment_list_show_compare_and_export(tmp_path) -> None:
     assert out.split()[:7] == ["experiment", "status", "name", "dataset", "runs", "not", "completed"]
     code, out, _ = invoke("experiment", "show", experiment_id, "--db", db)
     assert code == 0 and "obs 150" in out and "obs 600" in out and "95% CI" in out and "nan" not in out.lower()
+    assert max(len(line) for line in out.splitlines()) <= 100  # fits a 100-column terminal with short labels
     code, out, _ = invoke("experiment", "compare", experiment_id, "--a", "obs 600", "--b", "obs 150", "--db", db)
     assert code == 0 and "obs 600 vs obs 150 on 22 shared probes (obs 150 minus obs 600):" in out
     code, _, err = invoke("experiment", "compare", experiment_id, "--a", "obs 999", "--db", db)

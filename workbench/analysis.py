@@ -195,9 +195,9 @@ def narrate(step_row: pd.Series, previous: pd.Series | None, records: pd.DataFra
         parts.append(f"{left} new message{'s' if left != 1 else ''} arrived; {backlog:,} tokens wait behind the "
                      "window, nothing to compact yet")
     sentence = "; ".join(parts)
-    ratio = step_row["history_tokens"] / step_row["context_tokens"] if step_row["context_tokens"] else 1.0
+    times = step_row["history_tokens"] / step_row["context_tokens"] if step_row["context_tokens"] else 1.0
     return f"Step {step}: {sentence[0].upper()}{sentence[1:]}. The agent sees {int(step_row['context_tokens']):,} " \
-           f"tokens instead of {int(step_row['history_tokens']):,} ({ratio:.1f}x smaller)."
+           f"tokens instead of {int(step_row['history_tokens']):,} ({ratio(times)} smaller)."
 
 
 def findings(steps: pd.DataFrame, observation_threshold: int, calls: pd.DataFrame | None = None) -> list[str]:

@@ -146,7 +146,7 @@ def summary_table(summaries: Sequence[Any]) -> pd.DataFrame:
             "not completed": s.failed,
             "probes": s.probes,
             "retention": share(s.retention, 3),
-            "95% CI": f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else MISSING,
+            "95% CI": f"[{share(ci[0], 3)}, {share(ci[1], 3)}]" if ci else MISSING,
             "compression": ratio(s.compression),
             "vs recency": display(s.recency_ratio),
             "blind-spot tokens": tokens(s.blind_spot_tokens),

@@ -155,7 +155,7 @@ def experiment_pareto_chart(points: pd.DataFrame) -> go.Figure:
             error_y=dict(type="data", symmetric=False, array=(points.high - points.retention).clip(lower=0),
                          arrayminus=(points.retention - points.low).clip(lower=0), color="#636e72", thickness=1.2),
             marker=dict(size=13, color=COLORS["window"], line=dict(width=1, color="white")),
-            hovertemplate="%{text}<br>compression %{x:.2f}x<br>retention %{y:.3f}<extra></extra>")
+            hovertemplate="%{text}<br>compression %{x:.1f}x<br>retention %{y:.3f}<extra></extra>")
     fig.update_layout(title="Pooled retention (95% CI) vs compression", xaxis_title="compression (x)",
                       yaxis_title="retention (pooled over probes)", height=440, margin=dict(l=40, r=20, t=50, b=40),
                       clickmode="event+select", showlegend=True, legend=dict(orientation="h", y=-0.2))

@@ -457,23 +457,23 @@ def _experiment_progress(quiet: bool):
 
 
 def _print_report(data: dict[str, Any]) -> None:
-    from .formatting import MISSING, display, money, ratio
+    from .formatting import MISSING, display, money, ratio, share, tokens
 
     def ci(pair) -> str:
-        return f"[{pair[0]:.3f}, {pair[1]:.3f}]" if pair else MISSING
+        return f"[{share(pair[0], 3)}, {share(pair[1], 3)}]" if pair else MISSING
 
     click.echo(f"experiment {data['experiment_id']} ({data['status_text']}): "
                f"{count(len(data['conversations']), 'conversation')} of {_shown_path(data['dataset'])}, "
                f"{display(data['elapsed_s'])} s")
     width = min(36, max([len("configuration"), *(len(c["label"]) for c in data["configs"])]))
-    click.echo(f"{'configuration':<{width}} {'runs':>4} {'failed':>6} {'probes':>6} {'retention':>9} {'95% CI':>16} "
-               f"{'compr':>6} {'vs recency':>10} {'blind spot':>10} {'calls':>6} {'cost':>8}")
+    click.echo(f"{'configuration':<{width}} {'runs':>4} {'failed':>6} {'probes':>6} {'retention':>9} {'95% CI':>14} "
+               f"{'compr':>6} {'vs recency':>10} {'blind spot':>10} {'calls':>5} {'cost':>7}")
     for c in data["configs"]:
-        blind = MISSING if c["blind_spot_tokens"] is None else f"{c['blind_spot_tokens']:,.0f} tok"
+        blind = MISSING if c["blind_spot_tokens"] is None else f"{tokens(c['blind_spot_tokens'])} tok"
         click.echo(f"{c['label'][:width]:<{width}} {c['runs']:>4} {c['failed']:>6} {c['probes']:>6} "
-                   f"{display(c['retention']):>9} {ci(c['retention_ci95']):>16} {ratio(c['compression']):>6} "
-                   f"{display(c['recency_ratio']):>10} {blind:>10} {c['observer_calls'] + c['reflector_calls']:>6} "
-                   f"{money(c['cost_usd']):>8}")
+                   f"{display(c['retention']):>9} {ci(c['retention_ci95']):>14} {ratio(c['compression']):>6} "
+                   f"{display(c['recency_ratio']):>10} {blind:>10} {c['observer_calls'] + c['reflector_calls']:>5,} "
+                   f"{money(c['cost_usd']):>7}")
         for error in c["errors"]:
             click.echo(f"    failed: {error}", err=True)
     for comparison in data["comparisons"]:
