@@ -24,6 +24,7 @@ import asyncio
 import itertools
 import json
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -38,6 +39,12 @@ from .losses import STAGES, funnel
 from .stats import bootstrap_ci, paired_difference
 
 OFFLINE_PREFIX = "omem/"
+
+# The cost limit cancels the runs in flight. litellm makes its async call's coroutine in a worker
+# thread (``run_in_executor``) and awaits it back on the loop; a call cancelled between the two
+# drops a coroutine that was never started, and Python reports it when it is collected. Nothing was
+# sent, so nothing is lost: that one message is noise on the experiment's stderr.
+warnings.filterwarnings("ignore", message=r"coroutine '\w+\.acompletion' was never awaited", category=RuntimeWarning)
 
 
 class ExperimentError(WorkbenchError, ValueError):
