@@ -573,6 +573,27 @@ def test_resume_export_and_delete_an_experiment(db: Path) -> None:
     assert any("No experiments yet" in i.value for i in at.info)
 
 
+def test_an_experiment_with_a_configuration_that_cannot_run_is_never_shown_as_a_plain_success(
+        db: Path, monkeypatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    at = app("experiments")
+    at.text_input(key="xp_obs").set_value("300")
+    at.multiselect(key="xp_observers").set_value(["omem/extractive", "gpt-4o-mini"])
+    at.number_input(key="xp_concurrency").set_value(1).run()
+    # Said before the start, as the CLI says it.
+    assert any("1 configuration cannot run here" in w.value and "obs model gpt-4o-mini: gpt-4o-mini: missing "
+               "OPENAI_API_KEY" in shown(w.value) for w in at.warning), [w.value for w in at.warning]
+    at.button(key="xp_start").click().run()
+    assert not at.exception, at.exception
+    [experiment_id] = list(store(db).experiments().experiment_id)
+    assert not at.success  # not green
+    assert any(f"{experiment_id} completed with failures: 2 runs replayed" in shown(w.value)
+               and "1 of them did not complete" in w.value for w in at.warning)
+    # With only models that cannot run here, there is nothing to start.
+    at.multiselect(key="xp_observers").set_value(["gpt-4o-mini"]).run()
+    assert any("Nothing to start" in e.value for e in at.error) and at.button(key="xp_start").disabled
+
+
 def test_experiment_pages_list_failed_configurations_and_show_no_nan(db: Path, monkeypatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     run_experiment_in(db, observation=(300,), observers=("omem/extractive", "gpt-4o-mini"))

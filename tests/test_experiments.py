@@ -180,9 +180,12 @@ def test_an_experiment_that_finished_with_failed_runs_says_so_and_resume_retries
     # The key is still missing, so the retry fails again; but it is a retry, not "nothing to resume".
     code, out, err = invoke("experiment", "resume", experiment_id, "--db", db)
     assert code == 1 and "nothing to resume" not in err and "missing OPENAI_API_KEY" in err
+    # Still completed with one failed run: the run completed before the resume has not gone away.
+    assert f"experiment {experiment_id} (completed; 1 of 2 runs failed)" in out and "no run completed" not in err
     with RunStore(db) as store:
         runs = store.experiment_runs(experiment_id)
         assert len(runs) == 2 and failed_before not in set(runs.run_id)  # replaced, never piled up
+        assert store.experiment(experiment_id)["status"] == "completed"
     code, out, err = invoke("experiment", "run", "--dataset", str(DEMO), "--concurrency", "1", "--db", db)
     done_id = out.split()[1]
     code, out, err = invoke("experiment", "resume", done_id, "--db", db)

@@ -214,6 +214,25 @@ def status_text(status: str, failed: int, planned: int) -> str:
     return status
 
 
+def outcome_message(experiment_id: str, outcome: ExperimentOutcome) -> tuple[str, str]:
+    """``(kind, sentence)`` for the app's banner after a start or a resume: ``success`` only when
+    every run replayed completed; ``warning`` when some failed; ``error`` when none did or it stopped."""
+    runs = f"{outcome.runs} run{'s' if outcome.runs != 1 else ''} replayed in {outcome.elapsed_s:.1f} s"
+    if outcome.status == "completed" and not outcome.failed:
+        return "success", f"{experiment_id} completed: {runs}."
+    failed = f"{outcome.failed} of them did not complete (listed below with their errors)"
+    if outcome.status == "completed":
+        return "warning", f"{experiment_id} completed with failures: {runs}; {failed}."
+    return "error", f"{experiment_id} {outcome.status}: {runs}" + (f"; {failed}" if outcome.failed else "") + (
+        f". {outcome.error}" if outcome.error else ".")
+
+
+def completed_pairs_of(store: Any, experiment_id: str) -> int:
+    """How many runs of the experiment completed (one per conversation × configuration at most)."""
+    runs = store.experiment_runs(experiment_id)
+    return 0 if runs.empty else int((runs.status == "completed").sum())
+
+
 def _clear_unfinished(store: Any, experiment_id: str) -> None:
     """Runs of the experiment that did not complete are replaced by the resume's new runs."""
     runs = store.experiment_runs(experiment_id)
@@ -387,7 +406,8 @@ async def run_experiment(store: Any, experiment_id: str, *, progress: Callable[[
             await _run_in_processes(runnable, options, dataset, dataset_format, extra, folder, write)
         elif runnable:
             await _run_in_tasks(runnable, options, dataset, dataset_format, extra, folder, write, add_cost, stop)
-        if state["done"] and state["failed"] == state["done"] and not stop.is_set():
+        if state["done"] and state["failed"] == state["done"] and not stop.is_set() and not completed_pairs_of(
+                store, experiment_id):  # (a resume whose retries all failed keeps the runs completed before)
             status, error = "failed", "no run completed (each configuration's error is listed with it)"
         if stop.is_set():
             status, error = "stopped", (f"the cost limit of ${options.max_cost:.4f} was reached "

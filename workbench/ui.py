@@ -114,6 +114,11 @@ def table(frame: pd.DataFrame, *, key: str, scores: bool = False, **kwargs) -> A
     return st.dataframe(shown, key=key, column_config=config | kwargs.pop("column_config", {}), **kwargs)
 
 
+def warning(prefix: str, detail: object = "") -> None:
+    """A warning banner: our ``prefix`` (Markdown) and the data in ``detail`` shown as text."""
+    st.warning(prefix + plain(detail))
+
+
 def diff_block(diff: str, *, empty: str) -> None:
     """A unified diff as text, its removed and added lines coloured (``empty`` when there is none)."""
     st.code(diff or empty, language="diff" if diff else "text", wrap_lines=True)

@@ -14,10 +14,12 @@ from workbench.experiments import (
     config_grid,
     create_experiment,
     estimate_cost,
+    labels,
+    outcome_message,
     status_text,
 )
 from workbench.models import usable_models
-from workbench.replay import TOKEN_COUNTERS
+from workbench.replay import TOKEN_COUNTERS, configuration_problem
 
 store = ui.get_store()
 st.title("Experiments")
@@ -109,6 +111,15 @@ with st.expander("New experiment", expanded=existing.empty):
         if differ and offline:
             st.warning("These configurations differ in prompt versions, but the built-in offline model ignores "
                        "prompt text: comparing prompts needs an LLM (choose a real observer/reflector model).")
+        # As the CLI does: say before the start which configurations cannot run here (and why).
+        blocked = {name: configuration_problem(c) for name, c in zip(labels([c.to_json() for c in grid]), grid)}
+        blocked = {name: problem for name, problem in blocked.items() if problem}
+        if len(blocked) == len(grid):
+            problems.append("no configuration can run here: " + "; ".join(sorted(set(blocked.values()))))
+            ui.error("**Nothing to start.** ", problems[-1])
+        elif blocked:
+            ui.warning(f"**{fmt.count(len(blocked), 'configuration')} cannot run here** and will be recorded "
+                       "as failed: ", "; ".join(f"{n}: {p}" for n, p in blocked.items()))
     start = st.button("Start experiment", type="primary", key="xp_start",
                       disabled=bool(problems) or not grid or not conversations or store.read_only)
     if start:
@@ -123,9 +134,7 @@ with st.expander("New experiment", expanded=existing.empty):
             st.session_state[ui.EXPERIMENT_KEY] = experiment_id  # the picker shows it after the rerun
             outcome = ui.run_experiment_with_progress(store, experiment_id)
             if outcome is not None:
-                st.session_state["xp_done"] = (f"{experiment_id} {outcome.status}: {outcome.runs} runs in "
-                                               f"{outcome.elapsed_s:.1f} s" + (f", {outcome.failed} not completed"
-                                                                               if outcome.failed else ""))
+                st.session_state["xp_done"] = outcome_message(experiment_id, outcome)
             st.rerun()
 
 existing = store.experiments()
@@ -133,7 +142,8 @@ if existing.empty:
     st.info("No experiments yet: start one above, or with `python -m workbench experiment run`.")
     st.stop()
 if st.session_state.get("xp_done"):
-    st.success(ui.plain(st.session_state.pop("xp_done")))
+    kind, text = st.session_state.pop("xp_done")
+    {"success": st.success, "warning": st.warning, "error": st.error}[kind](ui.plain(text))
 
 st.subheader("Experiments")
 st.dataframe(app_data.experiments_table(existing), hide_index=True, key="xp_table")
@@ -176,12 +186,12 @@ if actions[4].button("Delete experiment", key="xp_delete", disabled=not confirm 
     store.delete_experiment(experiment_id)
     st.session_state.pop(ui.EXPERIMENT_KEY, None)
     st.session_state.pop("xp_pick", None)
-    st.session_state["xp_done"] = f"Deleted {experiment_id} and its {fmt.count(len(runs), 'run')}."
+    st.session_state["xp_done"] = ("success", f"Deleted {experiment_id} and its {fmt.count(len(runs), 'run')}.")
     st.rerun()
 if resume:
     outcome = ui.run_experiment_with_progress(store, experiment_id)
     if outcome is not None:
-        st.session_state["xp_done"] = f"{experiment_id} {outcome.status}: {fmt.count(outcome.runs, 'run')} replayed"
+        st.session_state["xp_done"] = outcome_message(experiment_id, outcome)
     st.rerun()
 
 summaries = tables["summaries"]
