@@ -12,6 +12,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from workbench import app_data
+from workbench import experiments as ex
 from workbench.runstore import RunStore
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
@@ -486,6 +487,10 @@ def test_launch_an_experiment_then_tune_compare_grid_and_a_trace(db: Path) -> No
     assert any(c.startswith(f"{len(grid):,} of {len(grid):,} probes") for c in captions), captions
     said = s.experiment_losses(experiment_id).query("config_label == 'obs 150'").probe_id.nunique()
     assert any(c.startswith(f"{said:,} scored probes have evidence named by the dataset") for c in captions), captions
+    elsewhere = [s_.funnel["visible_elsewhere"] for s_ in ex.summarise(s, experiment_id)]
+    assert sum(elsewhere) > 0  # (on the demo some answers are visible by another route; the page says how many)
+    assert any(shown(c).startswith(f"Besides the funnel, visible at the end by another route (obs 150: "
+                                   f"{elsewhere[0]}, obs 600: {elsewhere[1]})") for c in captions), captions
     assert any(spec_i["layout"]["title"]["text"].startswith("Loss funnel")
                for spec_i in (json.loads(c.proto.spec) for c in at.get("plotly_chart")))
     # The final memories' diff is drawn as a diff (removed and added lines coloured), still as text.

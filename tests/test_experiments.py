@@ -91,6 +91,10 @@ def test_pooled_figures_intervals_and_the_funnel_are_computed_from_the_recorded_
             visible = losses[(losses.config_label == summary.label) & losses.visible]
             scored = mine.set_index("probe_id").score
             assert all(scored[p] >= 0.5 for p in visible.probe_id)
+            # and every probe retention counts as kept (with evidence) is in the funnel's last stage
+            # or in the count of those visible by another route: the two figures reconcile.
+            with_evidence = mine[mine.probe_id.isin(set(losses[losses.config_label == summary.label].probe_id))]
+            assert funnel["visible"] + funnel["visible_elsewhere"] == int((with_evidence.score >= 0.5).sum())
         # lost probes say where (and, for a lost observation or reflection, at which step)
         lost = losses[losses.lost_at.notna()]
         assert set(lost.lost_at) <= {"observation", "reflection", "end"}

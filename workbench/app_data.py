@@ -302,6 +302,20 @@ def funnel_table(summaries: Sequence[Any], labels: Sequence[str] | None = None) 
     return pd.DataFrame(data, index=[STAGE_NAMES[s] for s in STAGES])
 
 
+def funnel_note(summaries: Sequence[Any], labels: Sequence[str] | None = None) -> str | None:
+    """The probes retention keeps that the funnel does not, per configuration, in one sentence
+    (``None`` when there are none): their answer is visible at the end by another route."""
+    by = {s.label: s for s in summaries}
+    chosen = list(summaries) if labels is None else [by[label] for label in labels if label in by]
+    counts = {s.label: int(s.funnel.get("visible_elsewhere", 0)) for s in chosen}
+    if not any(counts.values()):
+        return None
+    listed = ", ".join(f"{label}: {n}" for label, n in counts.items())
+    return ("Besides the funnel, visible at the end by another route (" + listed + "): the notes on "
+            "their evidence lost the answer, but its words are in other notes or the window. "
+            "Retention counts these probes as kept; the funnel, which follows the evidence, does not.")
+
+
 def probe_grid(probes: pd.DataFrame, losses: pd.DataFrame, labels: Sequence[str]) -> pd.DataFrame:
     """Probes × configurations (as prompt-testing tools lay out prompts × test cases).
 
@@ -592,7 +606,7 @@ __all__ = [
     "COLUMNS", "KEPT", "LOCOMO_CATEGORIES", "call_label", "calls_table", "category_name", "clean", "column_spec",
     "config_sentence",
     "config_table", "crossing_series", "experiment_label", "experiments_table", "failed_configs",
-    "figures_comparison", "final_memory", "funnel_table", "grid_target", "grid_view", "neighbour",
+    "figures_comparison", "final_memory", "funnel_note", "funnel_table", "grid_target", "grid_view", "neighbour",
     "next_compaction", "offline_prompt_note", "opening_sentence", "page_count", "page_slice", "pareto_points",
     "parse_values", "pass_steps", "probe_grid", "prompt_of", "shared_range", "summary_table", "text_diff",
     "run_name", "short_config", "status_text", "threshold_cells", "trace_attempts", "verdict",

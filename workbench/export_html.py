@@ -108,6 +108,9 @@ def experiment_html(store: Any, experiment_id: str) -> str:
     if not funnel.empty and int(funnel.iloc[0].sum()):
         page.text("h2", "Where answers are lost")
         page.chart(charts.funnel_chart(funnel))
+        note = app_data.funnel_note(summaries)
+        if note:
+            page.text("p", note)
     if len(summaries) > 1:
         page.text("h2", f"Compared with {summaries[0].label}")
         rows = [{"configuration": s.label, "verdict (paired bootstrap, 95% CI)":

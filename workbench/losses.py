@@ -91,12 +91,17 @@ def attribute_losses(conversation: Any, records: Sequence[ObservationRecord], st
 
 
 def funnel(rows: Sequence[Mapping[str, Any]]) -> dict[str, int]:
-    """How many probes reach each stage (each stage counts those that passed every earlier one)."""
+    """How many probes reach each stage (each stage counts those that passed every earlier one),
+    and ``visible_elsewhere``: probes whose answer is visible at the end although the notes on its
+    evidence lost it (its words came from other messages' notes, or are common ones). Retention
+    counts those as kept; the funnel, which follows the evidence, does not."""
     said = len(rows)
     observed = sum(1 for r in rows if r["observed"])
     reflected = sum(1 for r in rows if r["observed"] and r["reflected"])
     visible = sum(1 for r in rows if r["observed"] and r["reflected"] and r["visible"])
-    return {"said": said, "observed": observed, "reflected": reflected, "visible": visible}
+    elsewhere = sum(1 for r in rows if r["visible"] and not (r["observed"] and r["reflected"]))
+    return {"said": said, "observed": observed, "reflected": reflected, "visible": visible,
+            "visible_elsewhere": elsewhere}
 
 
 __all__ = ["KEPT", "STAGES", "STAGE_NAMES", "attribute_losses", "funnel"]

@@ -144,6 +144,9 @@ def experiment_comparison() -> None:
         st.caption(f"{said:,} scored probes have evidence named by the dataset (the messages that hold the "
                    "answer); the funnel follows them from evidence said to visible at the end. A scored probe "
                    "without evidence has no path to follow and is not counted here.")
+        note = app_data.funnel_note(summaries, ordered)
+        if note:
+            st.caption(ui.plain(note))
         st.plotly_chart(charts.funnel_chart(funnel), key="cmp_xp_funnel")
         st.dataframe(funnel, key="cmp_xp_funnel_table")
 
