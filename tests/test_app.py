@@ -927,3 +927,15 @@ def test_run_labels_put_what_tells_runs_apart_first() -> None:
                                                                                            "openai/gpt-4o-mini")]
     assert run_label(failed) == ("priya-lisbon · openai/gpt-4o-mini · obs 300 · ref 2000 · 3.5x (partial) · "
                                  "failed at step 26 of 100 · 20261204-075033-1b1aca")
+
+
+def test_the_runs_compression_and_the_last_reads_are_told_apart_when_they_differ() -> None:
+    import pandas as pd
+
+    steps = pd.DataFrame({"step": [92, 93], "history_tokens": [120_000, 128_802], "context_tokens": [10_500, 10_930]})
+    run = {"status": "completed", "compression": 11.3}
+    note = app_data.compression_note(run, steps)
+    assert note.startswith("Compression 11.3x is for the whole conversation after its last message; at the last "
+                           "memory read (step 93) the agent saw 11.8x (10,930 tokens for a history of 128,802)")
+    assert app_data.compression_note({**run, "compression": 128_802 / 10_930}, steps) is None  # they agree
+    assert app_data.compression_note({**run, "status": "failed"}, steps) is None

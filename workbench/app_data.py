@@ -302,6 +302,24 @@ def funnel_table(summaries: Sequence[Any], labels: Sequence[str] | None = None) 
     return pd.DataFrame(data, index=[STAGE_NAMES[s] for s in STAGES])
 
 
+def compression_note(run: dict[str, Any], steps: pd.DataFrame) -> str | None:
+    """Why the run's compression and the chart's at the last memory read differ, when they read
+    differently: the run's counts the whole conversation after its last message, the chart's what
+    the agent saw at that read (messages after it are not in its history yet)."""
+    if steps.empty or run.get("status") != "completed" or missing(run.get("compression")):
+        return None
+    last = steps.iloc[-1]
+    if not last.context_tokens:
+        return None
+    at_read = float(last.history_tokens) / float(last.context_tokens)
+    if ratio(at_read) == ratio(run["compression"]):
+        return None
+    return (f"Compression {ratio(run['compression'])} is for the whole conversation after its last message; "
+            f"at the last memory read (step {int(last.step)}) the agent saw {ratio(at_read)} "
+            f"({int(last.context_tokens):,} tokens for a history of {int(last.history_tokens):,}), "
+            "which the charts show.")
+
+
 def funnel_note(summaries: Sequence[Any], labels: Sequence[str] | None = None) -> str | None:
     """The probes retention keeps that the funnel does not, per configuration, in one sentence
     (``None`` when there are none): their answer is visible at the end by another route."""
@@ -604,7 +622,7 @@ def _default_label(config: Any) -> str | None:
 
 __all__ = [
     "COLUMNS", "KEPT", "LOCOMO_CATEGORIES", "call_label", "calls_table", "category_name", "clean", "column_spec",
-    "config_sentence",
+    "compression_note", "config_sentence",
     "config_table", "crossing_series", "experiment_label", "experiments_table", "failed_configs",
     "figures_comparison", "final_memory", "funnel_note", "funnel_table", "grid_target", "grid_view", "neighbour",
     "next_compaction", "offline_prompt_note", "opening_sentence", "page_count", "page_slice", "pareto_points",

@@ -87,11 +87,15 @@ cols[3].metric("Compression" + ("" if done else " (partial)"), fmt.ratio(run["co
 cols[4].metric("Retention", fmt.share(run["retention"]),
                help="Share of gold-answer words visible at the end (memory + window); scored on completed "
                     "runs only")
-cols[5].metric("Blind spot", fmt.number(run.get("blind_spot_tokens"), 0),
+cols[5].metric("Blind spot", fmt.tokens(run.get("blind_spot_tokens")),
                help="Mean backlog per read: tokens of messages that have left the window but are not observed "
                     "yet, so the agent sees them neither verbatim nor as notes (max "
                     f"{fmt.display(run.get('blind_spot_max'))})")
 cols[6].metric("Cost", fmt.money(run["cost_usd"]))
+
+end_note = app_data.compression_note(run, steps)
+if end_note:
+    st.caption(ui.plain(end_note))
 
 if steps.empty:
     st.warning("This run recorded no steps yet." if run["status"] == "running" else
