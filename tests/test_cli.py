@@ -106,6 +106,8 @@ def test_bad_input_gets_a_clear_error(tmp_path) -> None:
     assert code == 2 and "Invalid value for '--observation-threshold': 0 is not in the range x>=1" in err
     code, _, err = invoke("replay", "--dataset", TINY, "--observer", "opena/gpt-4o")
     assert code == 1 and "opena/gpt-4o: litellm has no provider 'opena'; did you mean openai/gpt-4o?" in err
+    code, _, err = invoke("replay", "--dataset", TINY, "--observer", "gpt-4o-mni")
+    assert code == 1 and "gpt-4o-mni: litellm does not know this model; did you mean gpt-4o-mini?" in err
 
 
 @pytest.mark.parametrize("command", [("sweep",), ("experiment", "run", "--dataset", TINY)])
@@ -118,6 +120,15 @@ def test_a_bad_value_in_a_list_option_is_a_usage_error_naming_it(command, tmp_pa
     code, _, err = invoke(*command, "--observation-threshold", " , ", *db)
     assert code == 2 and "expected at least one value" in err
     assert not (tmp_path / "r.duckdb").exists()  # refused before anything was opened or recorded
+
+
+def test_a_value_given_twice_in_a_list_option_is_one_configuration(tmp_path) -> None:
+    code, out, err = invoke("experiment", "run", "--dataset", TINY, "--observation-threshold", "40,40",
+                            "--observer", "omem/extractive,omem/extractive", "--concurrency", "1", "--json",
+                            "--db", str(tmp_path / "r.duckdb"))
+    assert code == 0, err
+    [config] = json.loads(out.strip().splitlines()[-1])["configs"]  # not "config 1" and "config 2"
+    assert config["config"]["observation_threshold"] == 40
 
 
 def test_model_error_then_resume(scripted: Scripted) -> None:

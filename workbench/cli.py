@@ -130,7 +130,8 @@ POSITIVE = click.IntRange(min=1)
 
 def _csv(kind):
     """A comma-separated option: each value checked as ``kind`` (a click type, e.g. ``POSITIVE``, or
-    ``str``), so a bad one gets click's own message and exit code 2, naming the value."""
+    ``str``), so a bad one gets click's own message and exit code 2, naming the value; a value
+    given twice counts once."""
     def convert(ctx, param, value):
         if value is None:
             return None
@@ -138,7 +139,7 @@ def _csv(kind):
         if not items:
             raise click.BadParameter(f"expected at least one value, got {value!r}", ctx, param)
         if kind is str:
-            return items
+            return list(dict.fromkeys(items))  # a value given twice is one configuration, as in the app
         values = []
         for item in items:
             try:
@@ -146,7 +147,7 @@ def _csv(kind):
                 values.append(kind.convert(number, param, ctx))  # "0 is not in the range x>=1"
             except click.BadParameter as exc:
                 raise click.BadParameter(f"{exc.message} (in {value!r})", ctx, param) from exc
-        return values
+        return list(dict.fromkeys(values))
     return convert
 
 
