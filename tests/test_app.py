@@ -588,6 +588,7 @@ def test_an_experiment_with_a_configuration_that_cannot_run_is_never_shown_as_a_
     # Said before the start, as the CLI says it.
     assert any("1 configuration cannot run here" in w.value and "obs model gpt-4o-mini: gpt-4o-mini: missing "
                "OPENAI_API_KEY" in shown(w.value) for w in at.warning), [w.value for w in at.warning]
+    assert any("Estimated cost: free" in shown(i.value) for i in at.info)  # the blocked one makes no call
     at.button(key="xp_start").click().run()
     assert not at.exception, at.exception
     [experiment_id] = list(store(db).experiments().experiment_id)

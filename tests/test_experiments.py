@@ -174,8 +174,11 @@ def test_an_experiment_that_finished_with_failed_runs_says_so_and_resume_retries
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     db = str(tmp_path / "x.duckdb")
     code, out, err = invoke("experiment", "run", "--dataset", str(DEMO), "--observer", "omem/extractive,gpt-4o-mini",
-                            "--concurrency", "1", "--yes", "--db", db)
+                            "--concurrency", "1", "--db", db)
     assert code == 1
+    # No question about paying: the paid configuration cannot run, so nothing will be spent.
+    assert "warning: obs model gpt-4o-mini cannot run here and will be recorded as failed" in err
+    assert "cost free" in err and "Start?" not in err
     experiment_id = out.split()[1]
     assert f"experiment {experiment_id} (completed; 1 of 2 runs failed): 1 conversation of" in out
     assert f"retry the failed runs with: python -m workbench experiment resume {experiment_id}" in err

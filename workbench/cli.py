@@ -23,7 +23,7 @@ import click
 from .catalog import DEMO_DATASET, ROOT, known_datasets
 from .datasets import FORMATS  # the format registry (imports no model library)
 from .errors import WorkbenchError
-from .formatting import count
+from .formatting import count, money
 from .models import OFFLINE_MODEL
 
 if TYPE_CHECKING:
@@ -458,7 +458,7 @@ def _experiment_progress(quiet: bool):
 
 
 def _print_report(data: dict[str, Any]) -> None:
-    from .formatting import MISSING, display, money, ratio, share, tokens
+    from .formatting import MISSING, display, ratio, share, tokens
 
     def ci(pair) -> str:
         return f"[{share(pair[0], 3)}, {share(pair[1], 3)}]" if pair else MISSING
@@ -539,7 +539,8 @@ def experiment_run(dataset, fmt, conversations, observation, reflection, windows
                                        judge=judge, answerer=answerer)
         from .replay import configuration_problem
 
-        problems = {c.label(): configuration_problem(c) for c in grid}
+        names = ex.labels([c.to_json() for c in grid])  # as the report will name them
+        problems = {name: configuration_problem(c) for name, c in zip(names, grid)}
         if all(problems.values()):  # nothing could run: refuse before asking anything
             raise ex.ExperimentError("no configuration can run here: "
                                      + "; ".join(sorted({p for p in problems.values() if p})))
@@ -548,10 +549,11 @@ def experiment_run(dataset, fmt, conversations, observation, reflection, windows
                 click.echo(f"warning: {label} cannot run here and will be recorded as failed: {problem}", err=True)
         listed = {c.id: c for c in list_conversations(dataset, fmt)}
         chosen = list(conversations) or list(listed)
-        estimate = ex.estimate_cost([listed[c].tokens for c in chosen if c in listed], grid)
+        runnable = [c for n, c in zip(names, grid) if not problems[n]]  # the others make no call: cost nothing
+        estimate = ex.estimate_cost([listed[c].tokens for c in chosen if c in listed], runnable)
         runs = len(chosen) * len(grid)
         cost = "free (offline model)" if estimate == 0 else (
-            f"about ${estimate:.2f} at most" if estimate is not None else "unknown (a model's price is not known)")
+            f"about {money(estimate, 4)} at most" if estimate is not None else "unknown (a model's price is not known)")
         click.echo(f"{count(runs, 'run')}: {count(len(chosen), 'conversation')} × "
                    f"{count(len(grid), 'configuration')}; cost {cost}", err=True)
         if estimate and not yes and not as_json and not click.confirm("Start?", default=True, err=True):

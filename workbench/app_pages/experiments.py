@@ -99,8 +99,14 @@ with st.expander("New experiment", expanded=existing.empty):
         ui.error("", problem)
     conversations = [c for c in listed if not chosen or c.id in chosen]
     if grid and conversations:
-        cost = estimate_cost([c.tokens for c in conversations], grid)
-        offline = all(c.observer.startswith("omem/") and (c.reflector or "omem/").startswith("omem/") for c in grid)
+        # As the CLI does: say before the start which configurations cannot run here (and why);
+        # they make no call, so the estimate leaves them out.
+        blocked = {name: configuration_problem(c) for name, c in zip(labels([c.to_json() for c in grid]), grid)}
+        runnable = [c for c, problem in zip(grid, blocked.values()) if not problem]
+        blocked = {name: problem for name, problem in blocked.items() if problem}
+        cost = estimate_cost([c.tokens for c in conversations], runnable)
+        offline = all(c.observer.startswith("omem/") and (c.reflector or "omem/").startswith("omem/")
+                      for c in runnable)
         priced = ("free (built-in offline model)" if offline else
                   "unknown (a model's price is not known to litellm)" if cost is None else
                   f"about {fmt.money(cost, 2)} at most (a rough upper estimate)")
@@ -111,9 +117,6 @@ with st.expander("New experiment", expanded=existing.empty):
         if differ and offline:
             st.warning("These configurations differ in prompt versions, but the built-in offline model ignores "
                        "prompt text: comparing prompts needs an LLM (choose a real observer/reflector model).")
-        # As the CLI does: say before the start which configurations cannot run here (and why).
-        blocked = {name: configuration_problem(c) for name, c in zip(labels([c.to_json() for c in grid]), grid)}
-        blocked = {name: problem for name, problem in blocked.items() if problem}
         if len(blocked) == len(grid):
             problems.append("no configuration can run here: " + "; ".join(sorted(set(blocked.values()))))
             ui.error("**Nothing to start.** ", problems[-1])
