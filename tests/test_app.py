@@ -919,7 +919,7 @@ def test_run_labels_put_what_tells_runs_apart_first() -> None:
     done = pd.Series({"run_id": "20261204-075033-1b1aca", "conversation_id": "priya-lisbon", "status": "completed",
                       "compression": 3.52, "retention": 0.818, "config": config, "config_label": None,
                       "steps": 100, "planned_steps": 100})
-    assert run_label(done) == "priya-lisbon · obs 300 · ref 2000 · 3.5x · retention 0.82 · 20261204-075033-1b1aca"
+    assert run_label(done) == "priya-lisbon · obs 300 · ref 2000 · 3.5x · retention 0.818 · 20261204-075033-1b1aca"
     in_experiment = done.copy()
     in_experiment["config_label"] = "obs 150"  # an experiment's own short label wins
     assert run_label(in_experiment).startswith("priya-lisbon · obs 150 · 3.5x")

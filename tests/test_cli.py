@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 
@@ -61,11 +62,12 @@ def test_an_earlier_built_in_prompt_version_can_be_chosen(tmp_path) -> None:
                           "--observer-prompt", "v1,v2")
     assert code == 0  # the table says which prompt each run used
     rows = [line for line in out.splitlines() if "completed" in line]
-    assert len(rows) == 2 and rows[0].endswith("· v1/v2") and rows[1].endswith("· v2/v2")
+    assert len(rows) == 2 and rows[0].endswith("  obs prompt v1") and rows[1].endswith("  obs prompt v2")
+    assert max(len(line) for line in out.splitlines()) <= 100
     code, out, _ = invoke("compare", rows[0].split()[0], rows[1].split()[0])
     assert code == 0 and "observer prompt" in out
     [compression] = [line for line in out.splitlines() if line.startswith("compression (x)")]
-    assert all(len(value.split(".")[1]) == 3 for value in compression.split()[2:])  # rounded, not 1.1666666
+    assert all(re.fullmatch(r"\d+\.\dx", value) for value in compression.split()[2:])  # 1.2x, not 1.1666666
     # The long configuration labels are above the table, which fits a terminal.
     assert out.splitlines()[0].startswith(f"A  {rows[0].split()[0]}: ") and out.splitlines()[0].endswith("v1/v2")
     assert max(len(line) for line in out.splitlines()[2:]) <= 100 and "\nconfiguration " not in out
@@ -89,6 +91,12 @@ def test_sweep_compare_runs_export(tmp_path) -> None:
     assert table[a]["observation threshold"] == 30 and table[b]["observation threshold"] == 60
     code, out, _ = invoke("runs")
     assert a in out and b in out
+    header, *rows = out.splitlines()
+    assert header.split() == ["run", "status", "conversation", "messages", "reads", "compr", "retention",
+                              "configuration"]
+    assert sorted(row.split("  ")[-1] for row in rows if row.startswith((a, b))) == ["obs 30 · ref 60",
+                                                                                      "obs 60 · ref 60"]  # short
+    assert max(len(line) for line in out.splitlines()) <= 100
     code, out, _ = invoke("export", a, "--parquet", str(tmp_path / "export"))
     assert code == 0 and "steps.parquet" in out
     code, _, err = invoke("compare", a, "nope")

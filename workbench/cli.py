@@ -23,7 +23,7 @@ import click
 from .catalog import DEMO_DATASET, ROOT, known_datasets
 from .datasets import FORMATS  # the format registry (imports no model library)
 from .errors import WorkbenchError
-from .formatting import count, money
+from .formatting import count, money, ratio, share
 from .models import OFFLINE_MODEL
 
 if TYPE_CHECKING:
@@ -319,8 +319,8 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
                 if as_json:
                     return
                 if result.status == "completed":
-                    figures = (f"compression {_fmt(result.compression, 1)}x, retention "
-                               f"{_fmt(result.retention.retention if result.retention else None)}")
+                    figures = (f"compression {ratio(result.compression)}, retention "
+                               f"{share(result.retention.retention if result.retention else None)}")
                 else:
                     figures = f"failed at step {result.steps}: {result.error}"
                 click.echo(f"[{finished}/{total}] {result.run_id or '-'} {config.label()}: {figures}", err=True)
@@ -330,12 +330,15 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
             if as_json:
                 click.echo(json.dumps({"runs": table}))
             else:
-                click.echo(f"{'run_id':<24} {'compr':>7} {'retention':>9} {'status':>10}  configuration")
-                for config, result in zip(grid, results):
+                from .experiments import labels
+
+                # What varies names each row (the whole configuration is in the runs' labels).
+                click.echo(f"{'run':<24} {'compr':>7} {'retention':>9} {'status':>10}  configuration")
+                for name, result in zip(labels([c.to_json() for c in grid]), results):
                     row = result.summary()
                     done = result.status == "completed"
-                    click.echo(f"{row['run_id'] or '-':<24} {_fmt(row['compression'] if done else None, 1):>7} "
-                               f"{_fmt(row.get('retention')):>9} {row['status']:>10}  {config.label()}")
+                    click.echo(f"{row['run_id'] or '-':<24} {ratio(row['compression'] if done else None):>7} "
+                               f"{share(row.get('retention')):>9} {row['status']:>10}  {name}")
                 failed = [(c, r) for c, r in zip(grid, results) if r.status != "completed"]
                 for config, result in failed:
                     click.echo(f"failed: {config.label()}: {result.error}", err=True)
@@ -355,7 +358,7 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
 @DB_OPTION
 def compare(run_a: str, run_b: str, as_json: bool, db: str) -> None:
     """Two runs side by side: calls, tokens, cost, compression, retention per category."""
-    from .analysis import compare_runs, display
+    from .analysis import compare_runs, comparison_shown, display
 
     with _using_store(db) as store:
         table = compare_runs(store, run_a, run_b)
@@ -368,7 +371,7 @@ def compare(run_a: str, run_b: str, as_json: bool, db: str) -> None:
     else:  # the long configuration labels above the table, so that it fits a terminal
         for name, run_id in (("A", run_a), ("B", run_b)):
             click.echo(f"{name}  {run_id}: {display(table.at['configuration', run_id])}")
-        shown = table.drop(index="configuration").map(display)
+        shown = comparison_shown(table.drop(index="configuration"))
         shown.columns = [f"A {run_a}", f"B {run_b}"] if run_a != run_b else [f"A {run_a}"]
         click.echo(shown.to_string())
 
@@ -387,8 +390,16 @@ def runs_command(as_json: bool, db: str) -> None:
         click.echo(frame[columns].to_json(orient="records"))
     elif frame.empty:
         click.echo(f"no runs in {db}")
-    else:
-        click.echo(runs_table(frame[[*columns, "planned_steps"]]).to_string(index=False))
+    else:  # the configuration in short, last and left-aligned (JSON has the whole label)
+        from .app_data import short_config
+
+        shown = runs_table(frame[[*columns[:-1], "planned_steps"]]).rename(
+            columns={"run_id": "run", "conversation_id": "conversation", "steps": "reads", "compression": "compr"})
+        names = [short_config(row) for row in frame.to_dict("records")]
+        lines = shown.to_string(index=False).splitlines()
+        click.echo(f"{lines[0]}  configuration")
+        for line, name in zip(lines[1:], names):
+            click.echo(f"{line}  {name}")
 
 
 @cli.command()
@@ -458,7 +469,7 @@ def _experiment_progress(quiet: bool):
 
 
 def _print_report(data: dict[str, Any]) -> None:
-    from .formatting import MISSING, display, ratio, share, tokens
+    from .formatting import MISSING, display, tokens
 
     def ci(pair) -> str:
         return f"[{share(pair[0], 3)}, {share(pair[1], 3)}]" if pair else MISSING

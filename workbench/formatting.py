@@ -92,7 +92,8 @@ def count(n: int, noun: str, plural: str | None = None) -> str:
     return f"{n:,} {noun if n == 1 else (plural or noun + 's')}"
 
 
-def share(value: Any, digits: int = 2) -> str:
+def share(value: Any, digits: int = 3) -> str:
+    """A retention or score: 3 decimals everywhere (tables, headers, labels) so one figure reads alike."""
     return MISSING if missing(value) else fixed(value, digits)
 
 

@@ -217,7 +217,7 @@ if info_a["conversation_id"] != info_b["conversation_id"]:
     st.warning("The two runs replayed different conversations; their figures are not directly comparable.")
 
 st.subheader("Figures")
-table = analysis.compare_runs(store, run_a, run_b).map(analysis.display)
+table = analysis.comparison_shown(analysis.compare_runs(store, run_a, run_b))
 table.columns = [f"A · {run_a}", f"B · {run_b}"] if run_a != run_b else [f"A · {run_a}"]
 st.dataframe(table, key="cmp_table", height=35 * (len(table) + 1) + 3)
 
