@@ -388,6 +388,10 @@ def test_failed_configurations_are_listed_never_silently_dropped(db: Path, monke
     picked.set_value(failed_id).run()
     assert not at.exception
     assert any("Not a finished run" in e.value for e in at.error)
+    at.session_state["omem_run"] = failed_id  # the explorer says nothing was replayed, as a sentence
+    at.switch_page(PAGES.format("explorer")).run()
+    assert any("failed at step 0 of 100** — nothing was replayed. Error: gpt-4o-mini: missing" in shown(e.value)
+               for e in at.error), [e.value for e in at.error]
 
 
 def test_no_page_shows_nan(db: Path, monkeypatch) -> None:
@@ -709,6 +713,7 @@ def test_probe_categories_are_named() -> None:
     assert [category_name(c) for c in (1, "2", 3.0, "4", 5)] == ["multi-hop", "temporal", "open-domain",
                                                                  "single-hop", "adversarial"]
     assert category_name(None) == "uncategorised" and category_name("temporal") == "temporal"
+    assert category_name("contradiction_resolution") == "contradiction resolution"  # BEAM's, read as words
 
 
 def test_grid_differs_filter_and_cell_targets() -> None:

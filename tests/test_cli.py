@@ -205,3 +205,12 @@ def test_module_entry_point_help() -> None:
     out = subprocess.run([sys.executable, "-m", "workbench", "--help"], capture_output=True, text=True, check=True)
     for command in ("replay", "sweep", "compare", "runs", "export", "app", "datasets"):
         assert command in out.stdout
+
+
+def test_the_replay_summary_says_which_probes_were_not_scored_and_fits_a_terminal(tmp_path) -> None:
+    code, out, _ = invoke("replay", "--dataset", str(PROJECT_DATASETS / "samples" / "beam-sample"),
+                          "--db", str(tmp_path / "r.duckdb"), "--no-cache")
+    assert code == 0
+    assert "over 2 probes (1 more without a gold answer: not scored)" in out  # the dataset lists 3
+    assert "the same questions on: full history" in out
+    assert max(len(line) for line in out.splitlines()) <= 100

@@ -37,13 +37,14 @@ def _value(value: Any) -> Any:
 
 
 def category_name(value: Any) -> str:
-    """A probe category by name: LoCoMo's codes 1–5 named, a missing one "uncategorised"."""
+    """A probe category by name: LoCoMo's codes 1–5 named, snake_case read as words
+    (``knowledge_update`` → "knowledge update"), a missing one "uncategorised"."""
     if missing(value) or str(value).strip() == "":
         return "uncategorised"
     text = str(value).strip()
     if text.endswith(".0"):
         text = text[:-2]
-    return LOCOMO_CATEGORIES.get(text, text)
+    return LOCOMO_CATEGORIES.get(text, text.replace("_", " "))
 
 
 def clean(frame: pd.DataFrame) -> pd.DataFrame:
@@ -142,7 +143,7 @@ def summary_table(summaries: Sequence[Any]) -> pd.DataFrame:
         ci = s.retention_ci95
         rows.append({
             "configuration": s.label,
-            "runs": s.runs,
+            "completed": s.runs,
             "not completed": s.failed,
             "probes": s.probes,
             "retention": share(s.retention, 3),

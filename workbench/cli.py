@@ -86,7 +86,9 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return number(value, digits)
 
 
-def _print_summary(result: ReplayResult) -> None:
+def _print_summary(result: ReplayResult, probes: int | None = None) -> None:
+    """The run's figures, each line under 100 columns; ``probes``: the conversation's probes, so
+    that those not scored (no gold answer: abstention questions) are said, not silently dropped."""
     s = result.summary()
     state = s["status"]
     if result.partial:
@@ -95,15 +97,18 @@ def _print_summary(result: ReplayResult) -> None:
     click.echo(f"  messages {s['messages']}, reads {s['steps']}, observer calls {s['observer_calls']}, "
                f"reflector calls {s['reflector_calls']}, cache hits {s['cache_hits']}")
     click.echo(f"  full history {s['full_history_tokens']:,} tokens -> final context {s['final_context_tokens']:,} "
-               f"tokens: compression {_fmt(s['compression'], 1)}x")
+               f"tokens: compression {ratio(s['compression'])}")
     if "retention" in s:
-        click.echo(f"  retention {_fmt(s['retention'])} (full history {_fmt(s['retention_full_history'])}, "
-                   f"window only {_fmt(s['retention_window_only'])}, newest-K-tokens "
-                   f"{_fmt(s['retention_recent_tokens'])}; relative to full history "
-                   f"{_fmt(s['retention_relative'])}) over {count(s['probes_scored'], 'probe')}")
+        unscored = (probes or 0) - s["probes_scored"]
+        click.echo(f"  retention {share(s['retention'])} over {count(s['probes_scored'], 'probe')}"
+                   + (f" ({unscored} more without a gold answer: not scored)" if unscored > 0 else ""))
+        click.echo(f"    the same questions on: full history {share(s['retention_full_history'])}, window only "
+                   f"{share(s['retention_window_only'])}, newest K tokens {share(s['retention_recent_tokens'])}")
+        from .app_data import category_name
+
         for category, figures in s["retention_per_category"].items():
-            click.echo(f"    {category:>28}: memory {_fmt(figures['memory'])}  full {_fmt(figures['full_history'])}  "
-                       f"window {_fmt(figures['window_only'])}  recent {_fmt(figures['recent_tokens'])}  "
+            click.echo(f"    {category_name(category):>26}: memory {share(figures['memory'])}  full {share(figures['full_history'])}  "
+                       f"window {share(figures['window_only'])}  recent {share(figures['recent_tokens'])}  "
                        f"({count(int(figures['probes']), 'probe')})")
     click.echo(f"  elapsed {s['elapsed_s']:.2f} s")
 
@@ -246,10 +251,12 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
 
             from .analysis import findings
 
-            _print_summary(result)
+            _print_summary(result, len(conv.probes))
             calls = store.model_calls(result.run_id) if result.run_id else None
+            import textwrap
+
             for note in findings(pd.DataFrame(result.step_rows), config.observation_threshold, calls):
-                click.echo(f"  note: {note}")
+                click.echo(textwrap.fill(note, 100, initial_indent="  note: ", subsequent_indent="        "))
 
 
 def _run_judge(store, result, conv, config, answerer, judge, yes, quiet) -> None:
@@ -478,7 +485,7 @@ def _print_report(data: dict[str, Any]) -> None:
                f"{count(len(data['conversations']), 'conversation')} of {_shown_path(data['dataset'])}, "
                f"{display(data['elapsed_s'])} s")
     width = min(36, max([len("configuration"), *(len(c["label"]) for c in data["configs"])]))
-    click.echo(f"{'configuration':<{width}} {'runs':>4} {'failed':>6} {'probes':>6} {'retention':>9} {'95% CI':>14} "
+    click.echo(f"{'configuration':<{width}} {'done':>4} {'failed':>6} {'probes':>6} {'retention':>9} {'95% CI':>14} "
                f"{'compr':>6} {'vs recency':>10} {'blind spot':>10} {'calls':>5} {'cost':>7}")
     for c in data["configs"]:
         blind = MISSING if c["blind_spot_tokens"] is None else f"{tokens(c['blind_spot_tokens'])} tok"

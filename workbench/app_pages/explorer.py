@@ -72,8 +72,9 @@ if conversation is not None and [run["dataset"], run["conversation_id"]] != [con
                         "sidebar, is replayed when you press Run replay."))
 if not done:
     where = app_data.status_text(run["status"], run["steps"], run["planned_steps"])
-    ui.error(f"**This run {where}** — the figures below describe the part replayed, not the whole "
-             "conversation. ", run["error"] or "")
+    scope = ("nothing was replayed. " if not run["steps"] else
+             "the figures below describe the part replayed, not the whole conversation. ")
+    ui.error(f"**This run {where}** — {scope}", f"Error: {run['error']}" if run["error"] else "")
 
 cols = st.columns(7)
 cols[0].metric("Messages", fmt.display(run["messages"]))
