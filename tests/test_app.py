@@ -911,6 +911,16 @@ def test_presentation_text_and_labels_read_right_at_the_edges() -> None:
     assert list(labels(600, 600)) == ["observation and reflection threshold 600"]
     assert labels(580, 600) == {"observation threshold 580": "top", "reflection threshold 600": "bottom"}
     assert labels(300, 600) == {"observation threshold 300": "bottom", "reflection threshold 600": "bottom"}
+    # Close is judged on the drawn axis: 1,000 and 2,000 are far apart under 2,500 tokens, but a
+    # backlog that reached 50,000 (BEAM) draws them a few pixels apart.
+    assert labels(1000, 2000) == {"observation threshold 1000": "bottom", "reflection threshold 2000": "bottom"}
+    steps = steps.assign(backlog_tokens=[0, 50_000, 40_000])
+    assert labels(1000, 2000) == {"observation threshold 1000": "top", "reflection threshold 2000": "bottom"}
+    # Margins fit the tick labels and axis titles (a fixed 40 px let "tokens" print over "2000").
+    for figure in (charts.volumes_chart(steps), charts.thresholds_chart(steps, 300, 600),
+                   charts.heatmap(pd.DataFrame({"observation_threshold": [300], "reflection_threshold": [600],
+                                                "retention": [0.5]}))):
+        assert figure.layout.yaxis.automargin is True and figure.layout.xaxis.automargin is True
 
 
 def test_run_labels_put_what_tells_runs_apart_first() -> None:

@@ -34,10 +34,18 @@ def _marker_line(fig: go.Figure, step: int | None) -> None:
                       annotation_position="bottom right" if left_half else "bottom left")
 
 
+def _fit(fig: go.Figure) -> go.Figure:
+    """Margins grow to fit tick labels and axis titles (a fixed margin let "tokens" print over the
+    "2000" tick, and a long title run off the edge, in the HTML export)."""
+    fig.update_xaxes(automargin=True, title_standoff=8)
+    fig.update_yaxes(automargin=True, title_standoff=8)
+    return fig
+
+
 def _layout(fig: go.Figure, title: str, y: str) -> go.Figure:
     fig.update_layout(title=title, xaxis_title="step (memory read)", yaxis_title=y, height=320,
                       margin=dict(l=40, r=20, t=50, b=40), legend=dict(orientation="h", y=-0.25))
-    return fig
+    return _fit(fig)
 
 
 def cursor_chart(steps: pd.DataFrame, total_messages: int, step: int | None = None) -> go.Figure:
@@ -69,9 +77,11 @@ def thresholds_chart(steps: pd.DataFrame, observation: int, reflection: int, ste
     fig.add_scatter(x=unreflected.step, y=unreflected.tokens, name="unreflected observations", mode="lines",
                     line=dict(color=COLORS["observe"]),
                     hovertemplate="step %{x}: %{y} tokens<extra>unreflected</extra>")
-    # Two thresholds close together would print their labels over each other: the lower one's
-    # label goes under its line (the same value: one label for both).
-    close = abs(reflection - observation) <= 0.12 * max(observation, reflection, 1)
+    # Two thresholds close together *on the drawn axis* would print their labels over each other
+    # (1,000 and 2,000 are close on an axis that reaches 50,000): the lower one's label goes under
+    # its line (the same value: one label for both).
+    top = max([observation, reflection, 1, *backlog.tokens.dropna().tolist(), *unreflected.tokens.dropna().tolist()])
+    close = abs(reflection - observation) <= 0.12 * top
     if observation == reflection:
         fig.add_hline(y=observation, line_dash="dash", line_color=COLORS["observe"],
                       annotation_text=f"observation and reflection threshold {observation}")
@@ -134,11 +144,12 @@ def pareto_chart(runs: pd.DataFrame) -> go.Figure:
         fig.add_scatter(x=data.compression, y=data.retention, mode="markers", name="runs", text=labels,
                         customdata=data.run_id, marker=dict(size=11, color=data.observation_threshold,
                                                             colorscale="Viridis", showscale=True,
-                                                            colorbar=dict(title="obs thr")),
+                                                            colorbar=dict(title="observation<br>threshold")),
                         hovertemplate="%{text}<br>compression %{x:.1f}x<br>retention %{y:.3f}<extra></extra>")
     fig.update_layout(title="Compression vs retention", xaxis_title="compression (x)", yaxis_title="retention",
-                      height=420, margin=dict(l=40, r=20, t=50, b=40), clickmode="event+select")
-    return fig
+                      height=420, margin=dict(l=40, r=20, t=50, b=40), clickmode="event+select",
+                      legend=dict(orientation="h", y=-0.2))  # (on the right it covered the colour bar)
+    return _fit(fig)
 
 
 def experiment_pareto_chart(points: pd.DataFrame) -> go.Figure:
@@ -159,7 +170,7 @@ def experiment_pareto_chart(points: pd.DataFrame) -> go.Figure:
     fig.update_layout(title="Pooled retention (95% CI) vs compression", xaxis_title="compression (x)",
                       yaxis_title="retention (pooled over probes)", height=440, margin=dict(l=40, r=20, t=50, b=40),
                       clickmode="event+select", showlegend=True, legend=dict(orientation="h", y=-0.2))
-    return fig
+    return _fit(fig)
 
 
 def pareto_front(data: pd.DataFrame) -> pd.DataFrame:
@@ -191,7 +202,7 @@ def heatmap(runs: pd.DataFrame, value: str = "retention") -> go.Figure:
     fig.update_layout(title=f"{value} by thresholds", height=380, margin=dict(l=40, r=20, t=50, b=40))
     fig.update_xaxes(type="category", title="observation threshold", categoryorder="array", categoryarray=xs)
     fig.update_yaxes(type="category", title="reflection threshold", categoryorder="array", categoryarray=ys)
-    return fig
+    return _fit(fig)
 
 
 def funnel_chart(table: pd.DataFrame) -> go.Figure:
@@ -206,7 +217,7 @@ def funnel_chart(table: pd.DataFrame) -> go.Figure:
                       yaxis_title="probes", height=380, margin=dict(l=40, r=20, t=50, b=40),
                       legend=dict(orientation="h", y=-0.2))
     fig.update_xaxes(type="category")
-    return fig
+    return _fit(fig)
 
 
 def share_y(*figures: go.Figure, top: float) -> None:
