@@ -599,6 +599,12 @@ def test_an_experiment_with_a_configuration_that_cannot_run_is_never_shown_as_a_
     assert not at.success  # not green
     assert any(f"{experiment_id} completed with failures: 2 runs replayed" in shown(w.value)
                and "1 of them did not complete" in w.value for w in at.warning)
+    # The dataset is named by a path that works from here, not the absolute one the app stored.
+    monkeypatch.chdir(PROJECT_DEMO.parents[1])
+    at.run()
+    [header] = [t.value for t in at.text if t.value.startswith(experiment_id)]
+    assert header.endswith(" · datasets/demo.jsonl") and str(PROJECT_DEMO) not in header
+    assert store(db).experiment(experiment_id)["dataset"] == str(PROJECT_DEMO)
     # With only models that cannot run here, there is nothing to start.
     at.multiselect(key="xp_observers").set_value(["gpt-4o-mini"]).run()
     assert any("Nothing to start" in e.value for e in at.error) and at.button(key="xp_start").disabled
@@ -788,6 +794,7 @@ def test_figures_comparison_marks_differences_whose_ci_excludes_zero() -> None:
                                         probes, "A", "B").set_index("figure")
     assert table.loc["blind-spot tokens (mean backlog)", "B − A"] == "+138"
     assert table.loc["cost (USD)"].tolist()[:3] == ["$0", "$0.0012", "+$0.0012"]
+    assert table.loc["observer calls", "B − A"] == "0"  # nothing changed reads as 0, not "+0"
 
 
 def test_html_export_is_self_contained_and_escapes_text(db: Path) -> None:

@@ -185,7 +185,7 @@ def test_experiment_grid_and_exported_html_from_disk(server) -> None:
         settle(page)
         page.get_by_text("3 runs: 1 conversation × 3 configurations").wait_for(timeout=30_000)
         page.get_by_role("button", name="Start experiment").click()
-        page.get_by_text(re.compile(r"completed: 3 runs in")).wait_for(timeout=120_000)
+        page.get_by_text(re.compile(r"completed: 3 runs replayed in")).wait_for(timeout=120_000)
         settle(page)
         page.screenshot(path=str(shots / "experiments.png"), full_page=False)
 
@@ -253,13 +253,14 @@ def test_a_new_experiment_is_the_one_the_picker_shows(server) -> None:
             box.press("Enter")
             settle(page)
             page.get_by_role("button", name="Start experiment").click()
-            page.get_by_text(re.compile(r"completed: 1 runs in")).wait_for(timeout=120_000)
+            page.get_by_text(re.compile(r"completed: 1 run replayed in")).wait_for(timeout=120_000)
             settle(page)
         picker = page.get_by_role("combobox", name="Experiment", exact=True).input_value()
         details = page.get_by_text(re.compile(r"^exp-\S+ · completed · ")).first.inner_text()
-        newest = page.get_by_text(re.compile(r"^exp-\S+ completed: 1 runs in")).first.inner_text().split()[0]
+        newest = page.get_by_text(re.compile(r"^exp-\S+ completed: 1 run replayed in")).first.inner_text()
+        newest = newest.split()[0]
         assert details.split(" · ")[0] == newest
-        assert picker.split(" · ")[0] == newest, (picker, details)
+        assert picker.split(" · ")[-1] == newest, (picker, details)  # (the id comes last in the picker)
 
         # Another kind of dataset: the thresholds shown switch to the defaults around 1000 / 2000.
         if not page.get_by_role("button", name="Start experiment").is_visible():

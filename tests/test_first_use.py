@@ -258,7 +258,7 @@ def test_the_cli_offers_every_registered_format() -> None:
 
 
 def test_paths_are_shown_as_short_as_still_works_from_here(tmp_path, monkeypatch) -> None:
-    from workbench.cli import _shown_path
+    from workbench.formatting import short_path as _shown_path
 
     demo = ROOT / "datasets" / "demo.jsonl"
     monkeypatch.chdir(ROOT)

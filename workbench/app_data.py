@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
 
-from .formatting import MISSING, display, money, progress, ratio, share, tokens
+from .formatting import MISSING, display, money, progress, ratio, share, short_path, tokens
 from .formatting import missing as _missing
 from .losses import STAGE_NAMES, STAGES
 from .stats import paired_difference, signed
@@ -85,12 +86,16 @@ def column_spec(frame: pd.DataFrame, *, scores: bool = False) -> dict[str, tuple
 # -- experiments -----------------------------------------------------------------------------------
 
 def experiment_label(row: Any) -> str:
-    """``exp-… · name · completed · 4 runs`` for a picker."""
+    """``thresholds · completed · 4 runs · exp-…`` for a picker: what tells experiments apart first
+    (its name, else its dataset's file name), the id last (a sidebar cuts the end off)."""
     name = row["name"] if not missing(row.get("name")) else None
+    if not name and not missing(row.get("dataset")):
+        name = os.path.basename(str(row["dataset"]).rstrip("/\\"))
     runs = 0 if missing(row.get("runs")) else int(row["runs"])
     failed = 0 if missing(row.get("failed_runs")) else int(row["failed_runs"])
-    parts = [str(row["experiment_id"]), *([name] if name else []), str(row["status"]),
-             f"{runs} run{'s' if runs != 1 else ''}" + (f", {failed} not completed" if failed else "")]
+    parts = [*([name] if name else []), str(row["status"]),
+             f"{runs} run{'s' if runs != 1 else ''}" + (f", {failed} not completed" if failed else ""),
+             str(row["experiment_id"])]
     return " · ".join(parts)
 
 
@@ -104,7 +109,7 @@ def experiments_table(frame: pd.DataFrame) -> pd.DataFrame:
         "experiment": frame.experiment_id,
         "name": frame.name,
         "status": frame.status,
-        "dataset": frame.dataset,
+        "dataset": frame.dataset.map(short_path),
         "conversations": frame.conversations.map(lambda c: len(json.loads(c)) if isinstance(c, str) else len(c)),
         "configurations": frame.configs.map(lambda c: len(json.loads(c)) if isinstance(c, str) else len(c)),
         "runs": frame.runs,
@@ -239,6 +244,8 @@ def figures_comparison(summaries: Sequence[Any], probes: pd.DataFrame, a: str, b
             whole = whole or (float(va).is_integer() and float(vb).is_integer() and shown is display)
         if diff is None:
             change = MISSING
+        elif diff == 0:
+            change = "0"  # no sign on nothing ("+0", "+$0" read as a gain)
         elif shown is money:
             change = ("-" if diff < 0 else "+") + money(abs(diff))
         else:

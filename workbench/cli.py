@@ -23,7 +23,7 @@ import click
 from .catalog import DEMO_DATASET, ROOT, known_datasets
 from .datasets import FORMATS  # the format registry (imports no model library)
 from .errors import WorkbenchError
-from .formatting import count, money, ratio, share
+from .formatting import count, money, ratio, share, short_path
 from .models import OFFLINE_MODEL
 
 if TYPE_CHECKING:
@@ -421,18 +421,6 @@ def export(run_id: str, folder: Path, db: str) -> None:
         click.echo(str(path))
 
 
-def _shown_path(path: str | Path) -> str:
-    """A path as short as it can be and still work from here: relative to the working folder when
-    that is shorter and at most one folder up (``datasets/demo.jsonl``, ``../shared/…``), else absolute."""
-    absolute = os.path.abspath(path)
-    try:
-        relative = os.path.relpath(absolute)
-    except ValueError:  # another drive (Windows)
-        return absolute
-    up = relative.split(os.sep).count(os.pardir)
-    return relative if up <= 1 and len(relative) < len(absolute) else absolute
-
-
 @cli.command()
 def datasets() -> None:
     """List the datasets the workbench knows (project and ../shared)."""
@@ -447,9 +435,9 @@ def datasets() -> None:
         try:
             listed = list_conversations(entry.path, entry.format)
             detail = (f"{len(listed):>13,} {sum(c.messages for c in listed):>8,} "
-                      f"{sum(c.probes for c in listed):>6,}  {_shown_path(entry.path)}")
+                      f"{sum(c.probes for c in listed):>6,}  {short_path(entry.path)}")
         except DatasetError as exc:
-            detail = f"{'unreadable':>29}  {_shown_path(entry.path)}: {exc}"
+            detail = f"{'unreadable':>29}  {short_path(entry.path)}: {exc}"
         click.echo(f"{entry.name:<20} {entry.origin:<8} {detail}")
 
 
@@ -482,7 +470,7 @@ def _print_report(data: dict[str, Any]) -> None:
         return f"[{share(pair[0], 3)}, {share(pair[1], 3)}]" if pair else MISSING
 
     click.echo(f"experiment {data['experiment_id']} ({data['status_text']}): "
-               f"{count(len(data['conversations']), 'conversation')} of {_shown_path(data['dataset'])}, "
+               f"{count(len(data['conversations']), 'conversation')} of {short_path(data['dataset'])}, "
                f"{display(data['elapsed_s'])} s")
     width = min(36, max([len("configuration"), *(len(c["label"]) for c in data["configs"])]))
     click.echo(f"{'configuration':<{width}} {'done':>4} {'failed':>6} {'probes':>6} {'retention':>9} {'95% CI':>14} "
@@ -653,7 +641,7 @@ def experiment_list(as_json: bool, db: str) -> None:
         from .formatting import MISSING, missing
 
         shown = frame[columns].assign(created_at=frame.created_at.dt.strftime("%Y-%m-%d %H:%M"),
-                                      dataset=frame.dataset.map(_shown_path))
+                                      dataset=frame.dataset.map(short_path))
         shown = shown.rename(columns={"experiment_id": "experiment", "failed_runs": "not completed",
                                       "created_at": "created"})
         click.echo(shown.astype(object).map(lambda v: MISSING if missing(v) else v).to_string(index=False))

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 
 from . import app_data, charts
 from .analysis import narrate
-from .formatting import MISSING, count, display, missing, number, ratio, share
+from .formatting import MISSING, count, display, missing, number, ratio, share, short_path
 
 _STYLE = """
 body { font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif; margin: 2rem auto;
@@ -80,7 +80,7 @@ def experiment_html(store: Any, experiment_id: str) -> str:
     name = experiment.get("name")
     page = _Page(f"omem experiment {name or experiment_id}")
     page.text("h1", f"Experiment {name or experiment_id}")
-    page.text("p", f"{experiment_id} · {experiment['status']} · dataset {experiment['dataset']} · "
+    page.text("p", f"{experiment_id} · {experiment['status']} · dataset {short_path(experiment['dataset'])} · "
                    f"{count(len(experiment['conversations']), 'conversation')} × "
                    f"{count(len(experiment['configs']), 'configuration')}", "meta")
     if experiment["status"] != "completed":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
@@ -97,6 +98,18 @@ def share(value: Any, digits: int = 3) -> str:
     return MISSING if missing(value) else fixed(value, digits)
 
 
+def short_path(path: str | os.PathLike[str]) -> str:
+    """A path as short as it can be and still work from here: relative to the working folder when
+    that is shorter and at most one folder up (``datasets/demo.jsonl``, ``../shared/…``), else absolute."""
+    absolute = os.path.abspath(path)
+    try:
+        relative = os.path.relpath(absolute)
+    except ValueError:  # another drive (Windows)
+        return absolute
+    up = relative.split(os.sep).count(os.pardir)
+    return relative if up <= 1 and len(relative) < len(absolute) else absolute
+
+
 def progress(status: str, steps: Any, planned: Any) -> str:
     """``completed``; ``failed at step 26 of 100``; ``interrupted at step 3 of 100``."""
     if status in ("completed", "running") or missing(steps):
@@ -119,4 +132,4 @@ def runs_table(frame: Any) -> Any:
 
 
 __all__ = ["MISSING", "count", "display", "fixed", "missing", "money", "tokens", "number", "progress", "ratio", "runs_table",
-           "share"]
+           "share", "short_path"]

@@ -24,7 +24,7 @@ if mode == "An experiment":
         st.stop()
     tables = ui.experiment_tables(store, experiment_id)
     experiment, summaries, runs = tables["experiment"], tables["summaries"], tables["runs"]
-    st.text(f"{experiment_id} · {experiment['dataset']} · "
+    st.text(f"{experiment_id} · {fmt.short_path(experiment['dataset'])} · "
             f"{fmt.count(len(experiment['conversations']), 'conversation')} × "
             f"{fmt.count(len(experiment['configs']), 'configuration')} · {experiment['status']}")
     failed = app_data.failed_configs(runs)
