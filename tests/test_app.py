@@ -196,6 +196,9 @@ def test_explorer_shows_a_reflection_that_had_to_be_tightened(db: Path) -> None:
     assert any("reflections came back over the reflection threshold" in w.value for w in at.warning)
     labels = [e.label for e in at.expander]
     assert any(label.startswith("Reflection") and "2 calls (tightened)" in label for label in labels)
+    # The note's size and the call's sizes are told apart ("78 tokens · 745→78 tokens" read as one thing).
+    assert all(re.search(r" · \d[\d,]* tokens · call: [\d,]+ tokens in, [\d,]+ out · ", label)
+               for label in labels if label.startswith(("Observation", "Reflection")))
 
 
 def test_compare_two_configurations(db: Path) -> None:

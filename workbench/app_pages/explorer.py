@@ -157,7 +157,7 @@ with timeline:
         newest_first = newest_first.iloc[app_data.page_slice(len(newest_first), int(page), size)]
     for _, record in newest_first.iterrows():
         call = cost_of.get(record.record_id)
-        detail = (f" · {fmt.display(call.input_tokens)}→{fmt.display(call.output_tokens)} tokens · "
+        detail = (f" · call: {fmt.display(call.input_tokens)} tokens in, {fmt.display(call.output_tokens)} out · "
                   f"{fmt.number(call.latency_ms, 0)} ms" + (f" · {fmt.money(call.cost_usd, 5)}" if call.cost_usd else "")
                   + (" · cache hit" if call.cache_hit else "")
                   + (f" · {int(call.attempts)} calls (tightened)" if (call.get("attempts") or 1) > 1 else "")
