@@ -233,6 +233,11 @@ def test_tune_sweep_runs_the_grid_and_plots_every_run(db: Path) -> None:
     assert len(runs) == 3
     pareto = spec(at, 0)
     assert sorted(trace(pareto, "runs")["customdata"]) == sorted(runs.run_id)
+    # An experiment's runs of the same conversation stay in the experiment's own view.
+    run_experiment_in(db, observation=(600,))
+    at.run()
+    assert sorted(trace(spec(at, 0), "runs")["customdata"]) == sorted(runs.run_id)
+    assert any("1 run of this conversation belongs to experiments and is left out" in c.value for c in at.caption)
 
 
 def test_prompts_save_a_version(db: Path) -> None:

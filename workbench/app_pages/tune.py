@@ -107,6 +107,14 @@ if st.sidebar.button("Run sweep", type="primary", key="tune_run",
 runs = analysis.runs_with_config(store)
 if conversation is not None:
     runs = runs[(runs.conversation_id == conversation.id) & (runs.dataset == conversation.source)]
+if "experiment_id" in runs:  # an experiment's runs are tuned in its own view (the other mode)
+    in_experiments = int(runs.experiment_id.notna().sum())
+    runs = runs[runs.experiment_id.isna()]
+    if in_experiments:
+        st.caption(f"{fmt.count(in_experiments, 'run')} of this conversation "
+                   f"{'belongs' if in_experiments == 1 else 'belong'} to experiments and "
+                   f"{'is' if in_experiments == 1 else 'are'} left out here: choose “An experiment” as the "
+                   "source to see them.")
 failed = runs[runs.status != "completed"]
 runs = runs[runs.status == "completed"]
 if not failed.empty:  # never just fewer points: say which configurations did not finish, and why
