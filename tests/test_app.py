@@ -970,3 +970,13 @@ def test_the_runs_compression_and_the_last_reads_are_told_apart_when_they_differ
                            "memory read (step 93) the agent saw 11.8x (10,930 tokens for a history of 128,802)")
     assert app_data.compression_note({**run, "compression": 128_802 / 10_930}, steps) is None  # they agree
     assert app_data.compression_note({**run, "status": "failed"}, steps) is None
+
+
+def test_figures_shown_as_text_are_right_aligned_like_numbers(db: Path) -> None:
+    run_experiment_in(db, observation=(150, 600))
+    at = app("experiments")
+    summary = next(d for d in at.dataframe if "95% CI" in d.value)
+    columns = json.loads(summary.proto.columns)
+    for name in ("completed", "retention", "95% CI", "compression", "cost", "ms per call"):
+        assert columns[name]["alignment"] == "right", name
+    assert "alignment" not in columns.get("configuration", {})  # text stays on the left

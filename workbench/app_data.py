@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -69,6 +70,22 @@ COLUMNS: dict[str, tuple[str, str | None]] = {
     "evidence_in_window": ("evidence in window", None),
 }
 SCORE_FORMAT = "%.3f"
+
+
+_FIGURE = re.compile(r"^[+\-−]?[$\[]?[+\-]?\d[\d,]*(\.\d+)?(x|%| ms| s| tok)?( \(partial\))?"
+                     r"(, [+\-]?\d[\d,]*(\.\d+)?\])?$")
+
+
+def figure_columns(frame: pd.DataFrame) -> list[str]:
+    """Columns that hold figures (numbers, or numbers shown as text: ``0.795``, ``3.9x``, ``$0.0012``,
+    ``[0.727, 1.000]``, ``+138``), to be right-aligned as figures are; a dash counts as a figure."""
+    out = []
+    for name in frame.columns:
+        values = [v for v in frame[name].tolist() if not missing(v) and v != MISSING]
+        if values and all(isinstance(v, (int, float)) and not isinstance(v, bool) or
+                          isinstance(v, str) and _FIGURE.match(v) for v in values):
+            out.append(str(name))
+    return out
 
 
 def column_spec(frame: pd.DataFrame, *, scores: bool = False) -> dict[str, tuple[str, str | None]]:
@@ -631,7 +648,7 @@ def _default_label(config: Any) -> str | None:
 __all__ = [
     "COLUMNS", "KEPT", "LOCOMO_CATEGORIES", "call_label", "calls_table", "category_name", "clean", "column_spec",
     "compression_note", "config_sentence",
-    "config_table", "crossing_series", "experiment_label", "experiments_table", "failed_configs",
+    "config_table", "crossing_series", "figure_columns", "experiment_label", "experiments_table", "failed_configs",
     "figures_comparison", "final_memory", "funnel_note", "funnel_table", "grid_target", "grid_view", "neighbour",
     "next_compaction", "offline_prompt_note", "opening_sentence", "page_count", "page_slice", "pareto_points",
     "parse_values", "pass_steps", "probe_grid", "prompt_of", "shared_range", "summary_table", "text_diff",

@@ -95,6 +95,16 @@ def error(prefix: str, detail: object = "") -> None:
     st.error(prefix + plain(detail))
 
 
+def figures(data: Any, *, key: str, **kwargs) -> Any:
+    """``st.dataframe`` of a table already formatted as text (``app_data`` tables), its figure
+    columns right-aligned as numbers are. ``data`` may be a pandas Styler."""
+    from .app_data import figure_columns
+
+    frame = data.data if hasattr(data, "data") else data
+    config = {name: st.column_config.Column(alignment="right") for name in figure_columns(frame)}
+    return st.dataframe(data, key=key, column_config=config | kwargs.pop("column_config", {}), **kwargs)
+
+
 def table(frame: pd.DataFrame, *, key: str, scores: bool = False, **kwargs) -> Any:
     """``st.dataframe`` with readable headers and number formats (:func:`app_data.column_spec`),
     numbers kept numeric (so columns sort by value) and missing text shown as a dash, never None."""

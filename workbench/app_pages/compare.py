@@ -57,9 +57,9 @@ def experiment_comparison() -> None:
     shown = table.assign(differs=table.differs.map({True: "yes", False: ""})).rename(
         columns={"differs": "CI excludes 0", "A": f"A · {a}", "B": f"B · {b}"})
     highlight = table.differs.tolist()
-    st.dataframe(shown.style.apply(lambda row: ["background-color: #ffeaa7; font-weight: 600"
-                                                if highlight[row.name] else "" for _ in row], axis=1),
-                 hide_index=True, key="cmp_xp_figures", height=35 * (len(shown) + 1) + 3)
+    ui.figures(shown.style.apply(lambda row: ["background-color: #ffeaa7; font-weight: 600"
+                                              if highlight[row.name] else "" for _ in row], axis=1),
+               hide_index=True, key="cmp_xp_figures", height=35 * (len(shown) + 1) + 3)
     listed, scored = app_data.probe_counts(probes, [a, b])
     unscored = f"; the other {listed - scored:,} have no gold answer" if listed > scored else ""
     st.caption(f"Retention pools the {fmt.count(scored, 'probe')} scored (they have a gold answer{unscored}). Highlighted: "
@@ -148,7 +148,7 @@ def experiment_comparison() -> None:
         if note:
             st.caption(ui.plain(note))
         st.plotly_chart(charts.funnel_chart(funnel), key="cmp_xp_funnel")
-        st.dataframe(funnel, key="cmp_xp_funnel_table")
+        ui.figures(funnel, key="cmp_xp_funnel_table")
 
     st.subheader("Final memories")
     if all(pick.values()):
@@ -219,7 +219,7 @@ if info_a["conversation_id"] != info_b["conversation_id"]:
 st.subheader("Figures")
 table = analysis.comparison_shown(analysis.compare_runs(store, run_a, run_b))
 table.columns = [f"A · {run_a}", f"B · {run_b}"] if run_a != run_b else [f"A · {run_a}"]
-st.dataframe(table, key="cmp_table", height=35 * (len(table) + 1) + 3)
+ui.figures(table, key="cmp_table", height=35 * (len(table) + 1) + 3)
 
 steps_a, steps_b = store.steps(run_a), store.steps(run_b)
 for title, build in (

@@ -149,7 +149,7 @@ if st.session_state.get("xp_done"):
     {"success": st.success, "warning": st.warning, "error": st.error}[kind](ui.plain(text))
 
 st.subheader("Experiments")
-st.dataframe(app_data.experiments_table(existing), hide_index=True, key="xp_table")
+ui.figures(app_data.experiments_table(existing), hide_index=True, key="xp_table")
 experiment_id = ui.experiment_picker(store, "Experiment", "xp_pick")
 tables = ui.experiment_tables(store, experiment_id)
 experiment, runs = tables["experiment"], tables["runs"]
@@ -201,7 +201,7 @@ if resume:
 summaries = tables["summaries"]
 st.subheader("Figures per configuration")
 st.caption("Retention pools every probe of every conversation; the interval is a bootstrap over probes.")
-st.dataframe(app_data.summary_table(summaries), hide_index=True, key="xp_summary")
+ui.figures(app_data.summary_table(summaries), hide_index=True, key="xp_summary")
 failed = app_data.failed_configs(runs)
 if not failed.empty:
     st.warning(f"{fmt.count(len(failed), 'run')} did not complete and "

@@ -61,12 +61,12 @@ if mode == "An experiment":
         if cells.compression.notna().any():
             right.plotly_chart(charts.heatmap(cells, "compression"), key="tune_xp_heat_compression")
     st.subheader("Figures per configuration")
-    st.dataframe(app_data.summary_table(summaries), hide_index=True, key="tune_xp_table")
+    ui.figures(app_data.summary_table(summaries), hide_index=True, key="tune_xp_table")
     categories = {s.label: {app_data.category_name(k): fmt.share(v["retention"], 3) for k, v in s.per_category.items()}
                   for s in summaries}
     if any(categories.values()):
         st.subheader("Retention per probe category")
-        st.dataframe(app_data.clean(pd.DataFrame(categories)), key="tune_xp_categories")
+        ui.figures(app_data.clean(pd.DataFrame(categories)), key="tune_xp_categories")
     st.stop()
 
 st.sidebar.header("Sweep")
@@ -122,7 +122,7 @@ if not failed.empty:  # never just fewer points: say which configurations did no
                f"{'is' if len(failed) == 1 else 'are'} not drawn:")
     st.dataframe(failed.assign(
         status=[app_data.status_text(s, k, n) for s, k, n in zip(failed.status, failed.steps, failed.planned_steps)],
-        configuration=failed.label)[["run_id", "status", "configuration", "error"]],
+        configuration=failed.label)[["run_id", "status", "configuration", "error"]].rename(columns={"run_id": "run"}),
         hide_index=True, key="tune_failed")
 if runs.empty:
     st.info("No completed runs for this conversation yet: run a sweep from the sidebar.")
