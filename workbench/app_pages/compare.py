@@ -59,7 +59,8 @@ def experiment_comparison() -> None:
     highlight = table.differs.tolist()
     ui.figures(shown.style.apply(lambda row: ["background-color: #ffeaa7; font-weight: 600"
                                               if highlight[row.name] else "" for _ in row], axis=1),
-               hide_index=True, key="cmp_xp_figures", height=35 * (len(shown) + 1) + 3)
+               hide_index=True, key="cmp_xp_figures", height=35 * (len(shown) + 1) + 3,
+               column_config={"figure": st.column_config.Column(width="medium")})
     listed, scored = app_data.probe_counts(probes, [a, b])
     unscored = f"; the other {listed - scored:,} have no gold answer" if listed > scored else ""
     st.caption(f"Retention pools the {fmt.count(scored, 'probe')} scored (they have a gold answer{unscored}). Highlighted: "
@@ -219,7 +220,8 @@ if info_a["conversation_id"] != info_b["conversation_id"]:
 st.subheader("Figures")
 table = analysis.comparison_shown(analysis.compare_runs(store, run_a, run_b))
 table.columns = [f"A · {run_a}", f"B · {run_b}"] if run_a != run_b else [f"A · {run_a}"]
-ui.figures(table, key="cmp_table", height=35 * (len(table) + 1) + 3)
+ui.figures(table, key="cmp_table", height=35 * (len(table) + 1) + 3,
+           column_config={"_index": st.column_config.Column(width="medium")})  # row names read whole
 
 steps_a, steps_b = store.steps(run_a), store.steps(run_b)
 for title, build in (
