@@ -253,7 +253,8 @@ def test_prompts_save_a_version(db: Path) -> None:
     assert at.error and "already exists" in at.error[0].value
 
 
-def test_runs_page_filters_and_deletes(db: Path) -> None:
+def test_runs_page_filters_and_deletes(db: Path, monkeypatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     at = app("runs")
     assert "1 of 1 run" in at.caption[0].value
     table = next(d for d in at.dataframe if "observation_threshold" in d.value)
@@ -264,10 +265,29 @@ def test_runs_page_filters_and_deletes(db: Path) -> None:
     assert columns["retention"]["type_config"]["format"] == "%.3f"
     assert table.value.compression.dtype.kind == "f"  # still numbers: the column sorts by value
     assert table.value.error.tolist() == ["–"]  # a completed run has no error, and says so without "None"
+
+    # With a failed run beside it, the error column is text (pandas 3: the "str" dtype): still no None.
+    import asyncio
+
+    from workbench.datasets import load_conversation
+    from workbench.replay import ConfigurationError, ReplayConfig, replay
+
+    with RunStore(db) as s, pytest.raises(ConfigurationError):
+        asyncio.run(replay(load_conversation(PROJECT_DEMO), ReplayConfig(observer="gpt-4o-mini"), s))
+    at.run()
+    table = next(d for d in at.dataframe if "observation_threshold" in d.value)
+    errors = dict(zip(table.value.status, table.value.error))
+    assert errors["completed"] == "–" and "gpt-4o-mini" in errors["failed at step 0 of 100"]
+    # A number column with a gap is drawn as text (Streamlit draws a missing number as "None"),
+    # formatted as the column's format would, right-aligned.
+    retention = dict(zip(table.value.status, table.value.retention))
+    assert retention["failed at step 0 of 100"] == "–" and re.fullmatch(r"0\.\d{3}", retention["completed"])
+    assert json.loads(table.proto.columns)["retention"]["alignment"] == "right"
+    picked = at.selectbox(key="runs_pick").value
     at.checkbox(key="runs_confirm").check().run()
     at.button(key="runs_delete").click().run()
     assert not at.exception
-    assert store(db).runs().empty
+    assert list(store(db).runs().run_id) == [r for r in table.value.run_id if r != picked]  # that one, only
 
 
 def test_presentation_steps_forward(db: Path) -> None:
@@ -931,6 +951,10 @@ def test_presentation_text_and_labels_read_right_at_the_edges() -> None:
     assert labels(1000, 2000) == {"observation threshold 1000": "bottom", "reflection threshold 2000": "bottom"}
     steps = steps.assign(backlog_tokens=[0, 50_000, 40_000])
     assert labels(1000, 2000) == {"observation threshold 1000": "top", "reflection threshold 2000": "bottom"}
+    steps = steps.assign(backlog_tokens=[0, 300, 10])  # small here, but drawn on a shared scale up to 22,000
+    shared = charts.thresholds_chart(steps, 1000, 2000, top=22_000)
+    assert {a.text: a.yanchor for a in shared.layout.annotations if "threshold" in a.text} == {
+        "observation threshold 1000": "top", "reflection threshold 2000": "bottom"}
     # Margins fit the tick labels and axis titles (a fixed 40 px let "tokens" print over "2000").
     for figure in (charts.volumes_chart(steps), charts.thresholds_chart(steps, 300, 600),
                    charts.heatmap(pd.DataFrame({"observation_threshold": [300], "reflection_threshold": [600],
@@ -945,19 +969,25 @@ def test_run_labels_put_what_tells_runs_apart_first() -> None:
 
     from workbench.ui import run_label
 
-    config = json.dumps({"observer": "omem/extractive", "observation_threshold": 300, "reflection_threshold": 2000})
+    config = json.dumps({"observer": "omem/extractive", "reflector": "omem/extractive", "observation_threshold": 300,
+                         "reflection_threshold": 2000, "last_messages": 10})
     done = pd.Series({"run_id": "20261204-075033-1b1aca", "conversation_id": "priya-lisbon", "status": "completed",
                       "compression": 3.52, "retention": 0.818, "config": config, "config_label": None,
                       "steps": 100, "planned_steps": 100})
-    assert run_label(done) == "priya-lisbon · obs 300 · ref 2000 · 3.5x · retention 0.818 · 20261204-075033-1b1aca"
+    assert run_label(done) == ("priya-lisbon · obs 300 · ref 2000 · win 10 · 3.5x · retention 0.818 · "
+                               "20261204-075033-1b1aca")
     in_experiment = done.copy()
     in_experiment["config_label"] = "obs 150"  # an experiment's own short label wins
     assert run_label(in_experiment).startswith("priya-lisbon · obs 150 · 3.5x")
     failed = done.copy()
     failed[["status", "steps", "retention", "config"]] = ["failed", 26, None, config.replace("omem/extractive",
                                                                                            "openai/gpt-4o-mini")]
-    assert run_label(failed) == ("priya-lisbon · openai/gpt-4o-mini · obs 300 · ref 2000 · 3.5x (partial) · "
-                                 "failed at step 26 of 100 · 20261204-075033-1b1aca")
+    assert run_label(failed) == ("priya-lisbon · openai/gpt-4o-mini · obs 300 · ref 2000 · win 10 · "
+                                 "3.5x (partial) · failed at step 26 of 100 · 20261204-075033-1b1aca")
+    # Runs that differ only in window or reflector read differently (they all read "obs 300 · ref 2000").
+    variants = {json.dumps({**json.loads(config), **change}) for change in (
+        {}, {"last_messages": 5}, {"reflector": None}, {"last_messages": 5, "reflector": None})}
+    assert len({app_data.short_config({"config": c, "config_label": None}) for c in variants}) == 4
 
 
 def test_the_runs_compression_and_the_last_reads_are_told_apart_when_they_differ() -> None:

@@ -64,6 +64,9 @@ def test_an_earlier_built_in_prompt_version_can_be_chosen(tmp_path) -> None:
     rows = [line for line in out.splitlines() if "completed" in line]
     assert len(rows) == 2 and rows[0].endswith("  obs prompt v1") and rows[1].endswith("  obs prompt v2")
     assert max(len(line) for line in out.splitlines()) <= 100
+    code, out, _ = invoke("sweep", "--dataset", TINY, "--observation-threshold", "40", "--reflection-threshold", "60")
+    [row] = [line for line in out.splitlines() if "completed" in line]  # one configuration: named in full
+    assert row.endswith("  omem/extractive / omem/extractive · obs 40 · ref 60 · window 10 · v2/v2")
     code, out, _ = invoke("compare", rows[0].split()[0], rows[1].split()[0])
     assert code == 0 and "observer prompt" in out
     [compression] = [line for line in out.splitlines() if line.startswith("compression (x)")]
@@ -92,10 +95,9 @@ def test_sweep_compare_runs_export(tmp_path) -> None:
     code, out, _ = invoke("runs")
     assert a in out and b in out
     header, *rows = out.splitlines()
-    assert header.split() == ["run", "status", "conversation", "messages", "reads", "compr", "retention",
-                              "configuration"]
-    assert sorted(row.split("  ")[-1] for row in rows if row.startswith((a, b))) == ["obs 30 · ref 60",
-                                                                                      "obs 60 · ref 60"]  # short
+    assert header.split() == ["run", "status", "conversation", "reads", "compr", "retention", "configuration"]
+    assert sorted(row.split("  ")[-1] for row in rows if row.startswith((a, b))) == ["obs 30 · ref 60 · win 4",
+                                                                                      "obs 60 · ref 60 · win 4"]
     assert max(len(line) for line in out.splitlines()) <= 100
     code, out, _ = invoke("export", a, "--parquet", str(tmp_path / "export"))
     assert code == 0 and "steps.parquet" in out

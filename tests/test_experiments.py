@@ -197,6 +197,13 @@ def test_an_experiment_that_finished_with_failed_runs_says_so_and_resume_retries
     done_id = out.split()[1]
     code, out, err = invoke("experiment", "resume", done_id, "--db", db)
     assert code == 0 and f"every run of experiment {done_id} is already completed: nothing to resume" in err
+    # Interrupted after its last run (say while judging): resume finishes it, it is not "nothing to resume".
+    with RunStore(db) as store:
+        store.finish_experiment(done_id, "interrupted", "stopped before the end", 0.0)
+    code, out, err = invoke("experiment", "resume", done_id, "--db", db)
+    assert code == 0 and "nothing to resume" not in err
+    with RunStore(db) as store:
+        assert store.experiment(done_id)["status"] == "completed"
 
 
 def test_experiment_list_show_compare_and_export(tmp_path) -> None:
@@ -319,7 +326,10 @@ dropped = acompletion(); del dropped; gc.collect()
 async def mine(): pass
 dropped = mine(); del dropped; gc.collect()
 """
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    import os
+
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env={**os.environ, "PYTHONWARNINGS": "default"})  # (whatever the caller's filters)
     assert done.returncode == 0, done.stderr
     assert "acompletion' was never awaited" not in done.stderr
     assert "coroutine 'mine' was never awaited" in done.stderr  # any other such bug still shows

@@ -336,6 +336,7 @@ def test_figures_round_half_up_like_the_charts_and_never_read_minus_zero() -> No
     assert fixed(2.675, 2) == "2.67"  # (2.675 is 2.67499… in binary: no tie, both read 2.67)
     assert display(0.6786) == "0.679" and tokens(1234.5) == "1,235" and money(1234.565) == "$1,234.57"
     assert tokens(-0.4) == "0" and display(-0.0001) == "-0.00010" and share(-0.0004, 3) == "0.000"
+    assert ratio(1e27) == "1000000000000000013287555072.0x" and ratio(float("inf")) == "infx"  # never raises
     runs = pd.DataFrame({"observation_threshold": [300, 600], "reflection_threshold": [2000, 2000],
                          "compression": [5.25, 3.0], "retention": [0.6786, 0.5]})
     assert list(charts.heatmap(runs, "compression").data[0].text[0]) == ["5.3x", "3.0x"]  # as the table says

@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from .formatting import MISSING, display, money, progress, ratio, share, short_path, tokens
+from .formatting import MISSING, display, fixed, money, progress, ratio, share, short_path, tokens
 from .formatting import missing as _missing
 from .losses import STAGE_NAMES, STAGES
 from .stats import paired_difference, signed
@@ -86,6 +86,24 @@ def figure_columns(frame: pd.DataFrame) -> list[str]:
                           isinstance(v, str) and _FIGURE.match(v) for v in values):
             out.append(str(name))
     return out
+
+
+def number_text(value: Any, number: str) -> str:
+    """``value`` drawn as the printf format ``number`` of :data:`COLUMNS` would draw it (a dash when
+    missing), for a number column shown as text."""
+    if missing(value):
+        return MISSING
+    if number == "%,d":
+        return f"{int(value):,}"
+    if number == "%.1fx":
+        return ratio(value)
+    if number == "$%.4f":
+        return "$" + fixed(value, 4)
+    if number == "%,.0f":
+        return tokens(value)
+    if number == "%.3f":
+        return share(value, 3)
+    raise ValueError(f"no text form for the number format {number!r}")
 
 
 def column_spec(frame: pd.DataFrame, *, scores: bool = False) -> dict[str, tuple[str, str | None]]:
@@ -624,15 +642,21 @@ def run_name(run: dict[str, Any]) -> str | None:
 
 
 def short_config(run: Any) -> str:
-    """A run's configuration in a few words: its experiment label (``obs 150``), else the thresholds,
-    with the observer named when it is not the built-in model."""
+    """A run's configuration in a few words: its experiment label (``obs 150``), else thresholds and
+    window, the observer named when it is not the built-in model and the reflector when it differs
+    from the observer or there is none."""
     label = run.get("config_label")
     if label is not None and not missing(label) and str(label).strip():
         return str(label)
     config = run.get("config")
     config = json.loads(config) if isinstance(config, str) else (config or {})
-    text = f"obs {config.get('observation_threshold')} · ref {config.get('reflection_threshold')}"
-    observer = str(config.get("observer") or "")
+    text = (f"obs {config.get('observation_threshold')} · ref {config.get('reflection_threshold')} · "
+            f"win {config.get('last_messages')}")
+    observer, reflector = str(config.get("observer") or ""), config.get("reflector")
+    if reflector is None:
+        text += " · no reflector"
+    elif reflector != observer:
+        text += f" · reflector {reflector}"
     return text if observer.startswith("omem/") else f"{observer} · {text}"
 
 
@@ -648,7 +672,8 @@ def _default_label(config: Any) -> str | None:
 __all__ = [
     "COLUMNS", "KEPT", "LOCOMO_CATEGORIES", "call_label", "calls_table", "category_name", "clean", "column_spec",
     "compression_note", "config_sentence",
-    "config_table", "crossing_series", "figure_columns", "experiment_label", "experiments_table", "failed_configs",
+    "config_table", "crossing_series", "figure_columns", "number_text", "experiment_label", "experiments_table",
+    "failed_configs",
     "figures_comparison", "final_memory", "funnel_note", "funnel_table", "grid_target", "grid_view", "neighbour",
     "next_compaction", "offline_prompt_note", "opening_sentence", "page_count", "page_slice", "pareto_points",
     "parse_values", "pass_steps", "probe_grid", "prompt_of", "shared_range", "summary_table", "text_diff",

@@ -62,11 +62,12 @@ def cursor_chart(steps: pd.DataFrame, total_messages: int, step: int | None = No
 
 
 def thresholds_chart(steps: pd.DataFrame, observation: int, reflection: int, step: int | None = None,
-                     calls: pd.DataFrame | None = None) -> go.Figure:
+                     calls: pd.DataFrame | None = None, top: float | None = None) -> go.Figure:
     """Backlog vs the observation threshold, unreflected vs the reflection threshold, passes marked.
 
     With the run's ``calls``, each pass step carries the volume just before the pass as well as
-    after it, so the line visibly rises over the dashed threshold and drops where a pass fires."""
+    after it, so the line visibly rises over the dashed threshold and drops where a pass fires.
+    ``top``: the y axis' top when the chart will share a scale with another (labels are placed for it)."""
     from .app_data import crossing_series
 
     fig = go.Figure()
@@ -80,7 +81,8 @@ def thresholds_chart(steps: pd.DataFrame, observation: int, reflection: int, ste
     # Two thresholds close together *on the drawn axis* would print their labels over each other
     # (1,000 and 2,000 are close on an axis that reaches 50,000): the lower one's label goes under
     # its line (the same value: one label for both).
-    top = max([observation, reflection, 1, *backlog.tokens.dropna().tolist(), *unreflected.tokens.dropna().tolist()])
+    top = max([observation, reflection, 1, top or 0,  # ``top``: the axis' top when it is shared (Compare)
+               *backlog.tokens.dropna().tolist(), *unreflected.tokens.dropna().tolist()])
     close = abs(reflection - observation) <= 0.12 * top
     if observation == reflection:
         fig.add_hline(y=observation, line_dash="dash", line_color=COLORS["observe"],

@@ -341,7 +341,8 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
 
                 # What varies names each row (the whole configuration is in the runs' labels).
                 click.echo(f"{'run':<24} {'compr':>7} {'retention':>9} {'status':>10}  configuration")
-                for name, result in zip(labels([c.to_json() for c in grid]), results):
+                names = labels([c.to_json() for c in grid]) if len(grid) > 1 else [grid[0].label()]
+                for name, result in zip(names, results):
                     row = result.summary()
                     done = result.status == "completed"
                     click.echo(f"{row['run_id'] or '-':<24} {ratio(row['compression'] if done else None):>7} "
@@ -400,7 +401,7 @@ def runs_command(as_json: bool, db: str) -> None:
     else:  # the configuration in short, last and left-aligned (JSON has the whole label)
         from .app_data import short_config
 
-        shown = runs_table(frame[[*columns[:-1], "planned_steps"]]).rename(
+        shown = runs_table(frame[[*[c for c in columns[:-1] if c != "messages"], "planned_steps"]]).rename(
             columns={"run_id": "run", "conversation_id": "conversation", "steps": "reads", "compression": "compr"})
         names = [short_config(row) for row in frame.to_dict("records")]
         lines = shown.to_string(index=False).splitlines()
@@ -616,7 +617,7 @@ def experiment_resume(experiment_id: str, max_cost: float | None, as_json: bool,
     with _using_store(db) as store:
         from . import experiments as ex
 
-        if not ex.pending_tasks(store, experiment_id):
+        if store.experiment(experiment_id)["status"] == "completed" and not ex.pending_tasks(store, experiment_id):
             click.echo(f"every run of experiment {experiment_id} is already completed: nothing to resume "
                        f"(python -m workbench experiment show {experiment_id})", err=True)
             return

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import ROUND_HALF_UP, Decimal, localcontext
 from typing import Any
 
 MISSING = "–"
@@ -19,7 +19,12 @@ MISSING = "–"
 def fixed(value: float, digits: int, *, separators: bool = False) -> str:
     """``value`` to ``digits`` decimals, rounding half up (away from zero) on its exact binary
     value, like JavaScript's ``toFixed``: ``fixed(5.25, 1) == "5.3"``, ``fixed(0.125, 2) == "0.13"``."""
-    exact = Decimal(float(value)).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP)
+    number = float(value)
+    if not math.isfinite(number):  # inf, nan: as Python writes them
+        return f"{number:,.{digits}f}" if separators else f"{number:.{digits}f}"
+    with localcontext() as context:
+        context.prec = 400  # enough for any float's exact value (the default 28 raised on 1e27)
+        exact = Decimal(number).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP)
     exact = exact.copy_abs() if exact.is_zero() else exact  # never "-0.000"
     return f"{exact:,.{digits}f}" if separators else f"{exact:.{digits}f}"
 

@@ -63,7 +63,8 @@ def _no_provider(model: str, litellm: Any) -> str:
     import difflib
 
     if "/" not in model:
-        close = difflib.get_close_matches(model, [m for m in litellm.model_cost if "/" not in m], n=1, cutoff=0.85)
+        known = [m for m in litellm.model_cost if "/" not in m and m != "sample_spec"]  # (a placeholder entry)
+        close = difflib.get_close_matches(model, known, n=1, cutoff=0.85)
         if close:  # a typo of a model litellm knows ("gpt-4o-mni")
             return f"litellm does not know this model; did you mean {close[0]}?"
         return f"litellm does not know which provider serves it (write it as provider/model, e.g. openai/{model})"

@@ -68,6 +68,8 @@ def signed(value: float) -> str:
 
     if value == 0:
         return "0.000"
+    if value != value:  # NaN
+        return "–"
     for digits in (3, 4, 5):
         text = fixed(value, digits)
         if text.strip("-0."):

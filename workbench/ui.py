@@ -107,20 +107,28 @@ def figures(data: Any, *, key: str, **kwargs) -> Any:
 
 def table(frame: pd.DataFrame, *, key: str, scores: bool = False, **kwargs) -> Any:
     """``st.dataframe`` with readable headers and number formats (:func:`app_data.column_spec`),
-    numbers kept numeric (so columns sort by value) and missing text shown as a dash, never None."""
-    from .app_data import column_spec
+    numbers kept numeric (so columns sort by value) and missing values shown as a dash, never None.
+
+    Streamlit draws a missing number as "None" whatever the format, so a number column with a gap
+    is shown as text, formatted alike and right-aligned (it then sorts as text)."""
+    from .app_data import column_spec, number_text
 
     spec = column_spec(frame, scores=scores)
-    config = {}
+    config, shown = {}, frame.copy()
     for name, (label, number) in spec.items():
-        if number is not None:
+        column = frame[name]
+        if number is not None and column.isna().any():
+            shown[name] = column.map(lambda v, f=number: number_text(v, f))
+            config[name] = st.column_config.Column(label, alignment="right")
+        elif number is not None:
             config[name] = st.column_config.NumberColumn(label, format=number)
-        elif pd.api.types.is_datetime64_any_dtype(frame[name]):
+        elif pd.api.types.is_datetime64_any_dtype(column):
             config[name] = st.column_config.DatetimeColumn(label, format="YYYY-MM-DD HH:mm")
         else:
             config[name] = st.column_config.Column(label)
-    text = [c for c in frame.columns if frame[c].dtype == object]
-    shown = frame.assign(**{c: frame[c].map(lambda v: MISSING if missing(v) else v) for c in text})
+            if not pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column):
+                # text (pandas 3 gives it its own "str" dtype, not object): a dash where it is missing
+                shown[name] = column.map(lambda v: MISSING if missing(v) else v)
     return st.dataframe(shown, key=key, column_config=config | kwargs.pop("column_config", {}), **kwargs)
 
 

@@ -81,9 +81,6 @@ def experiment_comparison() -> None:
                          info[n]["error"] or "")
         st.subheader(ui.plain(f"Token volumes and thresholds on {conversation} (one y scale per row)"))
         volumes = {n: charts.volumes_chart(steps[n]) for n in pick}
-        thresholds = {n: charts.thresholds_chart(steps[n], configs[label]["observation_threshold"],
-                                                 configs[label]["reflection_threshold"], calls=calls[n])
-                      for n, label in (("A", a), ("B", b))}
         top_v = app_data.shared_range(*[steps[n].history_tokens for n in pick])[1]
         charts.share_y(*volumes.values(), top=top_v)
         top_t = max(app_data.shared_range(*[steps[n].backlog_tokens for n in pick],
@@ -91,6 +88,9 @@ def experiment_comparison() -> None:
                     1.1 * max(configs[a]["reflection_threshold"], configs[b]["reflection_threshold"]))
         top_t = max([top_t] + [float(c.volume_before.max()) * 1.08 for c in calls.values()
                                if not c.empty and c.volume_before.notna().any()])
+        thresholds = {n: charts.thresholds_chart(steps[n], configs[label]["observation_threshold"],
+                                                 configs[label]["reflection_threshold"], calls=calls[n], top=top_t)
+                      for n, label in (("A", a), ("B", b))}  # (labels placed for the shared scale)
         charts.share_y(*thresholds.values(), top=top_t)
         for title, figures in (("token volumes", volumes), ("thresholds and passes", thresholds)):
             left, right = st.columns(2)
