@@ -177,9 +177,10 @@ if actions[0].button("Tune", key="xp_open_tune", help="Retention vs compression 
     st.switch_page("workbench/app_pages/tune.py")
 if actions[1].button("Compare", key="xp_open_compare", help="Two configurations, probe by probe"):
     st.switch_page("workbench/app_pages/compare.py")
-unfinished = experiment["status"] not in ("completed", "running")  # (stopped after its last run: resume ends it)
+running = experiment["status"] == "running"
+unfinished = experiment["status"] != "completed" and not running  # (stopped after its last run: resume ends it)
 resume = actions[2].button(f"Resume ({pending} left)", key="xp_resume",
-                           disabled=not (pending or unfinished) or store.read_only or experiment["status"] == "running")
+                           disabled=running or not (pending or unfinished) or store.read_only)
 if actions[3].button("Prepare HTML export", key="xp_prepare"):
     st.session_state["xp_html"] = (experiment_id, export_html.experiment_html(store, experiment_id))
 prepared = st.session_state.get("xp_html")
