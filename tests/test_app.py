@@ -1010,3 +1010,14 @@ def test_figures_shown_as_text_are_right_aligned_like_numbers(db: Path) -> None:
     for name in ("completed", "retention", "95% CI", "compression", "cost", "ms per call"):
         assert columns[name]["alignment"] == "right", name
     assert "alignment" not in columns.get("configuration", {})  # text stays on the left
+
+
+def test_an_experiment_stopped_after_its_last_run_can_be_finished_from_the_app(db: Path) -> None:
+    experiment_id = run_experiment_in(db, observation=(300,))  # every run completed, then stopped (say, judging)
+    with RunStore(db) as s:
+        s.finish_experiment(experiment_id, "interrupted", "stopped before the end", 0.0)
+    at = app("experiments")
+    button = at.button(key="xp_resume")
+    assert button.label == "Resume (to finish)" and not button.disabled
+    button.click().run()
+    assert not at.exception and store(db).experiment(experiment_id)["status"] == "completed"

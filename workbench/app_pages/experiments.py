@@ -179,7 +179,7 @@ if actions[1].button("Compare", key="xp_open_compare", help="Two configurations,
     st.switch_page("workbench/app_pages/compare.py")
 running = experiment["status"] == "running"
 unfinished = experiment["status"] != "completed" and not running  # (stopped after its last run: resume ends it)
-resume = actions[2].button(f"Resume ({pending} left)", key="xp_resume",
+resume = actions[2].button(f"Resume ({pending} left)" if pending else "Resume (to finish)", key="xp_resume",
                            disabled=running or not (pending or unfinished) or store.read_only)
 if actions[3].button("Prepare HTML export", key="xp_prepare"):
     st.session_state["xp_html"] = (experiment_id, export_html.experiment_html(store, experiment_id))
