@@ -640,7 +640,9 @@ def test_an_experiment_with_a_configuration_that_cannot_run_is_never_shown_as_a_
 
 def test_experiment_pages_list_failed_configurations_and_show_no_nan(db: Path, monkeypatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    run_experiment_in(db, observation=(300,), observers=("omem/extractive", "gpt-4o-mini"))
+    experiment_id = run_experiment_in(db, observation=(300,), observers=("omem/extractive", "gpt-4o-mini"))
+    summaries = ex.summarise(store(db), experiment_id)  # the failed configuration has no funnel, not zeros
+    assert list(app_data.funnel_table(summaries).columns) == ["obs model omem/extractive"]
     at = app("experiments")
     failed = dataframe(at, "configuration", "conversation", "error")
     assert failed.configuration.tolist() == ["obs model gpt-4o-mini"] and "OPENAI_API_KEY" in failed.error[0]

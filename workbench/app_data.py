@@ -337,10 +337,18 @@ def verdict(probes: pd.DataFrame, a: str, b: str) -> str:
     return paired_difference(a, b, _scores(probes, a), _scores(probes, b)).verdict()
 
 
-def funnel_table(summaries: Sequence[Any], labels: Sequence[str] | None = None) -> pd.DataFrame:
-    """Probes reaching each stage (rows: stages by name; columns: configurations)."""
+def _with_runs(summaries: Sequence[Any], labels: Sequence[str] | None) -> list[Any]:
+    """``summaries`` in the order of ``labels`` (all, by default), without configurations that
+    have no completed run."""
     by = {s.label: s for s in summaries}
     chosen = list(summaries) if labels is None else [by[label] for label in labels if label in by]
+    return [s for s in chosen if s.runs]
+
+
+def funnel_table(summaries: Sequence[Any], labels: Sequence[str] | None = None) -> pd.DataFrame:
+    """Probes reaching each stage (rows: stages by name; columns: configurations with a completed run:
+    one with none has no funnel, not a funnel of zeros)."""
+    chosen = _with_runs(summaries, labels)
     data = {s.label: [int(s.funnel.get(stage, 0)) for stage in STAGES] for s in chosen}
     return pd.DataFrame(data, index=[STAGE_NAMES[s] for s in STAGES])
 
@@ -366,9 +374,7 @@ def compression_note(run: dict[str, Any], steps: pd.DataFrame) -> str | None:
 def funnel_note(summaries: Sequence[Any], labels: Sequence[str] | None = None) -> str | None:
     """The probes retention keeps that the funnel does not, per configuration, in one sentence
     (``None`` when there are none): their answer is visible at the end by another route."""
-    by = {s.label: s for s in summaries}
-    chosen = list(summaries) if labels is None else [by[label] for label in labels if label in by]
-    counts = {s.label: int(s.funnel.get("visible_elsewhere", 0)) for s in chosen}
+    counts = {s.label: int(s.funnel.get("visible_elsewhere", 0)) for s in _with_runs(summaries, labels)}
     if not any(counts.values()):
         return None
     listed = ", ".join(f"{label}: {n}" for label, n in counts.items())
