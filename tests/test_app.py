@@ -412,6 +412,8 @@ def test_failed_configurations_are_listed_never_silently_dropped(db: Path, monke
     assert failed.status.tolist() == ["failed at step 0 of 100"] and "OPENAI_API_KEY" in failed.error[0]
     at.switch_page(PAGES.format("present")).run()
     picked = at.sidebar.selectbox(key="pres_run")
+    newest_done = store(db).runs().query("status == 'completed'").run_id.iloc[0]
+    assert picked.value == newest_done  # not the newer failed run: it has nothing to present
     failed_id = store(db).runs().query("status == 'failed'").run_id[0]
     picked.set_value(failed_id).run()
     assert not at.exception

@@ -337,13 +337,17 @@ def run_label(row: pd.Series) -> str:
 
 def run_picker(store: RunStore, label: str, key: str, *, default: str | None = None,
                container=None) -> str | None:
+    """A stored run, chosen in a select box labelled by :func:`run_label` (``None`` when there is none)."""
     runs = store.runs()
     if runs.empty:
         return None
     box = container or st
     ids = list(runs.run_id)
     labels = {r.run_id: run_label(r) for _, r in runs.iterrows()}
-    index = ids.index(default) if default in ids else 0
+    # ``default`` (the run opened across pages), else the newest run that completed: a page never
+    # opens on a failed run's "no steps" unless that run was asked for.
+    done = [i for i, status in enumerate(runs.status) if status == "completed"]
+    index = ids.index(default) if default in ids else (done[0] if done else 0)
     return box.selectbox(label, ids, index=index, format_func=labels.get, key=key)
 
 
