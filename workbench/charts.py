@@ -25,13 +25,16 @@ def _esc(text: object) -> str:
 
 
 def _marker_line(fig: go.Figure, step: int | None) -> None:
-    """The current step as a dotted line, its label on the side with room: right of the line in the
-    left half of the chart (at step 0 a label to the left would sit on the y axis' ticks), else left."""
+    """The current step as a dotted line, labelled just above the plot area (inside it, the label
+    printed over threshold labels and data) on the side with room: right of the line in the left
+    half of the chart (at step 0 a label to the left would sit on the y axis), else left."""
     if step is not None:
         ends = [max(trace.x) for trace in fig.data if trace.x is not None and len(trace.x)]
         left_half = not ends or step <= max(ends) / 2
-        fig.add_vline(x=step, line_dash="dot", line_color="#d63031", annotation_text=f"step {step}",
-                      annotation_position="bottom right" if left_half else "bottom left")
+        fig.add_vline(x=step, line_dash="dot", line_color="#d63031")
+        fig.add_annotation(x=step, xref="x", y=1, yref="paper", yanchor="bottom", showarrow=False,
+                           text=f"step {step}", font=dict(color="#d63031"),
+                           xanchor="left" if left_half else "right")
 
 
 def _fit(fig: go.Figure) -> go.Figure:
