@@ -1027,3 +1027,17 @@ def test_an_experiment_stopped_after_its_last_run_can_be_finished_from_the_app(d
     assert button.label == "Resume (to finish)" and not button.disabled
     button.click().run()
     assert not at.exception and store(db).experiment(experiment_id)["status"] == "completed"
+
+
+def test_the_step_narration_counts_in_english() -> None:
+    import pandas as pd
+
+    from workbench.analysis import narrate
+
+    row = pd.Series({"step": 4, "message_index": 9, "observed": True, "reflected": False, "backlog_tokens": 0,
+                     "context_tokens": 100, "history_tokens": 250})
+    records = pd.DataFrame({"step": [4], "kind": ["observation"], "text": ["- a note"], "source_ids": ['["m1"]']})
+    said = narrate(row, None, records)
+    assert "1 older message was condensed: the observer wrote 1 line" in said and "2.5x smaller" in said
+    records = records.assign(source_ids=['["m1", "m2"]'], text=["- a\n- b"])
+    assert "2 older messages were condensed: the observer wrote 2 lines" in narrate(row, None, records)

@@ -198,8 +198,8 @@ def narrate(step_row: pd.Series, previous: pd.Series | None, records: pd.DataFra
         obs = new[new.kind == "observation"]
         lines = sum(len(t.splitlines()) for t in obs.text)
         sources = sum(len(json.loads(s)) for s in obs.source_ids)
-        parts.append(f"{sources} older messages were condensed: the observer wrote {lines} line"
-                     f"{'s' if lines != 1 else ''}")
+        parts.append(f"{sources} older message{' was' if sources == 1 else 's were'} condensed: the observer "
+                     f"wrote {lines} line{'s' if lines != 1 else ''}")
     if step_row["reflected"]:
         ref = new[new.kind == "reflection"]
         lines = sum(len(t.splitlines()) for t in ref.text)

@@ -251,8 +251,9 @@ st.subheader("What each wrote")
 left, right = st.columns(2)
 for column, run_id, name in ((left, run_a, "A"), (right, run_b, "B")):
     records = store.records(run_id)
-    column.markdown(f"**{name}** · {len(records)} records")
+    column.markdown(f"**{name}** · {fmt.count(len(records), 'record')}")
     for _, record in records.iterrows():
         with column.expander(f"{record.kind} at step {int(record.step)} · "
-                             f"{len(json.loads(record.source_ids))} sources · {int(record.tokens or 0)} tokens"):
+                             f"{fmt.count(len(json.loads(record.source_ids)), 'source')} · "
+                             f"{fmt.count(int(record.tokens or 0), 'token')}"):
             ui.text_block(record.text)

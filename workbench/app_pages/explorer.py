@@ -164,7 +164,7 @@ with timeline:
                   + (" · trimmed to the threshold" if bool(call.get("trimmed")) else "")) if call is not None else ""
         sources = json.loads(record.source_ids)
         with st.expander(f"{record.kind.capitalize()} written at step {int(record.step)} · "
-                         f"{len(sources)} sources · {int(record.tokens or 0)} tokens{detail}",
+                         f"{fmt.count(len(sources), 'source')} · {fmt.count(int(record.tokens or 0), 'token')}{detail}",
                          expanded=bool(record.step == step)):
             ui.text_block(record.text)
             if call is not None and st.button("Trace: the exact request and response", key=f"ex_trace_{record.record_id}"):

@@ -41,7 +41,8 @@ figures[4].metric("Cache hit", fmt.MISSING if app_data.missing(call["cache_hit"]
 figures[5].metric("Waiting (tokens)", f"{fmt.display(call['volume_before'])} → {fmt.display(call['volume_after'])}",
                   help="Backlog (observe) or unreflected notes (reflect) before and after the pass, in tokens")
 st.text(f"{call['stage']} · {call['model']} · prompt {call['prompt_version']} · "
-        f"{fmt.display(call['source_count'])} sources · step {fmt.display(call['step'])}")
+        f"{fmt.count(0 if fmt.missing(call['source_count']) else int(call['source_count']), 'source')} · "
+        f"step {fmt.display(call['step'])}")
 if not app_data.missing(call.get("error")):
     ui.error("**This call failed:** ", call["error"])
 if not app_data.missing(call.get("step")) and st.button("Open this step in the explorer", key="tr_open"):
