@@ -181,6 +181,8 @@ def test_an_experiment_that_finished_with_failed_runs_says_so_and_resume_retries
     assert "cost free" in err and "Start?" not in err
     experiment_id = out.split()[1]
     assert f"experiment {experiment_id} (completed; 1 of 2 runs failed): 1 conversation of" in out
+    # A label longer than its column is written whole on a line of its own; the table fits 100 columns.
+    assert "\nobs model omem/extractive\n" in out and max(len(line) for line in out.splitlines()) <= 100
     assert f"retry the failed runs with: python -m workbench experiment resume {experiment_id}" in err
     with RunStore(db) as store:
         [failed_before] = store.experiment_runs(experiment_id).query("status != 'completed'").run_id

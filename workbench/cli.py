@@ -322,6 +322,12 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
                                                                  observer_prompts or [None], reflector_prompts or [None])
             ]
 
+            from .experiments import labels
+
+            # What varies names each configuration (a single one is named in full).
+            short = labels([c.to_json() for c in grid]) if len(grid) > 1 else [c.label() for c in grid]
+            names = {id(c): name for c, name in zip(grid, short)}
+
             def report(finished: int, total: int, config: ReplayConfig, result: ReplayResult) -> None:
                 if as_json:
                     return
@@ -330,26 +336,23 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
                                f"{share(result.retention.retention if result.retention else None)}")
                 else:
                     figures = f"failed at step {result.steps}: {result.error}"
-                click.echo(f"[{finished}/{total}] {result.run_id or '-'} {config.label()}: {figures}", err=True)
+                name = names.get(id(config), config.label())
+                click.echo(f"[{finished}/{total}] {result.run_id or '-'} {name}: {figures}", err=True)
 
             results = asyncio.run(run_sweep(conv, grid, store, concurrency, on_done=report))
             table = [{**r.summary(), "config": config.label()} for config, r in zip(grid, results)]
             if as_json:
                 click.echo(json.dumps({"runs": table}))
             else:
-                from .experiments import labels
-
-                # What varies names each row (the whole configuration is in the runs' labels).
                 click.echo(f"{'run':<24} {'compr':>7} {'retention':>9} {'status':>10}  configuration")
-                names = labels([c.to_json() for c in grid]) if len(grid) > 1 else [grid[0].label()]
-                for name, result in zip(names, results):
+                for name, result in zip(short, results):
                     row = result.summary()
                     done = result.status == "completed"
                     click.echo(f"{row['run_id'] or '-':<24} {ratio(row['compression'] if done else None):>7} "
                                f"{share(row.get('retention')):>9} {row['status']:>10}  {name}")
                 failed = [(c, r) for c, r in zip(grid, results) if r.status != "completed"]
                 for config, result in failed:
-                    click.echo(f"failed: {config.label()}: {result.error}", err=True)
+                    click.echo(f"failed: {names.get(id(config), config.label())}: {result.error}", err=True)
                 if failed:
                     click.echo(f"{len(failed)} of {len(grid)} configurations failed", err=True)
         except KeyboardInterrupt:
@@ -470,22 +473,31 @@ def _print_report(data: dict[str, Any]) -> None:
     def ci(pair) -> str:
         return f"[{share(pair[0], 3)}, {share(pair[1], 3)}]" if pair else MISSING
 
-    click.echo(f"experiment {data['experiment_id']} ({data['status_text']}): "
-               f"{count(len(data['conversations']), 'conversation')} of {short_path(data['dataset'])}, "
-               f"{display(data['elapsed_s'])} s")
-    width = min(36, max([len("configuration"), *(len(c["label"]) for c in data["configs"])]))
+    import textwrap
+
+    click.echo(textwrap.fill(f"experiment {data['experiment_id']} ({data['status_text']}): "
+                             f"{count(len(data['conversations']), 'conversation')} of {short_path(data['dataset'])}, "
+                             f"{display(data['elapsed_s'])} s", 100, subsequent_indent="    "))
+    # A label longer than the column is written on a line of its own above its figures (cut, two
+    # labels could read the same; in full, the table would not fit 100 columns).
+    width = len("configuration")
     click.echo(f"{'configuration':<{width}} {'done':>4} {'failed':>6} {'probes':>6} {'retention':>9} {'95% CI':>14} "
                f"{'compr':>6} {'vs recency':>10} {'blind spot':>10} {'calls':>5} {'cost':>7}")
     for c in data["configs"]:
         blind = MISSING if c["blind_spot_tokens"] is None else f"{tokens(c['blind_spot_tokens'])} tok"
-        click.echo(f"{c['label'][:width]:<{width}} {c['runs']:>4} {c['failed']:>6} {c['probes']:>6} "
+        label = c["label"]
+        if len(label) > width:
+            click.echo(label)
+            label = ""
+        click.echo(f"{label:<{width}} {c['runs']:>4} {c['failed']:>6} {c['probes']:>6} "
                    f"{display(c['retention']):>9} {ci(c['retention_ci95']):>14} {ratio(c['compression']):>6} "
                    f"{display(c['recency_ratio']):>10} {blind:>10} {c['observer_calls'] + c['reflector_calls']:>5,} "
                    f"{money(c['cost_usd']):>7}")
         for error in c["errors"]:
             click.echo(f"    failed: {error}", err=True)
     for comparison in data["comparisons"]:
-        click.echo(f"{comparison['b']} vs {comparison['a']}: {comparison['verdict']}")
+        click.echo(textwrap.fill(f"{comparison['b']} vs {comparison['a']}: {comparison['verdict']}", 100,
+                                 subsequent_indent="    "))
     if data["failed_runs"] and data["status"] == "completed":
         click.echo(f"retry the failed runs with: python -m workbench experiment resume {data['experiment_id']}",
                    err=True)
@@ -680,8 +692,10 @@ def experiment_compare(experiment_id: str, label_a: str | None, label_b: str | N
         click.echo(json.dumps({"a": diff.a, "b": diff.b, "probes": diff.probes, "retention_diff": diff.difference,
                                "ci95": list(diff.ci95) if diff.ci95 else None, "verdict": diff.verdict()}))
     else:
-        click.echo(f"{diff.a} vs {diff.b} on {count(diff.probes, 'shared probe')} ({diff.b} minus {diff.a}): "
-                   f"{diff.verdict()}")
+        import textwrap
+
+        click.echo(textwrap.fill(f"{diff.a} vs {diff.b} on {count(diff.probes, 'shared probe')} ({diff.b} minus "
+                                 f"{diff.a}): {diff.verdict()}", 100, subsequent_indent="    "))
 
 
 @experiment.command("export")
