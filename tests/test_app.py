@@ -1007,6 +1007,14 @@ def test_the_runs_compression_and_the_last_reads_are_told_apart_when_they_differ
     assert app_data.compression_note({**run, "compression": 128_802 / 10_930}, steps) is None  # they agree
     assert app_data.compression_note({**run, "status": "failed"}, steps) is None
 
+    from workbench import charts
+
+    points = pd.DataFrame({"label": ["obs model omem/extractive · obs 150", "b", "c"],
+                           "compression": [2.0, 3.0, 4.0], "retention": [0.8, 0.7, 0.6], "low": [0.7] * 3,
+                           "high": [0.9] * 3})
+    marks = charts.experiment_pareto_chart(points).data[-1]  # the edge labels point inwards, never cut off
+    assert list(marks.textposition) == ["top right", "top center", "top left"] and marks.cliponaxis is False
+
 
 def test_figures_shown_as_text_are_right_aligned_like_numbers(db: Path) -> None:
     run_experiment_in(db, observation=(150, 600))

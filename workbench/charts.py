@@ -157,6 +157,15 @@ def pareto_chart(runs: pd.DataFrame) -> go.Figure:
     return _fit(fig)
 
 
+def _label_sides(x: pd.Series) -> list[str]:
+    """Point labels that stay inside the chart: the leftmost point's to its right, the rightmost's
+    to its left, the others centred (centred at the edges, half of a long label was cut off)."""
+    low, high = float(x.min()), float(x.max())
+    if low == high:
+        return ["top center"] * len(x)
+    return ["top right" if v == low else "top left" if v == high else "top center" for v in x.astype(float)]
+
+
 def experiment_pareto_chart(points: pd.DataFrame) -> go.Figure:
     """Pooled retention (with its 95% CI as error bars) vs compression, one point per configuration
     of an experiment; the Pareto front drawn first, under the points, and never hovered."""
@@ -167,7 +176,8 @@ def experiment_pareto_chart(points: pd.DataFrame) -> go.Figure:
                         line=dict(color="#d63031", dash="dot", width=2), hoverinfo="skip")
         fig.add_scatter(
             x=points.compression, y=points.retention, mode="markers+text", name="configurations",
-            text=[_esc(v) for v in points.label], textposition="top center", customdata=points.label,
+            text=[_esc(v) for v in points.label], textposition=_label_sides(points.compression), cliponaxis=False,
+            customdata=points.label,
             error_y=dict(type="data", symmetric=False, array=(points.high - points.retention).clip(lower=0),
                          arrayminus=(points.retention - points.low).clip(lower=0), color="#636e72", thickness=1.2),
             marker=dict(size=13, color=COLORS["window"], line=dict(width=1, color="white")),

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 
 from . import app_data, charts
 from .analysis import narrate
-from .formatting import MISSING, count, display, missing, number, ratio, share, short_path
+from .formatting import MISSING, count, display, missing, ratio, share, short_path, tokens
 
 _STYLE = """
 body { font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif; margin: 2rem auto;
@@ -143,7 +143,7 @@ def run_html(store: Any, run_id: str) -> str:
         ("Compression" + ("" if done else " (partial)"), ratio(run.get("compression"))),
         ("Facts retained", MISSING if missing(run.get("retention")) else f"{float(run['retention']):.0%}"),
         ("Model calls", display(calls_made)),
-        ("Blind-spot tokens (mean)", number(run.get("blind_spot_tokens"), 0)),
+        ("Blind-spot tokens (mean)", tokens(run.get("blind_spot_tokens"))),
         ("Messages", display(run.get("messages"))),
     ])
     if not steps.empty:
@@ -153,6 +153,9 @@ def run_html(store: Any, run_id: str) -> str:
         thresholds = charts.thresholds_chart(steps, config["observation_threshold"], config["reflection_threshold"],
                                              calls=calls)
         thresholds.update_xaxes(range=[0, last])
+        note = app_data.compression_note(run, steps)
+        if note:  # the chart's last-read figure differs from the headline's
+            page.text("p", note, "meta")
         page.chart(volumes)
         page.chart(thresholds)
         page.text("h2", "What happened")

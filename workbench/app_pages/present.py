@@ -38,6 +38,9 @@ big[1].metric("Facts retained", fmt.MISSING if fmt.missing(run["retention"]) els
               help="Share of probe answers still visible to the agent at the end (completed runs only)")
 calls = [run["observer_calls"], run["reflector_calls"]]
 big[2].metric("Model calls", fmt.display(sum(0 if fmt.missing(c) else int(c) for c in calls)))
+end_note = app_data.compression_note(run, steps)
+if end_note:
+    st.caption(ui.plain(end_note))
 
 passes = app_data.pass_steps(steps)
 
