@@ -519,7 +519,7 @@ def calls_table(calls: pd.DataFrame) -> pd.DataFrame:
         "call": calls.seq.astype(int), "step": calls.step, "stage": calls.stage, "model": calls.model,
         "prompt": calls.prompt_version, "tokens in": calls.input_tokens.map(tokens),
         "tokens out": calls.output_tokens.map(tokens),
-        "latency (ms)": calls.latency_ms.map(lambda v: MISSING if missing(v) else f"{float(v):.0f}"),
+        "latency (ms)": calls.latency_ms.map(tokens),  # (whole milliseconds, with separators)
         "cost": calls.cost_usd.map(lambda v: money(v, 6)),
         "cache hit": calls.cache_hit.map(lambda v: MISSING if missing(v) else ("yes" if bool(v) else "no")),
         "attempts": calls.attempts if "attempts" in calls else 1,

@@ -129,7 +129,8 @@ def volumes_chart(steps: pd.DataFrame, step: int | None = None) -> go.Figure:
         times = last.history_tokens / last.context_tokens if last.context_tokens else 1.0
         right_half = float(last.step) > float(steps.step.max()) / 2
         fig.add_annotation(x=last.step, y=last.context_tokens,
-                           text=f"{fmt.ratio(times)} compression at step {int(last.step)}", showarrow=True, arrowhead=2, ax=-20 if right_half else 20, ay=-30,
+                           text=f"{fmt.ratio(times)} compression at step {int(last.step)}", showarrow=True,
+                           arrowhead=2, ax=-20 if right_half else 20, ay=-30,
                            xanchor="right" if right_half else "left")  # the label stays inside the plot
     _marker_line(fig, step)
     return _layout(fig, "Token volumes", "tokens")

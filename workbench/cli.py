@@ -107,7 +107,8 @@ def _print_summary(result: ReplayResult, probes: int | None = None) -> None:
         from .app_data import category_name
 
         for category, figures in s["retention_per_category"].items():
-            click.echo(f"    {category_name(category):>26}: memory {share(figures['memory'])}  full {share(figures['full_history'])}  "
+            click.echo(f"    {category_name(category):>26}: memory {share(figures['memory'])}  "
+                       f"full {share(figures['full_history'])}  "
                        f"window {share(figures['window_only'])}  recent {share(figures['recent_tokens'])}  "
                        f"({count(int(figures['probes']), 'probe')})")
     click.echo(f"  elapsed {s['elapsed_s']:.2f} s")

@@ -227,12 +227,6 @@ def outcome_message(experiment_id: str, outcome: ExperimentOutcome) -> tuple[str
         f". {outcome.error}" if outcome.error else ".")
 
 
-def completed_pairs_of(store: Any, experiment_id: str) -> int:
-    """How many runs of the experiment completed (one per conversation × configuration at most)."""
-    runs = store.experiment_runs(experiment_id)
-    return 0 if runs.empty else int((runs.status == "completed").sum())
-
-
 def _clear_unfinished(store: Any, experiment_id: str) -> None:
     """Runs of the experiment that did not complete are replaced by the resume's new runs."""
     runs = store.experiment_runs(experiment_id)
@@ -406,7 +400,7 @@ async def run_experiment(store: Any, experiment_id: str, *, progress: Callable[[
             await _run_in_processes(runnable, options, dataset, dataset_format, extra, folder, write)
         elif runnable:
             await _run_in_tasks(runnable, options, dataset, dataset_format, extra, folder, write, add_cost, stop)
-        if state["done"] and state["failed"] == state["done"] and not stop.is_set() and not completed_pairs_of(
+        if state["done"] and state["failed"] == state["done"] and not stop.is_set() and not _any_completed(
                 store, experiment_id):  # (a resume whose retries all failed keeps the runs completed before)
             status, error = "failed", "no run completed (each configuration's error is listed with it)"
         if stop.is_set():
@@ -425,6 +419,10 @@ async def run_experiment(store: Any, experiment_id: str, *, progress: Callable[[
     elapsed = time.perf_counter() - started
     store.finish_experiment(experiment_id, status, error, elapsed)
     return ExperimentOutcome(experiment_id, status, error, elapsed, state["done"], state["failed"], state["cost"])
+
+
+def _any_completed(store: Any, experiment_id: str) -> bool:
+    return bool((store.experiment_runs(experiment_id).status == "completed").any())
 
 
 def _spent(store: Any, experiment_id: str) -> float:

@@ -136,5 +136,5 @@ def runs_table(frame: Any) -> Any:
     return shown.astype(object).map(lambda v: MISSING if missing(v) else v)
 
 
-__all__ = ["MISSING", "count", "display", "fixed", "missing", "money", "tokens", "number", "progress", "ratio", "runs_table",
-           "share", "short_path"]
+__all__ = ["MISSING", "count", "display", "fixed", "missing", "money", "tokens", "number", "progress", "ratio",
+           "runs_table", "share", "short_path"]
