@@ -29,8 +29,8 @@ if mode == "An experiment":
             f"{fmt.count(len(experiment['configs']), 'configuration')} · {experiment['status']}")
     failed = app_data.failed_configs(runs)
     if not failed.empty:  # never just fewer points: say which configurations did not finish, and why
-        st.warning(f"{fmt.count(len(failed), 'run')} did not complete; their configurations are drawn from the "
-                   "runs that did, or not at all:")
+        st.warning(f"{fmt.count(len(failed), 'run')} did not complete (listed below). Each configuration's "
+                   "figures pool only its completed runs; a configuration with none is not drawn.")
         st.dataframe(failed, hide_index=True, key="tune_xp_failed")
     points = app_data.pareto_points(summaries)
     if points.empty:
