@@ -240,7 +240,7 @@ def test_a_sweep_lists_failed_configurations_with_their_error(tmp_path, monkeypa
                             "--observation-threshold", "40", "--reflection-threshold", "60", "--last-messages", "2",
                             "--db", str(tmp_path / "r.duckdb"))
     assert code == 1  # not every configuration finished
-    assert "failed: gpt-4o-mini / omem/extractive" in err and "missing OPENAI_API_KEY" in err
+    assert "failed: obs model gpt-4o-mini: cannot replay" in err and "missing OPENAI_API_KEY" in err
     assert "1 of 2 configurations failed" in err
     rows = [line for line in out.splitlines()[1:] if line.strip()]
     assert len(rows) == 2 and sum("completed" in r for r in rows) == 1 and sum("failed" in r for r in rows) == 1
