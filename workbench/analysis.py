@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from .formatting import display, money, progress, ratio, share  # noqa: F401  (display: re-exported for the app and CLI)
+from .formatting import display, money, progress, ratio, share  # noqa: F401  (display: re-exported)
 from .runstore import RunStore
 
 SUMMARY_ROWS = [

@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -80,10 +81,9 @@ def _progress_printer(label: str, quiet: bool):
     return progress
 
 
-def _fmt(value: Any, digits: int = 3) -> str:
-    from .formatting import number
-
-    return number(value, digits)
+def _echo_wrapped(text: str, *, first: str = "", rest: str = "    ", err: bool = False) -> None:
+    """``text`` wrapped at 100 columns (``first`` before its first line, ``rest`` before the others)."""
+    click.echo(textwrap.fill(text, 100, initial_indent=first, subsequent_indent=rest), err=err)
 
 
 def _print_summary(result: ReplayResult, probes: int | None = None) -> None:
@@ -254,10 +254,8 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
 
             _print_summary(result, len(conv.probes))
             calls = store.model_calls(result.run_id) if result.run_id else None
-            import textwrap
-
             for note in findings(pd.DataFrame(result.step_rows), config.observation_threshold, calls):
-                click.echo(textwrap.fill(note, 100, initial_indent="  note: ", subsequent_indent="        "))
+                _echo_wrapped(note, first="  note: ", rest="        ")
 
 
 def _run_judge(store, result, conv, config, answerer, judge, yes, quiet) -> None:
@@ -474,11 +472,9 @@ def _print_report(data: dict[str, Any]) -> None:
     def ci(pair) -> str:
         return f"[{share(pair[0], 3)}, {share(pair[1], 3)}]" if pair else MISSING
 
-    import textwrap
-
-    click.echo(textwrap.fill(f"experiment {data['experiment_id']} ({data['status_text']}): "
-                             f"{count(len(data['conversations']), 'conversation')} of {short_path(data['dataset'])}, "
-                             f"{display(data['elapsed_s'])} s", 100, subsequent_indent="    "))
+    _echo_wrapped(f"experiment {data['experiment_id']} ({data['status_text']}): "
+                  f"{count(len(data['conversations']), 'conversation')} of {short_path(data['dataset'])}, "
+                  f"{display(data['elapsed_s'])} s")
     # A label longer than the column is written on a line of its own above its figures (cut, two
     # labels could read the same; in full, the table would not fit 100 columns).
     width = len("configuration")
@@ -497,8 +493,7 @@ def _print_report(data: dict[str, Any]) -> None:
         for error in c["errors"]:
             click.echo(f"    failed: {error}", err=True)
     for comparison in data["comparisons"]:
-        click.echo(textwrap.fill(f"{comparison['b']} vs {comparison['a']}: {comparison['verdict']}", 100,
-                                 subsequent_indent="    "))
+        _echo_wrapped(f"{comparison['b']} vs {comparison['a']}: {comparison['verdict']}")
     if data["failed_runs"] and data["status"] == "completed":
         click.echo(f"retry the failed runs with: python -m workbench experiment resume {data['experiment_id']}",
                    err=True)
@@ -693,10 +688,8 @@ def experiment_compare(experiment_id: str, label_a: str | None, label_b: str | N
         click.echo(json.dumps({"a": diff.a, "b": diff.b, "probes": diff.probes, "retention_diff": diff.difference,
                                "ci95": list(diff.ci95) if diff.ci95 else None, "verdict": diff.verdict()}))
     else:
-        import textwrap
-
-        click.echo(textwrap.fill(f"{diff.a} vs {diff.b} on {count(diff.probes, 'shared probe')} ({diff.b} minus "
-                                 f"{diff.a}): {diff.verdict()}", 100, subsequent_indent="    "))
+        _echo_wrapped(f"{diff.a} vs {diff.b} on {count(diff.probes, 'shared probe')} ({diff.b} minus {diff.a}): "
+                      f"{diff.verdict()}")
 
 
 @experiment.command("export")

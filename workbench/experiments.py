@@ -35,6 +35,7 @@ import pandas as pd
 
 from .datasets import load_conversation, list_conversations
 from .errors import WorkbenchError
+from .formatting import count
 from .losses import STAGES, funnel
 from .stats import bootstrap_ci, paired_difference
 
@@ -210,14 +211,14 @@ def status_text(status: str, failed: int, planned: int) -> str:
     """An experiment's status as people read it: ``completed`` only when every run completed;
     a grid that finished with failed runs says how many (``completed; 1 of 4 runs failed``)."""
     if failed and status == "completed":
-        return f"completed; {failed} of {planned} run{'s' if planned != 1 else ''} failed"
+        return f"completed; {failed} of {count(planned, 'run')} failed"
     return status
 
 
 def outcome_message(experiment_id: str, outcome: ExperimentOutcome) -> tuple[str, str]:
     """``(kind, sentence)`` for the app's banner after a start or a resume: ``success`` only when
     every run replayed completed; ``warning`` when some failed; ``error`` when none did or it stopped."""
-    runs = f"{outcome.runs} run{'s' if outcome.runs != 1 else ''} replayed in {outcome.elapsed_s:.1f} s"
+    runs = f"{count(outcome.runs, 'run')} replayed in {outcome.elapsed_s:.1f} s"
     if outcome.status == "completed" and not outcome.failed:
         return "success", f"{experiment_id} completed: {runs}."
     failed = f"{outcome.failed} of them did not complete (listed below with their errors)"
