@@ -236,7 +236,7 @@ def test_labels_name_only_what_varies() -> None:
     grid = [ReplayConfig(observation_threshold=o, reflection_threshold=r).to_json() for o in (500, 1000)
             for r in (1000, 2000)]
     assert ex.labels(grid) == ["obs 500 · ref 1000", "obs 500 · ref 2000", "obs 1000 · ref 1000", "obs 1000 · ref 2000"]
-    assert ex.labels(grid[:1]) == ["config"]
+    assert ex.labels(grid[:1]) == ["obs 500 · ref 1000 · window 10"]  # one configuration: what it is
 
 
 def test_the_judge_grades_abstention_probes_by_declining() -> None:
