@@ -1049,3 +1049,15 @@ def test_the_step_narration_counts_in_english() -> None:
     assert "1 older message was condensed: the observer wrote 1 line" in said and "2.5x smaller" in said
     records = records.assign(source_ids=['["m1", "m2"]'], text=["- a\n- b"])
     assert "2 older messages were condensed: the observer wrote 2 lines" in narrate(row, None, records)
+
+
+def test_a_sidebar_picker_writes_its_cut_choice_out_in_full(db: Path) -> None:
+    """The sidebar's select box cuts a run's label after about 35 characters (conversation ·
+    thresholds · …): the whole label, figures and id included, is written under it as text."""
+    from workbench import ui
+
+    at = app("traces")
+    run = store(db).runs().iloc[0]
+    whole = ui.run_label(run)
+    assert len(whole) > ui.SIDEBAR_FITS and str(run.run_id) in whole
+    assert [c.value for c in at.sidebar.caption] == [ui.plain(whole)]

@@ -348,7 +348,18 @@ def run_picker(store: RunStore, label: str, key: str, *, default: str | None = N
     # opens on a failed run's "no steps" unless that run was asked for.
     done = [i for i, status in enumerate(runs.status) if status == "completed"]
     index = ids.index(default) if default in ids else (done[0] if done else 0)
-    return box.selectbox(label, ids, index=index, format_func=labels.get, key=key)
+    picked = box.selectbox(label, ids, index=index, format_func=labels.get, key=key)
+    whole_label(box, labels.get(picked))
+    return picked
+
+
+SIDEBAR_FITS = 30  # characters of a label the sidebar's select box shows before it cuts the rest
+
+
+def whole_label(box, text: str | None) -> None:
+    """Under a picker in the sidebar, its choice written out in full when the select box would cut it."""
+    if box is st.sidebar and text and len(text) > SIDEBAR_FITS:
+        box.caption(plain(text))
 
 
 def open_run(run_id: str) -> None:
@@ -380,6 +391,7 @@ def experiment_picker(store: RunStore, label: str, key: str, *, container=None) 
     elif st.session_state.get(key) not in ids:  # none opened yet, or deleted meanwhile
         st.session_state[key] = ids[0]
     picked = box.selectbox(label, ids, format_func=labels.get, key=key, on_change=_open_experiment, args=(key,))
+    whole_label(box, labels.get(picked))
     st.session_state[EXPERIMENT_KEY] = picked
     return picked
 

@@ -36,7 +36,9 @@ def experiment_comparison() -> None:
         if st.session_state.get(key) not in labels:
             st.session_state[key] = fallback
     a = st.sidebar.selectbox("Configuration A", labels, key="cmp_xp_a")
+    ui.whole_label(st.sidebar, a)
     b = st.sidebar.selectbox("Configuration B", labels, key="cmp_xp_b")
+    ui.whole_label(st.sidebar, b)
     conversations = experiment["conversations"]
     conversation = st.sidebar.selectbox("Conversation (charts and memories)", conversations, key="cmp_xp_conv") \
         if len(conversations) > 1 else conversations[0]
