@@ -549,6 +549,9 @@ def test_launch_an_experiment_then_tune_compare_grid_and_a_trace(db: Path) -> No
     run_600 = runs[runs.config_label == "obs 600"].run_id.iloc[0]
     at.sidebar.radio(key="cmp_mode").set_value("Pick two stored runs").run()
     at.sidebar.selectbox(key="cmp_a_pick").set_value(run_600).run()
+    assert not at.exception, at.exception
+    figures = next(d.value for d in at.dataframe if "configuration" in d.value.index)
+    assert figures.loc["configuration"].iloc[0] == "obs 600"  # a run's name in its experiment stays
     stored = next(json.loads(c.proto.spec) for c in at.get("plotly_chart")
                   if json.loads(c.proto.spec)["layout"]["title"]["text"] == "A: thresholds and passes")
     assert trace(stored, "observe pass")["y"] == passes
@@ -1061,3 +1064,36 @@ def test_a_sidebar_picker_writes_its_cut_choice_out_in_full(db: Path) -> None:
     whole = ui.run_label(run)
     assert len(whole) > ui.SIDEBAR_FITS and str(run.run_id) in whole
     assert [c.value for c in at.sidebar.caption] == [ui.plain(whole)]
+
+
+def test_the_backlog_ceiling_is_set_and_shown_in_the_app(db: Path) -> None:
+    """The opt-in backlog ceiling, until now only in the CLI: a grid of ceilings on the Experiments
+    page (a bad one named), one in Compare's form, and the setting shown wherever a run's
+    configuration is (a run with a ceiling never reads like one without)."""
+    at = app("experiments")
+    at.text_input(key="xp_obs").set_value("150")
+    at.text_input(key="xp_backlog").set_value("off, lots").run()
+    assert any("Backlog ceilings" in e.value and "lots" in e.value for e in at.error)
+    assert at.button(key="xp_start").disabled
+    at.text_input(key="xp_backlog").set_value("off, 400").run()
+    at.button(key="xp_start").click().run()
+    assert not at.exception, at.exception
+    s = store(db)
+    [experiment_id] = list(s.experiments().experiment_id)
+    runs = s.experiment_runs(experiment_id)
+    assert sorted(runs.config_label) == ["max backlog 400", "max backlog off"]
+    assert sorted(json.loads(c).get("max_backlog") or 0 for c in runs.config) == [0, 400]
+
+    at.switch_page(PAGES.format("compare")).run()
+    at.sidebar.radio(key="cmp_mode").set_value("Run two configurations").run()
+    at.number_input(key="cmp_b_backlog").set_value(200)
+    at.button(key="cmp_run").click().run()
+    assert not at.exception, at.exception
+    a, b = (s.run(r) for r in store(db).runs().run_id[1::-1])
+    assert a["config"].get("max_backlog") is None and b["config"]["max_backlog"] == 200
+    table = at.dataframe[0].value
+    assert table.loc["max backlog"].tolist() == ["off", "200"]
+    assert "configuration" not in table.index  # the default label restating every row above is gone
+    assert "max backlog 200" in app_data.config_sentence(b["config"]) and \
+        "backlog" not in app_data.config_sentence(a["config"])
+    assert "max backlog 200" in app_data.short_config(b) and "backlog" not in app_data.short_config(a)

@@ -60,6 +60,7 @@ def config_rows(config: dict[str, Any]) -> dict[str, Any]:
         "token counter": config.get("token_counter"),
         "observer prompt": (config.get("observer_prompt") or {}).get("version"),
         "reflector prompt": (config.get("reflector_prompt") or {}).get("version"),
+        "max backlog": config.get("max_backlog") or "off",
     }
 
 

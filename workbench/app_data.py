@@ -176,6 +176,25 @@ def parse_values(text: str, kind: type = int) -> list[Any]:
     return values
 
 
+def parse_backlogs(text: str) -> list[int | None]:
+    """Comma-separated backlog ceilings in tokens, ``off`` (or ``none``) for none; ``[None]`` when
+    empty (``ValueError`` says what is wrong)."""
+    values: list[int | None] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        if part.lower() in ("off", "none"):
+            value = None
+        else:
+            try:
+                value = int(part)
+            except ValueError:
+                raise ValueError(f"expected token counts or 'off', got {part!r}") from None
+            if value < 1:
+                raise ValueError(f"{value} must be positive (or 'off')")
+        if value not in values:
+            values.append(value)
+    return values or [None]
+
+
 def summary_table(summaries: Sequence[Any]) -> pd.DataFrame:
     """One row per configuration: the experiment's pooled figures as people read them."""
     rows = []
@@ -251,7 +270,7 @@ def config_table(configs: Sequence[dict[str, Any]]) -> pd.DataFrame:
                      "reflection threshold": c.get("reflection_threshold"), "window": c.get("last_messages"),
                      "observer prompt": (c.get("observer_prompt") or {}).get("version"),
                      "reflector prompt": (c.get("reflector_prompt") or {}).get("version"),
-                     "token counter": c.get("token_counter")})
+                     "token counter": c.get("token_counter"), "max backlog": c.get("max_backlog") or "off"})
     return clean(pd.DataFrame(rows))
 
 
@@ -635,6 +654,8 @@ def config_sentence(config: dict[str, Any], label: str | None = None) -> str:
             f"{config.get('observation_threshold')} · reflection threshold {config.get('reflection_threshold')} · "
             f"window {config.get('last_messages')} · prompts {prompt_of(config, 'observer')[0]}/"
             f"{prompt_of(config, 'reflector')[0]}")
+    if config.get("max_backlog"):
+        text += f" · max backlog {config['max_backlog']}"
     return f"{label}: {text}" if label and not missing(label) else text
 
 
@@ -664,6 +685,8 @@ def short_config(run: Any) -> str:
         text += " · no reflector"
     elif reflector != observer:
         text += f" · reflector {reflector}"
+    if config.get("max_backlog"):
+        text += f" · max backlog {config['max_backlog']}"
     return text if observer.startswith("omem/") else f"{observer} · {text}"
 
 

@@ -580,16 +580,12 @@ def experiment_run(dataset, fmt, conversations, observation, reflection, windows
 
 
 def _backlogs(text: str) -> list[int | None]:
-    values: list[int | None] = []
-    for part in (p.strip() for p in text.split(",") if p.strip()):
-        if part.lower() in ("off", "none"):
-            values.append(None)
-            continue
-        try:
-            values.append(int(part))
-        except ValueError:
-            raise click.BadParameter(f"expected token counts or 'off', got {part!r}", param_hint="--max-backlog") from None
-    return values or [None]
+    from .app_data import parse_backlogs
+
+    try:
+        return parse_backlogs(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--max-backlog") from None
 
 
 def _finish_experiment(store, experiment_id: str, as_json: bool) -> None:

@@ -276,6 +276,10 @@ def config_form(store: RunStore, prefix: str, conversation: Conversation | None,
     reflection = box.number_input("Reflection threshold (tokens)", 10, 200_000, ref_default, step=50,
                                   key=f"{prefix}_ref_{ref_default}")
     window = box.number_input("Window (last messages)", 1, 200, 10, key=f"{prefix}_window")
+    backlog = box.number_input("Backlog ceiling (tokens, 0 = off)", 0, 1_000_000, 0, step=500,
+                               key=f"{prefix}_backlog",
+                               help="Opt-in: past this many tokens waiting to be observed, the observer takes "
+                                    "larger segments until the backlog is under it again.")
     counter = box.selectbox("Token counter", TOKEN_COUNTERS, key=f"{prefix}_counter")
     observer_prompts = prompt_choices(store, "observer")
     reflector_prompts = prompt_choices(store, "reflector")
@@ -285,7 +289,7 @@ def config_form(store: RunStore, prefix: str, conversation: Conversation | None,
         observer=observer, reflector=None if reflector == "none" else reflector,
         observation_threshold=int(observation), reflection_threshold=int(reflection), last_messages=int(window),
         token_counter=counter, observer_prompt=observer_prompts[observer_prompt],
-        reflector_prompt=reflector_prompts[reflector_prompt],
+        reflector_prompt=reflector_prompts[reflector_prompt], max_backlog=int(backlog) or None,
     )
 
 

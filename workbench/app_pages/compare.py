@@ -221,6 +221,14 @@ if info_a["conversation_id"] != info_b["conversation_id"]:
 
 st.subheader("Figures")
 table = analysis.comparison_shown(analysis.compare_runs(store, run_a, run_b))
+# Each setting has a row of its own: the label restating them all only ran past the column's edge.
+# A run's own name (its experiment's label for it, or one given at replay) stays.
+names = [app_data.run_name(info) for info in (info_a, info_b)]
+if any(names):
+    for column, name in zip(table.columns, names):
+        table.at["configuration", column] = fmt.display(name)
+else:
+    table = table.drop(index="configuration")
 table.columns = [f"A · {run_a}", f"B · {run_b}"] if run_a != run_b else [f"A · {run_a}"]
 ui.figures(table, key="cmp_table", height=35 * (len(table) + 1) + 3,
            column_config={"_index": st.column_config.Column(width="medium")})  # row names read whole

@@ -75,6 +75,9 @@ with st.expander("New experiment", expanded=existing.empty):
                                      help="Offline replays run in worker processes; remote ones as parallel calls")
     max_cost = left.number_input("Cost limit (USD, 0 for none)", 0.0, 10_000.0, 0.0, step=1.0, key="xp_max_cost")
     name = middle.text_input("Name (optional)", key="xp_name")
+    backlog_text = right.text_input("Backlog ceilings (tokens, or off)", "off", key="xp_backlog",
+                                    help="Opt-in, comma-separated: past a ceiling the observer takes larger "
+                                         "segments until the backlog is under it again. 'off, 2000' compares both.")
 
     problems, grid = [], []
     values = {}
@@ -84,6 +87,10 @@ with st.expander("New experiment", expanded=existing.empty):
             values[label] = app_data.parse_values(text)
         except ValueError as exc:
             problems.append(f"{label}: {exc}")
+    try:
+        backlogs = app_data.parse_backlogs(backlog_text)
+    except ValueError as exc:
+        problems.append(f"Backlog ceilings: {exc}")
     if not observers or not reflectors or not picked_op or not picked_rp:
         problems.append("choose at least one observer, reflector and prompt of each kind")
     if not problems:
@@ -92,7 +99,8 @@ with st.expander("New experiment", expanded=existing.empty):
                                observation=values["Observation thresholds"],
                                reflection=values["Reflection thresholds"], windows=values["Windows"],
                                observer_prompts=[observer_prompts[v] for v in picked_op],
-                               reflector_prompts=[reflector_prompts[v] for v in picked_rp], token_counter=counter)
+                               reflector_prompts=[reflector_prompts[v] for v in picked_rp], token_counter=counter,
+                               max_backlogs=backlogs)
         except WorkbenchError as exc:
             problems.append(str(exc))
     for problem in problems:
