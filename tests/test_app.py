@@ -454,7 +454,7 @@ def test_no_page_shows_nan(db: Path, monkeypatch) -> None:
 # -- experiments ---------------------------------------------------------------------------------------
 
 def run_experiment_in(db: Path, observation=(150, 600), observers=("omem/extractive",), dataset=PROJECT_DEMO,
-                      status: str | None = None) -> str:
+                      status: str | None = None, backlogs=(None,)) -> str:
     """An experiment recorded through the engine (in-process, concurrency 1)."""
     import asyncio
 
@@ -463,7 +463,7 @@ def run_experiment_in(db: Path, observation=(150, 600), observers=("omem/extract
 
     grid = config_grid(observers=list(observers), reflectors=["omem/extractive"], observation=list(observation),
                        reflection=[600], windows=[10], observer_prompts=[BUILTIN_PROMPTS["observer"][0]],
-                       reflector_prompts=[BUILTIN_PROMPTS["reflector"][0]])
+                       reflector_prompts=[BUILTIN_PROMPTS["reflector"][0]], max_backlogs=list(backlogs))
     with RunStore(db) as s:
         experiment_id = create_experiment(s, dataset=dataset, grid=grid, options=ExperimentOptions(concurrency=1))
         if status is None:
@@ -1097,3 +1097,27 @@ def test_the_backlog_ceiling_is_set_and_shown_in_the_app(db: Path) -> None:
     assert "max backlog 200" in app_data.config_sentence(b["config"]) and \
         "backlog" not in app_data.config_sentence(a["config"])
     assert "max backlog 200" in app_data.short_config(b) and "backlog" not in app_data.short_config(a)
+
+
+def test_a_threshold_heatmap_never_averages_configurations_that_differ_otherwise(db: Path) -> None:
+    """A grid of thresholds × backlog ceilings (or models, prompts, windows): each heatmap draws one
+    combination of the other settings, picked above it, never the mean of two configurations."""
+    experiment_id = run_experiment_in(db, observation=(150, 600), backlogs=(None, 151))
+    retention = {s.label: s.retention for s in ex.summarise(store(db), experiment_id)}
+    assert retention["obs 150 · max backlog off"] != retention["obs 150 · max backlog 151"]
+    at = app("tune")
+    picker = at.selectbox(key="tune_xp_settings")
+    assert picker.options == ["max backlog off", "max backlog 151"]
+    for setting in picker.options:
+        at.selectbox(key="tune_xp_settings").set_value(setting).run()
+        heat = next(f for f in (json.loads(c.proto.spec) for c in at.get("plotly_chart"))
+                    if f["layout"]["title"]["text"].startswith("retention by thresholds"))
+        assert heat["layout"]["title"]["text"] == f"retention by thresholds · {setting}"
+        assert heat["data"][0]["x"] == ["150", "600"]
+        assert heat["data"][0]["z"] == [[retention[f"obs {o} · {setting}"] for o in (150, 600)]]
+    # The exported page draws one pair per combination, titled with it.
+    from workbench import export_html
+
+    page = export_html.experiment_html(store(db), experiment_id)
+    assert page.count("retention by thresholds · max backlog off") == 1
+    assert page.count("retention by thresholds · max backlog 151") == 1

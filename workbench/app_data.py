@@ -237,13 +237,19 @@ def pareto_points(summaries: Sequence[Any]) -> pd.DataFrame:
 
 
 def threshold_cells(summaries: Sequence[Any]) -> pd.DataFrame:
-    """Per configuration: thresholds, window and the two figures (for the heatmaps)."""
+    """Per configuration: thresholds, the two figures (for the heatmaps) and ``settings``, whatever
+    else varies across the grid (window, models, prompts, backlog ceiling; ``""`` when nothing does).
+    A heatmap draws one value of ``settings``: a cell never averages configurations that differ."""
+    from .experiments import other_settings
+
+    settings = other_settings([s.config for s in summaries])
     rows = [{"observation_threshold": s.config.get("observation_threshold"),
              "reflection_threshold": s.config.get("reflection_threshold"),
-             "window": s.config.get("last_messages"), "retention": s.retention, "compression": s.compression}
-            for s in summaries]
-    return pd.DataFrame(rows, columns=["observation_threshold", "reflection_threshold", "window", "retention",
-                                       "compression"])
+             "window": s.config.get("last_messages"), "settings": other,
+             "retention": s.retention, "compression": s.compression}
+            for s, other in zip(summaries, settings)]
+    return pd.DataFrame(rows, columns=["observation_threshold", "reflection_threshold", "window", "settings",
+                                       "retention", "compression"])
 
 
 def failed_configs(runs: pd.DataFrame) -> pd.DataFrame:

@@ -201,9 +201,10 @@ def pareto_front(data: pd.DataFrame) -> pd.DataFrame:
     return data.loc[keep].sort_values("compression")
 
 
-def heatmap(runs: pd.DataFrame, value: str = "retention") -> go.Figure:
+def heatmap(runs: pd.DataFrame, value: str = "retention", *, settings: str = "") -> go.Figure:
     """Mean ``value`` by observation (x) and reflection (y) threshold, on categorical axes: every
-    threshold tried is one equal cell, whatever its number (150/300/600 are three equal columns)."""
+    threshold tried is one equal cell, whatever its number (150/300/600 are three equal columns).
+    ``settings`` names what the runs share besides the thresholds (in the title)."""
     data = runs.dropna(subset=["observation_threshold", "reflection_threshold"])
     table = data.pivot_table(index="reflection_threshold", columns="observation_threshold", values=value,
                              aggfunc="mean", dropna=False)
@@ -215,7 +216,8 @@ def heatmap(runs: pd.DataFrame, value: str = "retention") -> go.Figure:
                                text=[["" if v is None else cell(v) for v in row] for row in z],
                                texttemplate="%{text}", hoverongaps=False,
                                hovertemplate="observation %{x} · reflection %{y}: %{z:.3f}<extra></extra>"))
-    fig.update_layout(title=f"{value} by thresholds", height=380, margin=dict(l=40, r=20, t=50, b=40))
+    title = f"{value} by thresholds" + (f" · {settings}" if settings else "")
+    fig.update_layout(title=_esc(title), height=380, margin=dict(l=40, r=20, t=50, b=40))
     fig.update_xaxes(type="category", title="observation threshold", categoryorder="array", categoryarray=xs)
     fig.update_yaxes(type="category", title="reflection threshold", categoryorder="array", categoryarray=ys)
     return _fit(fig)

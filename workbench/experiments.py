@@ -122,6 +122,15 @@ _LABEL_PARTS = (
 )
 
 
+def other_settings(configs: Sequence[dict[str, Any]], leave_out: Sequence[str] = ("observation", "reflection")
+                   ) -> list[str]:
+    """Per configuration, what varies across the grid apart from the settings ``leave_out`` names
+    ("window 10 · obs model omem/extractive"); ``""`` for each when nothing else varies."""
+    varying = [(get, fmt) for name, get, fmt in _LABEL_PARTS
+               if name not in leave_out and len({str(get(c)) for c in configs}) > 1]
+    return [" · ".join(fmt.format(get(c)) for get, fmt in varying) for c in configs]
+
+
 def labels(configs: Sequence[dict[str, Any]]) -> list[str]:
     """Short labels naming only what varies across the grid ("obs 500 · ref 1000"); a grid of one
     configuration is named by its thresholds and window ("obs 1000 · ref 2000 · window 10")."""

@@ -98,12 +98,14 @@ def experiment_html(store: Any, experiment_id: str) -> str:
     if not points.empty:
         page.text("h2", "Retention vs compression")
         page.chart(charts.experiment_pareto_chart(points))
-    cells = app_data.threshold_cells(summaries)
-    if cells.observation_threshold.nunique() > 1 or cells.reflection_threshold.nunique() > 1:
-        if cells.retention.notna().any():
-            page.chart(charts.heatmap(cells, "retention"))
-        if cells.compression.notna().any():
-            page.chart(charts.heatmap(cells, "compression"))
+    all_cells = app_data.threshold_cells(summaries)
+    for setting in dict.fromkeys(all_cells.settings):  # a heatmap per combination of the other settings
+        cells = all_cells[all_cells.settings == setting]
+        if cells.observation_threshold.nunique() > 1 or cells.reflection_threshold.nunique() > 1:
+            if cells.retention.notna().any():
+                page.chart(charts.heatmap(cells, "retention", settings=setting))
+            if cells.compression.notna().any():
+                page.chart(charts.heatmap(cells, "compression", settings=setting))
     funnel = app_data.funnel_table(summaries)
     if not funnel.empty and int(funnel.iloc[0].sum()):
         page.text("h2", "Where answers are lost")

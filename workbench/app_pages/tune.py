@@ -50,16 +50,18 @@ if mode == "An experiment":
             st.session_state["cmp_xp_pair"] = (best if best != label else points.label.iloc[0], label)
             st.switch_page("workbench/app_pages/compare.py")
     cells = app_data.threshold_cells(summaries)
-    windows = sorted(cells.window.dropna().unique())
-    if len(windows) > 1:
-        window = st.selectbox("Window", windows, key="tune_xp_window")
-        cells = cells[cells.window == window]
+    settings = list(dict.fromkeys(cells.settings))
+    if len(settings) > 1:  # one heatmap per combination of the other settings: a cell never averages two
+        setting = st.selectbox("Heatmaps for", settings, key="tune_xp_settings",
+                               help="What varies in the grid besides the two thresholds")
+        cells = cells[cells.settings == setting]
     if cells.observation_threshold.nunique() > 1 or cells.reflection_threshold.nunique() > 1:
         left, right = st.columns(2)
+        shared = cells.settings.iloc[0]
         if cells.retention.notna().any():
-            left.plotly_chart(charts.heatmap(cells, "retention"), key="tune_xp_heat_retention")
+            left.plotly_chart(charts.heatmap(cells, "retention", settings=shared), key="tune_xp_heat_retention")
         if cells.compression.notna().any():
-            right.plotly_chart(charts.heatmap(cells, "compression"), key="tune_xp_heat_compression")
+            right.plotly_chart(charts.heatmap(cells, "compression", settings=shared), key="tune_xp_heat_compression")
     st.subheader("Figures per configuration")
     ui.figures(app_data.summary_table(summaries), hide_index=True, key="tune_xp_table")
     categories = {s.label: {app_data.category_name(k): fmt.share(v["retention"], 3) for k, v in s.per_category.items()}
