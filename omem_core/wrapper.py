@@ -398,10 +398,29 @@ class ObservationalMemoryStore:
     async def save_messages(self, messages: Sequence[Message]) -> None:
         """Save through to ``inner``, refusing a message dated before the thread's newest observed
         message (it would sort behind the cursor and never be observed): ``ValueError``, and
-        nothing of the batch is saved. Re-saving a message that is already stored is allowed."""
+        nothing of the batch is saved. Re-saving a message that is already stored is allowed.
+
+        No pass can move the cursor between that check and the save: both happen under the
+        thread's lock in this process, and a batch older than the thread's newest message (the
+        kind a pass can overtake) also holds the thread's short *cursor lease* when the store has
+        leases, which a pass holds only while it checks its segment and saves its record. So the
+        save never waits for a model call; a pass that planned without the message saves nothing
+        (the next read observes it), and one that saved first gets the message refused."""
         batch = [check_message(message) for message in messages]
-        await self._refuse_late(batch)
-        await self.inner.save_messages(batch)
+        # The guards held strongly while in use: the store keeps them weakly.
+        guards = [self._guard(thread_id) for thread_id in sorted({message.thread_id for message in batch})]
+        leased: set[str] = set()
+        while True:
+            async with contextlib.AsyncExitStack() as held:
+                for thread_id in sorted(leased):  # leases before locks, as a pass takes them
+                    await held.enter_async_context(self._cursor_lease(thread_id))
+                for guard in guards:
+                    await held.enter_async_context(guard.lock)
+                out_of_order = await self._refuse_late(batch)
+                if self._leases is None or out_of_order <= leased:
+                    await self.inner.save_messages(batch)
+                    return
+            leased |= out_of_order  # older than the thread's newest: checked again under its lease
 
     async def recall(
         self, thread_id: str, *, last: int, before: str | None = None
@@ -439,6 +458,9 @@ class ObservationalMemoryStore:
             await self.observations.delete_by_thread(thread_id)
             await self.inner.delete_thread(thread_id)
             await self.observations.delete_by_thread(thread_id)
+            # A pass in flight was planned before the delete and will save nothing: a read after
+            # it starts its own pass rather than wait for that one.
+            self._inflight.pop(thread_id, None)
 
     def __getattr__(self, name: str) -> Any:
         # The working-memory capability of ``inner`` passes through unchanged (and is absent
@@ -587,18 +609,21 @@ class ObservationalMemoryStore:
     def _reflect_due(self, plan: _Plan) -> bool:
         return self.reflector is not None and plan.unreflected_volume > self.reflector.threshold
 
-    async def _refuse_late(self, batch: list[Message]) -> None:
+    async def _refuse_late(self, batch: list[Message]) -> set[str]:
         """``ValueError`` if a message of ``batch`` is dated before its thread's newest observed
-        message and is not already stored. Costs one newest-message read per thread and save;
-        more (a page back to the cursor, as a read does) only for an out-of-order message."""
+        message and is not already stored; else the threads where the batch is older than the
+        newest stored message. Costs one newest-message read per thread and save; more (a page
+        back to the cursor, as a read does) only for an out-of-order message."""
         oldest: dict[str, Message] = {}
         for message in batch:
             if message.thread_id not in oldest or message.created_at < oldest[message.thread_id].created_at:
                 oldest[message.thread_id] = message
+        out_of_order: set[str] = set()
         for thread_id, first in oldest.items():
             newest = await self.inner.recall(thread_id, last=1)
             if not newest or first.created_at >= newest[0].created_at:
                 continue  # in time order: the usual case
+            out_of_order.add(thread_id)
             view = view_of(await self._recent_records(thread_id))
             if view.cursor is None:
                 continue
@@ -618,6 +643,7 @@ class ObservationalMemoryStore:
                     f"before the newest observed message {cursor.id!r} ({cursor.created_at.isoformat()}): that "
                     "part of the thread is already condensed, so it would never be observed. Save messages in "
                     f"time order, or date it at or after {cursor.created_at.isoformat()}.")
+        return out_of_order
 
     # -- passes -----------------------------------------------------------------------------
 
@@ -687,6 +713,22 @@ class ObservationalMemoryStore:
         finally:
             renewer.cancel()
             await leases.release_lease(thread_id, self._holder)
+
+    @contextlib.asynccontextmanager
+    async def _cursor_lease(self, thread_id: str) -> AsyncIterator[None]:
+        """Hold the thread's cursor lease, in any process: a pass while it checks its segment and
+        saves its record, an out-of-order save while it checks the cursor and saves its messages.
+        Short (no renewal), apart from the pass's own lease, and a holder of its own each time."""
+        leases = self._leases
+        assert leases is not None
+        key, holder, delay = f"{thread_id}\u0001cursor", f"{self._holder}:{uuid.uuid4().hex[:8]}", 0.02
+        while not await leases.try_lease(key, holder, self.lease_ttl):
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+        try:
+            yield
+        finally:
+            await leases.release_lease(key, holder)
 
     async def _renew(self, leases: Leases, thread_id: str, lease: _Lease) -> None:
         while True:
@@ -873,7 +915,10 @@ class ObservationalMemoryStore:
         """Save ``record`` unless the pass is stale; ``None`` when saved, else why not."""
         guard = plan.guard
         assert guard is not None
-        async with guard.lock:  # a delete in this process takes the same lock
+        async with contextlib.AsyncExitStack() as held:
+            if self._leases is not None:  # an out-of-order save elsewhere takes it too
+                await held.enter_async_context(self._cursor_lease(plan.thread_id))
+            await held.enter_async_context(guard.lock)  # a delete in this process takes the same lock
             if guard.deletes != plan.deletes:
                 return "the thread was deleted during the pass"
             if plan.lease is not None and plan.lease.lost:

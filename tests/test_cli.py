@@ -216,3 +216,66 @@ def test_the_replay_summary_says_which_probes_were_not_scored_and_fits_a_termina
     assert "over 2 probes (1 more without a gold answer: not scored)" in out  # the dataset lists 3
     assert "the same questions on: full history" in out
     assert max(len(line) for line in out.splitlines()) <= 100
+
+
+def test_a_run_another_live_process_is_replaying_is_neither_resumed_nor_deleted(tmp_path) -> None:
+    """Resuming (or deleting) a run that a live process of this host is still replaying would make
+    two writers of one run (duplicate-key crashes, a live run marked interrupted) or leave its rows
+    orphaned: both are refused with who holds it, and nothing is changed. Once that process is
+    gone, the run is interrupted and both work."""
+    import socket
+
+    from workbench.runstore import RunBusy, process_token
+
+    db = str(tmp_path / "busy.duckdb")
+    code, out, _ = invoke("replay", "--dataset", TINY, *SMALL, "--json", "--db", db)
+    run_id = json.loads(out.strip().splitlines()[-1])["run_id"]
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        with RunStore(db) as store:  # the run as a replay in that process leaves it while it runs
+            with store.session() as cur:
+                cur.execute("UPDATE runs SET status = 'running', owner_host = ?, owner_pid = ?, owner_token = ? "
+                            "WHERE run_id = ?", [socket.gethostname(), other.pid, process_token(other.pid), run_id])
+            steps = len(store.steps(run_id))
+        code, _, err = invoke("replay", "--resume", run_id, "--db", db)
+        assert code == 1 and f"still running in process {other.pid}" in err
+        with RunStore(db) as store:
+            with pytest.raises(RunBusy, match=f"being replayed by process {other.pid}"):
+                store.delete_run(run_id)
+            assert store.run(run_id)["status"] == "running" and len(store.steps(run_id)) == steps
+    finally:
+        other.kill()
+        other.wait()
+    with RunStore(db) as store:  # its owner gone: interrupted on this open, then resumable
+        assert store.run(run_id)["status"] == "interrupted"
+    code, _, err = invoke("replay", "--resume", run_id, "--db", db)
+    assert code == 0, err
+    with RunStore(db) as store:
+        assert store.run(run_id)["status"] == "completed"
+        store.delete_run(run_id)
+        assert store.runs().empty
+
+
+async def test_a_run_deleted_while_it_is_replayed_stops_and_leaves_nothing_behind(tmp_path) -> None:
+    """Deleted mid-replay (another session of the app, in this process): the replay stops with an
+    error that says so, instead of writing steps, probes and calls of a run that no longer exists
+    and calling it completed."""
+    from workbench.runstore import RUN_TABLES, RunDeleted
+
+    with RunStore(tmp_path / "gone.duckdb") as store:
+        conv = load_conversation(DEMO_DATASET)
+        run_ids = []
+
+        def progress(done: int, total: int, message: str) -> None:
+            runs = store.runs()
+            if done >= 60 and not run_ids and not runs.empty:
+                run_ids.append(runs.run_id[0])
+                store.delete_run(run_ids[0])
+
+        with pytest.raises(RunDeleted, match="was deleted .* while it was being replayed"):
+            await replay(conv, ReplayConfig(observation_threshold=150, reflection_threshold=600, cache=False),
+                         store, progress=progress, flush_every=5)  # written as it goes, as a slow replay is
+        with store.session() as cur:
+            left = {t: cur.execute(f"SELECT count(*) FROM {t} WHERE run_id = ?", run_ids).fetchall()[0][0]
+                    for t in RUN_TABLES}
+        assert run_ids and set(left.values()) == {0}, left

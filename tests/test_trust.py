@@ -99,6 +99,27 @@ async def test_a_delete_between_the_epoch_and_the_save_in_this_process(shared, s
     assert events[-1].record is None and events[-1].skipped and "deleted" in events[-1].skipped
 
 
+async def test_a_read_after_a_delete_runs_its_own_pass_not_the_stale_one(scripted: Scripted) -> None:
+    """A pass in flight when its thread is deleted saves nothing; a read of the thread's new
+    messages made meanwhile runs its own pass (before, it waited for the stale one and returned
+    no memory although its observation was due)."""
+    store = wrap((InMemoryMemoryStore(), create_in_memory_observation_store()))
+    scripted.gate = asyncio.Event()
+    await store.save_messages([msg(i) for i in range(10)])
+    stale = asyncio.create_task(store.recall("t", last=2))
+    await until_started(scripted)
+    await store.delete_thread("t")
+    await store.save_messages([msg(i, content=f"again {i}") for i in range(10)])
+    fresh = asyncio.create_task(store.recall("t", last=2))
+    await until_started(scripted, 2)
+    scripted.gate.set()
+    await stale
+    got = await fresh
+    assert got[0].role == "system"
+    [record] = await store.observations.list("t")
+    assert record.source_ids == ("m0", "m1", "m2")
+
+
 async def test_delete_guards_do_not_grow_with_deleted_threads(scripted: Scripted) -> None:
     import omem_core.wrapper as wrapper_module
 
@@ -235,6 +256,51 @@ async def test_a_message_saved_inside_the_segment_during_a_pass_is_observed_next
     await store.recall("t", last=2)
     [record] = await store.observations.list("t")
     assert record.source_ids == ("m0", "m1", "inside")
+
+
+class SlowSaves:
+    """An inner store whose ``save_messages`` can be held (as a database round-trip holds it)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.gate, self.holding = inner, None, asyncio.Event()
+
+    async def save_messages(self, messages) -> None:
+        if self.gate is not None:
+            self.holding.set()
+            await self.gate.wait()
+        await self.inner.save_messages(messages)
+
+    async def recall(self, thread_id, *, last, before=None):
+        return await self.inner.recall(thread_id, last=last, before=before)
+
+    async def delete_thread(self, thread_id) -> None:
+        await self.inner.delete_thread(thread_id)
+
+
+async def test_a_pass_cannot_overtake_an_older_message_being_saved(shared, scripted: Scripted, request) -> None:
+    """A message dated inside the next segment, saved while a read runs that segment's pass: the
+    check against the cursor and the insert are one step for every pass, in this process (the
+    thread's lock) and in another (the thread's lease). Before, the pass could save its record
+    between them: the message landed behind the cursor, in neither memory nor window, for good."""
+    inner, observations = shared()
+    saver = wrap((SlowSaves(inner), observations))
+    await saver.save_messages([msg(i) for i in range(10)])
+    # The read in this process, or (SQLite, PostgreSQL) in another one sharing the stores.
+    reader = saver if "memory" in request.node.callspec.id else wrap(shared())
+    saver.inner.gate = asyncio.Event()
+    saving = asyncio.create_task(saver.save_messages([at(1.5, "inside")]))  # between m1 and m2
+    await asyncio.wait_for(saver.inner.holding.wait(), 5)  # checked, and held before the insert
+    reading = asyncio.create_task(reader.recall("t", last=2))  # the pass on m0..m2 is due
+    await asyncio.sleep(0.3)  # time for a pass to finish, were it not kept waiting
+    saver.inner.gate.set()
+    await saving
+    await reading
+    for _ in range(4):
+        await reader.recall("t", last=2)
+    state = await reader.inspect("t", last=2)
+    assert state.late == ()
+    covered = [i for r in await reader.observations.list("t") if r.kind == "observation" for i in r.source_ids]
+    assert covered[:4] == ["m0", "m1", "inside", "m2"]
 
 
 async def test_inspect_reports_messages_behind_the_cursor(shared, scripted: Scripted) -> None:

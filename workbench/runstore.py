@@ -228,6 +228,33 @@ class RunStoreLocked(RunStoreError):
     """The DuckDB file is held read-write by another process (longer than we were willing to wait)."""
 
 
+class RunBusy(RunStoreError):
+    """The run or experiment is being replayed by another live process: it cannot be resumed or
+    deleted from here until that process ends."""
+
+
+class RunDeleted(RunStoreError):
+    """The run was deleted (by another process) while it was being written: its writer stops."""
+
+
+def _live_owner(cur: duckdb.DuckDBPyConnection, table: str, key: str, value: str) -> int | None:
+    """The pid of another process of this host that is running ``value`` now, else ``None``."""
+    rows = cur.execute(f"SELECT status, owner_host, owner_pid, owner_token FROM {table} WHERE {key} = ?",
+                       [value]).fetchall()
+    if not rows:
+        return None
+    status, host, pid, token = rows[0]
+    if status != "running" or host != socket.gethostname() or pid is None or int(pid) == os.getpid():
+        return None
+    return int(pid) if process_alive(int(pid), token) else None
+
+
+def _require_run(cur: duckdb.DuckDBPyConnection, run_id: str, path: str) -> None:
+    if not cur.execute("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).fetchall():
+        raise RunDeleted(f"run {run_id} was deleted from {path} while it was being replayed; nothing more of it "
+                         "is written")
+
+
 def _now() -> datetime:
     return datetime.now(timezone.utc)
 
@@ -557,8 +584,15 @@ class RunStore:
         return run_id
 
     def _claim(self, table: str, key: str, value: str) -> None:
-        """This process continues a run or experiment (a resume): ``running`` and owned by us."""
+        """This process continues a run or experiment (a resume): ``running`` and owned by us.
+        :class:`RunBusy` while another live process of this host runs it (two writers of one run
+        would write the same steps twice)."""
         with self._write_lock, self._writing() as cur:
+            pid = _live_owner(cur, table, key, value)
+            if pid is not None:
+                kind = "run" if table == "runs" else "experiment"
+                raise RunBusy(f"{kind} {value} is still running in process {pid} on this host: let it finish, "
+                              "or stop that process first (it is then marked interrupted and can be resumed)")
             cur.execute(f"UPDATE {table} SET status = 'running', error = NULL, owner_host = ?, owner_pid = ?, "
                         f"owner_token = ?, updated_at = ? WHERE {key} = ?", [*_owner(), _now(), value])
 
@@ -574,6 +608,7 @@ class RunStore:
             return
         try:
             with self._transaction() as cur:
+                _require_run(cur, run_id, self.path)
                 _insert_dicts(cur, "steps", run_id, rows, verb="INSERT OR REPLACE")
                 if records:
                     first = self._next_seq(cur, "records", run_id, len(records))
@@ -630,17 +665,25 @@ class RunStore:
             return
         assignments = ", ".join(f"{key} = ?" for key in figures)
         with self._write_lock, self._writing() as cur:
+            _require_run(cur, run_id, self.path)
             cur.execute(f"UPDATE runs SET {assignments}, updated_at = ? WHERE run_id = ?",
                         [*figures.values(), _now(), run_id])
 
     def replace_probes(self, run_id: str, rows: list[dict[str, Any]], methods: Iterable[str]) -> None:
         with self._transaction() as cur:
+            _require_run(cur, run_id, self.path)
             for method in methods:
                 cur.execute("DELETE FROM probes WHERE run_id = ? AND method = ?", [run_id, method])
             _insert_dicts(cur, "probes", run_id, rows)
 
     def delete_run(self, run_id: str) -> None:
+        """Delete a run and everything recorded of it (:class:`RunBusy` while another live process
+        replays it: stop that process first)."""
         with self._transaction() as cur:
+            pid = _live_owner(cur, "runs", "run_id", run_id)
+            if pid is not None:
+                raise RunBusy(f"run {run_id} is being replayed by process {pid} on this host: stop it (or let it "
+                              "finish) before deleting it")
             for table in RUN_TABLES:
                 cur.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
         self._seq = {k: v for k, v in self._seq.items() if k[1] != run_id}
@@ -660,6 +703,7 @@ class RunStore:
     def replace_losses(self, run_id: str, rows: Sequence[dict[str, Any]]) -> None:
         """The run's loss-attribution rows (see :mod:`workbench.losses`), replacing earlier ones."""
         with self._transaction() as cur:
+            _require_run(cur, run_id, self.path)
             cur.execute("DELETE FROM probe_losses WHERE run_id = ?", [run_id])
             _insert_losses(cur, run_id, rows)
 
@@ -749,7 +793,12 @@ class RunStore:
                         "l.probe_id", [experiment_id])
 
     def delete_experiment(self, experiment_id: str) -> None:
+        """Delete an experiment and its runs (:class:`RunBusy` while another live process runs it)."""
         with self._transaction() as cur:
+            pid = _live_owner(cur, "experiments", "experiment_id", experiment_id)
+            if pid is not None:
+                raise RunBusy(f"experiment {experiment_id} is running in process {pid} on this host: stop it (or "
+                              "let it finish) before deleting it")
             ids = [r[0] for r in cur.execute("SELECT run_id FROM runs WHERE experiment_id = ?", [experiment_id]).fetchall()]
             for table in RUN_TABLES:
                 cur.execute(f"DELETE FROM {table} WHERE run_id IN (SELECT unnest(?::VARCHAR[]))", [ids])

@@ -20,6 +20,7 @@ from workbench.experiments import (
 )
 from workbench.models import usable_models
 from workbench.replay import TOKEN_COUNTERS, configuration_problem
+from workbench.runstore import RunBusy
 
 store = ui.get_store()
 st.title("Experiments")
@@ -197,11 +198,15 @@ if prepared and prepared[0] == experiment_id:
                                key="xp_download")
 confirm = actions[4].checkbox("Confirm delete", key="xp_confirm")
 if actions[4].button("Delete experiment", key="xp_delete", disabled=not confirm or store.read_only):
-    store.delete_experiment(experiment_id)
-    st.session_state.pop(ui.EXPERIMENT_KEY, None)
-    st.session_state.pop("xp_pick", None)
-    st.session_state["xp_done"] = ("success", f"Deleted {experiment_id} and its {fmt.count(len(runs), 'run')}.")
-    st.rerun()
+    try:
+        store.delete_experiment(experiment_id)
+    except RunBusy as exc:  # another process is running it: nothing is deleted
+        ui.error("", exc)
+    else:
+        st.session_state.pop(ui.EXPERIMENT_KEY, None)
+        st.session_state.pop("xp_pick", None)
+        st.session_state["xp_done"] = ("success", f"Deleted {experiment_id} and its {fmt.count(len(runs), 'run')}.")
+        st.rerun()
 if resume:
     outcome = ui.run_experiment_with_progress(store, experiment_id)
     if outcome is not None:

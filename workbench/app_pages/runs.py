@@ -8,6 +8,7 @@ from pathlib import Path
 import streamlit as st
 
 from workbench import analysis, app_data, ui
+from workbench.runstore import RunBusy
 from workbench import formatting as fmt
 
 store = ui.get_store()
@@ -57,8 +58,12 @@ export_col.download_button("Export as Parquet (zip)", buffer.getvalue(), file_na
 
 confirm = delete_col.checkbox("Confirm delete", key="runs_confirm")
 if delete_col.button("Delete run", disabled=not confirm or store.read_only, key="runs_delete"):
-    store.delete_run(run_id)
-    if st.session_state.get(ui.RUN_KEY) == run_id:
-        st.session_state.pop(ui.RUN_KEY)
-    st.success(ui.plain(f"Deleted {run_id}"))
-    st.rerun()
+    try:
+        store.delete_run(run_id)
+    except RunBusy as exc:  # another process is replaying it: nothing is deleted
+        ui.error("", exc)
+    else:
+        if st.session_state.get(ui.RUN_KEY) == run_id:
+            st.session_state.pop(ui.RUN_KEY)
+        st.success(ui.plain(f"Deleted {run_id}"))
+        st.rerun()
