@@ -335,3 +335,26 @@ dropped = mine(); del dropped; gc.collect()
     assert done.returncode == 0, done.stderr
     assert "acompletion' was never awaited" not in done.stderr
     assert "coroutine 'mine' was never awaited" in done.stderr  # any other such bug still shows
+
+
+def test_an_experiment_deleted_while_it_runs_writes_no_more_runs(tmp_path) -> None:
+    """Deleted from another session of the app (this process) while its grid runs: the next run's
+    write stops the experiment with an error saying so, instead of leaving runs tagged with an
+    experiment that no longer exists (listed nowhere)."""
+    from omem_core.prompts import BUILTIN_PROMPTS
+    from workbench.runstore import RunDeleted
+
+    grid = ex.config_grid(observers=["omem/extractive"], reflectors=["omem/extractive"], observation=[150, 300, 600],
+                          reflection=[600], windows=[10], observer_prompts=[BUILTIN_PROMPTS["observer"][0]],
+                          reflector_prompts=[BUILTIN_PROMPTS["reflector"][0]])
+    with RunStore(tmp_path / "x.duckdb") as store:
+        experiment_id = ex.create_experiment(store, dataset=DEMO, grid=grid,
+                                             options=ex.ExperimentOptions(concurrency=1))
+
+        def progress(p) -> None:
+            if p.done == 1:
+                store.delete_experiment(experiment_id)
+
+        with pytest.raises(RunDeleted, match=f"experiment {experiment_id} was deleted"):
+            asyncio.run(ex.run_experiment(store, experiment_id, progress=progress))
+        assert store.runs().empty and store.experiments().empty

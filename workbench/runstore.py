@@ -719,6 +719,11 @@ class RunStore:
             columns.append(key)
             values.append(json.dumps(value, sort_keys=True) if key == "config" else value)
         with self._transaction() as cur:
+            experiment_id = run.get("experiment_id")
+            if experiment_id is not None and not cur.execute(
+                    "SELECT 1 FROM experiments WHERE experiment_id = ?", [experiment_id]).fetchall():
+                raise RunDeleted(f"experiment {experiment_id} was deleted from {self.path} while it ran; its "
+                                 "remaining runs are not written")
             cur.execute(f"INSERT INTO runs ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})", values)
             _insert_dicts(cur, "messages", run_id, messages)
             _insert_dicts(cur, "steps", run_id, payload.get("steps") or [])
