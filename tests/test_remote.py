@@ -136,3 +136,27 @@ def test_rpm_reaches_the_gate_in_front_of_the_model(tmp_path) -> None:
     assert code == 0, err
     limiters = litellm.cache.cache._limiters
     assert (MODEL, 1000.0) in limiters and len(limiters[(MODEL, 1000.0)]._times) == len(server.ok())
+
+
+def test_two_servers_under_one_model_string_never_share_cached_answers(tmp_path) -> None:
+    """litellm's cache key leaves the server out: the second server's run was served the first
+    one's answers (every call a cache hit), and a server failing every call looked completed."""
+    db = tmp_path / "x.duckdb"
+    with OpenAIServer(reply=lambda body: "- server one says so") as one:
+        code, first, err = run(one, db, "--reflector", "none")
+    assert code == 0, err
+    with OpenAIServer(reply=lambda body: "- server two says so") as two:
+        code, second, err = run(two, db, "--reflector", "none")
+        assert code == 0, err
+        asked = len(two.ok())
+        code, repeat, err = run(two, db, "--reflector", "none")  # the same server again: its own answers
+        assert code == 0, err
+    assert asked > 0 and len(two.ok()) == asked  # served from the cache the second time
+    with RunStore(db) as store:
+        [run_id] = store.experiment_runs(second["experiment_id"]).run_id
+        calls = store.model_calls(run_id)
+        assert not calls.cache_hit.any()
+        assert {json.loads(r)[0] for r in calls.response} == {"- server two says so"}
+    with OpenAIServer(fail_always=401) as broken:
+        code, third, _ = run(broken, db, "--reflector", "none")
+    assert code == 1 and third["configs"][0]["failed"] == 1

@@ -289,12 +289,20 @@ def forget_connections() -> None:
         backend._leaders.clear()
 
 
-def completion_kwargs(path: Path, *, rpm: float | None = None) -> dict[str, Any]:
+def completion_kwargs(path: Path, *, rpm: float | None = None, api_base: str | None = None) -> dict[str, Any]:
     """The per-call arguments that make litellm serve and store answers in the file ``path``
-    (and, with ``rpm``, limit the calls that reach the model)."""
+    (and, with ``rpm``, limit the calls that reach the model).
+
+    litellm's cache key leaves out the server: two OpenAI-compatible servers under one model
+    string would share answers, and one that fails every call would replay the other's. So the
+    server (``api_base``, else ``$OPENAI_API_BASE`` / ``$OPENAI_BASE_URL``) names a namespace of
+    its own."""
     control: dict[str, Any] = {"use-cache": True, CACHE_FILE_KEY: str(path)}
     if rpm:
         control[RPM_KEY] = rpm
+    server = api_base or os.environ.get("OPENAI_API_BASE") or os.environ.get("OPENAI_BASE_URL")
+    if server:
+        control["namespace"] = "server " + server.rstrip("/")
     return {"caching": True, "cache": control}
 
 

@@ -279,7 +279,7 @@ async def replay(
         if config.cache:
             path = prepare_cache(cache_dir)
             if enable_litellm_cache():
-                cache_control = completion_kwargs(path)
+                cache_control = completion_kwargs(path, api_base=completion.get("api_base"))
                 cache_control["cache"].update(completion.pop("cache", None) or {})
                 completion.update(cache_control)
         thread = conversation.id
