@@ -284,10 +284,32 @@ def test_runs_page_filters_and_deletes(db: Path, monkeypatch) -> None:
     assert retention["failed at step 0 of 100"] == "–" and re.fullmatch(r"0\.\d{3}", retention["completed"])
     assert json.loads(table.proto.columns)["retention"]["alignment"] == "right"
     picked = at.selectbox(key="runs_pick").value
-    at.checkbox(key="runs_confirm").check().run()
+    at.checkbox(key=f"runs_confirm_{picked}").check().run()
     at.button(key="runs_delete").click().run()
     assert not at.exception
-    assert list(store(db).runs().run_id) == [r for r in table.value.run_id if r != picked]  # that one, only
+    left = [r for r in table.value.run_id if r != picked]
+    assert list(store(db).runs().run_id) == left  # that one, only
+    assert any(f"Deleted {picked}" in ui_text for ui_text in (m.value.replace("\\", "") for m in at.success))
+    # The run shown next is not confirmed for deletion: a second click deletes nothing.
+    assert at.selectbox(key="runs_pick").value == left[0]
+    assert not at.checkbox(key=f"runs_confirm_{left[0]}").value and at.button(key="runs_delete").disabled
+
+
+def test_the_runs_page_acts_on_the_run_its_picker_shows(db: Path) -> None:
+    """A filter that hides the picked run used to leave the picker showing it while Open, Export
+    and Delete acted on the first run of the filtered table: the picker now offers those runs."""
+    at = app("runs")
+    experiment_id = run_experiment_in(db, observation=(150,))
+    at.run()
+    other = store(db).experiment_runs(experiment_id).run_id[0]
+    demo = next(r for r in store(db).runs().run_id if r != other)
+    at.selectbox(key="runs_pick").set_value(demo).run()
+    at.text_input(key="runs_search").set_value("obs 150").run()  # the experiment run's label only
+    picker = at.selectbox(key="runs_pick")
+    assert len(picker.options) == 1 and picker.value == other
+    at.checkbox(key=f"runs_confirm_{other}").check().run()
+    at.button(key="runs_delete").click().run()
+    assert list(store(db).runs().run_id) == [demo]  # the run shown was deleted, not another
 
 
 def test_presentation_steps_forward(db: Path) -> None:
@@ -610,7 +632,7 @@ def test_resume_export_and_delete_an_experiment(db: Path) -> None:
     at.button(key="xp_prepare").click().run()
     assert not at.exception
     assert at.get("download_button")
-    at.checkbox(key="xp_confirm").check().run()
+    at.checkbox(key=f"xp_confirm_{experiment_id}").check().run()
     at.button(key="xp_delete").click().run()
     assert not at.exception
     assert s.experiments().empty and s.runs().query("experiment_id == @experiment_id").empty

@@ -340,9 +340,12 @@ def run_label(row: pd.Series) -> str:
 
 
 def run_picker(store: RunStore, label: str, key: str, *, default: str | None = None,
-               container=None) -> str | None:
-    """A stored run, chosen in a select box labelled by :func:`run_label` (``None`` when there is none)."""
+               container=None, only: set[str] | None = None) -> str | None:
+    """A stored run, chosen in a select box labelled by :func:`run_label` (``None`` when there is
+    none); ``only``: the run ids it offers (a filtered list's), else every run."""
     runs = store.runs()
+    if only is not None:
+        runs = runs[runs.run_id.isin(only)]
     if runs.empty:
         return None
     box = container or st

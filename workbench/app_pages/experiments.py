@@ -196,7 +196,7 @@ prepared = st.session_state.get("xp_html")
 if prepared and prepared[0] == experiment_id:
     actions[3].download_button("Download HTML", prepared[1], file_name=f"{experiment_id}.html", mime="text/html",
                                key="xp_download")
-confirm = actions[4].checkbox("Confirm delete", key="xp_confirm")
+confirm = actions[4].checkbox("Confirm delete", key=f"xp_confirm_{experiment_id}")  # one experiment's only
 if actions[4].button("Delete experiment", key="xp_delete", disabled=not confirm or store.read_only):
     try:
         store.delete_experiment(experiment_id)
@@ -205,6 +205,7 @@ if actions[4].button("Delete experiment", key="xp_delete", disabled=not confirm 
     else:
         st.session_state.pop(ui.EXPERIMENT_KEY, None)
         st.session_state.pop("xp_pick", None)
+        st.session_state.pop(f"xp_confirm_{experiment_id}", None)
         st.session_state["xp_done"] = ("success", f"Deleted {experiment_id} and its {fmt.count(len(runs), 'run')}.")
         st.rerun()
 if resume:

@@ -13,6 +13,8 @@ from workbench import formatting as fmt
 
 store = ui.get_store()
 st.title("Runs")
+if st.session_state.get("runs_done"):  # said after the rerun that follows a delete
+    st.success(ui.plain(st.session_state.pop("runs_done")))
 
 runs = analysis.runs_with_config(store)
 if runs.empty:
@@ -39,9 +41,7 @@ st.caption(f"{len(shown):,} of {fmt.count(len(runs), 'run')}")
 
 if shown.empty:
     st.stop()
-run_id = ui.run_picker(store, "Run", "runs_pick")
-if run_id not in set(shown.run_id):
-    run_id = shown.run_id.iloc[0]
+run_id = ui.run_picker(store, "Run", "runs_pick", only=set(shown.run_id))  # acts on the run it shows
 open_col, export_col, delete_col = st.columns(3)
 if open_col.button("Open in the explorer", key="runs_open"):
     ui.open_run(run_id)
@@ -56,14 +56,17 @@ with tempfile.TemporaryDirectory() as folder:
 export_col.download_button("Export as Parquet (zip)", buffer.getvalue(), file_name=f"{run_id}.zip",
                            mime="application/zip", key="runs_export")
 
-confirm = delete_col.checkbox("Confirm delete", key="runs_confirm")
+# The confirmation belongs to one run: after a delete (or another pick) it starts unticked, so a
+# second click can never delete the run shown next.
+confirm = delete_col.checkbox("Confirm delete", key=f"runs_confirm_{run_id}")
 if delete_col.button("Delete run", disabled=not confirm or store.read_only, key="runs_delete"):
     try:
         store.delete_run(run_id)
     except RunBusy as exc:  # another process is replaying it: nothing is deleted
         ui.error("", exc)
     else:
+        st.session_state.pop(f"runs_confirm_{run_id}", None)
         if st.session_state.get(ui.RUN_KEY) == run_id:
             st.session_state.pop(ui.RUN_KEY)
-        st.success(ui.plain(f"Deleted {run_id}"))
+        st.session_state["runs_done"] = f"Deleted {run_id}."
         st.rerun()
