@@ -105,9 +105,9 @@ def test_paired_comparison_verdicts() -> None:
     assert paired_difference("a", "b", same, same).verdict() == "no detectable difference: 0.000 [0.000, 0.000]"
     better = {k: min(1.0, v + 0.5) for k, v in same.items()}
     diff = paired_difference("v1", "v2", same, better)
-    assert diff.detectable and diff.verdict().startswith("v2 keeps more: +0.250 [")
+    assert diff.detectable and diff.verdict().startswith("v2 keeps 0.250 more [")
     worse = paired_difference("v2", "v1", better, same)
-    assert worse.verdict().startswith("v2 keeps more: +0.250 [")  # the same finding, whichever is a
+    assert worse.verdict().startswith("v2 keeps 0.250 more [")  # the same finding, whichever is a
     noisy = {str(i): float(i % 3 == 0) for i in range(12)}
     shifted = {str(i): float(i % 4 == 0) for i in range(12)}
     assert paired_difference("a", "b", noisy, shifted).verdict().startswith("no detectable difference")
@@ -117,8 +117,9 @@ def test_paired_comparison_verdicts() -> None:
 
     assert PairedDifference("a", "b", 9, -0.045, (-0.091, 0.0)).verdict() == \
         "no detectable difference: -0.045 [-0.091, 0.000]"
-    assert PairedDifference("a", "b", 9, 0.03, (0.0004, 0.06)).verdict() == "b keeps more: +0.030 [+0.0004, +0.060]"
-    assert PairedDifference("a", "b", 9, -0.03, (-0.06, -0.0004)).verdict() == "a keeps more: +0.030 [+0.0004, +0.060]"
+    assert PairedDifference("a", "b", 9, 0.03, (0.0004, 0.06)).verdict() == "b keeps 0.030 more [0.0004, 0.060]"
+    # a keeps more: a size, never a plus sign beside the table's negative b − a
+    assert PairedDifference("a", "b", 9, -0.03, (-0.06, -0.0004)).verdict() == "a keeps 0.030 more [0.0004, 0.060]"
 
 
 def test_a_killed_experiment_is_resumed_without_redoing_finished_runs(tmp_path) -> None:

@@ -47,17 +47,19 @@ class PairedDifference:
         return self.ci95 is not None and (self.ci95[0] > 0 or self.ci95[1] < 0)
 
     def verdict(self) -> str:
-        """A plain sentence: "b keeps more: +0.031 [+0.012, +0.050]" or no detectable difference."""
+        """A plain sentence: "b keeps 0.031 more [0.012, 0.050]" (a size, unsigned: it never
+        reads against a signed b − a shown beside it), or "no detectable difference: −0.013
+        [−0.040, +0.014]" (b − a)."""
         if self.difference is None or self.ci95 is None:
             return "not enough shared probes to compare"
-        figures = f"{signed(self.difference)} [{signed(self.ci95[0])}, {signed(self.ci95[1])}]"
         if not self.detectable:
-            return f"no detectable difference: {figures}"
+            return f"no detectable difference: {signed(self.difference)} [{signed(self.ci95[0])}, {signed(self.ci95[1])}]"
         if self.difference > 0:
             better, change, (low, high) = self.b, self.difference, self.ci95
         else:
             better, change, (low, high) = self.a, -self.difference, (-self.ci95[1], -self.ci95[0])
-        return f"{better} keeps more: {signed(change)} [{signed(low)}, {signed(high)}]"
+        size = [signed(v).lstrip("+") for v in (change, low, high)]
+        return f"{better} keeps {size[0]} more [{size[1]}, {size[2]}]"
 
 
 def signed(value: float) -> str:
