@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
+
+_SECRET_NAME = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD)$|API_KEY", re.IGNORECASE)
 
 
 def litellm_tokenizer_dir() -> str | None:
@@ -25,3 +28,16 @@ def prepare_environment() -> None:
     folder = litellm_tokenizer_dir()
     if folder is not None and os.path.isdir(folder):
         os.environ.setdefault("TIKTOKEN_CACHE_DIR", folder)
+
+
+def redact_secrets(text: str) -> str:
+    """``text`` with the value of every secret-looking environment variable (``*_API_KEY``,
+    ``*_TOKEN``, ``*_SECRET``, ``*_PASSWORD``; 8 characters or more) replaced by its name in
+    brackets: a provider's error that quotes the key sent never carries it into a log, a stored
+    error or the screen."""
+    if not text:
+        return text
+    for name, value in os.environ.items():
+        if len(value) >= 8 and _SECRET_NAME.search(name) and value in text:
+            text = text.replace(value, f"[{name}]")
+    return text

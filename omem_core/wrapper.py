@@ -42,6 +42,7 @@ from typing import Any
 
 import litellm
 
+from ._env import redact_secrets
 from .errors import CompactionError, Stage
 from .extractive import trim
 from .memory import InMemoryMemoryStore, MemoryStore, check_last
@@ -954,6 +955,8 @@ class ObservationalMemoryStore:
         ]
 
         def failure(reason: str, response: str | None = None) -> CompactionError:
+            # A provider's error may quote the key it was sent: never carried any further.
+            reason, response = redact_secrets(reason), response and redact_secrets(response)
             trace.append(CallTrace(tuple(messages), response, reason))
             return CompactionError(
                 stage=config.stage, model=config.model, thread_id=thread_id, reason=reason

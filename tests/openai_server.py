@@ -41,6 +41,7 @@ class OpenAIServer:
     usage: tuple[int, int] | None = None
     received: list[Received] = field(default_factory=list)
     api_key_seen: list[str] = field(default_factory=list)
+    echo_key: bool = False  # error messages quote the Authorization header, as some servers do
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -83,7 +84,10 @@ class OpenAIServer:
             time.sleep(self.delay)
         if status != 200:
             kind = "rate_limit_exceeded" if status == 429 else "server_error"
-            return status, {"error": {"message": f"scripted {status}", "type": kind, "code": kind}}
+            message = f"scripted {status}"
+            if self.echo_key:
+                message = f"Incorrect API key provided: {self.api_key_seen[-1]}"
+            return status, {"error": {"message": message, "type": kind, "code": kind}}
         text = self.reply(body)
         prompt, completion = self.usage or (sum(len(str(m.get("content", ""))) for m in body.get("messages", [])) // 4,
                                             len(text) // 4)

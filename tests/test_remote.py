@@ -160,3 +160,21 @@ def test_two_servers_under_one_model_string_never_share_cached_answers(tmp_path)
     with OpenAIServer(fail_always=401) as broken:
         code, third, _ = run(broken, db, "--reflector", "none")
     assert code == 1 and third["configs"][0]["failed"] == 1
+
+
+def test_a_key_quoted_in_a_providers_error_is_never_printed_or_stored(tmp_path, monkeypatch) -> None:
+    """Some servers answer a rejected key by quoting it ("Incorrect API key provided: Bearer
+    sk-…"): the error is shown and stored with the variable's name in place of its value."""
+    key = "sk-LEAKCHECK-abcdef1234567890"
+    monkeypatch.setenv("OPENAI_API_KEY", key)
+    db = tmp_path / "x.duckdb"
+    with OpenAIServer(fail_always=401, echo_key=True) as server:
+        code, data, err = run(server, db, "--reflector", "none", "--no-cache")
+    assert server.api_key_seen and key in server.api_key_seen[0]  # it was sent, and quoted back
+    assert code == 1 and key not in err and key not in json.dumps(data)
+    assert "[OPENAI_API_KEY]" in data["configs"][0]["errors"][0]
+    with RunStore(db) as store:
+        [run_id] = store.experiment_runs(data["experiment_id"]).run_id
+        stored = [store.run(run_id)["error"], *store.model_calls(run_id).error.dropna()]
+    assert stored and all(key not in text and "[OPENAI_API_KEY]" in text for text in stored)
+    assert key not in db.read_bytes().decode("latin-1")  # nowhere in the file

@@ -334,9 +334,26 @@ def _record_values(row: dict[str, Any]) -> list[Any]:
             json.dumps(list(record.source_ids)), record.text, row["tokens"], record.created_at]
 
 
+def redact_secrets(text: Any) -> Any:
+    """An error's text with any secret of the environment it quotes redacted (the library's
+    ``redact_secrets``, imported only when there is an error to write: quick paths skip litellm)."""
+    if not isinstance(text, str) or not text:
+        return text
+    from omem_core._env import redact_secrets as redact
+
+    return redact(text)
+
+
+def _calls(calls: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{**c, "error": redact_secrets(c.get("error"))} if c.get("error") else c for c in calls]
+
+
 def _insert_dicts(cur: duckdb.DuckDBPyConnection, table: str, run_id: str, rows: Sequence[dict[str, Any]],
                   *, verb: str = "INSERT") -> None:
-    """Rows given as dicts (one key order for all), each prefixed with ``run_id``; none: nothing."""
+    """Rows given as dicts (one key order for all), each prefixed with ``run_id``; none: nothing.
+    An ``error`` is stored with any secret of the environment it quotes redacted."""
+    if rows and "error" in rows[0]:
+        rows = [{**row, "error": redact_secrets(row["error"])} for row in rows]
     if rows:
         _insert_many(cur, table, ["run_id", *rows[0]], [[run_id, *row.values()] for row in rows], verb=verb)
 
@@ -617,7 +634,7 @@ class RunStore:
                 if calls:
                     first = self._next_seq(cur, "model_calls", run_id, len(calls))
                     _insert_many(cur, "model_calls", ["run_id", "seq", *calls[0]],
-                                 [[run_id, first + i, *c.values()] for i, c in enumerate(calls)])
+                                 [[run_id, first + i, *c.values()] for i, c in enumerate(_calls(calls))])
                 if rows:
                     cur.execute("UPDATE runs SET steps = ?, updated_at = ? WHERE run_id = ?",
                                 [rows[-1]["step"] + 1, _now(), run_id])
@@ -658,7 +675,7 @@ class RunStore:
     def set_status(self, run_id: str, status: str, error: str | None = None) -> None:
         with self._write_lock, self._writing() as cur:
             cur.execute("UPDATE runs SET status = ?, error = ?, updated_at = ? WHERE run_id = ?",
-                        [status, error, _now(), run_id])
+                        [status, redact_secrets(error), _now(), run_id])
 
     def update_run(self, run_id: str, **figures: Any) -> None:
         if not figures:
@@ -717,7 +734,8 @@ class RunStore:
         values: list[Any] = [run_id, now, now, len(messages), *_owner()]
         for key, value in run.items():
             columns.append(key)
-            values.append(json.dumps(value, sort_keys=True) if key == "config" else value)
+            values.append(json.dumps(value, sort_keys=True) if key == "config" else
+                          redact_secrets(value) if key == "error" else value)
         with self._transaction() as cur:
             experiment_id = run.get("experiment_id")
             if experiment_id is not None and not cur.execute(
@@ -734,7 +752,7 @@ class RunStore:
             calls = payload.get("calls") or []
             if calls:
                 _insert_many(cur, "model_calls", ["run_id", "seq", *calls[0]],
-                             [[run_id, i + 1, *c.values()] for i, c in enumerate(calls)])
+                             [[run_id, i + 1, *c.values()] for i, c in enumerate(_calls(calls))])
             _insert_dicts(cur, "probes", run_id, payload.get("probes") or [])
             _insert_losses(cur, run_id, payload.get("losses") or [])
         return run_id
@@ -767,7 +785,8 @@ class RunStore:
     def finish_experiment(self, experiment_id: str, status: str, error: str | None, elapsed_s: float) -> None:
         with self._write_lock, self._writing() as cur:
             cur.execute("UPDATE experiments SET status = ?, error = ?, elapsed_s = coalesce(elapsed_s, 0) + ?, "
-                        "updated_at = ? WHERE experiment_id = ?", [status, error, elapsed_s, _now(), experiment_id])
+                        "updated_at = ? WHERE experiment_id = ?",
+                        [status, redact_secrets(error), elapsed_s, _now(), experiment_id])
 
     def experiment(self, experiment_id: str) -> dict[str, Any]:
         frame = self._df("SELECT * FROM experiments WHERE experiment_id = ?", [experiment_id])
