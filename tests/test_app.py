@@ -1143,3 +1143,20 @@ def test_a_threshold_heatmap_never_averages_configurations_that_differ_otherwise
     page = export_html.experiment_html(store(db), experiment_id)
     assert page.count("retention by thresholds · max backlog off") == 1
     assert page.count("retention by thresholds · max backlog 151") == 1
+
+
+def test_a_page_whose_run_was_deleted_elsewhere_says_so(db: Path) -> None:
+    """Another tab (or process) deletes the run a page shows: the page says so on its next rerun,
+    instead of showing another run of maybe another conversation as if nothing happened."""
+    at = app("traces")  # on the demo's run
+    experiment_id = run_experiment_in(db, observation=(150,))
+    other = store(db).experiment_runs(experiment_id).run_id[0]
+    at.run()
+    at.sidebar.selectbox(key="tr_run").set_value(other).run()
+    assert at.sidebar.selectbox(key="tr_run").value == other
+    store(db).delete_run(other)
+    at.run()
+    assert not at.exception, at.exception
+    assert any(f"Run {other} is no longer in the run store" in w.value.replace("\\", "") for w in at.warning)
+    at.run()  # said once; the page goes on with a run that exists
+    assert not any("no longer in the run store" in w.value for w in at.warning)

@@ -238,6 +238,15 @@ def test_labels_name_only_what_varies() -> None:
             for r in (1000, 2000)]
     assert ex.labels(grid) == ["obs 500 · ref 1000", "obs 500 · ref 2000", "obs 1000 · ref 1000", "obs 1000 · ref 2000"]
     assert ex.labels(grid[:1]) == ["obs 500 · ref 1000 · window 10"]  # one configuration: what it is
+    # No reflector, no reflection threshold named as if it applied (the runs table says it too).
+    alone = ReplayConfig(reflector=None, observation_threshold=300).to_json()
+    assert ex.labels([alone]) == ["obs 300 · window 10"]
+    from workbench.app_data import short_config
+
+    assert short_config({"config": alone}) == "obs 300 · no reflector · win 10"
+    # Only the built-in model goes unnamed: a typo of it shows.
+    typo = ReplayConfig(observer="omem/extractivX").to_json()
+    assert short_config({"config": typo}).startswith("omem/extractivX · obs 1000 · ref 2000 · win 10")
 
 
 def test_the_judge_grades_abstention_probes_by_declining() -> None:

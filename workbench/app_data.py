@@ -18,6 +18,7 @@ import pandas as pd
 
 from .formatting import MISSING, display, fixed, money, progress, ratio, share, short_path, tokens
 from .formatting import missing as _missing
+from .models import OFFLINE_MODEL
 from .losses import STAGE_NAMES, STAGES
 from .stats import paired_difference, signed
 
@@ -684,16 +685,16 @@ def short_config(run: Any) -> str:
         return str(label)
     config = run.get("config")
     config = json.loads(config) if isinstance(config, str) else (config or {})
-    text = (f"obs {config.get('observation_threshold')} · ref {config.get('reflection_threshold')} · "
-            f"win {config.get('last_messages')}")
     observer, reflector = str(config.get("observer") or ""), config.get("reflector")
-    if reflector is None:
-        text += " · no reflector"
-    elif reflector != observer:
+    text = f"obs {config.get('observation_threshold')} · "
+    # With no reflector the reflection threshold means nothing: not shown as if it did.
+    text += "no reflector" if reflector is None else f"ref {config.get('reflection_threshold')}"
+    text += f" · win {config.get('last_messages')}"
+    if reflector is not None and reflector != observer:
         text += f" · reflector {reflector}"
     if config.get("max_backlog"):
         text += f" · max backlog {config['max_backlog']}"
-    return text if observer.startswith("omem/") else f"{observer} · {text}"
+    return text if observer == OFFLINE_MODEL else f"{observer} · {text}"  # (a typo such as omem/extractivX shows)
 
 
 def _default_label(config: Any) -> str | None:

@@ -135,8 +135,10 @@ def labels(configs: Sequence[dict[str, Any]]) -> list[str]:
     """Short labels naming only what varies across the grid ("obs 500 · ref 1000"); a grid of one
     configuration is named by its thresholds and window ("obs 1000 · ref 2000 · window 10")."""
     varying = [(get, fmt) for _, get, fmt in _LABEL_PARTS if len({str(get(c)) for c in configs}) > 1]
-    if not varying and len(configs) == 1:
-        varying = [(get, fmt) for name, get, fmt in _LABEL_PARTS if name in ("observation", "reflection", "window")]
+    if not varying and len(configs) == 1:  # (no reflector: no reflection threshold to name)
+        shown = ("observation", "window") if configs[0].get("reflector") is None else ("observation", "reflection",
+                                                                                       "window")
+        varying = [(get, fmt) for name, get, fmt in _LABEL_PARTS if name in shown]
     if not varying:
         return [f"config {i + 1}" for i in range(len(configs))]
     return [" · ".join(fmt.format(get(c)) for get, fmt in varying) for c in configs]

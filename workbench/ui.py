@@ -344,11 +344,21 @@ def run_picker(store: RunStore, label: str, key: str, *, default: str | None = N
     """A stored run, chosen in a select box labelled by :func:`run_label` (``None`` when there is
     none); ``only``: the run ids it offers (a filtered list's), else every run."""
     runs = store.runs()
+    box = container or st
+    # The run this page showed (or was asked to open) is gone: deleted elsewhere. Said, never a
+    # silent switch to another run.
+    wanted = default or st.session_state.get(key)
+    if wanted and wanted not in set(runs.run_id):
+        st.warning(plain(f"Run {wanted} is no longer in the run store (deleted elsewhere)."))
+        if st.session_state.get(RUN_KEY) == wanted:
+            st.session_state.pop(RUN_KEY)
+        if st.session_state.get(key) == wanted:
+            st.session_state.pop(key)
+        default = None
     if only is not None:
         runs = runs[runs.run_id.isin(only)]
     if runs.empty:
         return None
-    box = container or st
     ids = list(runs.run_id)
     labels = {r.run_id: run_label(r) for _, r in runs.iterrows()}
     # ``default`` (the run opened across pages), else the newest run that completed: a page never
