@@ -196,6 +196,11 @@ def test_an_experiment_that_finished_with_failed_runs_says_so_and_resume_retries
         runs = store.experiment_runs(experiment_id)
         assert len(runs) == 2 and failed_before not in set(runs.run_id)  # replaced, never piled up
         assert store.experiment(experiment_id)["status"] == "completed"
+    # `runs` with that failed run (a long status and configuration) still fits 100 columns: the
+    # configuration goes on a line of its own, indented.
+    code, out, _ = invoke("runs", "--db", db)
+    assert code == 0 and max(len(line) for line in out.splitlines()) <= 100
+    assert "\n    obs model gpt-4o-mini" in out
     code, out, err = invoke("experiment", "run", "--dataset", str(DEMO), "--concurrency", "1", "--db", db)
     done_id = out.split()[1]
     code, out, err = invoke("experiment", "resume", done_id, "--db", db)
@@ -217,6 +222,7 @@ def test_experiment_list_show_compare_and_export(tmp_path) -> None:
     code, out, _ = invoke("experiment", "list", "--db", db)
     assert code == 0 and experiment_id in out and "thresholds" in out
     assert out.split()[:7] == ["experiment", "status", "name", "dataset", "runs", "not", "completed"]
+    assert out.splitlines()[1].split()[3] == "demo"  # a known dataset by its name, not its path
     code, out, _ = invoke("experiment", "show", experiment_id, "--db", db)
     assert code == 0 and "obs 150" in out and "obs 600" in out and "95% CI" in out and "nan" not in out.lower()
     assert max(len(line) for line in out.splitlines()) <= 100  # fits a 100-column terminal with short labels
@@ -368,3 +374,19 @@ def test_an_experiment_deleted_while_it_runs_writes_no_more_runs(tmp_path) -> No
         with pytest.raises(RunDeleted, match=f"experiment {experiment_id} was deleted"):
             asyncio.run(ex.run_experiment(store, experiment_id, progress=progress))
         assert store.runs().empty and store.experiments().empty
+
+
+def test_a_long_dataset_path_is_printed_whole(tmp_path) -> None:
+    """`experiment show` wraps its header at 100 columns, but never inside a path (it broke one at a
+    hyphen, so it could not be copied)."""
+    import shutil
+
+    folder = tmp_path / ("a-long-folder-name-" * 5 + "end")
+    folder.mkdir()
+    dataset = folder / "tiny.jsonl"
+    shutil.copy(ROOT / "datasets" / "tiny.jsonl", dataset)
+    db = str(tmp_path / "x.duckdb")
+    code, out, _ = invoke("experiment", "run", "--dataset", str(dataset), "--concurrency", "1", "--json", "--db", db)
+    experiment_id = json.loads(out.strip().splitlines()[-1])["experiment_id"]
+    code, out, _ = invoke("experiment", "show", experiment_id, "--db", db)
+    assert code == 0 and str(dataset) in out.replace(str(ROOT) + "/", "")

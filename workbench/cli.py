@@ -83,7 +83,9 @@ def _progress_printer(label: str, quiet: bool):
 
 def _echo_wrapped(text: str, *, first: str = "", rest: str = "    ", err: bool = False) -> None:
     """``text`` wrapped at 100 columns (``first`` before its first line, ``rest`` before the others)."""
-    click.echo(textwrap.fill(text, 100, initial_indent=first, subsequent_indent=rest), err=err)
+    # (a path or id is never split: it must stay whole to be copied)
+    click.echo(textwrap.fill(text, 100, initial_indent=first, subsequent_indent=rest, break_long_words=False,
+                             break_on_hyphens=False), err=err)
 
 
 def _print_summary(result: ReplayResult, probes: int | None = None) -> None:
@@ -409,7 +411,11 @@ def runs_command(as_json: bool, db: str) -> None:
         lines = shown.to_string(index=False).splitlines()
         click.echo(f"{lines[0]}  configuration")
         for line, name in zip(lines[1:], names):
-            click.echo(f"{line}  {name}")
+            if len(line) + 2 + len(name) <= 100:
+                click.echo(f"{line}  {name}")
+            else:  # a long status (a failed run's) and configuration: the configuration below, indented
+                click.echo(line)
+                click.echo(f"    {name}")
 
 
 @cli.command()
@@ -645,8 +651,13 @@ def experiment_list(as_json: bool, db: str) -> None:
     else:
         from .formatting import MISSING, missing
 
+        from .catalog import known_datasets
+
+        # a known dataset by its name (as `datasets` lists it), another by its path
+        names = {str(Path(e.path).resolve()): e.name for e in known_datasets()}
         shown = frame[columns].assign(created_at=frame.created_at.dt.strftime("%Y-%m-%d %H:%M"),
-                                      dataset=frame.dataset.map(short_path))
+                                      dataset=frame.dataset.map(lambda d: names.get(str(Path(d).resolve()),
+                                                                                    short_path(d))))
         shown = shown.rename(columns={"experiment_id": "experiment", "failed_runs": "not completed",
                                       "created_at": "created"})
         click.echo(shown.astype(object).map(lambda v: MISSING if missing(v) else v).to_string(index=False))
