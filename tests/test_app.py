@@ -720,8 +720,8 @@ def test_explorer_steps_between_passes_and_paginates_records(db: Path) -> None:
     assert at.slider(key=f"ex_step_{run_id}").value == passes[1]
     at.button(key="ex_prev_pass").click().run()
     assert at.slider(key=f"ex_step_{run_id}").value == passes[0]
-    assert any(m.label == "Blind spot" and m.value == f"{s.run(run_id)['blind_spot_tokens']:.0f}"
-               for m in at.metric)
+    assert any(m.label == "Blind spot" and m.value == f"{s.run(run_id)['blind_spot_tokens']:,.0f} tok"
+               for m in at.metric)  # with its unit, as the CLI prints it
     # a run with more records than one page: 20 per page, newest first
     at.sidebar.number_input(key="ex_obs_300").set_value(60)
     at.sidebar.button(key="ex_run").click().run()

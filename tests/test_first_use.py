@@ -214,14 +214,19 @@ def _listening(port: int) -> bool:
 
 def test_stopping_the_app_command_stops_the_server(tmp_path) -> None:
     port = _free_port()
-    process = subprocess.Popen([sys.executable, "-m", "workbench", "app", "--headless", "--port", str(port)],
-                               cwd=ROOT, env={**os.environ, "OMEM_DB": str(tmp_path / "r.duckdb")},
+    db = tmp_path / "r.duckdb"
+    env = {k: v for k, v in os.environ.items() if k != "OMEM_DB"}
+    process = subprocess.Popen([sys.executable, "-m", "workbench", "app", "--headless", "--port", str(port),
+                                "--db", str(db)], cwd=ROOT, env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 90
         while not _listening(port):
             assert process.poll() is None and time.monotonic() < deadline, "the app did not start"
             time.sleep(0.2)
+        # `--db`, as every command takes it: the server (this very process, exec'd) uses that store
+        environ = Path(f"/proc/{process.pid}/environ").read_bytes().split(b"\0")
+        assert f"OMEM_DB={db}".encode() in environ
         process.send_signal(signal.SIGTERM)  # what a service manager or `kill` sends to the command
         process.wait(timeout=30)
         deadline = time.monotonic() + 10

@@ -719,8 +719,10 @@ def experiment_export(experiment_id: str, folder: Path, db: str) -> None:
 @cli.command()
 @click.option("--port", type=int, default=8501, show_default=True)
 @click.option("--headless", is_flag=True, help="Do not open a browser.")
-def app(port: int, headless: bool) -> None:
+@DB_OPTION
+def app(port: int, headless: bool, db: str) -> None:
     """Open the Streamlit workbench (this process becomes the Streamlit server)."""
+    os.environ["OMEM_DB"] = str(Path(db).resolve()) if db != ":memory:" else db  # the server's run store
     command = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
                "--browser.gatherUsageStats", "false"]
     if headless:

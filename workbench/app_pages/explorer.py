@@ -88,7 +88,8 @@ cols[3].metric("Compression" + ("" if done else " (partial)"), fmt.ratio(run["co
 cols[4].metric("Retention", fmt.share(run["retention"]),
                help="Share of gold-answer words visible at the end (memory + window); scored on completed "
                     "runs only")
-cols[5].metric("Blind spot", fmt.tokens(run.get("blind_spot_tokens")),
+blind = run.get("blind_spot_tokens")
+cols[5].metric("Blind spot", fmt.tokens(blind) + ("" if fmt.missing(blind) else " tok"),
                help="Mean backlog per read: tokens of messages that have left the window but are not observed "
                     "yet, so the agent sees them neither verbatim nor as notes (max "
                     f"{fmt.display(run.get('blind_spot_max'))})")
