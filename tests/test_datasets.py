@@ -67,7 +67,7 @@ def test_project_datasets_load() -> None:
         (line(content=...), "line 1", "content", "missing"),
         (line(timestamp="yesterday"), "line 1", "timestamp", "unrecognised date-time 'yesterday'"),
         (line(content=5), "line 1", "content", "expected str"),
-        (line() + line(), "conversation 'c' message 1", "id", "duplicate message id 'm1'"),
+        (line() + line(), "conversation 'c' message 2", "id", "duplicate message id 'm1' (message 1 has it too)"),
         (line(type="poll"), "line 1", "type", "unknown record type"),
         ("\n\n", "file", None, "has no records"),
         (json.dumps({"conversation_id": "c", "question": "q", "id": "p"}) + "\n", "conversation 'c'", None,

@@ -124,12 +124,12 @@ def finish(conversation: Conversation, file: Path) -> Conversation:
     dropped, counted and reported in ``warnings``."""
     if not conversation.turns:
         raise DatasetError(file, f"conversation {conversation.id!r}", None, "has no messages")
-    seen: set[str] = set()
-    for index, turn in enumerate(conversation.turns):
+    seen: dict[str, int] = {}
+    for index, turn in enumerate(conversation.turns, start=1):  # counted from 1, as lines are
         if turn.id in seen:
             raise DatasetError(file, f"conversation {conversation.id!r} message {index}", "id",
-                               f"duplicate message id {turn.id!r}")
-        seen.add(turn.id)
+                               f"duplicate message id {turn.id!r} (message {seen[turn.id]} has it too)")
+        seen[turn.id] = index
     probes = []
     for probe in conversation.probes:
         kept = tuple(e for e in probe.evidence if e in seen)
