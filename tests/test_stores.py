@@ -38,8 +38,15 @@ def make_memory_store(request, tmp_path):
     return _fresh(request, InMemoryMemoryStore, SQLiteMemoryStore, tmp_path, "m", "memory")
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
+@pytest.fixture(params=["memory", "sqlite", "postgres", "duckdb"])
 def make_observation_store(request, tmp_path):
+    if request.param == "duckdb":  # a new file each time, as SQLite's
+        from omem_core.duckdb_store import DuckDBObservationStore
+
+        paths = (tmp_path / f"o{i}.duckdb" for i in itertools.count())
+        opened: list = []
+        request.addfinalizer(lambda: [s.close() for s in opened])
+        return lambda: opened.append(DuckDBObservationStore(next(paths))) or opened[-1]
     return _fresh(request, create_in_memory_observation_store, SQLiteObservationStore, tmp_path, "o",
                   "observations")
 
@@ -383,3 +390,29 @@ def test_the_reflection_cache_keeps_long_reflections_within_its_bound() -> None:
     assert 2 not in cache and cache.get(2) is None and 4 in cache
     cache.keep(5, reflection("d", 2000))  # larger than the whole bound: never kept
     assert 5 not in cache
+
+
+async def test_the_duckdb_observation_store_keeps_records_across_reopen(tmp_path) -> None:
+    """The DuckDB adapter (the spec's "ships a DuckDB one"): records persist in the file, in
+    creation order, and the wrapper runs on it end to end with the offline model."""
+    from omem_core import InMemoryMemoryStore, create_observational_memory_store
+    from omem_core.duckdb_store import DuckDBObservationStore
+
+    path = tmp_path / "notes.duckdb"
+    with DuckDBObservationStore(path) as store:
+        for i in range(3):
+            await store.save(record(i))
+    with DuckDBObservationStore(path) as store:
+        assert [r.id for r in await store.list("t")] == ["r999", "r998", "r997"]
+        await store.delete_by_thread("t")
+        memory = create_observational_memory_store(InMemoryMemoryStore(), observations=store,
+                                                   observer="omem/extractive",
+                                                   thresholds={"observation": 30, "reflection": 60})
+        await memory.save_messages([msg(i, f"Message {i}: Priya booked a flight to Lisbon for May {i}.")
+                                    for i in range(30)])
+        for _ in range(6):
+            got = await memory.recall("t", last=4)
+        assert got[0].role == "system" and "Lisbon" in got[0].content
+        written = await store.list("t")
+    with DuckDBObservationStore(path) as store:
+        assert await store.list("t") == written and {r.kind for r in written} >= {"observation"}

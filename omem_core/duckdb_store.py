@@ -1,0 +1,155 @@
+"""An ``ObservationStore`` in a DuckDB file (``pip install duckdb``; loaded only when used).
+
+    from omem_core.duckdb_store import DuckDBObservationStore
+    store = create_observational_memory_store(inner, observations=DuckDBObservationStore("notes.duckdb"))
+
+It has the ``list_recent`` and delete-epoch capabilities, as the in-memory store has; not the
+lease capability. DuckDB lets one process hold a file read-write: the store keeps its file open
+and a second process gets DuckDB's error on opening it. For several processes or hosts sharing
+notes, use :class:`omem_core.sqlite.SQLiteObservationStore` or
+:class:`omem_core.postgres.PostgresObservationStore`.
+
+Records are stored exactly (text, ids, ``created_at`` with its offset, as ISO 8601 text) and in
+creation order (a sequence number, not the id). A DuckDB file is also easy to read afterwards:
+``SELECT * FROM omem_records``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import threading
+from datetime import datetime
+from pathlib import Path
+
+from .messages import ObservationRecord
+from .observations import already_saved, check_record
+
+_SCHEMA = """
+CREATE SEQUENCE IF NOT EXISTS omem_seq START 1;
+CREATE TABLE IF NOT EXISTS omem_records (
+    seq BIGINT PRIMARY KEY,
+    id VARCHAR NOT NULL,
+    thread_id VARCHAR NOT NULL,
+    resource_id VARCHAR,
+    created_at VARCHAR NOT NULL,      -- ISO 8601 with its offset, as given
+    kind VARCHAR NOT NULL,
+    source_ids VARCHAR NOT NULL,      -- JSON list
+    text VARCHAR NOT NULL,
+    UNIQUE (thread_id, id)
+);
+CREATE TABLE IF NOT EXISTS omem_epochs (thread_id VARCHAR PRIMARY KEY, epoch BIGINT NOT NULL);
+"""
+
+
+class DuckDBObservationStore:
+    """An ``ObservationStore`` in one DuckDB file (``":memory:"`` for none), held open by this
+    process; ``close()`` (or ``with``) releases it."""
+
+    def __init__(self, path: str | Path) -> None:
+        import duckdb  # (the optional driver: only when this store is used)
+
+        self.path = str(path)
+        # No extension is ever fetched from the network (this store needs none).
+        self._con = duckdb.connect(self.path, config={"autoinstall_known_extensions": False,
+                                                      "autoload_known_extensions": False})
+        self._lock = threading.Lock()
+        with self._lock:
+            self._con.execute(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._con.close()
+
+    def __enter__(self) -> DuckDBObservationStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _rows(self, thread_id: str) -> builtins.list[ObservationRecord]:
+        rows = self._con.execute("SELECT id, thread_id, resource_id, created_at, kind, source_ids, text "
+                                 "FROM omem_records WHERE thread_id = ? ORDER BY seq", [thread_id]).fetchall()
+        return [ObservationRecord(id=i, thread_id=t, resource_id=r, created_at=datetime.fromisoformat(c), kind=k,
+                                  source_ids=tuple(json.loads(s)), text=x) for i, t, r, c, k, s, x in rows]
+
+    async def list(self, thread_id: str) -> builtins.list[ObservationRecord]:
+        with self._lock:
+            return self._rows(thread_id)
+
+    async def list_recent(self, thread_id: str) -> builtins.list[ObservationRecord]:
+        """What the memory is made of: from the newest reflection (or the newest observation, if
+        older) on, plus the observations that reflection left uncovered. Reads the thread's
+        records (this store keeps no index of them)."""
+        with self._lock:
+            records = self._rows(thread_id)
+        reflections = [i for i, r in enumerate(records) if r.kind == "reflection"]
+        if not reflections:
+            return records
+        newest = reflections[-1]
+        observations = [i for i, r in enumerate(records) if r.kind == "observation"]
+        start = min(newest, observations[-1]) if observations else newest
+        covered = frozenset(records[newest].source_ids)
+        uncovered = [r for r in records[:start] if r.kind == "observation" and r.id not in covered]
+        return uncovered + records[start:]
+
+    def _save(self, record: ObservationRecord) -> None:
+        found = self._con.execute("SELECT thread_id, source_ids FROM omem_records WHERE thread_id = ? AND id = ?",
+                                  [record.thread_id, record.id]).fetchall()
+        if found:
+            existing = ObservationRecord(id=record.id, thread_id=found[0][0], resource_id=None,
+                                         created_at=record.created_at, kind=record.kind,
+                                         source_ids=tuple(json.loads(found[0][1])), text="")
+            if already_saved(existing, record):
+                return
+        self._con.execute(
+            "INSERT INTO omem_records VALUES (nextval('omem_seq'), ?, ?, ?, ?, ?, ?, ?)",
+            [record.id, record.thread_id, record.resource_id, record.created_at.isoformat(), record.kind,
+             json.dumps(list(record.source_ids)), record.text])
+
+    async def save(self, record: ObservationRecord) -> None:
+        check_record(record)
+        with self._lock:
+            self._con.execute("BEGIN TRANSACTION")
+            try:
+                self._save(record)
+            except BaseException:
+                self._con.execute("ROLLBACK")
+                raise
+            self._con.execute("COMMIT")
+
+    async def delete_by_thread(self, thread_id: str) -> None:
+        with self._lock:
+            self._con.execute("BEGIN TRANSACTION")
+            self._con.execute("DELETE FROM omem_records WHERE thread_id = ?", [thread_id])
+            self._con.execute("DELETE FROM omem_epochs WHERE thread_id = ?", [thread_id])
+            self._con.execute("COMMIT")
+
+    async def delete_epoch(self, thread_id: str) -> int:
+        with self._lock:
+            found = self._con.execute("SELECT epoch FROM omem_epochs WHERE thread_id = ?", [thread_id]).fetchall()
+            if found:
+                return int(found[0][0])
+            epoch = int(self._con.execute("SELECT nextval('omem_seq')").fetchall()[0][0])
+            self._con.execute("INSERT INTO omem_epochs VALUES (?, ?)", [thread_id, epoch])
+            return epoch
+
+    async def save_unless_deleted(self, record: ObservationRecord, epoch: int) -> bool:
+        check_record(record)
+        with self._lock:
+            self._con.execute("BEGIN TRANSACTION")
+            try:
+                found = self._con.execute("SELECT epoch FROM omem_epochs WHERE thread_id = ?",
+                                          [record.thread_id]).fetchall()
+                if not found or int(found[0][0]) != epoch:
+                    self._con.execute("ROLLBACK")
+                    return False
+                self._save(record)
+            except BaseException:
+                self._con.execute("ROLLBACK")
+                raise
+            self._con.execute("COMMIT")
+            return True
+
+
+__all__ = ["DuckDBObservationStore"]
