@@ -76,7 +76,7 @@ if not done:
              "the figures below describe the part replayed, not the whole conversation. ")
     ui.error(f"**This run {where}** — {scope}", f"Error: {run['error']}" if run["error"] else "")
 
-cols = st.columns(7)
+cols = ui.metric_row(7)
 cols[0].metric("Messages", fmt.display(run["messages"]))
 cols[1].metric("Memory reads", fmt.display(run["steps"]) if done
                else f"{fmt.display(run['steps'])} of {fmt.display(run['planned_steps'])}")
@@ -120,7 +120,9 @@ def _jump(direction: int) -> None:
         st.session_state[step_key] = target
 
 
-back, slider_col, forward = st.columns([2, 9, 2], vertical_alignment="bottom")
+# The pass buttons in a row of their own above the slider: beside it, a narrow page cut them to "◀ …".
+back = forward = st.container(horizontal=True)
+slider_col = st
 back.button("◀ Previous pass", key="ex_prev_pass", on_click=_jump, args=(-1,),
             disabled=app_data.neighbour(passes, st.session_state[step_key], -1) is None)
 forward.button("Next pass ▶", key="ex_next_pass", on_click=_jump, args=(1,),
@@ -136,7 +138,7 @@ st.plotly_chart(charts.volumes_chart(steps, step), key="ex_volumes")
 
 st.subheader(f"At step {step}")
 st.write(analysis.narrate(row, steps[steps.step == step - 1].iloc[0] if step > 0 else None, records))
-figures = st.columns(5)
+figures = ui.metric_row(5)
 figures[0].metric("History", f"{int(row.history_tokens):,} tok")
 figures[1].metric("Agent context", f"{int(row.context_tokens):,} tok")
 figures[2].metric("Backlog", f"{int(row.backlog_tokens):,} tok")

@@ -30,7 +30,7 @@ seq = st.selectbox("Call", seqs, index=index, format_func=labels.get, key="tr_ca
 st.session_state[ui.TRACE_KEY] = (run_id, seq)
 call = calls[calls.seq == seq].iloc[0].to_dict()
 
-figures = st.columns(6)
+figures = ui.metric_row(6)
 figures[0].metric("Tokens in", fmt.display(call["input_tokens"]))
 figures[1].metric("Tokens out", fmt.display(call["output_tokens"]))
 figures[2].metric("Latency", fmt.MISSING if app_data.missing(call["latency_ms"])
