@@ -12,7 +12,9 @@ import importlib.util
 import os
 import re
 
-_SECRET_NAME = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD)$|API_KEY", re.IGNORECASE)
+_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)$|API_KEY|ACCESS_KEY|SECRET",
+                          re.IGNORECASE)
+_SECRET_MIN = 12  # characters: shorter values are ordinary words too often ("postgres")
 
 
 def litellm_tokenizer_dir() -> str | None:
@@ -32,12 +34,15 @@ def prepare_environment() -> None:
 
 def redact_secrets(text: str) -> str:
     """``text`` with the value of every secret-looking environment variable (``*_API_KEY``,
-    ``*_TOKEN``, ``*_SECRET``, ``*_PASSWORD``; 8 characters or more) replaced by its name in
-    brackets: a provider's error that quotes the key sent never carries it into a log, a stored
-    error or the screen."""
+    ``*_KEY``, ``*_TOKEN``, ``*SECRET*``, ``*_PASSWORD``, ``*_CREDENTIALS``; 12 characters or
+    more) replaced by its name in brackets: a provider's error that quotes the key sent never
+    carries it into a log, a stored error or the screen. Longer values first, so a value that
+    starts with another is replaced whole."""
     if not text:
         return text
-    for name, value in os.environ.items():
-        if len(value) >= 8 and _SECRET_NAME.search(name) and value in text:
+    secrets = sorted(((value, name) for name, value in os.environ.items()
+                      if len(value) >= _SECRET_MIN and _SECRET_NAME.search(name)), key=lambda p: -len(p[0]))
+    for value, name in secrets:
+        if value in text:
             text = text.replace(value, f"[{name}]")
     return text

@@ -121,8 +121,12 @@ class DuckDBObservationStore:
     async def delete_by_thread(self, thread_id: str) -> None:
         with self._lock:
             self._con.execute("BEGIN TRANSACTION")
-            self._con.execute("DELETE FROM omem_records WHERE thread_id = ?", [thread_id])
-            self._con.execute("DELETE FROM omem_epochs WHERE thread_id = ?", [thread_id])
+            try:
+                self._con.execute("DELETE FROM omem_records WHERE thread_id = ?", [thread_id])
+                self._con.execute("DELETE FROM omem_epochs WHERE thread_id = ?", [thread_id])
+            except BaseException:  # all or nothing, and the connection usable after
+                self._con.execute("ROLLBACK")
+                raise
             self._con.execute("COMMIT")
 
     async def delete_epoch(self, thread_id: str) -> int:

@@ -180,6 +180,23 @@ class ThreadState:
 EventCallback = Callable[[CompactionEvent], Awaitable[None] | None]
 
 
+CURSOR_LEASE_TTL = 30.0  # seconds: a cursor lease covers one check and one write, never a model call
+
+
+async def _try_lease(leases: Leases, key: str, holder: str, ttl: float) -> bool:
+    """``leases.try_lease``, safe under cancellation: an attempt cancelled mid-way is let finish
+    and, if it took the lease, gives it back (else the lease would block every process until it
+    expired)."""
+    attempt = asyncio.ensure_future(leases.try_lease(key, holder, ttl))
+    try:
+        return await asyncio.shield(attempt)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            if await attempt:
+                await leases.release_lease(key, holder)
+        raise
+
+
 @dataclass(slots=True, weakref_slot=True)
 class _Guard:
     """One thread's in-process state: the lock that orders saves and deletes, and how many deletes
@@ -402,26 +419,22 @@ class ObservationalMemoryStore:
         nothing of the batch is saved. Re-saving a message that is already stored is allowed.
 
         No pass can move the cursor between that check and the save: both happen under the
-        thread's lock in this process, and a batch older than the thread's newest message (the
-        kind a pass can overtake) also holds the thread's short *cursor lease* when the store has
-        leases, which a pass holds only while it checks its segment and saves its record. So the
-        save never waits for a model call; a pass that planned without the message saves nothing
-        (the next read observes it), and one that saved first gets the message refused."""
+        thread's lock in this process and, when the store has leases, under the thread's short
+        *cursor lease*, which a pass holds only while it checks its segment and saves its record.
+        So a save never waits for a model call; a pass that planned without the message saves
+        nothing (the next read observes it), and one that saved first gets the message refused."""
         batch = [check_message(message) for message in messages]
+        threads = sorted({message.thread_id for message in batch})
         # The guards held strongly while in use: the store keeps them weakly.
-        guards = [self._guard(thread_id) for thread_id in sorted({message.thread_id for message in batch})]
-        leased: set[str] = set()
-        while True:
-            async with contextlib.AsyncExitStack() as held:
-                for thread_id in sorted(leased):  # leases before locks, as a pass takes them
+        guards = [self._guard(thread_id) for thread_id in threads]
+        async with contextlib.AsyncExitStack() as held:
+            if self._leases is not None:
+                for thread_id in threads:  # leases before locks, as a pass takes them
                     await held.enter_async_context(self._cursor_lease(thread_id))
-                for guard in guards:
-                    await held.enter_async_context(guard.lock)
-                out_of_order = await self._refuse_late(batch)
-                if self._leases is None or out_of_order <= leased:
-                    await self.inner.save_messages(batch)
-                    return
-            leased |= out_of_order  # older than the thread's newest: checked again under its lease
+            for guard in guards:
+                await held.enter_async_context(guard.lock)
+            await self._refuse_late(batch)
+            await self.inner.save_messages(batch)
 
     async def recall(
         self, thread_id: str, *, last: int, before: str | None = None
@@ -610,21 +623,18 @@ class ObservationalMemoryStore:
     def _reflect_due(self, plan: _Plan) -> bool:
         return self.reflector is not None and plan.unreflected_volume > self.reflector.threshold
 
-    async def _refuse_late(self, batch: list[Message]) -> set[str]:
+    async def _refuse_late(self, batch: list[Message]) -> None:
         """``ValueError`` if a message of ``batch`` is dated before its thread's newest observed
-        message and is not already stored; else the threads where the batch is older than the
-        newest stored message. Costs one newest-message read per thread and save; more (a page
-        back to the cursor, as a read does) only for an out-of-order message."""
+        message and is not already stored. Costs one newest-message read per thread and save;
+        more (a page back to the cursor, as a read does) only for an out-of-order message."""
         oldest: dict[str, Message] = {}
         for message in batch:
             if message.thread_id not in oldest or message.created_at < oldest[message.thread_id].created_at:
                 oldest[message.thread_id] = message
-        out_of_order: set[str] = set()
         for thread_id, first in oldest.items():
             newest = await self.inner.recall(thread_id, last=1)
             if not newest or first.created_at >= newest[0].created_at:
                 continue  # in time order: the usual case
-            out_of_order.add(thread_id)
             view = view_of(await self._recent_records(thread_id))
             if view.cursor is None:
                 continue
@@ -644,7 +654,6 @@ class ObservationalMemoryStore:
                     f"before the newest observed message {cursor.id!r} ({cursor.created_at.isoformat()}): that "
                     "part of the thread is already condensed, so it would never be observed. Save messages in "
                     f"time order, or date it at or after {cursor.created_at.isoformat()}.")
-        return out_of_order
 
     # -- passes -----------------------------------------------------------------------------
 
@@ -700,20 +709,22 @@ class ObservationalMemoryStore:
         yield ``None`` when another holder has it and ``on_busy`` is ``"render"``."""
         leases = self._leases
         assert leases is not None
-        delay = 0.02
-        while not await leases.try_lease(thread_id, self._holder, self.lease_ttl):
+        # A holder per pass: a pass started after a delete, while the stale one still runs, must
+        # not renew (and then lose, when the stale one releases it) that pass's lease.
+        holder, delay = f"{self._holder}:{uuid.uuid4().hex[:8]}", 0.02
+        while not await _try_lease(leases, thread_id, holder, self.lease_ttl):
             if self.on_busy == "render":
                 yield None
                 return
             await asyncio.sleep(delay)  # "wait": poll until the holder finishes or its lease expires
             delay = min(delay * 2, 0.5)
         lease = _Lease()
-        renewer = asyncio.ensure_future(self._renew(leases, thread_id, lease))
+        renewer = asyncio.ensure_future(self._renew(leases, thread_id, holder, lease))
         try:
             yield lease
         finally:
             renewer.cancel()
-            await leases.release_lease(thread_id, self._holder)
+            await asyncio.shield(leases.release_lease(thread_id, holder))
 
     @contextlib.asynccontextmanager
     async def _cursor_lease(self, thread_id: str) -> AsyncIterator[None]:
@@ -723,19 +734,19 @@ class ObservationalMemoryStore:
         leases = self._leases
         assert leases is not None
         key, holder, delay = f"{thread_id}\u0001cursor", f"{self._holder}:{uuid.uuid4().hex[:8]}", 0.02
-        while not await leases.try_lease(key, holder, self.lease_ttl):
+        while not await _try_lease(leases, key, holder, CURSOR_LEASE_TTL):
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5)
         try:
             yield
         finally:
-            await leases.release_lease(key, holder)
+            await asyncio.shield(leases.release_lease(key, holder))
 
-    async def _renew(self, leases: Leases, thread_id: str, lease: _Lease) -> None:
+    async def _renew(self, leases: Leases, thread_id: str, holder: str, lease: _Lease) -> None:
         while True:
             await asyncio.sleep(self.lease_ttl / 3)
             try:
-                renewed = await leases.try_lease(thread_id, self._holder, self.lease_ttl)
+                renewed = await leases.try_lease(thread_id, holder, self.lease_ttl)
             except Exception:  # a failed renewal is a lost lease, never a crashed read
                 logger.exception("omem: renewing the lease of thread %r failed", thread_id)
                 renewed = False
@@ -970,7 +981,9 @@ class ObservationalMemoryStore:
         except asyncio.TimeoutError as exc:
             raise failure(f"timed out after {self.timeout} s") from exc
         except Exception as exc:
-            raise failure(f"{type(exc).__name__}: {exc}") from exc
+            error = failure(f"{type(exc).__name__}: {exc}")
+            # A cause that quotes a secret stays out of the chain (a logged traceback prints it).
+            raise error from (exc if redact_secrets(str(exc)) == str(exc) else None)
         try:
             text = response.choices[0].message.content
         except (AttributeError, IndexError) as exc:

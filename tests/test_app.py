@@ -290,6 +290,7 @@ def test_runs_page_filters_and_deletes(db: Path, monkeypatch) -> None:
     left = [r for r in table.value.run_id if r != picked]
     assert list(store(db).runs().run_id) == left  # that one, only
     assert any(f"Deleted {picked}" in ui_text for ui_text in (m.value.replace("\\", "") for m in at.success))
+    assert not any("no longer in the run store" in w.value for w in at.warning)  # deleted here, not elsewhere
     # The run shown next is not confirmed for deletion: a second click deletes nothing.
     assert at.selectbox(key="runs_pick").value == left[0]
     assert not at.checkbox(key=f"runs_confirm_{left[0]}").value and at.button(key="runs_delete").disabled

@@ -178,3 +178,19 @@ def test_a_key_quoted_in_a_providers_error_is_never_printed_or_stored(tmp_path, 
         stored = [store.run(run_id)["error"], *store.model_calls(run_id).error.dropna()]
     assert stored and all(key not in text and "[OPENAI_API_KEY]" in text for text in stored)
     assert key not in db.read_bytes().decode("latin-1")  # nowhere in the file
+
+
+def test_the_cache_namespace_follows_the_server_litellm_calls(monkeypatch, tmp_path) -> None:
+    """litellm sends a call to its api_base, else $OPENAI_BASE_URL, else $OPENAI_API_BASE: the
+    cache keeps answers under that same server (a stale $OPENAI_API_BASE beside the
+    $OPENAI_BASE_URL in use must not name it)."""
+    from workbench.cache import completion_kwargs
+
+    monkeypatch.setenv("OPENAI_API_BASE", "http://stale:1/v1")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://used:2/v1")
+    assert completion_kwargs(tmp_path)["cache"]["namespace"] == "server http://used:2/v1"
+    assert completion_kwargs(tmp_path, api_base="http://given:3/v1/")["cache"]["namespace"] == \
+        "server http://given:3/v1"
+    monkeypatch.delenv("OPENAI_BASE_URL")
+    monkeypatch.delenv("OPENAI_API_BASE")
+    assert "namespace" not in completion_kwargs(tmp_path)["cache"]  # no server named: keys as before

@@ -429,3 +429,125 @@ async def test_max_backlog_keeps_the_backlog_from_growing(scripted: Scripted) ->
     capped = await backlog_after_reads(200, scripted)
     assert seed[-1] > 600 and seed[-1] > seed[20]  # the seed's semantics: it grows without end
     assert max(capped) <= 200 + 60 and capped[-1] <= capped[20] + 20
+
+
+# -- cursor and pass leases between processes (two wrappers on one SQLite file) -----------------
+
+
+def _pair(tmp_path, inner_a=None, observations_a=None, **kwargs):
+    """Two wrappers standing for two processes on one SQLite file (only leases coordinate them)."""
+    db = tmp_path / "shared.db"
+    a = wrap((inner_a or SQLiteMemoryStore(db), observations_a or SQLiteObservationStore(db)), **kwargs)
+    b = wrap((SQLiteMemoryStore(db), SQLiteObservationStore(db)), **kwargs)
+    return a, b, db
+
+
+async def test_a_message_saved_in_order_elsewhere_cannot_be_overtaken(tmp_path, scripted: Scripted) -> None:
+    """Process A checks m5 (newer than the newest message: in time order) and is slow to insert
+    it; process B saves m6… and runs passes. Before, B's passes moved the cursor past m5 and A's
+    insert landed behind it, never observed. The check and the insert now hold the thread's
+    cursor lease, so B's record waits for A's insert and then sees m5 in its segment."""
+    slow = SlowSaves(SQLiteMemoryStore(tmp_path / "shared.db"))
+    a, b, _ = _pair(tmp_path, inner_a=slow)
+    await a.save_messages([msg(i) for i in range(5)])
+    slow.gate = asyncio.Event()
+    saving = asyncio.create_task(a.save_messages([msg(5)]))
+    await asyncio.wait_for(slow.holding.wait(), 5)  # checked, not yet inserted
+
+    async def elsewhere() -> None:
+        await b.save_messages([msg(i) for i in range(6, 11)])
+        for _ in range(6):
+            await b.recall("t", last=1)
+
+    other = asyncio.create_task(elsewhere())
+    await asyncio.sleep(0.3)  # time for B to overtake, were it let
+    slow.gate.set()
+    await saving
+    await other
+    for _ in range(4):
+        await b.recall("t", last=1)
+    assert (await b.inspect("t", last=1)).late == ()
+    covered = [i for r in await b.observations.list("t") if r.kind == "observation" for i in r.source_ids]
+    assert covered[:7] == [f"m{i}" for i in range(7)]
+
+
+async def test_a_pass_after_a_delete_holds_its_own_lease(tmp_path, scripted: Scripted) -> None:
+    """A read after a delete starts its own pass while the stale one still runs. Both used the
+    process's one lease holder: the new pass only renewed the old lease, the stale pass's end
+    released it, and another process could run the thread's pass at the same time."""
+    a, b, _ = _pair(tmp_path)
+    await a.save_messages([msg(i) for i in range(6)])
+    scripted.gate = first = asyncio.Event()
+    stale = asyncio.create_task(a.recall("t", last=1))
+    await until_started(scripted)
+    await a.delete_thread("t")
+    await a.save_messages([msg(i, content=f"again {i}") for i in range(6)])
+    scripted.gate = second = asyncio.Event()
+    fresh = asyncio.create_task(a.recall("t", last=1))
+    await asyncio.sleep(0.2)
+    first.set()  # the stale pass ends (saving nothing) and gives its lease back
+    await stale
+    await until_started(scripted, 2)  # the new pass runs now, holding a lease of its own
+    assert not await b.observations.try_lease("t", "process-B", 120)  # so no other process may run it
+    second.set()
+    await fresh
+    [record] = await a.observations.list("t")
+    assert record.source_ids[0] == "m0" and "again 0" in " ".join(c[-1]["content"] for c in scripted.calls[-1:])
+
+
+class SlowReplyLeases(SQLiteObservationStore):
+    """Lease statements that complete in the database while the reply is still on its way (as with
+    PostgreSQL, whose adapter lets a statement finish after its caller is cancelled)."""
+
+    async def try_lease(self, thread_id, holder, ttl):
+        return await asyncio.shield(asyncio.ensure_future(self._slow(thread_id, holder, ttl)))
+
+    async def _slow(self, thread_id, holder, ttl):
+        taken = await SQLiteObservationStore.try_lease(self, thread_id, holder, ttl)
+        await asyncio.sleep(0.05)
+        return taken
+
+
+async def test_a_save_cancelled_while_taking_the_cursor_lease_leaves_no_lease(tmp_path, scripted: Scripted) -> None:
+    """Cancelled while its lease request was in flight, a save left the lease taken and no one to
+    give it back: every pass of the thread, in every process, then waited for it to expire."""
+    import sqlite3
+
+    a, _, db = _pair(tmp_path, observations_a=SlowReplyLeases(tmp_path / "shared.db"))
+    await a.save_messages([msg(i) for i in range(3)])
+    saving = asyncio.create_task(a.save_messages([msg(3)]))
+    await asyncio.sleep(0.02)  # inside try_lease: taken in the database, the reply not back yet
+    saving.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await saving
+    await asyncio.sleep(0.2)
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT thread_id, holder FROM omem_leases").fetchall() == []
+
+
+def test_secrets_are_redacted_whole_and_only_secrets(monkeypatch) -> None:
+    from omem_core._env import redact_secrets
+
+    monkeypatch.setenv("A_API_KEY", "sk-abcdef123456")
+    monkeypatch.setenv("B_API_KEY", "sk-abcdef123456-XYZ789")  # starts with the other one
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMI/K7MDENG")
+    monkeypatch.setenv("PGPASSWORD", "postgres")  # a word, not a secret worth hiding everywhere
+    text = "keys sk-abcdef123456-XYZ789 and sk-abcdef123456, aws wJalrXUtnFEMI/K7MDENG, role postgres"
+    assert redact_secrets(text) == "keys [B_API_KEY] and [A_API_KEY], aws [AWS_SECRET_ACCESS_KEY], role postgres"
+
+
+async def test_a_compaction_error_quoting_a_key_keeps_it_out_of_the_traceback(monkeypatch) -> None:
+    """The error says the variable's name; its cause (the provider's exception, which quotes the
+    key) is left out of the chain, so a logged traceback does not print it either."""
+    import traceback
+
+    key = "LEAKCHECK-abcdef1234567890"  # (litellm masks keys shaped like OpenAI's itself)
+    monkeypatch.setenv("OPENAI_API_KEY", key)
+    store = create_observational_memory_store(observer="omem/extractive", thresholds={"observation": 3},
+                                              count_tokens=ones,
+                                              completion_kwargs={"mock_response": Exception(f"bad key {key}")})
+    await store.save_messages([msg(i) for i in range(6)])
+    with pytest.raises(CompactionError) as caught:
+        await store.recall("t", last=1)
+    printed = "".join(traceback.format_exception(caught.value))
+    assert "[OPENAI_API_KEY]" in str(caught.value) and key not in printed

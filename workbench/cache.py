@@ -295,12 +295,13 @@ def completion_kwargs(path: Path, *, rpm: float | None = None, api_base: str | N
 
     litellm's cache key leaves out the server: two OpenAI-compatible servers under one model
     string would share answers, and one that fails every call would replay the other's. So the
-    server (``api_base``, else ``$OPENAI_API_BASE`` / ``$OPENAI_BASE_URL``) names a namespace of
-    its own."""
+    server (``api_base``, else ``$OPENAI_BASE_URL`` / ``$OPENAI_API_BASE``, the order litellm
+    follows) names a namespace of its own."""
     control: dict[str, Any] = {"use-cache": True, CACHE_FILE_KEY: str(path)}
     if rpm:
         control[RPM_KEY] = rpm
-    server = api_base or os.environ.get("OPENAI_API_BASE") or os.environ.get("OPENAI_BASE_URL")
+    # (litellm's own order: the call's api_base, then OPENAI_BASE_URL, then OPENAI_API_BASE)
+    server = api_base or os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_BASE")
     if server:
         control["namespace"] = "server " + server.rstrip("/")
     return {"caching": True, "cache": control}
