@@ -729,8 +729,8 @@ class ObservationalMemoryStore:
     @contextlib.asynccontextmanager
     async def _cursor_lease(self, thread_id: str) -> AsyncIterator[None]:
         """Hold the thread's cursor lease, in any process: a pass while it checks its segment and
-        saves its record, an out-of-order save while it checks the cursor and saves its messages.
-        Short (no renewal), apart from the pass's own lease, and a holder of its own each time."""
+        saves its record, a save while it checks the cursor and saves its messages. Short (no
+        renewal), apart from the pass's own lease, and a holder of its own each time."""
         leases = self._leases
         assert leases is not None
         key, holder, delay = f"{thread_id}\u0001cursor", f"{self._holder}:{uuid.uuid4().hex[:8]}", 0.02
@@ -928,7 +928,7 @@ class ObservationalMemoryStore:
         guard = plan.guard
         assert guard is not None
         async with contextlib.AsyncExitStack() as held:
-            if self._leases is not None:  # an out-of-order save elsewhere takes it too
+            if self._leases is not None:  # a save, here or elsewhere, takes it too
                 await held.enter_async_context(self._cursor_lease(plan.thread_id))
             await held.enter_async_context(guard.lock)  # a delete in this process takes the same lock
             if guard.deletes != plan.deletes:

@@ -300,7 +300,6 @@ def completion_kwargs(path: Path, *, rpm: float | None = None, api_base: str | N
     control: dict[str, Any] = {"use-cache": True, CACHE_FILE_KEY: str(path)}
     if rpm:
         control[RPM_KEY] = rpm
-    # (litellm's own order: the call's api_base, then OPENAI_BASE_URL, then OPENAI_API_BASE)
     server = api_base or os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_BASE")
     if server:
         control["namespace"] = "server " + server.rstrip("/")

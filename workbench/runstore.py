@@ -234,7 +234,7 @@ class RunBusy(RunStoreError):
 
 
 class RunDeleted(RunStoreError):
-    """The run was deleted (by another process) while it was being written: its writer stops."""
+    """The run (or its experiment) was deleted while it was being written: its writer stops."""
 
 
 def _live_owner(cur: duckdb.DuckDBPyConnection, table: str, key: str, value: str) -> int | None:
