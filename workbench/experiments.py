@@ -126,22 +126,24 @@ def other_settings(configs: Sequence[dict[str, Any]], leave_out: Sequence[str] =
                    ) -> list[str]:
     """Per configuration, what varies across the grid apart from the settings ``leave_out`` names
     ("window 10 · obs model omem/extractive"); ``""`` for each when nothing else varies."""
-    varying = [(get, fmt) for name, get, fmt in _LABEL_PARTS
-               if name not in leave_out and len({str(get(c)) for c in configs}) > 1]
-    return [" · ".join(fmt.format(get(c)) for get, fmt in varying) for c in configs]
+    return _naming(configs, [(name, get, fmt) for name, get, fmt in _LABEL_PARTS if name not in leave_out])
+
+
+def _naming(configs: Sequence[dict[str, Any]], parts: Sequence[tuple], *, every: bool = False) -> list[str]:
+    """Each configuration named by ``parts`` that vary across ``configs`` (all of them: ``every``)."""
+    shown = [(get, fmt) for _, get, fmt in parts if every or len({str(get(c)) for c in configs}) > 1]
+    return [" · ".join(fmt.format(get(c)) for get, fmt in shown) for c in configs]
 
 
 def labels(configs: Sequence[dict[str, Any]]) -> list[str]:
     """Short labels naming only what varies across the grid ("obs 500 · ref 1000"); a grid of one
     configuration is named by its thresholds and window ("obs 1000 · ref 2000 · window 10")."""
-    varying = [(get, fmt) for _, get, fmt in _LABEL_PARTS if len({str(get(c)) for c in configs}) > 1]
-    if not varying and len(configs) == 1:  # (no reflector: no reflection threshold to name)
-        shown = ("observation", "window") if configs[0].get("reflector") is None else ("observation", "reflection",
-                                                                                       "window")
-        varying = [(get, fmt) for name, get, fmt in _LABEL_PARTS if name in shown]
-    if not varying:
-        return [f"config {i + 1}" for i in range(len(configs))]
-    return [" · ".join(fmt.format(get(c)) for get, fmt in varying) for c in configs]
+    if len(configs) == 1:  # (no reflector: no reflection threshold to name)
+        names = ("observation", "window") if configs[0].get("reflector") is None else \
+            ("observation", "reflection", "window")
+        return _naming(configs, [p for p in _LABEL_PARTS if p[0] in names], every=True)
+    named = other_settings(configs, leave_out=())
+    return named if any(named) else [f"config {i + 1}" for i in range(len(configs))]
 
 
 # -- cost ----------------------------------------------------------------------------------------

@@ -132,20 +132,15 @@ def table(frame: pd.DataFrame, *, key: str, scores: bool = False, **kwargs) -> A
     return st.dataframe(shown, key=key, column_config=config | kwargs.pop("column_config", {}), **kwargs)
 
 
-class _MetricRow:
+class MetricRow:
     """Metrics side by side that wrap onto the next line when the page is narrow (``st.columns``
-    cuts each figure to "6…" at 900 px)."""
+    cuts each figure to "6…" at 900 px): ``row = ui.MetricRow(); row.metric(...)``."""
 
     def __init__(self) -> None:
         self.box = st.container(horizontal=True, gap="medium")
 
     def metric(self, *args: Any, **kwargs: Any) -> Any:
         return self.box.metric(*args, width="content", **kwargs)
-
-
-def metric_row(count: int) -> list[_MetricRow]:
-    """``count`` slots for ``.metric(...)``, as ``st.columns(count)`` gives, in one wrapping row."""
-    return [_MetricRow()] * count
 
 
 def warning(prefix: str, detail: object = "") -> None:

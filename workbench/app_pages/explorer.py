@@ -76,24 +76,24 @@ if not done:
              "the figures below describe the part replayed, not the whole conversation. ")
     ui.error(f"**This run {where}** — {scope}", f"Error: {run['error']}" if run["error"] else "")
 
-cols = ui.metric_row(7)
-cols[0].metric("Messages", fmt.display(run["messages"]))
-cols[1].metric("Memory reads", fmt.display(run["steps"]) if done
+cols = ui.MetricRow()
+cols.metric("Messages", fmt.display(run["messages"]))
+cols.metric("Memory reads", fmt.display(run["steps"]) if done
                else f"{fmt.display(run['steps'])} of {fmt.display(run['planned_steps'])}")
-cols[2].metric("Model calls", f"{fmt.display(run['observer_calls'])} / {fmt.display(run['reflector_calls'])}",
+cols.metric("Model calls", f"{fmt.display(run['observer_calls'])} / {fmt.display(run['reflector_calls'])}",
                help="Observer calls / reflector calls")
-cols[3].metric("Compression" + ("" if done else " (partial)"), fmt.ratio(run["compression"]),
+cols.metric("Compression" + ("" if done else " (partial)"), fmt.ratio(run["compression"]),
                help="Full-history tokens / what the agent sees after the last message (memory + window). "
                     "The chart's figure is the same ratio at the chosen step.")
-cols[4].metric("Retention", fmt.share(run["retention"]),
+cols.metric("Retention", fmt.share(run["retention"]),
                help="Share of gold-answer words visible at the end (memory + window); scored on completed "
                     "runs only")
 blind = run.get("blind_spot_tokens")
-cols[5].metric("Blind spot", fmt.tokens(blind) + ("" if fmt.missing(blind) else " tok"),
+cols.metric("Blind spot", fmt.tokens(blind) + ("" if fmt.missing(blind) else " tok"),
                help="Mean backlog per read: tokens of messages that have left the window but are not observed "
                     "yet, so the agent sees them neither verbatim nor as notes (max "
                     f"{fmt.display(run.get('blind_spot_max'))})")
-cols[6].metric("Cost", fmt.money(run["cost_usd"]))
+cols.metric("Cost", fmt.money(run["cost_usd"]))
 
 end_note = app_data.compression_note(run, steps)
 if end_note:
@@ -121,13 +121,12 @@ def _jump(direction: int) -> None:
 
 
 # The pass buttons in a row of their own above the slider: beside it, a narrow page cut them to "◀ …".
-back = forward = st.container(horizontal=True)
-slider_col = st
-back.button("◀ Previous pass", key="ex_prev_pass", on_click=_jump, args=(-1,),
+passes_nav = st.container(horizontal=True)
+passes_nav.button("◀ Previous pass", key="ex_prev_pass", on_click=_jump, args=(-1,),
             disabled=app_data.neighbour(passes, st.session_state[step_key], -1) is None)
-forward.button("Next pass ▶", key="ex_next_pass", on_click=_jump, args=(1,),
+passes_nav.button("Next pass ▶", key="ex_next_pass", on_click=_jump, args=(1,),
                disabled=app_data.neighbour(passes, st.session_state[step_key], 1) is None)
-step = slider_col.slider("Step (memory read)", 0, last, key=step_key)
+step = st.slider("Step (memory read)", 0, last, key=step_key)
 row = steps[steps.step == step].iloc[0]
 
 left, right = st.columns(2)
@@ -138,12 +137,12 @@ st.plotly_chart(charts.volumes_chart(steps, step), key="ex_volumes")
 
 st.subheader(f"At step {step}")
 st.write(analysis.narrate(row, steps[steps.step == step - 1].iloc[0] if step > 0 else None, records))
-figures = ui.metric_row(5)
-figures[0].metric("History", f"{int(row.history_tokens):,} tok")
-figures[1].metric("Agent context", f"{int(row.context_tokens):,} tok")
-figures[2].metric("Backlog", f"{int(row.backlog_tokens):,} tok")
-figures[3].metric("Unreflected", f"{int(row.unreflected_tokens):,} tok")
-figures[4].metric("Cursor", f"message {int(row.cursor_index) + 1}" if row.cursor_index >= 0 else "none")
+figures = ui.MetricRow()
+figures.metric("History", f"{int(row.history_tokens):,} tok")
+figures.metric("Agent context", f"{int(row.context_tokens):,} tok")
+figures.metric("Backlog", f"{int(row.backlog_tokens):,} tok")
+figures.metric("Unreflected", f"{int(row.unreflected_tokens):,} tok")
+figures.metric("Cursor", f"message {int(row.cursor_index) + 1}" if row.cursor_index >= 0 else "none")
 
 timeline, seen = st.tabs(["Observations and reflections", "What the agent sees"])
 with timeline:

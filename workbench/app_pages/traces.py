@@ -30,15 +30,15 @@ seq = st.selectbox("Call", seqs, index=index, format_func=labels.get, key="tr_ca
 st.session_state[ui.TRACE_KEY] = (run_id, seq)
 call = calls[calls.seq == seq].iloc[0].to_dict()
 
-figures = ui.metric_row(6)
-figures[0].metric("Tokens in", fmt.display(call["input_tokens"]))
-figures[1].metric("Tokens out", fmt.display(call["output_tokens"]))
-figures[2].metric("Latency", fmt.MISSING if app_data.missing(call["latency_ms"])
+figures = ui.MetricRow()
+figures.metric("Tokens in", fmt.display(call["input_tokens"]))
+figures.metric("Tokens out", fmt.display(call["output_tokens"]))
+figures.metric("Latency", fmt.MISSING if app_data.missing(call["latency_ms"])
                   else f"{fmt.tokens(call['latency_ms'])} ms")  # (whole milliseconds, with separators)
-figures[3].metric("Cost", fmt.money(call["cost_usd"], 6))
-figures[4].metric("Cache hit", fmt.MISSING if app_data.missing(call["cache_hit"]) else
+figures.metric("Cost", fmt.money(call["cost_usd"], 6))
+figures.metric("Cache hit", fmt.MISSING if app_data.missing(call["cache_hit"]) else
                   ("yes" if call["cache_hit"] else "no"))
-figures[5].metric("Waiting (tokens)", f"{fmt.display(call['volume_before'])} → {fmt.display(call['volume_after'])}",
+figures.metric("Waiting (tokens)", f"{fmt.display(call['volume_before'])} → {fmt.display(call['volume_after'])}",
                   help="Backlog (observe) or unreflected notes (reflect) before and after the pass, in tokens")
 st.text(f"{call['stage']} · {call['model']} · prompt {call['prompt_version']} · "
         f"{fmt.count(0 if fmt.missing(call['source_count']) else int(call['source_count']), 'source')} · "

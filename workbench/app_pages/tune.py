@@ -58,13 +58,13 @@ if mode == "An experiment":
     if cells.observation_threshold.nunique() > 1 or cells.reflection_threshold.nunique() > 1:
         # Side by side when the page is wide enough, one under the other when not (in two
         # columns of a narrow page the cells' figures printed over each other).
-        left = right = st.container(horizontal=True)
+        heatmaps = st.container(horizontal=True)
         shared = cells.settings.iloc[0]
         if cells.retention.notna().any():
-            left.plotly_chart(charts.heatmap(cells, "retention", settings=shared), key="tune_xp_heat_retention",
+            heatmaps.plotly_chart(charts.heatmap(cells, "retention", settings=shared), key="tune_xp_heat_retention",
                               width=430)
         if cells.compression.notna().any():
-            right.plotly_chart(charts.heatmap(cells, "compression", settings=shared),
+            heatmaps.plotly_chart(charts.heatmap(cells, "compression", settings=shared),
                                key="tune_xp_heat_compression", width=430)
     st.subheader("Figures per configuration")
     ui.figures(app_data.summary_table(summaries), hide_index=True, key="tune_xp_table")
@@ -143,9 +143,9 @@ if points:
         ui.open_run(picked[0] if isinstance(picked, list) else picked)
         st.switch_page("workbench/app_pages/explorer.py")
 
-left = right = st.container(horizontal=True)  # (wraps on a narrow page, as above)
+heatmaps = st.container(horizontal=True)  # (wraps on a narrow page, as above)
 if runs.retention.notna().any():
-    left.plotly_chart(charts.heatmap(runs, "retention"), key="tune_heat_retention", width=430)
-right.plotly_chart(charts.heatmap(runs, "compression"), key="tune_heat_compression", width=430)
+    heatmaps.plotly_chart(charts.heatmap(runs, "retention"), key="tune_heat_retention", width=430)
+heatmaps.plotly_chart(charts.heatmap(runs, "compression"), key="tune_heat_compression", width=430)
 ui.table(runs[["run_id", "observation_threshold", "reflection_threshold", "window", "compression", "retention",
                "observer_calls", "reflector_calls"]], hide_index=True, key="tune_table")
