@@ -279,3 +279,23 @@ async def test_a_run_deleted_while_it_is_replayed_stops_and_leaves_nothing_behin
             left = {t: cur.execute(f"SELECT count(*) FROM {t} WHERE run_id = ?", run_ids).fetchall()[0][0]
                     for t in RUN_TABLES}
         assert run_ids and set(left.values()) == {0}, left
+
+
+def test_a_dataset_given_relative_is_recorded_absolute_and_resumes_from_elsewhere(tmp_path, monkeypatch) -> None:
+    """`--dataset datasets/tiny.jsonl` was recorded as given: a resume started in another folder
+    could not find it, and the app (which names datasets absolutely) took the run for another
+    conversation's."""
+    import os
+    from pathlib import Path
+
+    db = str(tmp_path / "rel.duckdb")
+    monkeypatch.chdir(Path(TINY).parents[1])
+    code, out, err = invoke("replay", "--dataset", "datasets/tiny.jsonl", *SMALL, "--json", "--db", db)
+    assert code == 0, err
+    run_id = json.loads(out.strip().splitlines()[-1])["run_id"]
+    with RunStore(db) as store:
+        assert store.run(run_id)["dataset"] == os.path.abspath(TINY)
+        store.set_status(run_id, "interrupted", "stopped for the test")
+    monkeypatch.chdir(tmp_path)
+    code, _, err = invoke("replay", "--resume", run_id, "--db", db)
+    assert code == 0, err

@@ -249,6 +249,12 @@ def _live_owner(cur: duckdb.DuckDBPyConnection, table: str, key: str, value: str
     return int(pid) if process_alive(int(pid), token) else None
 
 
+def _where(dataset: str) -> str:
+    """A dataset's path as recorded: absolute, so that a resume (or the app) started in another
+    folder finds it again and knows it for the same file."""
+    return os.path.abspath(dataset) if dataset else dataset
+
+
 def _require_run(cur: duckdb.DuckDBPyConnection, run_id: str, path: str) -> None:
     if not cur.execute("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).fetchall():
         raise RunDeleted(f"run {run_id} was deleted from {path} while it was being replayed; nothing more of it "
@@ -595,7 +601,7 @@ class RunStore:
                 "INSERT INTO runs (run_id, created_at, updated_at, dataset, dataset_format, conversation_id, "
                 "label, config, status, error, messages, planned_steps, owner_host, owner_pid, owner_token) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [run_id, now, now, dataset, dataset_format, conversation_id, label,
+                [run_id, now, now, _where(dataset), dataset_format, conversation_id, label,
                  json.dumps(config, sort_keys=True), status, error, len(messages), planned_steps, *_owner()])
             _insert_dicts(cur, "messages", run_id, messages)
         return run_id
@@ -728,6 +734,8 @@ class RunStore:
         """A whole run replayed elsewhere (an experiment's worker), written in one transaction:
         a run is in the store entirely or not at all. Returns its id."""
         run = dict(payload["run"])
+        if "dataset" in run:
+            run["dataset"] = _where(run["dataset"])
         run_id = new_run_id()
         now = _now()
         columns = ["run_id", "created_at", "updated_at", "messages", "owner_host", "owner_pid", "owner_token"]
@@ -768,7 +776,8 @@ class RunStore:
             cur.execute("INSERT INTO experiments (experiment_id, created_at, updated_at, name, dataset, dataset_format, "
                         "conversations, configs, options, status, owner_host, owner_pid, owner_token) "
                         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?, ?)",
-                        [experiment_id, now, now, name, dataset, dataset_format, json.dumps(list(conversations)),
+                        [experiment_id, now, now, name, _where(dataset), dataset_format,
+                         json.dumps(list(conversations)),
                          json.dumps(list(configs), sort_keys=True), json.dumps(options, sort_keys=True),
                          *_owner()])
         return experiment_id
