@@ -1089,6 +1089,15 @@ def test_a_sidebar_picker_writes_its_cut_choice_out_in_full(db: Path) -> None:
     assert [c.value for c in at.sidebar.caption] == [ui.plain(whole)]
 
 
+def test_a_value_left_out_of_a_grid_is_named_not_skipped(db: Path) -> None:
+    at = app("experiments")
+    at.text_input(key="xp_obs").set_value("150,,600").run()
+    assert any(shown(e.value) == "Observation thresholds: an empty value in '150,,600'" for e in at.error)
+    assert at.button(key="xp_start").disabled
+    at.text_input(key="xp_obs").set_value("150, 600,").run()  # a trailing comma is fine
+    assert not at.error and not at.button(key="xp_start").disabled
+
+
 def test_the_backlog_ceiling_is_set_and_shown_in_the_app(db: Path) -> None:
     """The opt-in backlog ceiling, until now only in the CLI: a grid of ceilings on the Experiments
     page (a bad one named), one in Compare's form, and the setting shown wherever a run's

@@ -129,6 +129,8 @@ def test_a_bad_value_in_a_list_option_is_a_usage_error_naming_it(command, tmp_pa
     assert code == 2 and "'abc' is not a valid integer. (in '400,abc')" in err
     code, _, err = invoke(*command, "--observation-threshold", " , ", *db)
     assert code == 2 and "expected at least one value" in err
+    code, _, err = invoke(*command, "--observation-threshold", "100,,200", *db)  # a value left out
+    assert code == 2 and "an empty value in '100,,200'" in err
     assert not (tmp_path / "r.duckdb").exists()  # refused before anything was opened or recorded
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from .formatting import MISSING, display, fixed, money, progress, ratio, share, short_path, tokens
+from .formatting import MISSING, display, fixed, money, progress, ratio, share, short_path, split_list, tokens
 from .formatting import missing as _missing
 from .models import OFFLINE_MODEL
 from .losses import STAGE_NAMES, STAGES
@@ -160,10 +160,7 @@ def experiments_table(frame: pd.DataFrame) -> pd.DataFrame:
 def parse_values(text: str, kind: type = int) -> list[Any]:
     """Comma-separated values, deduplicated in the order given (``ValueError`` says what is wrong)."""
     values: list[Any] = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
+    for part in split_list(text):
         try:
             value = kind(part)
         except ValueError:
@@ -181,7 +178,7 @@ def parse_backlogs(text: str) -> list[int | None]:
     """Comma-separated backlog ceilings in tokens, ``off`` (or ``none``) for none; ``[None]`` when
     empty (``ValueError`` says what is wrong)."""
     values: list[int | None] = []
-    for part in (p.strip() for p in text.split(",") if p.strip()):
+    for part in split_list(text):
         if part.lower() in ("off", "none"):
             value = None
         else:

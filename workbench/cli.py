@@ -24,7 +24,7 @@ import click
 from .catalog import DEMO_DATASET, ROOT, known_datasets
 from .datasets import FORMATS  # the format registry (imports no model library)
 from .errors import WorkbenchError
-from .formatting import count, money, ratio, share, short_path
+from .formatting import count, money, ratio, share, short_path, split_list
 from .models import OFFLINE_MODEL
 
 if TYPE_CHECKING:
@@ -143,7 +143,10 @@ def _csv(kind):
     def convert(ctx, param, value):
         if value is None:
             return None
-        items = [v.strip() for v in value.split(",") if v.strip()]
+        try:
+            items = split_list(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), ctx, param) from None
         if not items:
             raise click.BadParameter(f"expected at least one value, got {value!r}", ctx, param)
         if kind is str:

@@ -115,6 +115,20 @@ def short_path(path: str | os.PathLike[str]) -> str:
     return relative if up <= 1 and len(relative) < len(absolute) else absolute
 
 
+def split_list(text: str) -> list[str]:
+    """The items of a comma-separated list, stripped; a trailing comma is allowed, an empty item
+    between two commas is a ``ValueError`` ("100,,200" is more likely a value left out than a
+    typo for "100,200")."""
+    items = [part.strip() for part in text.split(",")]
+    if not any(items):
+        return []
+    if not items[-1]:
+        items.pop()
+    if not all(items):
+        raise ValueError(f"an empty value in {text!r}")
+    return items
+
+
 def progress(status: str, steps: Any, planned: Any) -> str:
     """``completed``; ``failed at step 26 of 100``; ``interrupted at step 3 of 100``."""
     if status in ("completed", "running") or missing(steps):
@@ -137,4 +151,4 @@ def runs_table(frame: Any) -> Any:
 
 
 __all__ = ["MISSING", "count", "display", "fixed", "missing", "money", "tokens", "number", "progress", "ratio",
-           "runs_table", "share", "short_path"]
+           "runs_table", "share", "short_path", "split_list"]
