@@ -134,6 +134,19 @@ def test_a_bad_value_in_a_list_option_is_a_usage_error_naming_it(command, tmp_pa
     assert not (tmp_path / "r.duckdb").exists()  # refused before anything was opened or recorded
 
 
+def test_a_dataset_is_given_by_the_name_datasets_lists(tmp_path, monkeypatch) -> None:
+    code, out, err = invoke("replay", "--dataset", "tiny", "--json", "--db", str(tmp_path / "r.duckdb"))
+    assert code == 0, err
+    with RunStore(str(tmp_path / "r.duckdb")) as store:
+        assert store.run(json.loads(out.strip().splitlines()[-1])["run_id"])["dataset"] == TINY
+    code, _, err = invoke("experiment", "run", "--dataset", "tinyy", "--db", str(tmp_path / "r.duckdb"))
+    assert code == 2 and "no file or folder 'tinyy', and no dataset of that name (known: demo, tiny," in err
+    monkeypatch.chdir(tmp_path)  # a file or folder of that name wins over the name
+    (tmp_path / "tiny").mkdir()
+    code, _, err = invoke("replay", "--dataset", "tiny", "--db", str(tmp_path / "r.duckdb"))
+    assert code == 1 and "tiny: folder: format not recognised" in err
+
+
 def test_a_value_given_twice_in_a_list_option_is_one_configuration(tmp_path) -> None:
     code, out, err = invoke("experiment", "run", "--dataset", TINY, "--observation-threshold", "40,40",
                             "--observer", "omem/extractive,omem/extractive", "--concurrency", "1", "--json",

@@ -131,6 +131,26 @@ def test_unrecognised_format_says_so(tmp_path) -> None:
         load_dataset(write(tmp_path, "y.jsonl", line()), "csv")
 
 
+def test_a_folder_that_is_no_dataset_names_what_inside_could_be(tmp_path) -> None:
+    """A folder given for the file inside it (LoCoMo ships as ``locomo-dev/locomo-dev.json``), or
+    for a folder of dataset folders (BEAM's ``1/``, ``2/``): the error names them."""
+    holder = tmp_path / "locomo"
+    holder.mkdir()
+    write(holder, "conv.json", json.dumps({"hello": 1}))
+    write(holder, "notes.txt", "not data")
+    (holder / "chat1").mkdir()
+    write(holder / "chat1", "chat.json", "[]")
+    (holder / "empty").mkdir()
+    with pytest.raises(DatasetError) as caught:
+        load_dataset(holder)
+    assert str(caught.value).endswith("give one of these as the dataset instead: chat1/, conv.json")
+    (holder / "conv.json").unlink()
+    (holder / "chat1" / "chat.json").unlink()
+    with pytest.raises(DatasetError) as caught:
+        load_dataset(holder)
+    assert "instead" not in str(caught.value)  # nothing to suggest
+
+
 def test_locomo_errors_name_the_sample_and_field(tmp_path) -> None:
     sample = {"sample_id": "s", "qa": [], "conversation": {"speaker_a": "A", "speaker_b": "B",
               "session_1_date_time": "sometime", "session_1": [{"speaker": "A", "dia_id": "D1:1", "text": "x"}]}}

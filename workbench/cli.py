@@ -136,6 +136,32 @@ def _resolve_prompt(store: RunStore | None, name: str, version: str | None) -> P
 POSITIVE = click.IntRange(min=1)
 
 
+class DatasetArg(click.Path):
+    """A dataset file or folder, or the name ``python -m workbench datasets`` lists it under
+    (``locomo-dev``, ``demo``): a path that exists wins over a name."""
+
+    name = "path or name"
+
+    def __init__(self) -> None:
+        super().__init__(exists=True, path_type=Path)
+
+    def get_metavar(self, *args, **kwargs) -> str:  # (click 8.2 added a ctx argument)
+        return "PATH|NAME"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, Path) or Path(value).exists():
+            return super().convert(value, param, ctx)
+        entries = known_datasets()
+        for entry in entries:
+            if entry.name == value:
+                return entry.path
+        names = ", ".join(e.name for e in entries)
+        self.fail(f"no file or folder {value!r}, and no dataset of that name (known: {names})", param, ctx)
+
+
+DATASET = DatasetArg()
+
+
 def _csv(kind):
     """A comma-separated option: each value checked as ``kind`` (a click type, e.g. ``POSITIVE``, or
     ``str``), so a bad one gets click's own message and exit code 2, naming the value; a value
@@ -168,8 +194,8 @@ def cli() -> None:
 
 
 @cli.command("replay")
-@click.option("--dataset", "dataset", type=click.Path(exists=True, path_type=Path), default=DEMO_DATASET,
-              show_default="datasets/demo.jsonl", help="Dataset file or folder.")
+@click.option("--dataset", "dataset", type=DATASET, default=DEMO_DATASET, show_default="demo",
+              help="Dataset file or folder, or a name that `datasets` lists.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), help="Override format detection.")
 @click.option("--conversation", help="Conversation id (default: the first).")
 @click.option("--observer", default=OFFLINE_MODEL, show_default=True, help="litellm model string.")
@@ -282,8 +308,8 @@ def _run_judge(store, result, conv, config, answerer, judge, yes, quiet) -> None
 
 
 @cli.command()
-@click.option("--dataset", type=click.Path(exists=True, path_type=Path), default=DEMO_DATASET,
-              show_default="datasets/demo.jsonl")
+@click.option("--dataset", type=DATASET, default=DEMO_DATASET, show_default="demo",
+              help="Dataset file or folder, or a name that `datasets` lists.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS))
 @click.option("--conversation")
 @click.option("--observer", "observers", default=OFFLINE_MODEL, callback=_csv(str), show_default=True,
@@ -509,7 +535,8 @@ def _print_report(data: dict[str, Any]) -> None:
 
 
 @experiment.command("run")
-@click.option("--dataset", type=click.Path(exists=True, path_type=Path), required=True, help="Dataset file or folder.")
+@click.option("--dataset", type=DATASET, required=True,
+              help="Dataset file or folder, or a name that `datasets` lists (e.g. locomo-dev).")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), help="Override format detection.")
 @click.option("--conversation", "conversations", multiple=True, help="A conversation id (repeat; default: all).")
 @click.option("--observation-threshold", "observation", default="1000", callback=_csv(POSITIVE), show_default=True)

@@ -58,13 +58,29 @@ def get_format(name: str) -> DatasetFormat:
         raise KeyError(f"unknown format {name!r}; choose one of {', '.join(FORMATS)}") from None
 
 
+def _inside(folder: Path) -> str:
+    """What in an unrecognised folder could be the dataset meant: its JSON files, and its
+    subfolders that one of the folder formats recognises (``; give one of them: …``)."""
+    found = []
+    for path in sorted(folder.iterdir()):
+        if path.is_file() and path.suffix.lower() in (".json", ".jsonl"):
+            found.append(path.name)
+        elif path.is_dir() and any((path / file).is_file() for f in REGISTRY for file in f.folder_files):
+            found.append(path.name + "/")
+    if not found:
+        return ""
+    shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+    return f"; give one of these as the dataset instead: {shown}"
+
+
 def _detect(source: Source) -> DatasetFormat:
     for fmt in REGISTRY:
         if fmt.sniff(source):
             return fmt
     if source.is_dir:
         marks = ", ".join(f"{file} ({f.name})" for f in REGISTRY for file in f.folder_files)
-        raise DatasetError(source.path, "folder", None, f"format not recognised: holds none of {marks}")
+        raise DatasetError(source.path, "folder", None,
+                           f"format not recognised: holds none of {marks}{_inside(source.path)}")
     if source.first() is None:
         raise DatasetError(source.path, "file", None, "is empty")
     raise DatasetError(source.path, "top level", None, f"format not recognised; choose its format (the app's Format picker, the CLI's --format): {', '.join(FORMATS)}")
