@@ -62,7 +62,7 @@ def experiment_comparison() -> None:
     ui.figures(shown.style.apply(lambda row: ["background-color: #ffeaa7; font-weight: 600"
                                               if highlight[row.name] else "" for _ in row], axis=1),
                hide_index=True, key="cmp_xp_figures", height=35 * (len(shown) + 1) + 3,
-               column_config={"figure": st.column_config.Column(width="medium")})
+               column_config={"figure": st.column_config.Column(width="medium", pinned=True)})
     listed, scored = app_data.probe_counts(probes, [a, b])
     unscored = f"; the other {listed - scored:,} have no gold answer" if listed > scored else ""
     st.caption(f"Retention pools the {fmt.count(scored, 'probe')} scored (they have a gold answer{unscored}). Highlighted: "
