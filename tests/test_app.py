@@ -17,6 +17,7 @@ from workbench.runstore import RunStore
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 PROJECT_DEMO = Path(__file__).resolve().parents[1] / "datasets" / "demo.jsonl"
+LONGMEMEVAL = PROJECT_DEMO.parent / "samples" / "longmemeval-sample.json"
 PAGES = "workbench/app_pages/{}.py"
 
 
@@ -494,6 +495,32 @@ def run_experiment_in(db: Path, observation=(150, 600), observers=("omem/extract
         else:
             s.finish_experiment(experiment_id, status, "stopped for the test", 0.0)
     return experiment_id
+
+
+def test_compare_sets_two_configurations_side_by_side_on_the_conversations_both_completed(db: Path) -> None:
+    """One configuration failed on a conversation: A's figures pooled over 3 conversations beside
+    B's over 4 (and a B − A that was paired over 3) compared nothing; every figure is now on the
+    conversations both completed, and the page says so."""
+    experiment_id = run_experiment_in(db, observation=(150, 600), dataset=LONGMEMEVAL)
+    s = store(db)
+    runs = s.experiment_runs(experiment_id)
+    failed = runs[runs.config_label == "obs 600"].iloc[0]
+    s.set_status(failed.run_id, "failed", "failed for the test")
+    shared = sorted(set(runs.conversation_id) - {failed.conversation_id})
+    at = app("compare")
+    at.sidebar.selectbox(key="cmp_xp_a").set_value("obs 150")
+    at.sidebar.selectbox(key="cmp_xp_b").set_value("obs 600").run()
+    assert not at.exception, at.exception
+    assert any(shown(w.value).startswith("A and B did not complete the same conversations (obs 150: 4 of 4; "
+                                         "obs 600: 3 of 4): every figure on this page is on the 3 conversations "
+                                         "both completed") for w in at.warning), [w.value for w in at.warning]
+    probes = s.experiment_probes(experiment_id)
+    memory = probes[(probes.method == "memory") & probes.score.notna() & probes.conversation_id.isin(shared)]
+    figures = dataframe(at, "figure").set_index("figure")
+    for column, label in (("A · obs 150", "obs 150"), ("B · obs 600", "obs 600")):
+        mine = memory[memory.config_label == label].score
+        assert figures.loc["retention (pooled)", column] == f"{mine.mean():.3f}"
+    assert figures.loc["runs completed"].tolist()[:2] == ["3", "3"]
 
 
 def dataframe(at: AppTest, *columns: str):

@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from .formatting import MISSING, display, fixed, money, progress, ratio, share, short_path, split_list, tokens
+from .formatting import MISSING, count, display, fixed, money, progress, ratio, share, short_path, split_list, tokens
 from .formatting import missing as _missing
 from .models import OFFLINE_MODEL
 from .losses import STAGE_NAMES, STAGES
@@ -285,6 +285,24 @@ def _scores(probes: pd.DataFrame, label: str, category: str | None = None) -> di
     if category is not None:
         rows = rows[rows.category.map(category_name) == category]
     return {(r.conversation_id, r.probe_id): float(r.score) for r in rows.itertuples()}
+
+
+def pair_conversations(runs: pd.DataFrame, a: str, b: str) -> tuple[list[str], str | None]:
+    """The conversations both ``a`` and ``b`` completed, and, when either completed others too, a
+    note saying the comparison is on those only (``None`` when they completed the same ones)."""
+    from .experiments import shared_conversations
+
+    shared = shared_conversations(runs, [a, b])
+    done = runs[runs.status == "completed"]
+    counts = {label: done[done.config_label == label].conversation_id.nunique() for label in (a, b)}
+    if all(n == len(shared) for n in counts.values()):
+        return shared, None
+    total = runs.conversation_id.nunique()
+    detail = "; ".join(f"{label}: {n} of {total}" for label, n in counts.items())
+    if not shared:
+        return shared, f"A and B completed no conversation in common ({detail}): there is nothing to compare."
+    return shared, (f"A and B did not complete the same conversations ({detail}): every figure on this page "
+                    f"is on the {count(len(shared), 'conversation')} both completed ({', '.join(shared)}).")
 
 
 def figures_comparison(summaries: Sequence[Any], probes: pd.DataFrame, a: str, b: str) -> pd.DataFrame:
@@ -710,7 +728,7 @@ __all__ = [
     "failed_configs",
     "figures_comparison", "final_memory", "funnel_note", "funnel_table", "grid_target", "grid_view", "neighbour",
     "next_compaction", "offline_prompt_note", "opening_sentence", "page_count", "page_slice", "pareto_points",
-    "parse_values", "pass_steps", "probe_grid", "prompt_of", "shared_range", "summary_table", "text_diff",
+    "pair_conversations", "parse_values", "pass_steps", "probe_grid", "prompt_of", "shared_range", "summary_table", "text_diff",
     "run_name", "short_config", "status_text", "threshold_cells", "trace_attempts", "verdict",
 ]
 

@@ -25,7 +25,7 @@ import itertools
 import json
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -586,10 +586,28 @@ def probe_scores(probes: pd.DataFrame, method: str = "memory") -> dict[tuple[str
 
 def summarise(store: Any, experiment_id: str) -> list[ConfigSummary]:
     """Figures per configuration, pooled over the experiment's conversations."""
-    experiment = store.experiment(experiment_id)
-    runs = store.experiment_runs(experiment_id)
-    probes = store.experiment_probes(experiment_id)
-    losses = store.experiment_losses(experiment_id)
+    return summaries_of(store.experiment(experiment_id), store.experiment_runs(experiment_id),
+                        store.experiment_probes(experiment_id), store.experiment_losses(experiment_id))
+
+
+def shared_conversations(runs: pd.DataFrame, labels: Sequence[str]) -> list[str]:
+    """The conversations every one of ``labels`` completed (in the runs' order)."""
+    done = runs[runs.status == "completed"]
+    sets = [set(done[done.config_label == label].conversation_id) for label in labels]
+    common = set.intersection(*sets) if sets else set()
+    return [c for c in dict.fromkeys(runs.conversation_id) if c in common]
+
+
+def summaries_of(experiment: dict, runs: pd.DataFrame, probes: pd.DataFrame, losses: pd.DataFrame,
+                 conversations: Collection[str] | None = None) -> list[ConfigSummary]:
+    """:func:`summarise` from the experiment's tables, on ``conversations`` only when given (so
+    two configurations are set side by side on the same conversations when one of them did not
+    complete them all)."""
+    if conversations is not None:
+        keep = set(conversations)
+        runs, probes, losses = (frame[frame.conversation_id.isin(keep)] for frame in (runs, probes, losses))
+    # The bootstrap draws by position: the same scores give the same interval only in one order.
+    probes = probes.sort_values(["conversation_id", "probe_id", "method"], kind="stable")
     out = []
     for entry in experiment["configs"]:
         label = entry["label"]

@@ -817,13 +817,13 @@ class RunStore:
 
     def experiment_probes(self, experiment_id: str) -> pd.DataFrame:
         return self._df("SELECT r.config_label, r.conversation_id, p.* FROM probes p JOIN runs r USING (run_id) "
-                        "WHERE r.experiment_id = ? AND r.status = 'completed' ORDER BY r.config_label, p.run_id, "
-                        "p.probe_id, p.method", [experiment_id])
+                        "WHERE r.experiment_id = ? AND r.status = 'completed' ORDER BY r.config_label, "
+                        "r.conversation_id, p.probe_id, p.method", [experiment_id])  # (not by run id: random)
 
     def experiment_losses(self, experiment_id: str) -> pd.DataFrame:
         return self._df("SELECT r.config_label, r.conversation_id, l.* FROM probe_losses l JOIN runs r USING (run_id) "
-                        "WHERE r.experiment_id = ? AND r.status = 'completed' ORDER BY r.config_label, l.run_id, "
-                        "l.probe_id", [experiment_id])
+                        "WHERE r.experiment_id = ? AND r.status = 'completed' ORDER BY r.config_label, "
+                        "r.conversation_id, l.probe_id", [experiment_id])
 
     def delete_experiment(self, experiment_id: str) -> None:
         """Delete an experiment and its runs (:class:`RunBusy` while another live process runs it)."""

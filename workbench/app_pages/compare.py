@@ -7,6 +7,7 @@ import streamlit as st
 
 from workbench import analysis, app_data, charts, ui
 from workbench import formatting as fmt
+from workbench.experiments import summaries_of
 
 store = ui.get_store()
 st.title("Compare")
@@ -47,6 +48,13 @@ def experiment_comparison() -> None:
     st.text(f"{experiment_id} · A = {a} · B = {b}")
     if a == b:
         st.warning("A and B are the same configuration.")
+    shared, note = app_data.pair_conversations(runs, a, b)
+    if note:  # figures of A on some conversations beside B's on others would not compare
+        st.warning(ui.plain(note))
+        if not shared:
+            st.stop()
+        summaries = summaries_of(experiment, runs, probes, losses, conversations=shared)
+        probes, losses = probes[probes.conversation_id.isin(shared)], losses[losses.conversation_id.isin(shared)]
     note = app_data.offline_prompt_note(configs[a], configs[b])
     if note:
         st.warning(note)
