@@ -570,8 +570,20 @@ class ObservationalMemoryStore:
             return []  # an empty thread
         if cursor is not None and any(m.id == cursor for m in window):
             return []
-        backlog, _ = await self._page_back(thread_id, window[0].id if window else None, cursor, max(64, 2 * last))
-        return backlog
+        size = max(64, 2 * last)
+        if last == 0:
+            backlog, _ = await self._page_back(thread_id, None, cursor, size)
+            return backlog
+        for anchor in window:  # the window's oldest stored message
+            try:
+                backlog, _ = await self._page_back(thread_id, anchor.id, cursor, size)
+                return backlog
+            except KeyError:
+                # Not a stored message: one the inner store puts ahead of its window (an inner
+                # wrapper's memory message, a RAG store's context), or the thread was deleted
+                # since the window was read (then no message is found, and the backlog is empty).
+                continue
+        return []
 
     async def _page_back(
         self, thread_id: str, before: str | None, cursor: str | None, size: int
@@ -582,8 +594,17 @@ class ObservationalMemoryStore:
         Pages back with growing pages, so the cost follows the span, not the history.
         """
         pages: list[list[Message]] = []
+        first = True
         while True:
-            page = await self.inner.recall(thread_id, last=size, before=before)
+            try:
+                page = await self.inner.recall(thread_id, last=size, before=before)
+            except KeyError:
+                if first:
+                    raise  # ``before`` is not a stored message of the thread
+                return [], None  # a message just read is gone: the thread was deleted meanwhile
+            if first and before is None:
+                page = await self._stored_part(thread_id, page)
+            first = False
             if cursor is not None:
                 for index in range(len(page) - 1, -1, -1):
                     if page[index].id == cursor:
@@ -594,6 +615,18 @@ class ObservationalMemoryStore:
                 return _flatten(pages), None
             before = page[0].id
             size *= 2
+
+    async def _stored_part(self, thread_id: str, page: list[Message]) -> list[Message]:
+        """A cursorless read of the inner store without the messages it put ahead of the
+        thread's own (an inner wrapper's memory message, a RAG store's context): those are no
+        cursor to page back from. One paging read to tell; more only when the inner store adds."""
+        for index, message in enumerate(page):
+            try:
+                await self.inner.recall(thread_id, last=0, before=message.id)
+            except KeyError:
+                continue
+            return page[index:]
+        return []
 
     def _count(self, texts: list[str]) -> list[int]:
         """``count_tokens(texts)``, checked: one non-negative int per text, or ``ValueError``."""
@@ -632,8 +665,8 @@ class ObservationalMemoryStore:
             if message.thread_id not in oldest or message.created_at < oldest[message.thread_id].created_at:
                 oldest[message.thread_id] = message
         for thread_id, first in oldest.items():
-            newest = await self.inner.recall(thread_id, last=1)
-            if not newest or first.created_at >= newest[0].created_at:
+            newest = await self.inner.recall(thread_id, last=1)  # (an inner wrapper puts its memory first)
+            if not newest or first.created_at >= newest[-1].created_at:
                 continue  # in time order: the usual case
             view = view_of(await self._recent_records(thread_id))
             if view.cursor is None:

@@ -402,6 +402,43 @@ async def test_delete_during_an_inflight_pass_saves_nothing(scripted: Scripted) 
     assert events[0].record is None and events[0].error is None
 
 
+async def test_wrappers_compose_an_outer_memory_over_an_inner_one(scripted: Scripted) -> None:
+    """The spec's "wrappers compose": every cursorless read raised KeyError once the inner wrapper
+    had a record, since the outer paged back from the inner's memory message, which no store holds."""
+    inner = make(scripted, observation=4)
+    outer = make(scripted, observation=6, inner=inner, observations=create_in_memory_observation_store())
+    await fill(outer, 13)
+    got = await outer.recall("t", last=3)  # the inner's pass runs inside the outer's window read
+    [record] = await outer.observations.list("t")
+    assert record.source_ids == tuple(f"m{i}" for i in range(6))  # stored messages only, oldest first
+    inner_ids = {f"omem-memory:{r.id}" for r in await inner.observations.list("t")}
+    assert got[0].id == f"omem-memory:{record.id}" and got[1].id in inner_ids  # outer memory, inner memory,
+    assert [m.id for m in got[2:]] == ["m10", "m11", "m12"]  # then the window
+    assert [m.role for m in await outer.recall("t", last=0)] == ["system", "system"]  # memories only
+    await outer.save_messages([msg(17)])  # (the late-message check reads the newest stored message)
+
+
+class _Slow(InMemoryMemoryStore):
+    """A store whose reads really suspend, as a database's do."""
+
+    async def recall(self, thread_id, *, last, before=None):
+        await asyncio.sleep(0.01)
+        return await super().recall(thread_id, last=last, before=before)
+
+
+async def test_a_read_that_overlaps_a_delete_returns_instead_of_raising_key_error(scripted: Scripted) -> None:
+    """A delete between the window read and the backlog's page back made the page back's cursor
+    unknown, and the KeyError (meant for a caller's unknown cursor) reached the reader."""
+    store = make(scripted, observation=100, inner=_Slow(), observations=create_in_memory_observation_store())
+    await fill(store, 30)
+    reader = asyncio.create_task(store.recall("t", last=10))
+    await asyncio.sleep(0.015)  # after the window read, before the page back
+    await store.delete_thread("t")
+    got = await reader
+    assert [m.id for m in got] in ([], [f"m{i}" for i in range(20, 30)])
+    assert await store.recall("t", last=10) == [] and scripted.started == 0
+
+
 async def test_delete_cascades_to_records(scripted: Scripted) -> None:
     store = make(scripted, observation=3)
     await fill(store, 10)
