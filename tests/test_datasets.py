@@ -122,6 +122,24 @@ def test_openai_and_sharegpt_exports(tmp_path) -> None:
         load_dataset(bad, "sharegpt")
 
 
+@pytest.mark.parametrize("fmt, key, message", [("openai", "role", {"role": "user", "content": 7}),
+                                                ("sharegpt", "from", {"from": "human", "value": 7}),
+                                                ("openai", "role", {"role": "user", "content": {"text": "x"}})])
+def test_a_message_whose_text_is_no_text_is_named_not_read_as_empty(tmp_path, fmt, key, message) -> None:
+    """A number or an object where the text goes was read as an empty message (a replay then
+    reported a history of 0 tokens)."""
+    text_key = "content" if fmt == "openai" else "value"
+    other = {key: "assistant" if fmt == "openai" else "gpt", text_key: "ok"}
+    record = {"messages": [message, other]} if fmt == "openai" else {"id": "c", "conversations": [message, other]}
+    bad = write(tmp_path, "chat.json", json.dumps([record]))
+    with pytest.raises(DatasetError, match=f"chat.json: conversation 0 message 0: field '{text_key}': "
+                                           "expected text or a list of content parts, got (int|dict)"):
+        load_dataset(bad, fmt)
+    null = {key: message[key], text_key: None}  # no text (an assistant's tool call): allowed
+    record = {"messages": [null, other]} if fmt == "openai" else {"id": "c", "conversations": [null, other]}
+    assert [t.text for t in load_dataset(write(tmp_path, "ok.json", json.dumps([record])), fmt)[0].turns][-1] == "ok"
+
+
 def test_unrecognised_format_says_so(tmp_path) -> None:
     with pytest.raises(DatasetError, match="format not recognised"):
         load_dataset(write(tmp_path, "x.json", json.dumps({"hello": 1})))

@@ -34,6 +34,12 @@ def from_messages(conv_id: str, messages: list[Any], source: Source, record: str
             raise DatasetError(file, where, role_key, f"unknown role {raw_role!r}")
         if text_key not in item:
             raise DatasetError(file, where, text_key, "missing")
+        content = item[text_key]
+        if not (content is None or isinstance(content, (str, list))
+                or isinstance(content, dict) and isinstance(content.get("parts"), list)):
+            # (null is a message with no text, e.g. an assistant's tool call; a number is a mistake)
+            raise DatasetError(file, where, text_key, f"expected text or a list of content parts, got "
+                               f"{type(content).__name__} {str(content)[:40]!r}")
         stamp = item.get("timestamp") or item.get("created_at")
         created = (parse_datetime(stamp, file, where, "timestamp") if isinstance(stamp, str)
                    else EPOCH + timedelta(minutes=index))
