@@ -117,6 +117,32 @@ def test_the_same_scores_give_the_same_interval_whatever_order_they_were_read_in
         assert again.retention_ci95 == first.retention_ci95 and again.per_category == first.per_category
 
 
+def test_the_cost_estimate_is_not_below_what_the_calls_it_estimates_cost(tmp_path, shared_datasets) -> None:
+    """The estimate (notes a fifth of their input, reflections writing 0.55 of their threshold)
+    came in below the cost of the calls made: $0.0358 against $0.0401 on LoCoMo at gpt-4o-mini's
+    prices. Checked here on the offline model's recorded calls, priced as gpt-4o-mini's."""
+    import litellm
+
+    info = litellm.get_model_info("gpt-4o-mini")
+    price_in, price_out = info["input_cost_per_token"], info["output_cost_per_token"]
+    with RunStore(tmp_path / "x.duckdb") as store:
+        grid = [ReplayConfig(observation_threshold=o, reflection_threshold=2000) for o in (1000, 500)]
+        experiment_id = ex.create_experiment(store, dataset=shared_datasets / "locomo-dev" / "locomo-dev.json",
+                                             grid=grid, conversations=["conv-26"],
+                                             options=ex.ExperimentOptions(concurrency=1))
+        asyncio.run(ex.run_experiment(store, experiment_id))
+        runs = store.experiment_runs(experiment_id)
+        tokens = [int(t) for t in runs.full_history_tokens[:1]]
+        for run in runs.itertuples():
+            config = json.loads(run.config)
+            calls = store.model_calls(run.run_id)
+            spent = float((calls.input_tokens * price_in + calls.output_tokens * price_out).sum())
+            priced = ReplayConfig(observer="gpt-4o-mini", reflector="gpt-4o-mini",
+                                  observation_threshold=config["observation_threshold"],
+                                  reflection_threshold=config["reflection_threshold"])
+            assert ex.estimate_cost(tokens, [priced]) >= spent
+
+
 def test_paired_comparison_verdicts() -> None:
     same = {str(i): float(i % 2) for i in range(40)}
     assert paired_difference("a", "b", same, same).verdict() == "no detectable difference: 0.000 [0.000, 0.000]"

@@ -71,6 +71,28 @@ def test_identical_concurrent_calls_reach_the_model_once_and_costs_and_traces_ar
     assert any(r.body["messages"] == sent for r in ok) and reply == note({"messages": sent})
 
 
+def test_a_cost_with_calls_at_no_known_price_is_unknown_not_the_priced_part(tmp_path) -> None:
+    """A reflector litellm has no price for: the total summed the priced observer calls only and
+    printed it as the cost ($0.0053 for 27 calls, 2 of them unpriced)."""
+    db = tmp_path / "x.duckdb"
+    with OpenAIServer(reply=lambda body: note(body) + " and a fact" * 20) as server:  # notes to reflect
+        code, out, err = invoke("experiment", "run", "--dataset", str(TINY), "--observer", MODEL,
+                                "--reflector", "openai/my-private-model", "--observation-threshold", "40",
+                                "--reflection-threshold", "10", "--window", "2", "--api-base", server.url,
+                                "--json", "--yes", "--db", str(db))
+    assert code == 0, err
+    data = json.loads(out.strip().splitlines()[-1])
+    with RunStore(db) as store:
+        [run_id] = store.experiment_runs(data["experiment_id"]).run_id
+        calls = store.model_calls(run_id)
+        assert (calls.cost_usd > 0).any() and calls.cost_usd.isna().any()  # some priced, some not
+        cost = store.run(run_id)["cost_usd"]
+        assert cost is None or cost != cost  # NULL (read back as NaN)
+    assert data["configs"][0]["cost_usd"] is None
+    code, out, _ = invoke("experiment", "show", data["experiment_id"], "--db", str(db))
+    assert code == 0 and "$0." not in out
+
+
 def test_rate_limits_and_server_errors_are_retried_with_backoff(tmp_path) -> None:
     with OpenAIServer(reply=note, failures=[429, 500, 429]) as server:
         code, data, err = run(server, tmp_path / "x.duckdb", "--num-retries", "3", "--concurrency", "1")

@@ -604,7 +604,7 @@ def experiment_run(dataset, fmt, conversations, observation, reflection, windows
         estimate = ex.estimate_cost([listed[c].tokens for c in chosen if c in listed], runnable)
         runs = len(chosen) * len(grid)
         cost = "free (offline model)" if estimate == 0 else (
-            f"about {money(estimate, 4)} at most" if estimate is not None else "unknown (a model's price is not known)")
+            f"about {money(estimate, 4)} (an estimate meant to err high)" if estimate is not None else "unknown (a model's price is not known)")
         click.echo(f"{count(runs, 'run')}: {count(len(chosen), 'conversation')} × "
                    f"{count(len(grid), 'configuration')}; cost {cost}", err=True)
         if estimate and not yes and not as_json and not click.confirm("Start?", default=True, err=True):

@@ -161,9 +161,11 @@ def _price(model: str) -> tuple[float, float] | None:
 
 
 def estimate_cost(conversation_tokens: Sequence[int], grid: Sequence[Any]) -> float | None:
-    """A rough upper estimate in USD before anything runs (``None`` when a model's price is
-    unknown): every message is observed once (its tokens plus the prompt), notes are about a
-    fifth of what they condense, and each reflection re-reads the reflection threshold."""
+    """A rough estimate in USD before anything runs (``None`` when a model's price is unknown),
+    meant to err high: every message is observed once (its tokens plus the prompt, in segments
+    of the threshold), notes are the length the observer is asked for (30% of a segment, at least
+    48 tokens), and each reflection re-reads twice its threshold and writes the whole of it. A
+    model that writes longer than asked, or a reflection sent back to tighten, costs more."""
     total = 0.0
     prompt_overhead = 600
     for config in grid:
@@ -171,14 +173,15 @@ def estimate_cost(conversation_tokens: Sequence[int], grid: Sequence[Any]) -> fl
         reflector = _price(config.reflector) if config.reflector else (0.0, 0.0)
         if observer is None or reflector is None:
             return None
+        threshold = max(config.observation_threshold, 1)
         for tokens in conversation_tokens:
-            calls = max(1, tokens // max(config.observation_threshold, 1))
-            notes = tokens / 5
+            calls = max(1, -(-tokens // threshold))
+            notes = max(0.3 * tokens, 48 * calls)
             total += (tokens + calls * prompt_overhead) * observer[0] + notes * observer[1]
             if config.reflector:
                 reflections = max(1, int(notes // max(config.reflection_threshold, 1)))
                 total += reflections * (2 * config.reflection_threshold + prompt_overhead) * reflector[0]
-                total += reflections * config.reflection_threshold * 0.55 * reflector[1]
+                total += reflections * config.reflection_threshold * reflector[1]
     return total
 
 
@@ -635,7 +638,7 @@ def summaries_of(experiment: dict, runs: pd.DataFrame, probes: pd.DataFrame, los
             observer_calls=int(done.observer_calls.fillna(0).sum()),
             reflector_calls=int(done.reflector_calls.fillna(0).sum()),
             input_tokens=int(done.input_tokens.fillna(0).sum()), output_tokens=int(done.output_tokens.fillna(0).sum()),
-            cost_usd=float(done.cost_usd.sum()) if done.cost_usd.notna().any() else None,
+            cost_usd=float(done.cost_usd.sum()) if len(done) and done.cost_usd.notna().all() else None,
             latency_ms_per_call=latency, per_category=per_category,
             funnel=funnel(losses[losses.config_label == label].to_dict("records")),
             judged_accuracy=_mean(judged.score),

@@ -391,6 +391,10 @@ async def _finish(conversation, config, recorder, wrapper, count, status, error,
         written = {c["record_id"]: c["step"] for c in calls if c.get("record_id")}
         recorder.save_losses(attribute_losses(conversation, records, state, rows, written))
     costs = [c["cost_usd"] for c in calls if c.get("cost_usd") is not None and c["cost_usd"] == c["cost_usd"]]
+    # A call answered at no known price (a model litellm has no price for) makes the total
+    # unknown: a sum of the priced ones would read as the whole cost.
+    unpriced = any(not c.get("error") and (c.get("cost_usd") is None or c["cost_usd"] != c["cost_usd"])
+                   for c in calls)
     result = ReplayResult(
         run_id=recorder.run_id, status=status, messages=len(conversation.turns), steps=recorder.step,
         observer_calls=sum(1 for c in calls if c["stage"] == "observe"),
@@ -398,7 +402,7 @@ async def _finish(conversation, config, recorder, wrapper, count, status, error,
         cache_hits=sum(1 for c in calls if c.get("cache_hit") is True),
         full_history_tokens=full_history, final_context_tokens=final_context,
         compression=(full_history / final_context) if final_context else None,
-        retention=retention, cost_usd=sum(costs) if costs else (0.0 if not calls else None),
+        retention=retention, cost_usd=None if unpriced else sum(costs) if costs else (0.0 if not calls else None),
         elapsed_s=time.perf_counter() - started, error=error, planned_steps=planned, step_rows=rows,
         context=state.context,
     )

@@ -118,7 +118,7 @@ with st.expander("New experiment", expanded=existing.empty):
                       for c in runnable)
         priced = ("free (built-in offline model)" if offline else
                   "unknown (a model's price is not known to litellm)" if cost is None else
-                  f"about {fmt.money(cost, 2)} at most (a rough upper estimate)")
+                  f"about {fmt.money(cost, 2)} (a rough estimate, meant to err high)")
         st.info(ui.plain(f"{fmt.count(len(conversations) * len(grid), 'run')}: "
                          f"{fmt.count(len(conversations), 'conversation')} × "
                          f"{fmt.count(len(grid), 'configuration')}. Estimated cost: {priced}."))
