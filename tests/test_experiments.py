@@ -143,6 +143,26 @@ def test_the_cost_estimate_is_not_below_what_the_calls_it_estimates_cost(tmp_pat
             assert ex.estimate_cost(tokens, [priced]) >= spent
 
 
+def test_the_judge_reads_the_final_context_word_retention_scores(scripted, tmp_path) -> None:
+    """The judged context was the last read's window, taken before the conversation's last
+    messages were saved, while word retention scores the final one: 1–2 probes per LoCoMo
+    conversation were judged on a context without their answer."""
+    prompts = []
+
+    def answer(messages):
+        prompt = messages[-1]["content"]
+        prompts.append(prompt)
+        return "CORRECT" if prompt.startswith("You grade answers") else "I don't know"
+
+    scripted.default = answer
+    code, out, err = invoke("experiment", "run", "--dataset", str(ROOT / "datasets" / "tiny.jsonl"),
+                            "--answerer", "scripted/model", "--judge", "scripted/model", "--concurrency", "1",
+                            "--yes", "--db", str(tmp_path / "x.duckdb"))
+    assert code == 0, err
+    asked = [p for p in prompts if not p.startswith("You grade answers")]
+    assert len(asked) == 3 and all("Your vet is Dr. Okafor." in p for p in asked)  # the last message
+
+
 def test_paired_comparison_verdicts() -> None:
     same = {str(i): float(i % 2) for i in range(40)}
     assert paired_difference("a", "b", same, same).verdict() == "no detectable difference: 0.000 [0.000, 0.000]"

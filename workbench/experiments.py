@@ -524,7 +524,9 @@ async def _judge_experiment(store: Any, experiment_id: str, options: ExperimentO
 
 
 def _final_context(store: Any, run_id: str) -> list[Any]:
-    """What the agent saw at the end of a run, rebuilt from its last step's ids."""
+    """What the agent would see at the end of a run, as word retention scores it: the memory of
+    the last step (no pass runs after it) and the last N messages of the conversation (not the
+    last step's window, read before the last messages were saved)."""
     from datetime import datetime, timezone
 
     from omem_core import Message
@@ -538,8 +540,8 @@ def _final_context(store: Any, run_id: str) -> list[Any]:
     if memory:
         out.append(Message(id="memory", thread_id="t", role="system", content=memory,
                            created_at=datetime.now(timezone.utc)))
-    for message_id in json.loads(last.window_ids or "[]"):
-        row = messages.loc[message_id]
+    window = int(store.run(run_id)["config"]["last_messages"])
+    for message_id, row in (messages.iloc[-window:] if window else messages.iloc[:0]).iterrows():
         out.append(Message(id=message_id, thread_id="t", role=row.role, content=row.content,
                            created_at=row.created_at.to_pydatetime()))
     return out
