@@ -521,6 +521,7 @@ def test_compare_sets_two_configurations_side_by_side_on_the_conversations_both_
         mine = memory[memory.config_label == label].score
         assert figures.loc["retention (pooled)", column] == f"{mine.mean():.3f}"
     assert figures.loc["runs completed"].tolist()[:2] == ["3", "3"]
+    assert re.fullmatch(r"\d+\.\dx", figures.loc["compression (x)", "A · obs 150"])  # as every table writes it
 
 
 def dataframe(at: AppTest, *columns: str):

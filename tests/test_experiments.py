@@ -318,6 +318,23 @@ def test_labels_name_only_what_varies() -> None:
     assert short_config({"config": typo}).startswith("omem/extractivX · obs 1000 · ref 2000 · win 10")
 
 
+@pytest.mark.parametrize("verdict, score", [("**CORRECT**", 1.0), ("Verdict: Correct.", 1.0), ("INCORRECT", 0.0),
+                                            ("**Incorrect** - it names another dog", 0.0), ("WRONG", 0.0),
+                                            ("I cannot tell", 0.0)])
+def test_the_judges_verdict_is_read_whatever_its_markdown(verdict, score) -> None:
+    """A judge that answered "**CORRECT**" was scored wrong (only a bare first word was read)."""
+    from conftest import scripted_provider
+
+    from workbench.datasets import load_conversation
+    from workbench.judge import judge_probes
+
+    probes = load_conversation(ROOT / "datasets" / "tiny.jsonl").probes[:1]
+    with scripted_provider() as scripted:
+        scripted.default = lambda messages: verdict if messages[-1]["content"].startswith("You grade") else "x"
+        [row] = asyncio.run(judge_probes(probes, "no context", answerer="scripted/model", judge="scripted/model"))
+    assert row["score"] == score
+
+
 def test_the_judge_grades_abstention_probes_by_declining() -> None:
     """Abstention probes have no gold (word retention skips them); the judge grades them: the right
     answer is to decline."""

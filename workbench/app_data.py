@@ -340,7 +340,7 @@ def figures_comparison(summaries: Sequence[Any], probes: pd.DataFrame, a: str, b
         add(f"retention · {name}", (sa.per_category.get(category) or {}).get("retention"),
             (sb.per_category.get(category) or {}).get("retention"), lambda v: share(v, 3),
             diff.ci95 if diff else None, diff.difference if diff else None, bool(diff and diff.detectable))
-    add("compression (x)", sa.compression, sb.compression)
+    add("compression (x)", sa.compression, sb.compression, ratio)  # "5.6x", as every other table
     add("retention vs recency baseline", sa.recency_ratio, sb.recency_ratio)
     add("blind-spot tokens (mean backlog)", sa.blind_spot_tokens, sb.blind_spot_tokens, tokens)
     add("observer calls", sa.observer_calls, sb.observer_calls)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -66,6 +67,13 @@ async def _ask(model: str, prompt: str, **kwargs) -> str:
     return (response.choices[0].message.content or "").strip()
 
 
+def verdict_word(verdict: str) -> str:
+    """``CORRECT``, ``INCORRECT`` or ``WRONG``: the first of them in a judge's reply, whatever its
+    case or Markdown ("**Correct**", "Verdict: CORRECT"); ``""`` when it names none."""
+    found = re.search(r"\b(INCORRECT|CORRECT|WRONG)\b", verdict.upper())
+    return found.group(1) if found else ""
+
+
 async def judge_probes(
     probes: Sequence[Probe], context: str, *, answerer: str, judge: str, concurrency: int = 4,
     progress: Callable[[int, int], None] | None = None, completion_kwargs: dict | None = None,
@@ -87,7 +95,7 @@ async def judge_probes(
         done += 1
         if progress is not None:
             progress(done, len(scorable))
-        word = verdict.strip().split()[0].strip(".:!").upper() if verdict.strip() else ""
+        word = verdict_word(verdict)
         return {"probe_id": probe.id, "method": "llm_judge", "question": probe.question, "gold": probe.gold,
                 "category": probe.category, "evidence": json.dumps(list(probe.evidence)),
                 "evidence_in_window": None, "score": 1.0 if word == "CORRECT" else 0.0,
