@@ -163,6 +163,23 @@ def test_the_judge_reads_the_final_context_word_retention_scores(scripted, tmp_p
     assert len(asked) == 3 and all("Your vet is Dr. Okafor." in p for p in asked)  # the last message
 
 
+def test_the_blind_spot_is_a_mean_over_every_read_of_every_conversation(tmp_path) -> None:
+    """As docs/experiments.md defines it; it was a mean of the runs' means (255.2 where every
+    read gives 256.4 on LoCoMo), which counts a short conversation as much as a long one."""
+    import pandas as pd
+
+    with RunStore(tmp_path / "x.duckdb") as store:
+        grid = [ReplayConfig(observation_threshold=40, reflection_threshold=2000, last_messages=2)]
+        experiment_id = ex.create_experiment(store, dataset=LONGMEMEVAL, grid=grid,
+                                             options=ex.ExperimentOptions(concurrency=1))
+        asyncio.run(ex.run_experiment(store, experiment_id))
+        runs = store.experiment_runs(experiment_id)
+        reads = pd.concat([store.steps(r) for r in runs.run_id])
+        [summary] = ex.summarise(store, experiment_id)
+    assert runs.steps.nunique() > 1  # conversations of different lengths
+    assert summary.blind_spot_tokens == pytest.approx(reads.backlog_tokens.mean())
+
+
 def test_paired_comparison_verdicts() -> None:
     same = {str(i): float(i % 2) for i in range(40)}
     assert paired_difference("a", "b", same, same).verdict() == "no detectable difference: 0.000 [0.000, 0.000]"

@@ -583,6 +583,14 @@ def _mean(values: pd.Series) -> float | None:
     return float(values.mean()) if len(values) else None
 
 
+def _per_read(runs: pd.DataFrame) -> float | None:
+    """The mean blind spot over every read of ``runs`` (each run's mean weighed by its reads),
+    not a mean of the runs' means, which counts a short conversation as much as a long one."""
+    known = runs[runs.blind_spot_tokens.notna() & runs.steps.notna() & (runs.steps > 0)]
+    reads = float(known.steps.sum())
+    return float((known.blind_spot_tokens * known.steps).sum() / reads) if reads else None
+
+
 def probe_scores(probes: pd.DataFrame, method: str = "memory") -> dict[tuple[str, str], float]:
     """``(conversation, probe) -> score`` for one scoring method (scored probes only)."""
     rows = probes[(probes.method == method) & probes.score.notna()]
@@ -636,7 +644,7 @@ def summaries_of(experiment: dict, runs: pd.DataFrame, probes: pd.DataFrame, los
             probes=int(len(memory)), retention=retention, retention_ci95=bootstrap_ci(memory.score.tolist()),
             compression=float(history / context) if len(done) and context else None,
             recency_ratio=(retention / recent_mean) if retention is not None and recent_mean else None,
-            blind_spot_tokens=_mean(done.blind_spot_tokens),
+            blind_spot_tokens=_per_read(done),
             observer_calls=int(done.observer_calls.fillna(0).sum()),
             reflector_calls=int(done.reflector_calls.fillna(0).sum()),
             input_tokens=int(done.input_tokens.fillna(0).sum()), output_tokens=int(done.output_tokens.fillna(0).sum()),
