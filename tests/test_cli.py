@@ -163,6 +163,10 @@ def test_model_error_then_resume(scripted: Scripted) -> None:
     assert code == 1 and "rate limited" in err and "--resume" in err
     failed = json.loads(out.strip().splitlines()[-1])
     assert failed["status"] == "failed" and failed["steps"] > 0
+    # options the resumed run would ignore (it keeps its recorded configuration) are refused, not dropped
+    code, _, err = invoke("replay", "--resume", failed["run_id"], "--observation-threshold", "50",
+                          "--observer", "omem/extractive")
+    assert code == 2 and "--observer, --observation-threshold cannot be given with it" in err
     code, out, _ = invoke("replay", "--resume", failed["run_id"], "--json")
     resumed = json.loads(out.strip().splitlines()[-1])
     assert code == 0 and resumed["run_id"] == failed["run_id"] and resumed["status"] == "completed"
@@ -314,3 +318,19 @@ def test_a_dataset_given_relative_is_recorded_absolute_and_resumes_from_elsewher
     monkeypatch.chdir(tmp_path)
     code, _, err = invoke("replay", "--resume", run_id, "--db", db)
     assert code == 0, err
+
+
+@pytest.mark.parametrize("args, error", [
+    (["--observation-threshold", "20000"], "observation_threshold must be at most 16,000 tokens"),
+    (["--timeout", "0"], "Invalid value for '--timeout'"),
+    (["--timeout", "-1"], "Invalid value for '--timeout'"),
+    (["--timeout", "inf"], "timeout must be a positive number of seconds"),
+])
+def test_a_configuration_that_cannot_run_is_refused_before_any_run_is_recorded(tmp_path, args, error) -> None:
+    db = str(tmp_path / "refused.duckdb")
+    code, _, err = invoke("replay", "--dataset", TINY, *args, "--db", db)
+    assert code != 0 and error in " ".join(err.split())
+    code, _, err = invoke("experiment", "run", "--dataset", TINY, *args, "--db", db)
+    assert code != 0 and error in " ".join(err.split())
+    with RunStore(db) as store:
+        assert store.runs().empty and store.experiments().empty  # no failed run left behind to explain

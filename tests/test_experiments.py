@@ -227,6 +227,18 @@ def test_a_killed_experiment_is_resumed_without_redoing_finished_runs(tmp_path) 
         assert experiment["status"] == "interrupted" and "experiment resume" in experiment["error"]
         first = store.experiment_runs(experiment_id)
         assert list(first.status) == ["completed"]  # whole runs only: the one in flight left nothing
+        # the two runs never started count as not completed (not only the recorded failures)
+        assert (experiment["planned_runs"], experiment["runs"], experiment["unfinished_runs"]) == (3, 1, 2)
+        from workbench.app_data import experiment_label, experiments_table
+
+        assert experiments_table(store.experiments())["not completed"].tolist() == [2]  # the app says so too
+        assert "1 run, 2 not completed" in experiment_label(experiment)
+    code, out, _ = invoke("experiment", "list", "--db", str(db))
+    header, row = out.splitlines()[:2]
+    assert code == 0 and row.split()[header.split().index("not")] == "2"  # "not completed" (two words)
+    code, out, err = invoke("experiment", "show", experiment_id, "--db", str(db))
+    assert code == 0 and "the figures below come from the 1 of 3 planned runs that completed" in " ".join(out.split())
+    assert f"finish it with: python -m workbench experiment resume {experiment_id}" in err
     code, out, err = invoke("experiment", "resume", experiment_id, "--json", "--db", str(db))
     assert code == 0, err
     with RunStore(db) as store:
@@ -301,11 +313,12 @@ def test_experiment_list_show_compare_and_export(tmp_path) -> None:
     experiment_id = json.loads(out.strip().splitlines()[-1])["experiment_id"]
     code, out, _ = invoke("experiment", "list", "--db", db)
     assert code == 0 and experiment_id in out and "thresholds" in out
-    assert out.split()[:7] == ["experiment", "status", "name", "dataset", "runs", "not", "completed"]
+    assert out.split()[:8] == ["experiment", "status", "name", "dataset", "planned", "recorded", "not", "completed"]
     assert out.splitlines()[1].split()[3] == "demo"  # a known dataset by its name, not its path
     code, out, _ = invoke("experiment", "show", experiment_id, "--db", db)
     assert code == 0 and "obs 150" in out and "obs 600" in out and "95% CI" in out and "nan" not in out.lower()
     assert max(len(line) for line in out.splitlines()) <= 100  # fits a 100-column terminal with short labels
+    assert "obs 150 vs obs 600 (obs 600 minus obs 150):" in " ".join(out.split())  # as `compare` words it
     code, out, _ = invoke("experiment", "compare", experiment_id, "--a", "obs 600", "--b", "obs 150", "--db", db)
     assert code == 0 and "obs 600 vs obs 150 on 22 shared probes (obs 150 minus obs 600):" in out
     code, _, err = invoke("experiment", "compare", experiment_id, "--a", "obs 999", "--db", db)

@@ -128,7 +128,7 @@ def experiment_label(row: Any) -> str:
     if not name and not missing(row.get("dataset")):
         name = os.path.basename(str(row["dataset"]).rstrip("/\\"))
     runs = 0 if missing(row.get("runs")) else int(row["runs"])
-    failed = 0 if missing(row.get("failed_runs")) else int(row["failed_runs"])
+    failed = 0 if missing(row.get("unfinished_runs")) else int(row["unfinished_runs"])
     parts = [*([name] if name else []), str(row["status"]),
              f"{runs} run{'s' if runs != 1 else ''}" + (f", {failed} not completed" if failed else ""),
              str(row["experiment_id"])]
@@ -149,7 +149,7 @@ def experiments_table(frame: pd.DataFrame) -> pd.DataFrame:
         "conversations": frame.conversations.map(lambda c: len(json.loads(c)) if isinstance(c, str) else len(c)),
         "configurations": frame.configs.map(lambda c: len(json.loads(c)) if isinstance(c, str) else len(c)),
         "runs": frame.runs,
-        "not completed": frame.failed_runs,
+        "not completed": frame.unfinished_runs,
         "elapsed (s)": frame.elapsed_s.map(lambda v: MISSING if missing(v) else f"{float(v):.1f}"),
         "created": frame.created_at.map(lambda v: str(v)[:19]),
         "error": frame.error,

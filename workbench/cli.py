@@ -200,7 +200,8 @@ def cli() -> None:
 @click.option("--conversation", help="Conversation id (default: the first).")
 @click.option("--observer", default=OFFLINE_MODEL, show_default=True, help="litellm model string.")
 @click.option("--reflector", default=OFFLINE_MODEL, show_default=True, help="litellm model string, or 'none'.")
-@click.option("--observation-threshold", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option("--observation-threshold", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="Tokens of unobserved messages that trigger the observer (at most the observer's input cap).")
 @click.option("--reflection-threshold", type=click.IntRange(min=1), default=2000, show_default=True)
 @click.option("--last-messages", type=click.IntRange(min=1), default=10, show_default=True, help="Recall window.")
 @click.option("--token-counter", type=click.Choice(TOKEN_COUNTERS), default="heuristic", show_default=True)
@@ -210,7 +211,7 @@ def cli() -> None:
               "app (default: the newest built-in).")
 @click.option("--reflector-prompt", help="Reflector prompt version: a built-in one (v1, v2) or one saved in the "
               "app (default: the newest built-in).")
-@click.option("--timeout", type=float, help="Seconds allowed to each compaction call.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), help="Seconds allowed to each compaction call.")
 @click.option("--max-backlog", type=click.IntRange(min=1), help="Opt-in backlog ceiling in tokens: past it the "
               "observer takes larger segments so the backlog stops growing (default off).")
 @click.option("--no-cache", is_flag=True, help="Do not serve repeated model calls from litellm's cache.")
@@ -235,6 +236,8 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
 
     if bool(answerer) != bool(judge):
         raise click.UsageError("--answerer and --judge go together")
+    if resume:
+        _refuse_with_resume(click.get_current_context(), RESUME_FIXES)
     with _using_store(db) as store:
         if resume:
             run = store.run(resume)
@@ -287,6 +290,25 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
             calls = store.model_calls(result.run_id) if result.run_id else None
             for note in findings(pd.DataFrame(result.step_rows), config.observation_threshold, calls):
                 _echo_wrapped(note, first="  note: ", rest="        ")
+
+
+# What a resumed run takes from its recorded configuration (changing any of them mid-run would
+# record one run made of two configurations).
+RESUME_FIXES = ("dataset", "fmt", "conversation", "observer", "reflector", "observation_threshold",
+                "reflection_threshold", "last_messages", "token_counter", "recall_on", "observer_prompt",
+                "reflector_prompt", "timeout", "max_backlog", "no_cache")
+
+
+def _refuse_with_resume(ctx: click.Context, names: tuple[str, ...]) -> None:
+    """Refuse options given on the command line that a resumed run would silently ignore."""
+    from click.core import ParameterSource
+
+    given = [param.opts[0] for param in ctx.command.params
+             if param.name in names and ctx.get_parameter_source(param.name) is ParameterSource.COMMANDLINE]
+    if given:
+        raise click.UsageError(
+            f"--resume continues a run with the configuration it was recorded with, so {', '.join(given)} "
+            f"cannot be given with it (start a new run without --resume to use {'them' if len(given) > 1 else 'it'})")
 
 
 def _run_judge(store, result, conv, config, answerer, judge, yes, quiet) -> None:
@@ -507,9 +529,13 @@ def _print_report(data: dict[str, Any]) -> None:
     def ci(pair) -> str:
         return f"[{share(pair[0], 3)}, {share(pair[1], 3)}]" if pair else MISSING
 
-    _echo_wrapped(f"experiment {data['experiment_id']} ({data['status_text']}): "
-                  f"{count(len(data['conversations']), 'conversation')} of {short_path(data['dataset'])}, "
-                  f"{display(data['elapsed_s'])} s")
+    header = (f"experiment {data['experiment_id']} ({data['status_text']}): "
+              f"{count(len(data['conversations']), 'conversation')} of {short_path(data['dataset'])}, "
+              f"{display(data['elapsed_s'])} s")
+    if data["completed_runs"] < data["planned_runs"]:
+        header += (f"; the figures below come from the {data['completed_runs']} of {data['planned_runs']} "
+                   f"planned runs that completed, on {count(data['completed_conversations'], 'conversation')}")
+    _echo_wrapped(header)
     # A label longer than the column is written on a line of its own above its figures (cut, two
     # labels could read the same; in full, the table would not fit 100 columns).
     width = len("configuration")
@@ -528,10 +554,14 @@ def _print_report(data: dict[str, Any]) -> None:
         for error in c["errors"]:
             click.echo(f"    failed: {error}", err=True)
     for comparison in data["comparisons"]:
-        _echo_wrapped(f"{comparison['b']} vs {comparison['a']}: {comparison['verdict']}")
+        # (in the words `experiment compare` uses: a vs b, the difference b minus a)
+        _echo_wrapped(f"{comparison['a']} vs {comparison['b']} ({comparison['b']} minus {comparison['a']}): "
+                      f"{comparison['verdict']}")
     if data["failed_runs"] and data["status"] == "completed":
         click.echo(f"retry the failed runs with: python -m workbench experiment resume {data['experiment_id']}",
                    err=True)
+    elif data["status"] in ("interrupted", "stopped", "failed") and data["completed_runs"] < data["planned_runs"]:
+        click.echo(f"finish it with: python -m workbench experiment resume {data['experiment_id']}", err=True)
 
 
 @experiment.command("run")
@@ -561,7 +591,7 @@ def _print_report(data: dict[str, Any]) -> None:
 @click.option("--rpm", type=click.FloatRange(min=0, min_open=True), help="Requests per minute per model.")
 @click.option("--num-retries", type=click.IntRange(0, 20), default=2, show_default=True,
               help="litellm's retries with backoff (rate limits, transient errors).")
-@click.option("--timeout", type=float, help="Seconds allowed to each compaction call.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), help="Seconds allowed to each compaction call.")
 @click.option("--api-base", help="An OpenAI-compatible server for the remote models (e.g. a local one).")
 @click.option("--no-traces", is_flag=True, help="Do not store each call's request and response.")
 @click.option("--no-cache", is_flag=True, help="Do not use litellm's cache (nor share identical calls).")
@@ -673,9 +703,9 @@ def experiment_list(as_json: bool, db: str) -> None:
     """The recorded experiments, newest first."""
     with _using_store(db) as store:
         frame = store.experiments()
-    columns = ["experiment_id", "status", "name", "dataset", "runs", "failed_runs", "created_at"]
+    columns = ["experiment_id", "status", "name", "dataset", "planned_runs", "runs", "unfinished_runs", "created_at"]
     if as_json:
-        click.echo(frame[columns].to_json(orient="records", date_format="iso"))
+        click.echo(frame[[*columns, "failed_runs"]].to_json(orient="records", date_format="iso"))
     elif frame.empty:
         click.echo(f"no experiments in {db}")
     else:
@@ -688,7 +718,8 @@ def experiment_list(as_json: bool, db: str) -> None:
         shown = frame[columns].assign(created_at=frame.created_at.dt.strftime("%Y-%m-%d %H:%M"),
                                       dataset=frame.dataset.map(lambda d: names.get(str(Path(d).resolve()),
                                                                                     short_path(d))))
-        shown = shown.rename(columns={"experiment_id": "experiment", "failed_runs": "not completed",
+        shown = shown.rename(columns={"experiment_id": "experiment", "planned_runs": "planned",
+                                      "runs": "recorded", "unfinished_runs": "not completed",
                                       "created_at": "created"})
         click.echo(shown.astype(object).map(lambda v: MISSING if missing(v) else v).to_string(index=False))
 

@@ -687,9 +687,13 @@ def report(store: Any, experiment_id: str) -> dict[str, Any]:
                                 "ci95": list(diff.ci95) if diff.ci95 else None, "verdict": diff.verdict()})
     failed = sum(s.failed for s in summaries)
     planned = len(experiment["conversations"]) * len(experiment["configs"])
+    runs = store.experiment_runs(experiment_id)
+    done = runs[runs.status == "completed"]
     return {
         "experiment_id": experiment_id, "name": experiment["name"], "status": experiment["status"],
         "status_text": status_text(experiment["status"], failed, planned), "failed_runs": failed,
+        "planned_runs": planned, "completed_runs": int(len(done)),
+        "completed_conversations": int(done.conversation_id.nunique()),
         "dataset": experiment["dataset"], "conversations": experiment["conversations"],
         "elapsed_s": float(experiment["elapsed_s"] or 0.0),
         "configs": [{k: s.to_json()[k] for k in keys} | {"per_category": s.per_category, "funnel": s.funnel,

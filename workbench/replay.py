@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -32,6 +33,8 @@ from omem_core import (
     create_observational_memory_store,
     token_counter,
 )
+
+from omem_core.wrapper import DEFAULT_MAX_INPUT_TOKENS as OBSERVER_INPUT_CAP
 
 from .cache import completion_kwargs, enable_litellm_cache, prepare_cache
 from .datasets import Conversation
@@ -75,6 +78,15 @@ class ReplayConfig:
             raise ConfigurationError(f"max_backlog must be a positive integer (tokens) or None, got {self.max_backlog!r}")
         if self.recall_on not in ("assistant", "every"):
             raise ConfigurationError(f"recall_on must be 'assistant' or 'every', got {self.recall_on!r}")
+        if self.observation_threshold > OBSERVER_INPUT_CAP:
+            # (the library takes a larger cap, but a replay would then send the observer segments
+            # larger than common models accept: refused here, before a failed run is recorded)
+            raise ConfigurationError(
+                f"observation_threshold must be at most {OBSERVER_INPUT_CAP:,} tokens (the observer's input cap: "
+                f"each segment sent to the observer is one threshold's worth), got {self.observation_threshold:,}")
+        if self.timeout is not None and (isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float))
+                                         or not math.isfinite(self.timeout) or self.timeout <= 0):
+            raise ConfigurationError(f"timeout must be a positive number of seconds or None, got {self.timeout!r}")
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

@@ -807,9 +807,17 @@ class RunStore:
         return row
 
     def experiments(self) -> pd.DataFrame:
+        """Every experiment, newest first, with counts of its runs: ``runs`` recorded, ``failed_runs``
+        recorded but not completed, ``planned_runs`` (conversations × configurations) and
+        ``unfinished_runs``, the planned ones not completed (failed, or never started: an
+        interrupted experiment has runs it never recorded)."""
         frame = self._df("SELECT e.*, (SELECT count(*) FROM runs r WHERE r.experiment_id = e.experiment_id) AS runs, "
                          "(SELECT count(*) FROM runs r WHERE r.experiment_id = e.experiment_id "
                          "AND r.status <> 'completed') AS failed_runs FROM experiments e ORDER BY created_at DESC")
+        planned = [len(json.loads(conversations)) * len(json.loads(configs))
+                   for conversations, configs in zip(frame.conversations, frame.configs)]
+        frame["planned_runs"] = pd.Series(planned, index=frame.index, dtype="int64")
+        frame["unfinished_runs"] = (frame.planned_runs - (frame.runs - frame.failed_runs)).clip(lower=0)
         return frame
 
     def experiment_runs(self, experiment_id: str) -> pd.DataFrame:
