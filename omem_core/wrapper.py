@@ -324,6 +324,13 @@ def _validate_model(role: str, model: object) -> str:
             "(use a provider prefix such as 'openai/…', 'anthropic/…', 'ollama/…', or the "
             "offline 'omem/extractive')"
         ) from exc
+    from .extractive.provider import MODELS, PROVIDER
+
+    # litellm routes every "omem/…" to the offline provider, which knows only its own models: an
+    # unknown one would fail at the first pass, wrapped in litellm's "bug in LiteLLM" banner.
+    if model.startswith(f"{PROVIDER}/") and model.split("/", 1)[1] not in MODELS:
+        raise ValueError(f"unknown {role} model {model!r}: the offline provider has "
+                         + ", ".join(f"{PROVIDER}/{name}" for name in MODELS))
     return model
 
 

@@ -600,6 +600,8 @@ async def test_custom_prompt_per_store(scripted: Scripted) -> None:
         ({"observer": "definitely-not-a-model"}, "unknown observer model"),
         ({"observer": ""}, "litellm model string"),
         ({"reflector": "nonsense-model-xyz"}, "unknown reflector model"),
+        ({"observer": "omem/nothing"}, "unknown observer model 'omem/nothing': the offline provider has omem/extractive"),
+        ({"reflector": "omem/"}, "unknown reflector model 'omem/'"),
         ({"timeout": 0}, "timeout"),
         ({"completion_kwargs": {"model": "x"}}, "cannot set"),
         ({"lease_ttl": float("inf")}, "lease_ttl must be a positive, finite number"),
