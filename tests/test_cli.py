@@ -334,3 +334,32 @@ def test_a_configuration_that_cannot_run_is_refused_before_any_run_is_recorded(t
     assert code != 0 and error in " ".join(err.split())
     with RunStore(db) as store:
         assert store.runs().empty and store.experiments().empty  # no failed run left behind to explain
+
+
+def test_ctrl_c_names_the_run_to_resume_and_leaves_no_warning_noise(tmp_path) -> None:
+    """A real SIGINT to `replay` (not a cancelled task): the hint names the interrupted run, and the
+    model calls cancelled before they started are not reported as 'never awaited' coroutines."""
+    import os
+    import signal
+
+    from workbench.catalog import ROOT
+
+    db = tmp_path / "ctrl-c.duckdb"
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "workbench", "replay", "--dataset", str(DEMO_DATASET), "--db", str(db), "--no-cache",
+         "--recall-on", "every", "--observation-threshold", "40", "--reflection-threshold", "80"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, bufsize=0,
+        env={**os.environ, "OMEM_CACHE_DIR": str(tmp_path / "cache")})
+    seen = ""
+    while "0% (1/200" not in seen:  # the replay has started: interrupt it mid-way
+        char = worker.stderr.read(1)
+        assert char, f"the replay ended before it could be interrupted: {seen}"
+        seen += char
+    worker.send_signal(signal.SIGINT)
+    err = seen + worker.stderr.read()
+    assert worker.wait(timeout=120) == 130, err
+    with RunStore(db) as store:
+        [run] = store.runs().to_dict("records")
+    assert run["status"] == "interrupted"
+    assert f"resume with: python -m workbench replay --resume {run['run_id']}" in err
+    assert "never awaited" not in err and "Traceback" not in err

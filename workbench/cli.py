@@ -229,8 +229,6 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
                    judge: str | None, yes: bool, resume: str | None, label: str | None, as_json: bool,
                    db: str) -> None:
     """Replay one conversation and record every step."""
-    import asyncio
-
     from .datasets import load_conversation
     from .replay import ConfigurationError, ReplayConfig, ReplayFailed, replay
 
@@ -258,9 +256,10 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
                 timeout=timeout, cache=not no_cache, max_backlog=max_backlog)
         for warning in conv.warnings:
             click.echo(f"warning: {warning}", err=True)
+        known = set() if resume else set(store.runs().run_id)
         try:
-            result = asyncio.run(replay(conv, config, store, resume=resume, label=label,
-                                        progress=_progress_printer(f"replay {conv.id}", as_json)))
+            result = _run_async(replay(conv, config, store, resume=resume, label=label,
+                                       progress=_progress_printer(f"replay {conv.id}", as_json)))
         except ConfigurationError as exc:
             if as_json:
                 click.echo(json.dumps({"run_id": exc.run_id, "status": "failed", "error": str(exc)}))
@@ -275,7 +274,9 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
                 click.echo(json.dumps(partial.summary()))
             sys.exit(1)
         except KeyboardInterrupt:
-            click.echo("\ninterrupted: what was recorded is kept; resume with --resume", err=True)
+            run_id = resume or _new_interrupted_run(store, known)
+            click.echo("\ninterrupted: what was recorded is kept; resume with: python -m workbench replay --resume "
+                       + (run_id or "RUN_ID (python -m workbench runs lists it)"), err=True)
             sys.exit(130)
         if answerer and judge and conv.probes:
             _run_judge(store, result, conv, config, answerer, judge, yes, as_json)
@@ -311,6 +312,34 @@ def _refuse_with_resume(ctx: click.Context, names: tuple[str, ...]) -> None:
             f"cannot be given with it (start a new run without --resume to use {'them' if len(given) > 1 else 'it'})")
 
 
+def _run_async(coroutine: Any) -> Any:
+    """``asyncio.run``, minus the noise of a Ctrl-C: the model calls it cancels before they started
+    are coroutines never awaited, which Python reports as a ``RuntimeWarning`` per call when the
+    loop closes. Those warnings are dropped after an interrupt only (elsewhere they mean a bug)."""
+    import asyncio
+    import warnings
+
+    interrupted = False
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught, asyncio.Runner() as runner:
+            return runner.run(coroutine)  # (its warnings are shown once the loop has closed)
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        interrupted = True
+        raise
+    finally:
+        for w in caught:
+            if not (interrupted and issubclass(w.category, RuntimeWarning) and "never awaited" in str(w.message)):
+                warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+
+
+def _new_interrupted_run(store: RunStore, known: set[str]) -> str | None:
+    """The run a Ctrl-C just interrupted: the one marked so that was not in ``known`` before."""
+    runs = store.runs()
+    new = runs[(runs.status == "interrupted") & ~runs.run_id.isin(known)] if not runs.empty else runs
+    return str(new.run_id.iloc[-1]) if len(new) == 1 else None
+
+
 def _run_judge(store, result, conv, config, answerer, judge, yes, quiet) -> None:
     from . import judge as judging
     from .retention import render_context
@@ -320,9 +349,7 @@ def _run_judge(store, result, conv, config, answerer, judge, yes, quiet) -> None
     click.echo(f"LLM-judged retention: {estimate.describe()}", err=True)
     if not yes and not click.confirm("Run it?", default=True, err=True):
         return
-    import asyncio
-
-    rows = asyncio.run(judging.judge_probes(conv.probes, context, answerer=answerer, judge=judge))
+    rows = _run_async(judging.judge_probes(conv.probes, context, answerer=answerer, judge=judge))
     store.replace_probes(result.run_id, rows, ["llm_judge"])
     scores = [r["score"] for r in rows]
     if scores and not quiet:
@@ -356,7 +383,6 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
 
     A configuration that fails (an unknown model, a missing key, a model error) is listed with
     its error; the others still run."""
-    import asyncio
     import itertools
 
     from .datasets import load_conversation
@@ -391,7 +417,7 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
                 name = names.get(id(config), config.label())
                 click.echo(f"[{finished}/{total}] {result.run_id or '-'} {name}: {figures}", err=True)
 
-            results = asyncio.run(run_sweep(conv, grid, store, concurrency, on_done=report))
+            results = _run_async(run_sweep(conv, grid, store, concurrency, on_done=report))
             table = [{**r.summary(), "config": config.label()} for config, r in zip(grid, results)]
             if as_json:
                 click.echo(json.dumps({"runs": table}))
@@ -655,12 +681,10 @@ def _backlogs(text: str) -> list[int | None]:
 
 
 def _finish_experiment(store, experiment_id: str, as_json: bool) -> None:
-    import asyncio
-
     from . import experiments as ex
 
     try:
-        outcome = asyncio.run(ex.run_experiment(store, experiment_id, progress=_experiment_progress(as_json)))
+        outcome = _run_async(ex.run_experiment(store, experiment_id, progress=_experiment_progress(as_json)))
     except KeyboardInterrupt:
         click.echo(f"\ninterrupted: finished runs are kept; finish with: python -m workbench experiment resume "
                    f"{experiment_id}", err=True)
