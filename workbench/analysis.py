@@ -215,7 +215,8 @@ def narrate(step_row: pd.Series, previous: pd.Series | None, records: pd.DataFra
            f"tokens instead of {int(step_row['history_tokens']):,} ({ratio(times)} smaller)."
 
 
-def findings(steps: pd.DataFrame, observation_threshold: int, calls: pd.DataFrame | None = None) -> list[str]:
+def findings(steps: pd.DataFrame, observation_threshold: int, calls: pd.DataFrame | None = None,
+             max_backlog: int | None = None) -> list[str]:
     """Plain-language warnings about a run a user tuning thresholds should know about.
 
     * The observer falls behind: each read observes at most one segment (at most the observation
@@ -238,7 +239,11 @@ def findings(steps: pd.DataFrame, observation_threshold: int, calls: pd.DataFram
                 f"and the backlog was still growing. A read observes at most one segment of up to "
                 f"{observation_threshold:,} tokens (or one longer message), while this conversation adds about "
                 f"{per_read:,} tokens per read. Raise the observation threshold well above that (segments are "
-                f"whole messages), or read memory more often (recall before every message)."
+                f"whole messages), read memory more often (recall before every message), or "
+                + ("set a backlog ceiling (--max-backlog; max_backlog in the library): past it, a read observes "
+                   "a larger segment, so the backlog stops growing." if max_backlog is None else
+                   f"lower the backlog ceiling ({max_backlog:,} tokens in this run: past it, a read observes a "
+                   f"larger segment, up to the observer's input cap).")
             )
     if calls is not None and not calls.empty and "attempts" in calls:
         reflect = calls[calls.stage == "reflect"]

@@ -289,7 +289,8 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
 
             _print_summary(result, len(conv.probes))
             calls = store.model_calls(result.run_id) if result.run_id else None
-            for note in findings(pd.DataFrame(result.step_rows), config.observation_threshold, calls):
+            for note in findings(pd.DataFrame(result.step_rows), config.observation_threshold, calls,
+                                 config.max_backlog):
                 _echo_wrapped(note, first="  note: ", rest="        ")
 
 
