@@ -22,7 +22,11 @@ import pytest
 from litellm import CustomLLM, ModelResponse
 from pg import pg, pg_cluster  # noqa: F401  (a throwaway PostgreSQL server; skipped without it)
 
-SHARED_DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+from workbench.catalog import shared_datasets_dir  # noqa: E402
+
+SHARED_DATASETS = shared_datasets_dir()  # $OMEM_SHARED_DATASETS, else ../shared/datasets, as the workbench reads
+SHARED_MISSING = (f"the shared datasets are absent ({SHARED_DATASETS}): real-data tests need them "
+                  f"(put them at ../shared/datasets or point $OMEM_SHARED_DATASETS at them)")
 
 T0 = datetime(2024, 3, 1, 9, 0, tzinfo=timezone.utc)
 
@@ -131,7 +135,7 @@ def held_by_another_process(path: Path) -> Iterator[None]:
 @pytest.fixture
 def shared_datasets() -> Path:
     if not SHARED_DATASETS.is_dir():
-        pytest.skip(f"../shared/datasets is absent ({SHARED_DATASETS}): real-data tests need it")
+        pytest.skip(SHARED_MISSING)
     return SHARED_DATASETS
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from conftest import SHARED_DATASETS
+from conftest import SHARED_DATASETS, SHARED_MISSING
 
 from workbench.datasets import load_dataset
 from workbench.replay import ReplayConfig, replay
@@ -23,7 +23,7 @@ DEFAULTS = ReplayConfig(cache=False)
 @pytest.fixture(scope="module")
 def locomo_pairs():
     if not SHARED_DATASETS.is_dir():
-        pytest.skip(f"../shared/datasets is absent ({SHARED_DATASETS}): real-data tests need it")
+        pytest.skip(SHARED_MISSING)
     shared = SHARED_DATASETS
     conversations = load_dataset(shared / "locomo-dev" / "locomo-dev.json")
     return [(c, asyncio.run(replay(c, DEFAULTS, None))) for c in conversations]
