@@ -363,3 +363,32 @@ def test_ctrl_c_names_the_run_to_resume_and_leaves_no_warning_noise(tmp_path) ->
     assert run["status"] == "interrupted"
     assert f"resume with: python -m workbench replay --resume {run['run_id']}" in err
     assert "never awaited" not in err and "Traceback" not in err
+
+
+def test_runs_and_experiments_are_deleted_from_the_cli_after_a_confirmation(tmp_path) -> None:
+    db = str(tmp_path / "d.duckdb")
+    ids = []
+    for threshold in ("40", "60"):
+        code, out, _ = invoke("replay", "--dataset", TINY, "--observation-threshold", threshold, "--json", "--db", db)
+        ids.append(json.loads(out.strip().splitlines()[-1])["run_id"])
+    code, out, _ = invoke("experiment", "run", "--dataset", TINY, "--observation-threshold", "40,60",
+                          "--concurrency", "1", "--json", "--db", db)
+    experiment_id = json.loads(out.strip().splitlines()[-1])["experiment_id"]
+
+    result = CliRunner().invoke(cli, ["delete", ids[0], "--db", db], input="n\n")
+    assert result.exit_code == 1 and f"run {ids[0]}: completed, conversation" in result.stderr
+    code, _, err = invoke("delete", ids[0], "no-such-run", "--yes", "--db", db)
+    assert code == 1 and "no-such-run" in err  # an unknown id: nothing is deleted, not even the known one
+    with RunStore(db) as store:
+        assert len(store.runs()) == 4
+    result = CliRunner().invoke(cli, ["delete", ids[0], "--db", db], input="y\n")
+    assert result.exit_code == 0 and f"deleted run {ids[0]}" in result.stdout
+    with RunStore(db) as store:
+        assert set(store.runs().run_id) >= {ids[1]} and ids[0] not in set(store.runs().run_id)
+
+    result = CliRunner().invoke(cli, ["experiment", "delete", experiment_id, "--db", db], input="n\n")
+    assert result.exit_code == 1 and "2 runs recorded" in result.stderr
+    code, out, _ = invoke("experiment", "delete", experiment_id, "--yes", "--db", db)
+    assert code == 0 and f"deleted experiment {experiment_id} and 2 runs" in out
+    with RunStore(db) as store:
+        assert store.experiments().empty and list(store.runs().run_id) == [ids[1]]

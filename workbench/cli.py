@@ -496,6 +496,28 @@ def runs_command(as_json: bool, db: str) -> None:
                 click.echo(f"    {name}")
 
 
+@cli.command("delete")
+@click.argument("run_ids", nargs=-1, required=True, metavar="RUN_ID...")
+@click.option("--yes", is_flag=True, help="Do not ask before deleting.")
+@DB_OPTION
+def delete_command(run_ids: tuple[str, ...], yes: bool, db: str) -> None:
+    """Delete runs and everything recorded of them (a run of an experiment is then replayed again
+    by `experiment resume`)."""
+    from .formatting import missing
+
+    run_ids = tuple(dict.fromkeys(run_ids))
+    with _using_store(db) as store:
+        runs = [store.run(run_id) for run_id in run_ids]  # an unknown id: an error, and nothing deleted
+        for run in runs:
+            part = "" if missing(run.get("experiment_id")) else f" of experiment {run['experiment_id']}"
+            click.echo(f"run {run['run_id']}: {run['status']}, conversation {run['conversation_id']}{part}", err=True)
+        if not yes:
+            click.confirm(f"Delete {count(len(runs), 'run')}?", abort=True, err=True)
+        for run_id in run_ids:  # each in its own transaction: one another process is replaying stops here
+            store.delete_run(run_id)
+            click.echo(f"deleted run {run_id}")
+
+
 @cli.command()
 @click.argument("run_id")
 @click.option("--parquet", "folder", required=True, type=click.Path(path_type=Path), help="Output folder.")
@@ -783,6 +805,26 @@ def experiment_compare(experiment_id: str, label_a: str | None, label_b: str | N
     else:
         _echo_wrapped(f"{diff.a} vs {diff.b} on {count(diff.probes, 'shared probe')} ({diff.b} minus {diff.a}): "
                       f"{diff.verdict()}")
+
+
+@experiment.command("delete")
+@click.argument("experiment_id")
+@click.option("--yes", is_flag=True, help="Do not ask before deleting.")
+@DB_OPTION
+def experiment_delete(experiment_id: str, yes: bool, db: str) -> None:
+    """Delete an experiment and every run it recorded."""
+    from .formatting import missing
+
+    with _using_store(db) as store:
+        experiment = store.experiment(experiment_id)
+        runs = store.experiment_runs(experiment_id)
+        name = "" if missing(experiment.get("name")) else f" ({experiment['name']})"
+        click.echo(f"experiment {experiment_id}{name}: {experiment['status']}, {count(len(runs), 'run')} recorded",
+                   err=True)
+        if not yes:
+            click.confirm(f"Delete it and its {count(len(runs), 'run')}?", abort=True, err=True)
+        store.delete_experiment(experiment_id)
+    click.echo(f"deleted experiment {experiment_id} and {count(len(runs), 'run')}")
 
 
 @experiment.command("export")
