@@ -202,6 +202,23 @@ def test_a_key_quoted_in_a_providers_error_is_never_printed_or_stored(tmp_path, 
     assert key not in db.read_bytes().decode("latin-1")  # nowhere in the file
 
 
+def test_a_key_echoed_in_a_providers_reply_is_stored_as_its_name(tmp_path, monkeypatch) -> None:
+    """A reply that quotes the key (a prompt injection, a debugging proxy) becomes a note, a trace
+    and a reflection: none of them carries the key into the run store."""
+    key = "sk-LEAKCHECK-reply-0987654321"
+    monkeypatch.setenv("OPENAI_API_KEY", key)
+    db = tmp_path / "x.duckdb"
+    with OpenAIServer(reply=lambda body: f"- the user's key is {key}") as server:
+        code, data, err = run(server, db, "--no-cache")
+    assert code == 0, err
+    with RunStore(db) as store:
+        [run_id] = store.experiment_runs(data["experiment_id"]).run_id
+        records, calls = store.records(run_id), store.model_calls(run_id)
+    assert len(records) and all("[OPENAI_API_KEY]" in text for text in records.text)
+    assert calls.response.notna().all() and all("[OPENAI_API_KEY]" in text for text in calls.response)
+    assert key not in db.read_bytes().decode("latin-1")  # nowhere in the file
+
+
 def test_the_cache_namespace_follows_the_server_litellm_calls(monkeypatch, tmp_path) -> None:
     """litellm sends a call to its api_base, else $OPENAI_BASE_URL, else $OPENAI_API_BASE: the
     cache keeps answers under that same server (a stale $OPENAI_API_BASE beside the

@@ -337,12 +337,14 @@ def _record_values(row: dict[str, Any]) -> list[Any]:
     """A ``records`` row (without run_id and seq) from ``{"record", "step", "tokens"}``."""
     record = row["record"]
     return [row["step"], record.id, record.thread_id, record.resource_id, record.kind,
-            json.dumps(list(record.source_ids)), record.text, row["tokens"], record.created_at]
+            json.dumps(list(record.source_ids)), redact_secrets(record.text), row["tokens"], record.created_at]
 
 
 def redact_secrets(text: Any) -> Any:
-    """An error's text with any secret of the environment it quotes redacted (the library's
-    ``redact_secrets``, imported only when there is an error to write: quick paths skip litellm)."""
+    """``text`` with any secret of the environment it quotes redacted (the library's
+    ``redact_secrets``, imported only when there is text to write: quick paths skip litellm).
+    Errors, model replies and requests, and the notes made of them are written through it: a
+    provider that quotes the key it was sent never puts it in the file."""
     if not isinstance(text, str) or not text:
         return text
     from omem_core._env import redact_secrets as redact
@@ -351,7 +353,8 @@ def redact_secrets(text: Any) -> Any:
 
 
 def _calls(calls: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{**c, "error": redact_secrets(c.get("error"))} if c.get("error") else c for c in calls]
+    return [{**c, **{key: redact_secrets(c[key]) for key in ("error", "request", "response") if c.get(key)}}
+            for c in calls]
 
 
 def _insert_dicts(cur: duckdb.DuckDBPyConnection, table: str, run_id: str, rows: Sequence[dict[str, Any]],
