@@ -24,6 +24,28 @@ def _esc(text: object) -> str:
     return html.escape(str(text), quote=False)
 
 
+SIDE_BY_SIDE_WIDTH = 395  # px: two charts side by side on a wide page, one under the other below ~850 px
+_LABEL_PX = 6.6  # the width of a character of an annotation (11-12 px font), for placing labels
+_PLOT_PX = SIDE_BY_SIDE_WIDTH - 90  # the plot area of such a chart (the y axis and margins take the rest)
+
+
+def label_side(text: str, level: float, above: bool, passes: pd.DataFrame, x_range: tuple[float, float],
+               top: float) -> str:
+    """Which end of its line a threshold's label goes to ("left" or "right"): the one where fewer
+    pass markers sit in the box the label covers (its width estimated for a side-by-side chart; on
+    the same level, above or under the line), the right on a tie. ``passes``: the markers' ``step``
+    and ``tokens``."""
+    low, high = x_range
+    span = max(high - low, 1e-9)
+    width = min(1.0, len(text) * _LABEL_PX / _PLOT_PX) * span
+    band = 0.1 * max(top, 1)
+    ys = (level, level + band) if above else (level - band, level)
+    near = passes[(passes.tokens >= ys[0]) & (passes.tokens <= ys[1])] if not passes.empty else passes
+    counts = {side: int(((near.step >= a) & (near.step <= b)).sum()) if not near.empty else 0
+              for side, (a, b) in (("right", (high - width, high)), ("left", (low, low + width)))}
+    return "left" if counts["left"] < counts["right"] else "right"
+
+
 def _marker_line(fig: go.Figure, step: int | None) -> None:
     """The current step as a dotted line, labelled just above the plot area (inside it, the label
     printed over threshold labels and data) on the side with room: right of the line in the left
@@ -87,23 +109,30 @@ def thresholds_chart(steps: pd.DataFrame, observation: int, reflection: int, ste
     top = max([observation, reflection, 1, top or 0,  # ``top``: the axis' top when it is shared (Compare)
                *backlog.tokens.dropna().tolist(), *unreflected.tokens.dropna().tolist()])
     close = abs(reflection - observation) <= 0.12 * top
-    if observation == reflection:
-        fig.add_hline(y=observation, line_dash="dash", line_color=COLORS["observe"],
-                      annotation_text=f"observation and reflection threshold {observation}")
-    else:
-        low_is_obs = observation < reflection
-        fig.add_hline(y=observation, line_dash="dash", line_color=COLORS["window"],
-                      annotation_text=f"observation threshold {observation}",
-                      annotation_position="bottom right" if close and low_is_obs else "top right")
-        fig.add_hline(y=reflection, line_dash="dash", line_color=COLORS["observe"],
-                      annotation_text=f"reflection threshold {reflection}",
-                      annotation_position="bottom right" if close and not low_is_obs else "top right")
     observed = backlog[backlog.point == "before pass"]
     if observed.empty:  # no calls recorded: mark the passes on the after-volumes
         observed = steps[steps.observed].rename(columns={"backlog_tokens": "tokens"})
     reflected = unreflected[unreflected.point == "before pass"]
     if reflected.empty:
         reflected = steps[steps.reflected].rename(columns={"unreflected_tokens": "tokens"})
+    # Each label goes to the end of its line where it covers fewer pass markers (they sit just over
+    # the line they crossed), on a white ground so that it reads where it cannot avoid them.
+    passes = pd.concat([observed[["step", "tokens"]], reflected[["step", "tokens"]]], ignore_index=True)
+    steps_drawn = pd.concat([backlog.step, unreflected.step, steps.step]).dropna()
+    x_range = (float(steps_drawn.min()), float(steps_drawn.max())) if not steps_drawn.empty else (0.0, 1.0)
+    label = dict(annotation_bgcolor="rgba(255,255,255,0.85)", annotation_font_size=11)
+
+    def line(level: int, text: str, color: str, above: bool) -> None:
+        side = label_side(text, level, above, passes, x_range, top)
+        fig.add_hline(y=level, line_dash="dash", line_color=color, annotation_text=text,
+                      annotation_position=("top " if above else "bottom ") + side, **label)
+
+    if observation == reflection:
+        line(observation, f"observation and reflection threshold {observation}", COLORS["observe"], True)
+    else:
+        low_is_obs = observation < reflection
+        line(observation, f"observation threshold {observation}", COLORS["window"], not (close and low_is_obs))
+        line(reflection, f"reflection threshold {reflection}", COLORS["observe"], not (close and not low_is_obs))
     fig.add_scatter(x=observed.step, y=observed.tokens, mode="markers", name="observe pass",
                     marker=dict(symbol="triangle-down", size=10, color=COLORS["observe"]),
                     hovertemplate="observe pass at step %{x}: backlog %{y} tokens before it<extra></extra>")
@@ -147,10 +176,14 @@ def pareto_chart(runs: pd.DataFrame) -> go.Figure:
                         line=dict(color="#d63031", dash="dot"), hoverinfo="skip")
         labels = [f"obs {o} · ref {r} · win {w}" for o, r, w in zip(data.observation_threshold,
                                                                     data.reflection_threshold, data.window)]
+        # Coloured by observation threshold only when the runs tried more than one: a colour bar
+        # for one value spans a meaningless range (299.6 to 300.4).
+        varied = data.observation_threshold.nunique() > 1
+        marker = (dict(size=11, color=data.observation_threshold, colorscale="Viridis", showscale=True,
+                       colorbar=dict(title="observation<br>threshold")) if varied
+                  else dict(size=11, color=COLORS["window"], showscale=False))
         fig.add_scatter(x=data.compression, y=data.retention, mode="markers", name="runs", text=labels,
-                        customdata=data.run_id, marker=dict(size=11, color=data.observation_threshold,
-                                                            colorscale="Viridis", showscale=True,
-                                                            colorbar=dict(title="observation<br>threshold")),
+                        customdata=data.run_id, marker=marker,
                         hovertemplate="%{text}<br>compression %{x:.1f}x<br>retention %{y:.3f}<extra></extra>")
     fig.update_layout(title="Compression vs retention", xaxis_title="compression (x)", yaxis_title="retention",
                       height=420, margin=dict(l=40, r=20, t=50, b=40), clickmode="event+select",
@@ -212,7 +245,9 @@ def heatmap(runs: pd.DataFrame, value: str = "retention", *, settings: str = "")
     xs, ys = [str(int(c)) for c in table.columns], [str(int(i)) for i in table.index]
     z = [[None if pd.isna(v) else float(v) for v in row] for row in table.values]
     cell = fmt.ratio if value == "compression" else (lambda v: fmt.share(v, 3))  # as the tables print them
+    distinct = {v for row in z for v in row if v is not None}
     fig = go.Figure(go.Heatmap(z=z, x=xs, y=ys, colorscale="Viridis", colorbar=dict(title=value),
+                               showscale=len(distinct) > 1,  # one value: a colour bar's range means nothing
                                text=[["" if v is None else cell(v) for v in row] for row in z],
                                texttemplate="%{text}", hoverongaps=False,
                                hovertemplate="observation %{x} · reflection %{y}: %{z:.3f}<extra></extra>"))
@@ -223,18 +258,35 @@ def heatmap(runs: pd.DataFrame, value: str = "retention", *, settings: str = "")
     return _fit(fig)
 
 
+def wrap(text: object, width: int = 14) -> str:
+    """``text`` escaped and broken into lines of about ``width`` characters (``<br>``), for axis
+    labels that a narrow chart would otherwise tilt and cut."""
+    lines: list[str] = []
+    for word in str(text).split():
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return "<br>".join(_esc(line) for line in lines)
+
+
 def funnel_chart(table: pd.DataFrame) -> go.Figure:
-    """The loss funnel: probes reaching each stage (rows of ``table``), one bar group per configuration."""
+    """The loss funnel: probes reaching each stage (rows of ``table``), one bar group per configuration.
+    Stage names wrap on level lines; the counts print over the bars only for up to three groups (more
+    printed over each other: the table under the chart has them)."""
     fig = go.Figure()
     palette = ["#0984E3", "#E17055", "#00B894", "#6C5CE7", "#FDCB6E", "#636E72"]
+    stages = [wrap(v) for v in table.index]
+    few = len(table.columns) <= 3
     for i, label in enumerate(table.columns):
-        fig.add_bar(x=list(table.index), y=table[label].tolist(), name=_esc(label), text=table[label].tolist(),
-                    textposition="outside", marker_color=palette[i % len(palette)],
+        fig.add_bar(x=stages, y=table[label].tolist(), name=_esc(label),
+                    text=table[label].tolist() if few else None, textposition="outside" if few else "none",
+                    cliponaxis=False, marker_color=palette[i % len(palette)],
                     hovertemplate="%{x}: %{y} probes<extra>" + _esc(label) + "</extra>")
-    fig.update_layout(title="Loss funnel: probes whose answer reaches each stage", barmode="group",
-                      yaxis_title="probes", height=380, margin=dict(l=40, r=20, t=50, b=40),
-                      legend=dict(orientation="h", y=-0.2))
-    fig.update_xaxes(type="category")
+    fig.update_layout(title="Loss funnel: probes reaching each stage", barmode="group",
+                      yaxis_title="probes", height=400, margin=dict(l=40, r=20, t=50, b=40),
+                      legend=dict(orientation="h", y=-0.25))
+    fig.update_xaxes(type="category", tickangle=0)
     return _fit(fig)
 
 

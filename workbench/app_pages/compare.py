@@ -65,12 +65,23 @@ def experiment_comparison() -> None:
     st.subheader("Figures")
     table = app_data.figures_comparison(summaries, probes, a, b)
     shown = table.assign(differs=table.differs.map({True: "yes", False: ""})).rename(
-        columns={"differs": "CI excludes 0", "A": f"A · {a}", "B": f"B · {b}"})
+        columns={"differs": "CI excludes 0", "95% CI of B − A": "95% CI", "A": f"A · {a}", "B": f"B · {b}"})
     highlight = table.differs.tolist()
+    # The difference and its interval first (what a comparison is read for; they ran off a 900 px
+    # page behind two columns as wide as their headers), then A and B in narrow columns: hovering
+    # a header shows its whole label. The row names stay pinned.
+    right = dict(alignment="right")
     ui.figures(shown.style.apply(lambda row: ["background-color: #ffeaa7; font-weight: 600"
                                               if highlight[row.name] else "" for _ in row], axis=1),
                hide_index=True, key="cmp_xp_figures", height=35 * (len(shown) + 1) + 3,
-               column_config={"figure": st.column_config.Column(width="medium", pinned=True)})
+               column_order=["figure", "B − A", "95% CI", f"A · {a}", f"B · {b}", "CI excludes 0"],
+               column_config={"figure": st.column_config.Column(width=180, pinned=True),
+                              "B − A": st.column_config.Column(width=64, **right),
+                              "95% CI": st.column_config.Column(width=122, help="95% interval of B − A "
+                                                                "(paired bootstrap over probes)", **right),
+                              f"A · {a}": st.column_config.Column(width=80, help=ui.plain(f"A · {a}"), **right),
+                              f"B · {b}": st.column_config.Column(width=80, help=ui.plain(f"B · {b}"), **right),
+                              "CI excludes 0": st.column_config.Column(width=100)})
     listed, scored = app_data.probe_counts(probes, [a, b])
     unscored = f"; the other {listed - scored:,} have no gold answer" if listed > scored else ""
     st.caption(f"Retention pools the {fmt.count(scored, 'probe')} scored (they have a gold answer{unscored}). Highlighted: "
@@ -103,10 +114,13 @@ def experiment_comparison() -> None:
                       for n, label in (("A", a), ("B", b))}  # (labels placed for the shared scale)
         charts.share_y(*thresholds.values(), top=top_t)
         for title, figures in (("token volumes", volumes), ("thresholds and passes", thresholds)):
-            left, right = st.columns(2)
-            for column, n, label in ((left, "A", a), (right, "B", b)):
-                figures[n].update_layout(title=f"{n} · {app_data.html_text(label)}: {title}")
-                column.plotly_chart(figures[n], key=f"cmp_xp_{title}_{n}")
+            # Side by side when the page is wide enough, one under the other when not (two columns
+            # of a 900 px page cut the titles and printed the threshold labels over the passes).
+            row = st.container(horizontal=True)
+            for n, label in (("A", a), ("B", b)):
+                figures[n].update_layout(title=dict(text=f"{n} · {app_data.html_text(label)}: {title}",
+                                                    font=dict(size=14)))
+                row.plotly_chart(figures[n], key=f"cmp_xp_{title}_{n}", width=charts.SIDE_BY_SIDE_WIDTH)
 
     st.subheader("Probes × configurations")
     ordered = list(dict.fromkeys([a, b, *labels]))  # A and B first, as in the figures above
@@ -136,13 +150,14 @@ def experiment_comparison() -> None:
                     ui.open_run_at(*target)
                     st.switch_page("workbench/app_pages/explorer.py")
         if not view.empty:
-            left, middle, right = st.columns([3, 2, 1])
+            left, middle = st.columns([3, 2])
             probe_keys = {i: f"{r.conversation} · {r.probe} · {r.question}" for i, r in view.iterrows()}
             row = left.selectbox("Probe", list(probe_keys), format_func=probe_keys.get, key="cmp_xp_probe")
             label = middle.selectbox("Configuration", ordered, key="cmp_xp_cell_config")
             target = app_data.grid_target(grid, row, label)
             where = "at the step its evidence was lost" if target and target[1] is not None else "at its last step"
-            if right.button("Open run", key="cmp_xp_open", disabled=target is None, help=f"Opens the run {where}"):
+            # On a row of its own: in a sixth of a 900 px page its label read "Op…".
+            if st.button("Open run", key="cmp_xp_open", disabled=target is None, help=f"Opens the run {where}"):
                 ui.open_run_at(*target)
                 st.switch_page("workbench/app_pages/explorer.py")
 
@@ -249,11 +264,11 @@ for title, build in (
         calls=store.model_calls(info["run_id"]))),
 ):
     st.subheader(title)
-    left, right = st.columns(2)
-    for column, steps, info, name in ((left, steps_a, info_a, "A"), (right, steps_b, info_b, "B")):
+    row = st.container(horizontal=True)  # (wraps on a narrow page, as above)
+    for steps, info, name in ((steps_a, info_a, "A"), (steps_b, info_b, "B")):
         figure = build(steps, info)
         figure.update_layout(title=f"{name}: {title.lower()}")
-        column.plotly_chart(figure, key=f"cmp_{title}_{name}")
+        row.plotly_chart(figure, key=f"cmp_{title}_{name}", width=charts.SIDE_BY_SIDE_WIDTH)
 
 st.subheader("Probes one keeps and the other loses")
 diff = analysis.probe_diff(store, run_a, run_b)

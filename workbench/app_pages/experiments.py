@@ -158,7 +158,8 @@ if st.session_state.get("xp_done"):
     {"success": st.success, "warning": st.warning, "error": st.error}[kind](ui.plain(text))
 
 st.subheader("Experiments")
-ui.figures(app_data.experiments_table(existing), hide_index=True, key="xp_table")
+listing = app_data.experiments_table(existing)
+ui.figures(listing, hide_index=True, key="xp_table", column_order=ui.key_first(listing.columns, ui.EXPERIMENTS_FIRST))
 experiment_id = ui.experiment_picker(store, "Experiment", "xp_pick")
 tables = ui.experiment_tables(store, experiment_id)
 experiment, runs = tables["experiment"], tables["runs"]
@@ -178,26 +179,29 @@ if experiment["status"] == "running":
             st.rerun()
     watch()
 elif experiment["status"] != "completed":
-    ui.error(f"**This experiment is {experiment['status']}** ({done} of {planned} runs completed). ",
-             experiment.get("error") or "")
+    prefix, detail, suffix = ui.unfinished_banner(
+        experiment_id, experiment["status"], done, planned, experiment.get("error"),
+        resumable=not store.read_only)  # (an unfinished experiment resumes: its last runs, or its end)
+    st.error(prefix + ui.plain(detail) + suffix)
 
-actions = st.columns(5)
-if actions[0].button("Tune", key="xp_open_tune", help="Retention vs compression over the grid"):
+# One row that wraps (in five equal columns of a 900 px page the labels read "Resu…", "Delet…").
+actions = st.container(horizontal=True, vertical_alignment="center")
+if actions.button("Tune", key="xp_open_tune", help="Retention vs compression over the grid"):
     st.switch_page("workbench/app_pages/tune.py")
-if actions[1].button("Compare", key="xp_open_compare", help="Two configurations, probe by probe"):
+if actions.button("Compare", key="xp_open_compare", help="Two configurations, probe by probe"):
     st.switch_page("workbench/app_pages/compare.py")
 running = experiment["status"] == "running"
 unfinished = experiment["status"] != "completed" and not running  # (stopped after its last run: resume ends it)
-resume = actions[2].button(f"Resume ({pending} left)" if pending else "Resume (to finish)", key="xp_resume",
+resume = actions.button(f"Resume ({pending} left)" if pending else "Resume (to finish)", key="xp_resume",
                            disabled=running or not (pending or unfinished) or store.read_only)
-if actions[3].button("Prepare HTML export", key="xp_prepare"):
+if actions.button("Prepare HTML export", key="xp_prepare"):
     st.session_state["xp_html"] = (experiment_id, export_html.experiment_html(store, experiment_id))
 prepared = st.session_state.get("xp_html")
 if prepared and prepared[0] == experiment_id:
-    actions[3].download_button("Download HTML", prepared[1], file_name=f"{experiment_id}.html", mime="text/html",
+    actions.download_button("Download HTML", prepared[1], file_name=f"{experiment_id}.html", mime="text/html",
                                key="xp_download")
-confirm = actions[4].checkbox("Confirm delete", key=f"xp_confirm_{experiment_id}")  # one experiment's only
-if actions[4].button("Delete experiment", key="xp_delete", disabled=not confirm or store.read_only):
+confirm = actions.checkbox("Confirm delete", key=f"xp_confirm_{experiment_id}")  # one experiment's only
+if actions.button("Delete experiment", key="xp_delete", disabled=not confirm or store.read_only):
     try:
         store.delete_experiment(experiment_id)
     except RunBusy as exc:  # another process is running it: nothing is deleted
@@ -217,7 +221,9 @@ if resume:
 summaries = tables["summaries"]
 st.subheader("Figures per configuration")
 st.caption("Retention pools every probe of every conversation; the interval is a bootstrap over probes.")
-ui.figures(app_data.summary_table(summaries), hide_index=True, key="xp_summary")
+summary = app_data.summary_table(summaries)
+ui.figures(summary, hide_index=True, key="xp_summary", column_order=ui.key_first(summary.columns, ui.SUMMARY_FIRST),
+           column_config={"configuration": st.column_config.Column(pinned=True)})
 failed = app_data.failed_configs(runs)
 if not failed.empty:
     st.warning(f"{fmt.count(len(failed), 'run')} did not complete and "

@@ -67,7 +67,10 @@ if mode == "An experiment":
             heatmaps.plotly_chart(charts.heatmap(cells, "compression", settings=shared),
                                key="tune_xp_heat_compression", width=430)
     st.subheader("Figures per configuration")
-    ui.figures(app_data.summary_table(summaries), hide_index=True, key="tune_xp_table")
+    summary = app_data.summary_table(summaries)
+    ui.figures(summary, hide_index=True, key="tune_xp_table",
+               column_order=ui.key_first(summary.columns, ui.SUMMARY_FIRST),
+               column_config={"configuration": st.column_config.Column(pinned=True)})
     categories = {s.label: {app_data.category_name(k): fmt.share(v["retention"], 3) for k, v in s.per_category.items()}
                   for s in summaries}
     if any(categories.values()):
@@ -98,21 +101,42 @@ windows = _grid("Windows", "10", "tune_win")
 concurrency = st.sidebar.slider("Runs at once", 1, 8, 2, key="tune_conc")
 grid = [ReplayConfig(observation_threshold=o, reflection_threshold=r, last_messages=w)
         for o in observation for r in reflection for w in windows]
-st.sidebar.caption(f"{fmt.count(len(grid), 'run')} with the built-in offline model")
+
+
+def _conversation_runs():
+    runs = analysis.runs_with_config(store)
+    if conversation is not None:
+        runs = runs[(runs.conversation_id == conversation.id) & (runs.dataset == conversation.source)]
+    return runs
+
+
+# A configuration already replayed on this conversation would replay the same way again (the
+# offline model is deterministic): skipped unless asked for, and said so either way.
+previous = _conversation_runs()
+if "experiment_id" in previous:
+    previous = previous[previous.experiment_id.isna()]
+repeated = ui.already_swept(previous, grid)
+again = st.sidebar.checkbox("Replay configurations already swept", key="tune_again", disabled=not repeated,
+                            help="Each would record a second, identical run of this conversation")
+todo = grid if again else [c for i, c in enumerate(grid) if i not in set(repeated)]
+st.sidebar.caption(f"{fmt.count(len(todo), 'run')} with the built-in offline model"
+                   + (f" ({len(repeated)} of the {fmt.count(len(grid), 'configuration')} already swept: "
+                      + ("run again)" if again else "skipped)") if repeated else ""))
 
 if st.sidebar.button("Run sweep", type="primary", key="tune_run",
                      disabled=conversation is None or not grid or store.read_only):
-    bar = st.progress(0.0, text="Sweeping…")
+    if repeated and not again:
+        st.info(ui.sweep_skip_note(len(repeated), len(grid)))
+    if todo:
+        bar = st.progress(0.0, text="Sweeping…")
 
-    def done(finished, total, config, result):
-        bar.progress(finished / total, text=f"{finished}/{total} runs")
+        def done(finished, total, config, result):
+            bar.progress(finished / total, text=f"{finished}/{total} runs")
 
-    asyncio.run(run_sweep(conversation, grid, store, concurrency, on_done=done))
-    bar.empty()
+        asyncio.run(run_sweep(conversation, todo, store, concurrency, on_done=done))
+        bar.empty()
 
-runs = analysis.runs_with_config(store)
-if conversation is not None:
-    runs = runs[(runs.conversation_id == conversation.id) & (runs.dataset == conversation.source)]
+runs = _conversation_runs()
 if "experiment_id" in runs:  # an experiment's runs are tuned in its own view (the other mode)
     in_experiments = int(runs.experiment_id.notna().sum())
     runs = runs[runs.experiment_id.isna()]
