@@ -73,6 +73,18 @@ async def test_lower_case_speaker_names_are_speakers() -> None:
     assert "Assistant" not in text and "User" not in text
 
 
+async def test_a_capitalised_label_word_is_not_a_speaker_unless_it_repeats() -> None:
+    chat = [line(0, "user", "My sister Anika visits on 14 July, she is allergic to peanuts."),
+            line(1, "assistant", "Noted: plan peanut-free meals while Anika is in town.")]
+    text = await observe(chat, 200)
+    assert "- Assistant: Noted: plan peanut-free meals" in text and "- Noted:" not in text, text
+    # the same word starting several messages of a segment is someone's name after all
+    chat = [line(0, "user", "Update: the flight to Oslo moved to Friday."),
+            line(1, "assistant", "Update: the hotel in Bergen is booked.")]
+    text = await observe(chat, 200)
+    assert "- Update: The flight to Oslo moved to Friday." in text, text
+
+
 async def test_a_lone_label_in_an_ordinary_chat_stays_text() -> None:
     chat = [line(0, "user", "note: the build server in Oslo is down since Monday."), line(1, "assistant", "Noted, thanks.")]
     text = await observe(chat, 200)

@@ -138,6 +138,9 @@ async def test_the_offline_model_drives_the_wrapper_end_to_end() -> None:
         ("Just like you!🌟 [shares an image: a photography of a book]", "Just like you! [image: a book]"),
         ("Oh wow!", "Oh wow!"),  # nothing would be left: kept as is
         ("Well-known bakers sell bread.", "Well-known bakers sell bread."),  # a word, not an opener
+        # an emoji sequence goes whole: no zero-width joiner, skin tone, flag or keycap is left
+        ("We hiked 🏃🏽\u200d♀️ for 1️⃣ day 👨\u200d👩\u200d👧 in 🇵🇹 Sintra", "We hiked for 1 day in Sintra"),
+        ("नमस\u200dते Ravi", "नमस\u200dते Ravi"),  # a joiner inside a word of another script stays
     ],
 )
 def test_tidy_drops_openers_emoji_and_caption_boilerplate(sentence: str, expected: str) -> None:

@@ -36,7 +36,7 @@ from collections.abc import Callable
 
 from ..prompts import unescape_structure
 from ..tokens import _encoding
-from .lexicon import ABBREVIATIONS, FILLER_WORDS, GENERIC_WORDS, MONTHS, STOP_WORDS, WEEKDAYS
+from .lexicon import ABBREVIATIONS, FILLER_WORDS, GENERIC_WORDS, LABEL_WORDS, MONTHS, STOP_WORDS, WEEKDAYS
 
 #: Heuristics switched off, by name (empty in normal use). Only ``bench/bench_quality.py
 #: --ablation`` sets it, to measure what each heuristic is worth; see docs/offline-model.md.
@@ -195,7 +195,11 @@ _OLD_INTERJECTION = re.compile(
     re.IGNORECASE,
 )
 _CAPTION = re.compile(r"\[shares an image: (?:a (?:photo|photography|picture|close up|closeup) of )?", re.IGNORECASE)
-_EMOJI = re.compile("[\U0001F300-\U0001FAFF\u2600-\u27BF\uFE0F]+")
+# Emoji with what joins and modifies them: zero-width joiners inside a sequence ("👨‍👩‍👧"), variation
+# selectors, keycaps, skin tones, flags (regional indicators) and tag sequences. A joiner outside
+# an emoji sequence is left alone (scripts such as Devanagari and Persian use it in words).
+_EMOJI_CHAR = "\U0001F1E6-\U0001F1FF\U0001F300-\U0001FAFF\u2600-\u27BF\u2B50\u2B55\u2B1B\u2B1C"
+_EMOJI = re.compile(f"(?:[{_EMOJI_CHAR}][\u200D\uFE0E\uFE0F\u20E3\U000E0020-\U000E007F]*|[\uFE0E\uFE0F\u20E3])+")
 _SPACES = re.compile(r"\s{2,}")
 
 
@@ -462,10 +466,11 @@ def _pleasantry(sentence: str) -> bool:
 def parse_messages(block: str) -> list[tuple[date, str, str]]:
     """``(day, "role|speaker", text)`` per rendered message line; unparsable lines are skipped.
 
-    A message that starts ``Name: `` names its speaker. A capitalised name counts on its own; a
-    lower-case one ("elise: hi") when the same prefix starts another message of the segment or
-    every message of the segment starts with a name, so "note: the server is down" in one
-    message of an ordinary chat stays text."""
+    A message that starts ``Name: `` names its speaker. A capitalised name counts on its own
+    unless it is a label word ("Noted: …", "Update: …"); a label word or a lower-case name
+    ("elise: hi") counts when the same prefix starts another message of the segment or every
+    message of the segment starts with a name, so "note: the server is down" in one message of
+    an ordinary chat stays text."""
     rows = []
     for line in block.splitlines():
         match = _HEADER.match(line.strip())
@@ -483,9 +488,10 @@ def parse_messages(block: str) -> list[tuple[date, str, str]]:
     parsed = []
     for (day, role, content), name, prefix in zip(rows, names, prefixes):
         speaker = role.capitalize()
+        repeated = seen[name.lower()] >= 2 if name is not None else False
         if name is not None and prefix is not None and (
-            _SPEAKER.match(content) is not None
-            or (on("speakers") and (seen[name.lower()] >= 2 or all_named))
+            (_SPEAKER.match(content) is not None and (name.lower() not in LABEL_WORDS or repeated))
+            or (on("speakers") and (repeated or all_named))
         ):
             speaker, content = name, prefix["rest"]
         parsed.append((day, f"{role}|{speaker}", content))

@@ -58,3 +58,12 @@ GENERIC_WORDS = frozenset(
     trying turn two use used using want wanted wants watch way ways week weeks went whole wish
     without wonderful work worked working world would wow year years yet""".split()
 )
+
+# Words that start a message as a label, not as a speaker's name ("Noted: plan peanut-free meals",
+# "Update: the flight moved"). Capitalised, one of these names a speaker only when it starts
+# several messages of a segment (a chat between "Will" and "Grace" still parses).
+LABEL_WORDS = frozenset(
+    """note noted notes update updated reminder tip tips ps fyi warning caution answer question
+    summary edit todo done step plan result example important info heads correction context
+    background recap reply response status""".split()
+)
