@@ -167,7 +167,12 @@ def test_explorer_warns_when_the_observer_falls_behind(db: Path) -> None:
     with RunStore(db) as s:  # one message per observe pass, two new messages per read
         asyncio.run(replay(conversation, ReplayConfig(observation_threshold=1, last_messages=2, cache=False), s))
     at = app()
-    assert any("observer is falling behind" in w.value for w in at.warning)
+    assert any("observer is falling behind" in w.value and "set a backlog ceiling" in w.value for w in at.warning)
+    with RunStore(db) as s:  # the same with a ceiling the backlog never reaches: lower it, not set one
+        asyncio.run(replay(conversation, ReplayConfig(observation_threshold=1, last_messages=2, cache=False,
+                                                      max_backlog=1000), s))
+    at = app()
+    assert any("lower the backlog ceiling (1,000 tokens in this run" in w.value for w in at.warning)
 
 
 def test_explorer_shows_a_reflection_that_had_to_be_tightened(db: Path) -> None:

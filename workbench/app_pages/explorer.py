@@ -104,7 +104,7 @@ if steps.empty:
                "This run recorded no steps." if done else
                "This run recorded no steps: it ended before its first memory read (the error above says why).")
     st.stop()
-for note in analysis.findings(steps, config["observation_threshold"], calls):
+for note in analysis.findings(steps, config["observation_threshold"], calls, config.get("max_backlog")):
     st.warning(note)
 
 last = int(steps.step.max())
