@@ -30,7 +30,7 @@ from omem_core.prompts import render_message_line, unescape_structure
 from workbench.catalog import shared_datasets_dir
 from workbench.datasets import Conversation, load_dataset
 from workbench.replay import ReplayConfig, replay
-from workbench.retention import content_words, newest_tokens, probe_score, render_context
+from workbench.retention import content_words, evidence_in_window, newest_tokens, probe_score, render_context
 
 
 CUTS = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
@@ -50,9 +50,10 @@ def prefixes(conversation: Conversation) -> list[Conversation]:
     return out
 
 
-def probe_rows(conversation: Conversation, result) -> list[dict]:
+def probe_rows(conversation: Conversation, result, window: int) -> list[dict]:
     """Per scored probe: memory and equal-size recency scores, where its evidence was said (the
-    latest evidence turn as a fraction of the conversation) and by whom (the roles of its turns)."""
+    latest evidence turn as a fraction of the conversation) and by whom (the roles of its turns).
+    A probe whose evidence is all in the final ``window`` messages is not scored, as in a replay."""
     count = token_counter("heuristic")
     history = [t.to_message(conversation.id) for t in conversation.turns]
     memory = content_words(render_context(result.context))
@@ -60,10 +61,11 @@ def probe_rows(conversation: Conversation, result) -> list[dict]:
     index = {t.id: i for i, t in enumerate(conversation.turns)}
     role = {t.id: t.role for t in conversation.turns}
     rows = []
+    in_window = {t.id for t in conversation.turns[-window:]}
     for probe in conversation.probes:
         score = probe_score(probe.gold, memory)
         evidence = [e for e in probe.evidence if e in index]
-        if score is None or not evidence:
+        if score is None or not evidence or evidence_in_window(probe, in_window):
             continue
         rows.append({"probe": f"{conversation.id}/{probe.id}", "memory": score, "recent": probe_score(probe.gold, recent),
                      "position": max(index[e] for e in evidence) / len(conversation.turns),
@@ -93,7 +95,7 @@ def locomo_figures(conversations: list[Conversation], config: ReplayConfig, *, c
     for conversation in conversations:
         result = asyncio.run(replay(conversation, config, None))
         compressions.append(result.compression)
-        rows.extend(probe_rows(conversation, result))
+        rows.extend(probe_rows(conversation, result, config.last_messages))
     figures = {"retention": mean([r["memory"] for r in rows]), "recent": mean([r["recent"] for r in rows]),
                "compression": mean(compressions), "min compression": min(compressions), **fairness(rows)}
     figures["ratio"] = figures["retention"] / figures["recent"]
@@ -101,7 +103,7 @@ def locomo_figures(conversations: list[Conversation], config: ReplayConfig, *, c
         cut_rows = []
         for conversation in conversations:
             for prefix in prefixes(conversation):
-                cut_rows.extend(probe_rows(prefix, asyncio.run(replay(prefix, config, None))))
+                cut_rows.extend(probe_rows(prefix, asyncio.run(replay(prefix, config, None)), config.last_messages))
         figures["ratio over cuts"] = sum(r["memory"] for r in cut_rows) / sum(r["recent"] for r in cut_rows)
         figures["cut rows"] = cut_rows
     return figures
@@ -183,9 +185,10 @@ def one_shot(locomo: list[Conversation], budget: int, window_size: int, *, answe
         compressions.append(sum(count([m.content for m in history])) / size)
         visible = content_words(notes + "\n" + render_context(window))
         recent = content_words(render_context(newest_tokens(history, size, count)))
+        window_ids = {m.id for m in window}
         for probe in conversation.probes:
             score = probe_score(probe.gold, visible)
-            if score is not None and probe.evidence:
+            if score is not None and probe.evidence and not evidence_in_window(probe, window_ids):
                 scores.append(score)
                 recents.append(probe_score(probe.gold, recent))
     return mean(compressions), mean(scores), mean(recents)

@@ -483,7 +483,7 @@ def test_no_page_shows_nan(db: Path, monkeypatch) -> None:
 # -- experiments ---------------------------------------------------------------------------------------
 
 def run_experiment_in(db: Path, observation=(150, 600), observers=("omem/extractive",), dataset=PROJECT_DEMO,
-                      status: str | None = None, backlogs=(None,)) -> str:
+                      status: str | None = None, backlogs=(None,), window: int = 10) -> str:
     """An experiment recorded through the engine (in-process, concurrency 1)."""
     import asyncio
 
@@ -491,7 +491,7 @@ def run_experiment_in(db: Path, observation=(150, 600), observers=("omem/extract
     from omem_core.prompts import BUILTIN_PROMPTS
 
     grid = config_grid(observers=list(observers), reflectors=["omem/extractive"], observation=list(observation),
-                       reflection=[600], windows=[10], observer_prompts=[BUILTIN_PROMPTS["observer"][0]],
+                       reflection=[600], windows=[window], observer_prompts=[BUILTIN_PROMPTS["observer"][0]],
                        reflector_prompts=[BUILTIN_PROMPTS["reflector"][0]], max_backlogs=list(backlogs))
     with RunStore(db) as s:
         experiment_id = create_experiment(s, dataset=dataset, grid=grid, options=ExperimentOptions(concurrency=1))
@@ -506,7 +506,8 @@ def test_compare_sets_two_configurations_side_by_side_on_the_conversations_both_
     """One configuration failed on a conversation: A's figures pooled over 3 conversations beside
     B's over 4 (and a B − A that was paired over 3) compared nothing; every figure is now on the
     conversations both completed, and the page says so."""
-    experiment_id = run_experiment_in(db, observation=(150, 600), dataset=LONGMEMEVAL)
+    # (window 2: these conversations are short, and a probe is scored once its evidence has left the window)
+    experiment_id = run_experiment_in(db, observation=(150, 600), dataset=LONGMEMEVAL, window=2)
     s = store(db)
     runs = s.experiment_runs(experiment_id)
     failed = runs[runs.config_label == "obs 600"].iloc[0]
@@ -524,7 +525,7 @@ def test_compare_sets_two_configurations_side_by_side_on_the_conversations_both_
     figures = dataframe(at, "figure").set_index("figure")
     for column, label in (("A · obs 150", "obs 150"), ("B · obs 600", "obs 600")):
         mine = memory[memory.config_label == label].score
-        assert figures.loc["retention (pooled)", column] == f"{mine.mean():.3f}"
+        assert len(mine) and figures.loc["retention (pooled)", column] == f"{mine.mean():.3f}"
     assert figures.loc["runs completed"].tolist()[:2] == ["3", "3"]
     assert re.fullmatch(r"\d+\.\dx", figures.loc["compression (x)", "A · obs 150"])  # as every table writes it
 

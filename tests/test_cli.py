@@ -230,10 +230,15 @@ def test_module_entry_point_help() -> None:
 
 def test_the_replay_summary_says_which_probes_were_not_scored_and_fits_a_terminal(tmp_path) -> None:
     code, out, _ = invoke("replay", "--dataset", str(PROJECT_DATASETS / "samples" / "beam-sample"),
-                          "--db", str(tmp_path / "r.duckdb"), "--no-cache")
+                          "--last-messages", "2", "--db", str(tmp_path / "r.duckdb"), "--no-cache")
     assert code == 0
-    assert "over 2 probes (1 more without a gold answer: not scored)" in out  # the dataset lists 3
+    assert "over 2 probes (not scored: 1 without a gold answer)" in out  # the dataset lists 3
     assert "the same questions on: full history" in out
+    assert max(len(line) for line in out.splitlines()) <= 100
+    # in the default window of 10 messages, all 6 of this chat's messages are still in view
+    code, out, _ = invoke("replay", "--dataset", str(PROJECT_DATASETS / "samples" / "beam-sample"),
+                          "--db", str(tmp_path / "r.duckdb"), "--no-cache")
+    assert code == 0 and "retention not scored: the evidence of 2 probes is still in the final window" in out
     assert max(len(line) for line in out.splitlines()) <= 100
 
 

@@ -14,9 +14,10 @@ SAMPLES = PROJECT_DATASETS / "samples"
 
 
 def replayed(tmp_path, path, conversation_id=None):
+    """(Window 2: the samples are short, and a probe is scored once its evidence has left the window.)"""
     conversation = load_conversation(path, conversation_id)
     with RunStore(tmp_path / "runs.duckdb") as store:
-        result = asyncio.run(replay(conversation, ReplayConfig(cache=False), store))
+        result = asyncio.run(replay(conversation, ReplayConfig(cache=False, last_messages=2), store))
         probes = store.probes(result.run_id)
     assert result.status == "completed" and result.steps > 0
     return conversation, result, probes

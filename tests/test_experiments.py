@@ -157,10 +157,21 @@ def test_the_judge_reads_the_final_context_word_retention_scores(scripted, tmp_p
     scripted.default = answer
     code, out, err = invoke("experiment", "run", "--dataset", str(ROOT / "datasets" / "tiny.jsonl"),
                             "--answerer", "scripted/model", "--judge", "scripted/model", "--concurrency", "1",
-                            "--yes", "--db", str(tmp_path / "x.duckdb"))
+                            "--window", "2", "--yes", "--db", str(tmp_path / "x.duckdb"))
     assert code == 0, err
     asked = [p for p in prompts if not p.startswith("You grade answers")]
     assert len(asked) == 3 and all("Your vet is Dr. Okafor." in p for p in asked)  # the last message
+    # In a window of 10, the evidence of 2 of them is still in it: word retention leaves those
+    # unscored, and the judge asks only the others (the same probes).
+    prompts.clear()
+    code, out, err = invoke("experiment", "run", "--dataset", str(ROOT / "datasets" / "tiny.jsonl"),
+                            "--answerer", "scripted/model", "--judge", "scripted/model", "--concurrency", "1",
+                            "--json", "--yes", "--db", str(tmp_path / "y.duckdb"))
+    assert code == 0, err
+    asked = [p for p in prompts if not p.startswith("You grade answers")]
+    [config] = json.loads(out.strip().splitlines()[-1])["configs"]
+    assert len(asked) == config["probes"] < 3
+
 
 
 def test_the_blind_spot_is_a_mean_over_every_read_of_every_conversation(tmp_path) -> None:

@@ -286,3 +286,28 @@ def test_a_run_written_whole_is_all_or_nothing(tmp_path) -> None:
         payload["records"] = []
         run_id = store.write_run(payload, messages=messages)
         assert list(store.runs().run_id) == [run_id] and len(store.messages(run_id)) == 1
+
+
+def test_a_probe_is_scored_once_its_evidence_has_left_the_window_and_clock_times_are_not_answers() -> None:
+    """SPEC §3: retention is whether the gold answer is visible "once its evidence has left the
+    window". A probe whose evidence is all in the final window is scored by no method; a clock time
+    in a message's timestamp ("13:05") is no answer to "13"."""
+    from datetime import datetime, timedelta, timezone
+
+    from workbench.datasets import Conversation, Probe, Turn
+    from workbench.retention import score_retention
+
+    start = datetime(2024, 5, 8, 13, 5, tzinfo=timezone.utc)
+    turns = [Turn(f"m{i}", "user" if i % 2 == 0 else "assistant", text, start + timedelta(minutes=i))
+             for i, text in enumerate(["My dog is called Biscuit.", "Nice name!", "I moved to Porto.", "Lovely.",
+                                       "I have 2 cats.", "Fun."])]
+    probes = [Probe("old", "What is the dog called?", "Biscuit", "single", ("m0",)),
+              Probe("recent", "How many cats?", "2", "single", ("m4",)),
+              Probe("clock", "Which floor?", "13", "single", ("m2",))]
+    conversation = Conversation("c", turns, probes)
+    history = [t.to_message("c") for t in turns]
+    window = history[-2:]  # m4, m5: "recent" is still in view
+    summary = score_retention(conversation, window, window, 100, lambda texts: [len(t) // 4 for t in texts])
+    assert (summary.scored, summary.in_window) == (2, 1)
+    assert summary.full_history == 0.5  # "Biscuit" 1, "13" 0: the 13:05 timestamps do not answer it
+    assert summary.retention == 0.0  # only the window is visible: neither answer is

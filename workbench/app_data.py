@@ -365,7 +365,8 @@ def default_run_pair(runs: pd.DataFrame) -> tuple[str, str]:
 
 def probe_counts(probes: pd.DataFrame, labels: Sequence[str]) -> tuple[int, int]:
     """``(listed, scored)``: the distinct probes of ``labels``' memory scores, and those of them
-    that have a score (a gold answer); retention pools the scored ones, the grid lists them all."""
+    that have a score (a gold answer, and evidence that has left the window); retention pools the
+    scored ones, the grid lists them all."""
     if probes.empty:
         return 0, 0
     memory = probes[(probes.method == "memory") & probes.config_label.isin(list(labels))]

@@ -90,7 +90,8 @@ def _echo_wrapped(text: str, *, first: str = "", rest: str = "    ", err: bool =
 
 def _print_summary(result: ReplayResult, probes: int | None = None) -> None:
     """The run's figures, each line under 100 columns; ``probes``: the conversation's probes, so
-    that those not scored (no gold answer: abstention questions) are said, not silently dropped."""
+    that those not scored (no gold answer, as abstention questions; or evidence still in the final
+    window, so nothing had to survive yet) are said, not silently dropped."""
     s = result.summary()
     state = s["status"]
     if result.partial:
@@ -100,10 +101,13 @@ def _print_summary(result: ReplayResult, probes: int | None = None) -> None:
                f"reflector calls {s['reflector_calls']}, cache hits {s['cache_hits']}")
     click.echo(f"  full history {s['full_history_tokens']:,} tokens -> final context {s['final_context_tokens']:,} "
                f"tokens: compression {ratio(s['compression'])}")
+    waiting = s.get("probes_in_window", 0)
     if "retention" in s:
-        unscored = (probes or 0) - s["probes_scored"]
+        no_gold = (probes or 0) - s["probes_scored"] - waiting
+        reasons = [*([f"{no_gold} without a gold answer"] if no_gold > 0 else []),
+                   *([f"{waiting} with their evidence still in the window"] if waiting else [])]
         click.echo(f"  retention {share(s['retention'])} over {count(s['probes_scored'], 'probe')}"
-                   + (f" ({unscored} more without a gold answer: not scored)" if unscored > 0 else ""))
+                   + (f" (not scored: {', '.join(reasons)})" if reasons else ""))
         click.echo(f"    the same questions on: full history {share(s['retention_full_history'])}, window only "
                    f"{share(s['retention_window_only'])}, newest K tokens {share(s['retention_recent_tokens'])}")
         from .app_data import category_name
@@ -113,6 +117,10 @@ def _print_summary(result: ReplayResult, probes: int | None = None) -> None:
                        f"full {share(figures['full_history'])}  "
                        f"window {share(figures['window_only'])}  recent {share(figures['recent_tokens'])}  "
                        f"({count(int(figures['probes']), 'probe')})")
+    elif waiting:
+        _echo_wrapped(f"retention not scored: the evidence of {count(waiting, 'probe')} is still in the final window, "
+                      f"so nothing has had to survive yet (a smaller --last-messages, or a longer conversation)",
+                      first="  ", rest="  ")
     click.echo(f"  elapsed {s['elapsed_s']:.2f} s")
 
 
@@ -346,11 +354,12 @@ def _run_judge(store, result, conv, config, answerer, judge, yes, quiet) -> None
     from .retention import render_context
 
     context = render_context(result.context)
-    estimate = judging.estimate(conv.probes, context, answerer, judge)
+    probes = judging.left_the_window(store, result.run_id, conv.probes)
+    estimate = judging.estimate(probes, context, answerer, judge)
     click.echo(f"LLM-judged retention: {estimate.describe()}", err=True)
     if not yes and not click.confirm("Run it?", default=True, err=True):
         return
-    rows = _run_async(judging.judge_probes(conv.probes, context, answerer=answerer, judge=judge))
+    rows = _run_async(judging.judge_probes(probes, context, answerer=answerer, judge=judge))
     store.replace_probes(result.run_id, rows, ["llm_judge"])
     scores = [r["score"] for r in rows]
     if scores and not quiet:

@@ -518,7 +518,8 @@ async def _judge_experiment(store: Any, experiment_id: str, options: ExperimentO
             continue
         conversation = load_conversation(run.dataset, run.conversation_id, run.dataset_format)
         context = _final_context(store, run.run_id)
-        rows = await judging.judge_probes(conversation.probes, render_context(context), answerer=options.answerer,
+        probes = judging.left_the_window(store, run.run_id, conversation.probes)
+        rows = await judging.judge_probes(probes, render_context(context), answerer=options.answerer,
                                           judge=options.judge, completion_kwargs=options.completion_extra())
         store.replace_probes(run.run_id, rows, ["llm_judge"])
 

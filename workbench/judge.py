@@ -11,6 +11,7 @@ import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import litellm
 
@@ -72,6 +73,17 @@ def verdict_word(verdict: str) -> str:
     case or Markdown ("**Correct**", "Verdict: CORRECT"); ``""`` when it names none."""
     found = re.search(r"\b(INCORRECT|CORRECT|WRONG)\b", verdict.upper())
     return found.group(1) if found else ""
+
+
+def left_the_window(store: Any, run_id: str, probes: Sequence[Probe]) -> list[Probe]:
+    """``probes`` without those the run's word retention left unscored because their evidence is
+    still in the final window: the judge scores the same probes (nothing had to survive yet)."""
+    stored = store.probes(run_id)
+    if stored.empty or "evidence_in_window" not in stored:
+        return list(probes)
+    memory = stored[stored.method == "memory"]
+    waiting = set(memory[memory.evidence_in_window.fillna(False).astype(bool)].probe_id)
+    return [p for p in probes if p.id not in waiting]
 
 
 async def judge_probes(

@@ -34,7 +34,8 @@ def _score(gold: str, texts: Sequence[str]) -> float | None:
 def attribute_losses(conversation: Any, records: Sequence[ObservationRecord], state: Any,
                      steps: Sequence[Mapping[str, Any]] = (), record_steps: Mapping[str, int] | None = None,
                      ) -> list[dict[str, Any]]:
-    """One row per scored probe with evidence: how far its answer got, and where it was lost.
+    """One row per scored probe with evidence (not one whose evidence is all still in the window):
+    how far its answer got, and where it was lost.
 
     ``state`` is the thread's final :class:`omem_core.ThreadState`; ``record_steps`` maps record
     ids to the step that wrote them (for ``lost_step``: where the explorer should open).
@@ -56,15 +57,16 @@ def attribute_losses(conversation: Any, records: Sequence[ObservationRecord], st
             continue
         evidence = list(probe.evidence)
         in_window = all(e in window_ids for e in evidence)
+        if in_window:  # nothing of it has had to survive yet: not scored (see workbench.retention)
+            continue
         notes = {r.id: r for e in evidence for r in covering.get(e, [])}
         observed_all = all(e in window_ids or e in covering for e in evidence)
-        observation_score = 1.0 if in_window else (_score(probe.gold, [r.text for r in notes.values()])
-                                                    if notes else 0.0)
-        observed = in_window or (observed_all and (observation_score or 0.0) >= KEPT)
+        observation_score = _score(probe.gold, [r.text for r in notes.values()]) if notes else 0.0
+        observed = observed_all and (observation_score or 0.0) >= KEPT
         # A note not merged yet is shown as it is; a merged one survives only in the reflection.
         pending = [r for r in notes.values() if r.id in unreflected_ids]
         merged = [r for r in notes.values() if r.id in reflected_ids]
-        if in_window or not merged:
+        if not merged:
             reflection_score = observation_score
         else:
             reflection_score = _score(probe.gold, [reflection.text, *[r.text for r in pending]])
@@ -82,7 +84,7 @@ def attribute_losses(conversation: Any, records: Sequence[ObservationRecord], st
             lost_at = "end"
         rows.append({
             "probe_id": probe.id, "category": probe.category, "evidence": evidence,
-            "in_window_at_end": in_window,
+            "in_window_at_end": False,  # (such probes are not scored; the column stays for old runs)
             "observation_ids": sorted(notes), "observation_score": observation_score,
             "observed": observed, "reflection_score": reflection_score, "reflected": reflected,
             "visible_score": visible_score, "visible": shown, "lost_at": lost_at, "lost_step": lost_step,

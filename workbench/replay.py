@@ -155,6 +155,8 @@ class ReplayResult:
             "final_context_tokens": self.final_context_tokens, "compression": self.compression,
             "cost_usd": self.cost_usd, "elapsed_s": round(self.elapsed_s, 3), "error": self.error,
         }
+        if self.retention is not None:
+            out["probes_in_window"] = self.retention.in_window  # (not scored: nothing had to survive yet)
         if self.retention is not None and self.retention.scored:
             out.update(
                 retention=self.retention.retention,

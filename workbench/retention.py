@@ -2,7 +2,12 @@
 
 A probe's score is the share of its gold answer's content words (lower-cased alphanumeric
 words, common stop words removed) present anywhere in the visible text. Messages are rendered
-for scoring as ``[8 May 2023 13:56] Speaker: text``, so dates in the timestamps count.
+for scoring as ``[8 May 2023] Speaker: text``, so dates in the timestamps count (clock times do
+not: "13:56" would hand a gold answer of "13" a word it never had).
+
+Retention measures what survives once a probe's evidence has left the window: a probe whose
+evidence messages are all still in the final window is not scored (its row says
+``evidence_in_window``), by any method, so memory and baselines pool the same probes.
 
 Baselines, scored the same way: *full history* (no compaction), *window only* (no memory), and
 *recent tokens* (the newest K tokens of history, K = the final context's size).
@@ -39,7 +44,7 @@ def content_words(text: str) -> set[str]:
 
 
 def render_for_scoring(message: Message) -> str:
-    stamp = f"{message.created_at.day} {message.created_at:%B %Y %H:%M}"
+    stamp = f"{message.created_at.day} {message.created_at:%B %Y}"
     return f"[{stamp}] {message.content}" if message.role != "system" else message.content
 
 
@@ -78,6 +83,7 @@ class RetentionSummary:
     recent_tokens: float | None
     scored: int
     per_category: dict[str, dict[str, float | None]]
+    in_window: int = 0  # probes not scored: their evidence is all still in the final window
 
     @property
     def relative(self) -> float | None:
@@ -109,8 +115,15 @@ def summarise(rows: Sequence[dict]) -> RetentionSummary:
               "probes": float(sum(1 for p in complete if category[p] == cat))}
         for cat in sorted({category[p] for p in complete})
     }
+    waiting = {row["probe_id"] for row in rows if row["method"] in METHODS and row.get("evidence_in_window")}
     return RetentionSummary(overall["memory"], overall["full_history"], overall["window_only"],
-                            overall["recent_tokens"], len(complete), per_category)
+                            overall["recent_tokens"], len(complete), per_category, len(waiting))
+
+
+def evidence_in_window(probe: Any, window_ids: set[str]) -> bool:
+    """Whether every evidence message of ``probe`` is still in the window (so nothing of it has
+    had to survive yet: not scored). A probe without evidence is scored."""
+    return bool(probe.evidence) and all(e in window_ids for e in probe.evidence)
 
 
 def score_retention(conversation: Any, context: Sequence[Message], window: Sequence[Message], budget: int,
@@ -128,12 +141,12 @@ def score_retention(conversation: Any, context: Sequence[Message], window: Seque
     window_ids = {m.id for m in window}
     rows = []
     for probe in conversation.probes:
+        waiting = evidence_in_window(probe, window_ids)
         for method in METHODS:
             rows.append({
                 "probe_id": probe.id, "method": method, "question": probe.question, "gold": probe.gold,
-                "category": probe.category, "evidence": list(probe.evidence),
-                "evidence_in_window": bool(probe.evidence) and all(e in window_ids for e in probe.evidence),
-                "score": probe_score(probe.gold, visible[method]), "answer": None,
+                "category": probe.category, "evidence": list(probe.evidence), "evidence_in_window": waiting,
+                "score": None if waiting else probe_score(probe.gold, visible[method]), "answer": None,
             })
     if recorder is not None:
         recorder.save_probes([{**r, "evidence": json.dumps(r["evidence"])} for r in rows], METHODS)

@@ -83,8 +83,10 @@ def experiment_comparison() -> None:
                               f"B · {b}": st.column_config.Column(width=80, help=ui.plain(f"B · {b}"), **right),
                               "CI excludes 0": st.column_config.Column(width=100)})
     listed, scored = app_data.probe_counts(probes, [a, b])
-    unscored = f"; the other {listed - scored:,} have no gold answer" if listed > scored else ""
-    st.caption(f"Retention pools the {fmt.count(scored, 'probe')} scored (they have a gold answer{unscored}). Highlighted: "
+    unscored = (f"; the other {listed - scored:,} have no gold answer or their evidence still in the final window"
+                if listed > scored else "")
+    st.caption(f"Retention pools the {fmt.count(scored, 'probe')} scored (they have a gold answer and their evidence "
+               f"has left the window{unscored}). Highlighted: "
                "a difference whose 95% interval excludes zero (paired bootstrap over probes).")
 
     pick = {}
@@ -132,7 +134,8 @@ def experiment_comparison() -> None:
         view = app_data.grid_view(grid, ordered, differs_only=differs_only)
         listed, scored = app_data.probe_counts(probes, ordered)
         st.caption(f"{len(view):,} of {fmt.count(len(grid), 'probe')}"
-                   + (f" ({listed - scored:,} without a gold answer are listed as not scored)" if listed > scored
+                   + (f" ({listed - scored:,} without a gold answer or with their evidence still in the window are listed "
+                      "as not scored)" if listed > scored
                       else "")
                    + ". Each cell: the probe's score with that configuration and, when lost, the stage and step "
                    "where its answer was lost. Select a cell to open that run at that step.")

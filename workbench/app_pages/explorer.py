@@ -126,7 +126,11 @@ passes_nav.button("◀ Previous pass", key="ex_prev_pass", on_click=_jump, args=
             disabled=app_data.neighbour(passes, st.session_state[step_key], -1) is None)
 passes_nav.button("Next pass ▶", key="ex_next_pass", on_click=_jump, args=(1,),
                disabled=app_data.neighbour(passes, st.session_state[step_key], 1) is None)
-step = st.slider("Step (memory read)", 0, last, key=step_key)
+if last > 0:
+    step = st.slider("Step (memory read)", 0, last, key=step_key)
+else:  # one read: a slider from 0 to 0 is refused by Streamlit
+    step = 0
+    st.caption("Step 0: this run made one memory read.")
 row = steps[steps.step == step].iloc[0]
 
 left, right = st.columns(2)
