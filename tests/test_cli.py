@@ -397,3 +397,35 @@ def test_runs_and_experiments_are_deleted_from_the_cli_after_a_confirmation(tmp_
     assert code == 0 and f"deleted experiment {experiment_id} and 2 runs" in out
     with RunStore(db) as store:
         assert store.experiments().empty and list(store.runs().run_id) == [ids[1]]
+
+
+def test_a_delete_that_fails_midway_deletes_nothing(tmp_path, monkeypatch) -> None:
+    """A run's rows live in seven tables; a delete that fails after some of them (here: the
+    process is interrupted between `messages` and `runs`) is rolled back whole, run and experiment."""
+    import workbench.runstore as runstore
+
+    class Interrupted(Exception):
+        pass
+
+    class FailingTables:  # the tables to delete from, and an interruption before the last one
+        def __iter__(self):
+            yield from runstore_tables[:-1]
+            raise Interrupted("stopped between two tables")
+
+    runstore_tables = runstore.RUN_TABLES
+
+    db = str(tmp_path / "rb.duckdb")
+    code, out, _ = invoke("experiment", "run", "--dataset", TINY, "--observation-threshold", "40", "--window", "2",
+                          "--concurrency", "1", "--json", "--db", db)
+    experiment_id = json.loads(out.strip().splitlines()[-1])["experiment_id"]
+    with RunStore(db) as store:
+        [run_id] = store.experiment_runs(experiment_id).run_id
+        before = {table: len(store._df(f"SELECT * FROM {table}")) for table in runstore.RUN_TABLES}
+    assert all(before.values())
+    monkeypatch.setattr(runstore, "RUN_TABLES", FailingTables())
+    with RunStore(db) as store:
+        for delete, key in ((store.delete_run, run_id), (store.delete_experiment, experiment_id)):
+            with pytest.raises(Interrupted):
+                delete(key)
+            after = {table: len(store._df(f"SELECT * FROM {table}")) for table in before}
+            assert after == before and len(store.experiments()) == 1
