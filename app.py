@@ -7,7 +7,7 @@ import streamlit as st
 
 import omem_core  # noqa: F401  (sets litellm's offline environment first)
 
-st.set_page_config(page_title="omem workbench", page_icon=":material/memory:", layout="wide")
+st.set_page_config(page_title="omem workbench", page_icon="🧠", layout="wide")
 
 pages = {
     "Experiments": [
