@@ -514,3 +514,43 @@ def test_a_long_dataset_path_is_printed_whole(tmp_path) -> None:
 
     shown = short_path(dataset)  # (relative when shorter: the clone may sit beside pytest's folder)
     assert code == 0 and len(shown) > 100 and shown in out
+
+
+def test_two_ctrl_cs_stop_an_experiment_at_once_and_it_resumes(tmp_path) -> None:
+    """Ctrl-C twice in a terminal (SIGINT to the whole process group, workers included): the
+    scheduler used to wait for the workers' runs in flight, and hung for good in the pool's exit
+    on the second one. It stops at once, with the experiment interrupted and resumable."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    db = tmp_path / "cc.duckdb"
+    command = [sys.executable, "-m", "workbench", "experiment", "run", "--dataset", str(DEMO),
+               "--observation-threshold", "40,60,80,100,120,140,160,180", "--window", "2",
+               "--concurrency", "2", "--no-cache", "--db", str(db)]
+    worker = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)  # its own process group, as a terminal's job
+    try:
+        for line in worker.stderr:
+            if line.startswith("[1/8]"):
+                break
+        os.killpg(worker.pid, signal.SIGINT)
+        time.sleep(0.5)
+        os.killpg(worker.pid, signal.SIGINT)
+        worker.wait(timeout=60)
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
+    err = worker.stderr.read()
+    assert worker.returncode in (130, -signal.SIGINT), err
+    assert "Traceback" not in err and "LoggingWorker" not in err, err
+    with RunStore(db) as store:
+        [experiment] = store.experiments().to_dict("records")
+        assert experiment["status"] == "interrupted" and 0 < experiment["runs"] < 8
+    code, _, err = invoke("experiment", "resume", experiment["experiment_id"], "--db", str(db))
+    assert code == 0, err
+    with RunStore(db) as store:
+        assert store.experiments().unfinished_runs.tolist() == [0]

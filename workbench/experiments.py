@@ -311,7 +311,12 @@ def _all_offline(configs: Sequence[dict[str, Any]]) -> bool:
 def _worker_init() -> None:
     """A worker forked from the scheduler (or a fork server): it inherits the imported modules (no
     3-second litellm import per worker), but not the scheduler's running event loop."""
+    import signal
+
     asyncio.events._set_running_loop(None)
+    # Ctrl-C in a terminal reaches the whole process group: the scheduler alone handles it (it
+    # stops the workers), so a worker never dies mid-task with a traceback of its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     import omem_core  # noqa: F401  (already imported when forked; imported here when spawned)
 
     from .cache import forget_connections
@@ -455,19 +460,26 @@ async def _run_in_processes(tasks: Sequence[Task], options: ExperimentOptions, d
                             write: Callable[[dict[str, Any], Task], None]) -> None:
     """Offline replays: CPU-bound, one worker process per slot; this process writes."""
     loop = asyncio.get_running_loop()
-    with ProcessPoolExecutor(max_workers=min(options.concurrency, len(tasks)), mp_context=_pool_context(),
-                             initializer=_worker_init) as pool:
-        pending = {loop.run_in_executor(pool, _replay_one, dataset, dataset_format, task, extra, folder,
-                                        options.traces): task for task in tasks}
-        try:
-            while pending:
-                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for finished in done:
-                    write(finished.result(), pending.pop(finished))
-        except BaseException:
-            for future in pending:
-                future.cancel()
-            raise
+    pool = ProcessPoolExecutor(max_workers=min(options.concurrency, len(tasks)), mp_context=_pool_context(),
+                               initializer=_worker_init)
+    pending = {loop.run_in_executor(pool, _replay_one, dataset, dataset_format, task, extra, folder,
+                                    options.traces): task for task in tasks}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for finished in done:
+                write(finished.result(), pending.pop(finished))
+    except BaseException:
+        # Stopped (Ctrl-C, an error): the runs in flight are dropped, not waited for (a resume
+        # replays them), and the workers are ended now. Waiting on them here, a second Ctrl-C
+        # left the process hung for good in the pool's exit.
+        for future in pending:
+            future.cancel()
+        for process in list((getattr(pool, "_processes", None) or {}).values()):
+            process.kill()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
 
 
 async def _run_in_tasks(tasks: Sequence[Task], options: ExperimentOptions, dataset: str,

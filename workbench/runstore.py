@@ -285,6 +285,13 @@ def _insert_many(cur: duckdb.DuckDBPyConnection, table: str, columns: list[str],
         cur.unregister("_omem_rows")
 
 
+def _interrupted_query(exc: BaseException) -> bool:
+    """A statement DuckDB stopped because the process got SIGINT (it raises this instead of
+    KeyboardInterrupt: a Ctrl-C during a write would otherwise read as a failed write)."""
+    return isinstance(exc, duckdb.InterruptException) or (
+        isinstance(exc, RuntimeError) and "query interrupted" in str(exc).lower())
+
+
 def _is_lock_error(exc: Exception) -> bool:
     text = str(exc).lower()
     return "lock" in text or "conflicting" in text or "already open" in text
@@ -588,8 +595,10 @@ class RunStore:
             cur.execute("BEGIN TRANSACTION")
             try:
                 yield cur
-            except BaseException:
+            except BaseException as exc:
                 cur.execute("ROLLBACK")
+                if _interrupted_query(exc):  # Ctrl-C during a statement: DuckDB took the signal
+                    raise KeyboardInterrupt from exc
                 raise
             cur.execute("COMMIT")
 
