@@ -332,6 +332,13 @@ def test_experiment_list_show_compare_and_export(tmp_path) -> None:
     assert "obs 150 vs obs 600 (obs 600 minus obs 150):" in " ".join(out.split())  # as `compare` words it
     code, out, _ = invoke("experiment", "compare", experiment_id, "--a", "obs 600", "--b", "obs 150", "--db", db)
     assert code == 0 and "obs 600 vs obs 150 on 22 shared probes (obs 150 minus obs 600):" in out
+    # a verdict naming the better one gives an unsigned size: no "b minus a" beside it to contradict
+    from workbench.cli import _comparison_line
+    from workbench.stats import PairedDifference
+
+    worse = PairedDifference("obs 500", "obs 1000", 584, -0.018, (-0.031, -0.006))
+    assert _comparison_line("obs 500", "obs 1000", worse.verdict(), worse.ci95) == \
+        "obs 500 vs obs 1000: obs 500 keeps 0.018 more [0.006, 0.031]"
     code, _, err = invoke("experiment", "compare", experiment_id, "--a", "obs 999", "--db", db)
     assert code == 1 and "no configuration 'obs 999'" in err
     code, out, _ = invoke("experiment", "export", experiment_id, "--parquet", str(tmp_path / "out"), "--db", db)

@@ -581,6 +581,15 @@ def _experiment_progress(quiet: bool):
     return show
 
 
+def _comparison_line(a: str, b: str, verdict: str, ci95: Any, where: str = "") -> str:
+    """``a vs b: <verdict>``, as `experiment show` and `experiment compare` both word it. A
+    verdict that names the better one gives an unsigned size; only a signed "no detectable
+    difference" figure is said to be b minus a (beside a size, it read as the wrong sign)."""
+    detectable = bool(ci95) and (ci95[0] > 0 or ci95[1] < 0)
+    signed_as = "" if detectable or not ci95 else f" ({b} minus {a})"
+    return f"{a} vs {b}{where}{signed_as}: {verdict}"
+
+
 def _print_report(data: dict[str, Any]) -> None:
     from .formatting import MISSING, display, tokens
 
@@ -612,9 +621,8 @@ def _print_report(data: dict[str, Any]) -> None:
         for error in c["errors"]:
             click.echo(f"    failed: {error}", err=True)
     for comparison in data["comparisons"]:
-        # (in the words `experiment compare` uses: a vs b, the difference b minus a)
-        _echo_wrapped(f"{comparison['a']} vs {comparison['b']} ({comparison['b']} minus {comparison['a']}): "
-                      f"{comparison['verdict']}")
+        _echo_wrapped(_comparison_line(comparison["a"], comparison["b"], comparison["verdict"],
+                                       comparison["ci95"]))
     if data["failed_runs"] and data["status"] == "completed":
         click.echo(f"retry the failed runs with: python -m workbench experiment resume {data['experiment_id']}",
                    err=True)
@@ -812,8 +820,8 @@ def experiment_compare(experiment_id: str, label_a: str | None, label_b: str | N
         click.echo(json.dumps({"a": diff.a, "b": diff.b, "probes": diff.probes, "retention_diff": diff.difference,
                                "ci95": list(diff.ci95) if diff.ci95 else None, "verdict": diff.verdict()}))
     else:
-        _echo_wrapped(f"{diff.a} vs {diff.b} on {count(diff.probes, 'shared probe')} ({diff.b} minus {diff.a}): "
-                      f"{diff.verdict()}")
+        _echo_wrapped(_comparison_line(diff.a, diff.b, diff.verdict(), diff.ci95,
+                                       f" on {count(diff.probes, 'shared probe')}"))
 
 
 @experiment.command("delete")
