@@ -1204,3 +1204,19 @@ def test_a_page_whose_run_was_deleted_elsewhere_says_so(db: Path) -> None:
     assert any(f"Run {other} is no longer in the run store" in w.value.replace("\\", "") for w in at.warning)
     at.run()  # said once; the page goes on with a run that exists
     assert not any("no longer in the run store" in w.value for w in at.warning)
+
+
+def test_tune_says_when_an_experiments_figures_stand_on_fewer_runs_than_planned(db: Path) -> None:
+    """A deleted run (or an interrupted grid) left Tune drawing its points with '0 not completed'
+    and no word that they pool fewer conversations."""
+    experiment_id = run_experiment_in(db, observation=(150, 600))
+    with RunStore(db) as s:
+        runs = s.experiment_runs(experiment_id)
+        s.delete_run(runs[runs.config_label == "obs 600"].run_id.iloc[0])
+    at = app("tune")
+    assert not at.exception, at.exception
+    assert any(shown(w.value).startswith("1 planned run has no record (never started, or deleted): the figures "
+                                         "below come from 1 of 2 runs") for w in at.warning), \
+        [w.value for w in at.warning]
+    table = dataframe(at, "configuration", "not completed").set_index("configuration")
+    assert table.loc["obs 600", "not completed"] == 1 and table.loc["obs 150", "not completed"] == 0

@@ -287,7 +287,7 @@ def test_an_experiment_that_finished_with_failed_runs_says_so_and_resume_retries
     assert f"experiment {experiment_id} (completed; 1 of 2 runs failed): 1 conversation of" in out
     # A label longer than its column is written whole on a line of its own; the table fits 100 columns.
     assert "\nobs model omem/extractive\n" in out and max(len(line) for line in out.splitlines()) <= 100
-    assert f"retry the failed runs with: python -m workbench experiment resume {experiment_id}" in err
+    assert f"replay the runs that did not complete with: python -m workbench experiment resume {experiment_id}" in err
     with RunStore(db) as store:
         [failed_before] = store.experiment_runs(experiment_id).query("status != 'completed'").run_id
     # The key is still missing, so the retry fails again; but it is a retry, not "nothing to resume".
@@ -561,3 +561,32 @@ def test_two_ctrl_cs_stop_an_experiment_at_once_and_it_resumes(tmp_path) -> None
     assert code == 0, err
     with RunStore(db) as store:
         assert store.experiments().unfinished_runs.tolist() == [0]
+
+
+def test_an_experiment_with_a_deleted_run_says_it_is_missing_and_resume_replays_it(tmp_path) -> None:
+    """A run deleted from a completed experiment left it 'completed' with every configuration at
+    '0 not completed', and its figures quietly pooled over fewer conversations."""
+    from workbench.app_data import summary_table
+
+    db = str(tmp_path / "m.duckdb")
+    code, out, _ = invoke("experiment", "run", "--dataset", str(DEMO), "--observation-threshold", "150,600",
+                          "--concurrency", "1", "--json", "--db", db)
+    experiment_id = json.loads(out.strip().splitlines()[-1])["experiment_id"]
+    with RunStore(db) as store:
+        runs = store.experiment_runs(experiment_id)
+        gone = runs[runs.config_label == "obs 600"].run_id.iloc[0]
+    assert invoke("delete", gone, "--yes", "--db", db)[0] == 0
+    code, out, err = invoke("experiment", "show", experiment_id, "--json", "--db", db)
+    data = json.loads(out.strip().splitlines()[-1])
+    assert data["status_text"] == "completed; 1 of 2 runs missing" and data["missing_runs"] == 1
+    assert [(c["label"], c["runs"], c["missing"]) for c in data["configs"]] == [("obs 150", 1, 0), ("obs 600", 0, 1)]
+    code, out, err = invoke("experiment", "show", experiment_id, "--db", db)
+    assert "(completed; 1 of 2 runs missing)" in out and "experiment resume" in err
+    assert [line.split()[2] for line in out.splitlines() if line.startswith("obs ") and " vs " not in line] == \
+        ["1/1", "0/1"]  # done, of the runs planned
+    with RunStore(db) as store:
+        table = summary_table(ex.summarise(store, experiment_id))
+    assert table["not completed"].tolist() == [0, 1]  # the app's table
+    assert invoke("experiment", "resume", experiment_id, "--db", db)[0] == 0
+    with RunStore(db) as store:
+        assert ex.report(store, experiment_id)["status_text"] == "completed"

@@ -201,7 +201,7 @@ def summary_table(summaries: Sequence[Any]) -> pd.DataFrame:
         rows.append({
             "configuration": s.label,
             "completed": s.runs,
-            "not completed": s.failed,
+            "not completed": s.not_completed,  # failed, never started, or deleted
             "probes": s.probes,
             "retention": share(s.retention, 3),
             "95% CI": f"[{share(ci[0], 3)}, {share(ci[1], 3)}]" if ci else MISSING,

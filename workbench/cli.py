@@ -606,7 +606,7 @@ def _print_report(data: dict[str, Any]) -> None:
     # A label longer than the column is written on a line of its own above its figures (cut, two
     # labels could read the same; in full, the table would not fit 100 columns).
     width = len("configuration")
-    click.echo(f"{'configuration':<{width}} {'done':>4} {'failed':>6} {'probes':>6} {'retention':>9} {'95% CI':>14} "
+    click.echo(f"{'configuration':<{width}} {'done':>5} {'probes':>6} {'retention':>9} {'95% CI':>14} "
                f"{'compr':>6} {'vs recency':>10} {'blind spot':>10} {'calls':>5} {'cost':>7}")
     for c in data["configs"]:
         blind = MISSING if c["blind_spot_tokens"] is None else f"{tokens(c['blind_spot_tokens'])} tok"
@@ -614,7 +614,8 @@ def _print_report(data: dict[str, Any]) -> None:
         if len(label) > width:
             click.echo(label)
             label = ""
-        click.echo(f"{label:<{width}} {c['runs']:>4} {c['failed']:>6} {c['probes']:>6} "
+        done = f"{c['runs']}/{c['runs'] + c['failed'] + c.get('missing', 0)}"  # of the runs planned
+        click.echo(f"{label:<{width}} {done:>5} {c['probes']:>6} "
                    f"{display(c['retention']):>9} {ci(c['retention_ci95']):>14} {ratio(c['compression']):>6} "
                    f"{display(c['recency_ratio']):>10} {blind:>10} {c['observer_calls'] + c['reflector_calls']:>5,} "
                    f"{money(c['cost_usd']):>7}")
@@ -623,9 +624,9 @@ def _print_report(data: dict[str, Any]) -> None:
     for comparison in data["comparisons"]:
         _echo_wrapped(_comparison_line(comparison["a"], comparison["b"], comparison["verdict"],
                                        comparison["ci95"]))
-    if data["failed_runs"] and data["status"] == "completed":
-        click.echo(f"retry the failed runs with: python -m workbench experiment resume {data['experiment_id']}",
-                   err=True)
+    if (data["failed_runs"] or data.get("missing_runs")) and data["status"] == "completed":
+        click.echo(f"replay the runs that did not complete with: python -m workbench experiment resume "
+                   f"{data['experiment_id']}", err=True)
     elif data["status"] in ("interrupted", "stopped", "failed") and data["completed_runs"] < data["planned_runs"]:
         click.echo(f"finish it with: python -m workbench experiment resume {data['experiment_id']}", err=True)
 

@@ -226,12 +226,16 @@ def pending_tasks(store: Any, experiment_id: str) -> list[Task]:
     return tasks
 
 
-def status_text(status: str, failed: int, planned: int) -> str:
+def status_text(status: str, failed: int, planned: int, missing: int = 0) -> str:
     """An experiment's status as people read it: ``completed`` only when every run completed;
-    a grid that finished with failed runs says how many (``completed; 1 of 4 runs failed``)."""
-    if failed and status == "completed":
-        return f"completed; {failed} of {count(planned, 'run')} failed"
-    return status
+    a grid that finished with failed runs says how many (``completed; 1 of 4 runs failed``), and
+    one whose runs were deleted since, how many are missing."""
+    if status != "completed" or not (failed or missing):
+        return status
+    of = f"of {count(planned, 'run')}"
+    if failed and missing:
+        return f"completed; {failed} {of} failed, {missing} missing"
+    return f"completed; {failed} {of} failed" if failed else f"completed; {missing} {of} missing"
 
 
 def outcome_message(experiment_id: str, outcome: ExperimentOutcome) -> tuple[str, str]:
@@ -584,6 +588,11 @@ class ConfigSummary:
     funnel: dict[str, int] = field(default_factory=dict)
     judged_accuracy: float | None = None
     errors: list[str] = field(default_factory=list)
+    missing: int = 0  # planned runs with no record: never started (an interrupted grid), or deleted
+
+    @property
+    def not_completed(self) -> int:
+        return self.failed + self.missing
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -629,6 +638,7 @@ def summaries_of(experiment: dict, runs: pd.DataFrame, probes: pd.DataFrame, los
     """:func:`summarise` from the experiment's tables, on ``conversations`` only when given (so
     two configurations are set side by side on the same conversations when one of them did not
     complete them all)."""
+    scope = list(conversations) if conversations is not None else list(experiment["conversations"])
     if conversations is not None:
         keep = set(conversations)
         runs, probes, losses = (frame[frame.conversation_id.isin(keep)] for frame in (runs, probes, losses))
@@ -654,6 +664,7 @@ def summaries_of(experiment: dict, runs: pd.DataFrame, probes: pd.DataFrame, los
         judged = scores[(scores.method == "llm_judge") & scores.score.notna()]
         out.append(ConfigSummary(
             label=label, config=entry["config"], runs=int(len(done)), failed=int(len(mine) - len(done)),
+            missing=max(0, len(scope) - int(mine.conversation_id.nunique())),
             probes=int(len(memory)), retention=retention, retention_ci95=bootstrap_ci(memory.score.tolist()),
             compression=float(history / context) if len(done) and context else None,
             recency_ratio=(retention / recent_mean) if retention is not None and recent_mean else None,
@@ -689,7 +700,7 @@ def report(store: Any, experiment_id: str) -> dict[str, Any]:
     configuration compared with the first (the baseline)."""
     experiment = store.experiment(experiment_id)
     summaries = summarise(store, experiment_id)
-    keys = ("label", "config", "runs", "failed", "probes", "retention", "retention_ci95", "compression",
+    keys = ("label", "config", "runs", "failed", "missing", "probes", "retention", "retention_ci95", "compression",
             "recency_ratio", "blind_spot_tokens", "observer_calls", "reflector_calls", "cost_usd")
     comparisons = []
     if len(summaries) > 1:
@@ -699,12 +710,14 @@ def report(store: Any, experiment_id: str) -> dict[str, Any]:
             comparisons.append({"a": base, "b": other.label, "retention_diff": diff.difference,
                                 "ci95": list(diff.ci95) if diff.ci95 else None, "verdict": diff.verdict()})
     failed = sum(s.failed for s in summaries)
+    missing = sum(s.missing for s in summaries)
     planned = len(experiment["conversations"]) * len(experiment["configs"])
     runs = store.experiment_runs(experiment_id)
     done = runs[runs.status == "completed"]
     return {
         "experiment_id": experiment_id, "name": experiment["name"], "status": experiment["status"],
-        "status_text": status_text(experiment["status"], failed, planned), "failed_runs": failed,
+        "status_text": status_text(experiment["status"], failed, planned, missing), "failed_runs": failed,
+        "missing_runs": missing,
         "planned_runs": planned, "completed_runs": int(len(done)),
         "completed_conversations": int(done.conversation_id.nunique()),
         "dataset": experiment["dataset"], "conversations": experiment["conversations"],

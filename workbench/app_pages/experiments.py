@@ -168,7 +168,8 @@ done = app_data.completed_pairs(runs)
 pending = planned - done
 
 failed_runs = int((runs.status != "completed").sum()) if not runs.empty else 0
-st.text(f"{experiment_id} · {status_text(experiment['status'], failed_runs, planned)} · "
+missing_runs = max(0, planned - done - failed_runs)  # never started, or deleted since
+st.text(f"{experiment_id} · {status_text(experiment['status'], failed_runs, planned, missing_runs)} · "
         f"{fmt.short_path(experiment['dataset'])}")
 if experiment["status"] == "running":
     st.progress(done / max(planned, 1), text=f"{done} of {planned} runs completed")

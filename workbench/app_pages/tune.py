@@ -32,6 +32,13 @@ if mode == "An experiment":
         st.warning(f"{fmt.count(len(failed), 'run')} did not complete (listed below). Each configuration's "
                    "figures pool only its completed runs; a configuration with none is not drawn.")
         st.dataframe(failed, hide_index=True, key="tune_xp_failed")
+    unrecorded = sum(s.missing for s in summaries)
+    if unrecorded:  # an interrupted grid (or deleted runs): the points stand on fewer conversations
+        done = sum(s.runs for s in summaries)
+        planned = len(experiment["conversations"]) * len(experiment["configs"])
+        st.warning(f"{fmt.count(unrecorded, 'planned run')} {'has' if unrecorded == 1 else 'have'} no record "
+                   f"(never started, or deleted): the figures below come from {done} of {planned} runs. "
+                   "Resume the experiment on the Experiments page to complete them.")
     points = app_data.pareto_points(summaries)
     if points.empty:
         st.info("No configuration has both retention and compression yet (a dataset without probes gives "
