@@ -167,9 +167,15 @@ def test_model_error_then_resume(scripted: Scripted) -> None:
     code, _, err = invoke("replay", "--resume", failed["run_id"], "--observation-threshold", "50",
                           "--observer", "omem/extractive")
     assert code == 2 and "--observer, --observation-threshold cannot be given with it" in err
+    code, _, err = invoke("replay", "--resume", failed["run_id"], "--label", "renamed")
+    assert code == 2 and "--label cannot be given with it" in err  # (it was dropped without a word)
     code, out, _ = invoke("replay", "--resume", failed["run_id"], "--json")
     resumed = json.loads(out.strip().splitlines()[-1])
     assert code == 0 and resumed["run_id"] == failed["run_id"] and resumed["status"] == "completed"
+    code, out, err = invoke("replay", "--resume", failed["run_id"], "--json")  # nothing left to do: still JSON
+    assert code == 0 and "already completed" in err
+    assert json.loads(out.strip().splitlines()[-1]) == {"run_id": failed["run_id"], "status": "completed",
+                                                        "resumed": False}
 
 
 def test_llm_judged_retention_through_litellm(scripted: Scripted, tmp_path) -> None:

@@ -250,6 +250,8 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
             if run["status"] == "completed":
                 click.echo(f"run {resume} is already completed: nothing to resume "
                            f"(python -m workbench runs lists its figures)", err=True)
+                if as_json:  # (the last stdout line is JSON, as promised)
+                    click.echo(json.dumps({"run_id": resume, "status": "completed", "resumed": False}))
                 return
             conv = load_conversation(run["dataset"], run["conversation_id"], run["dataset_format"])
             config = ReplayConfig.from_json(run["config"])
@@ -306,7 +308,7 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
 # record one run made of two configurations).
 RESUME_FIXES = ("dataset", "fmt", "conversation", "observer", "reflector", "observation_threshold",
                 "reflection_threshold", "last_messages", "token_counter", "recall_on", "observer_prompt",
-                "reflector_prompt", "timeout", "max_backlog", "no_cache")
+                "reflector_prompt", "timeout", "max_backlog", "no_cache", "label")
 
 
 def _refuse_with_resume(ctx: click.Context, names: tuple[str, ...]) -> None:
