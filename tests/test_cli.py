@@ -240,6 +240,9 @@ def test_the_replay_summary_says_which_probes_were_not_scored_and_fits_a_termina
     assert code == 0
     assert "over 2 probes (not scored: 1 without a gold answer)" in out  # the dataset lists 3
     assert "the same questions on: full history" in out
+    assert out.splitlines()[0].endswith(" · conversation beam-beam-sample of beam-sample")  # what was replayed
+    context = re.search(r"final context (\d+) tokens", out).group(1)
+    assert f"newest {context} tokens" in out  # the recency baseline's size, not an unexplained "K"
     assert max(len(line) for line in out.splitlines()) <= 100
     # in the default window of 10 messages, all 6 of this chat's messages are still in view
     code, out, _ = invoke("replay", "--dataset", str(PROJECT_DATASETS / "samples" / "beam-sample"),
@@ -435,3 +438,12 @@ def test_a_delete_that_fails_midway_deletes_nothing(tmp_path, monkeypatch) -> No
                 delete(key)
             after = {table: len(store._df(f"SELECT * FROM {table}")) for table in before}
             assert after == before and len(store.experiments()) == 1
+
+
+def test_a_wrapped_line_never_splits_an_interval(capsys) -> None:
+    from workbench.cli import _echo_wrapped
+
+    for pad in range(28, 40):  # the intervals straddle the 100th column at some pad
+        _echo_wrapped("y " * pad + "obs 500 keeps 0.018 more [0.006, 0.031] and [-0.295, +0.045]")
+        out = capsys.readouterr().out
+        assert "[0.006, 0.031]" in out and "[-0.295, +0.045]" in out and max(map(len, out.splitlines())) <= 100

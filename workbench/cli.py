@@ -83,12 +83,21 @@ def _progress_printer(label: str, quiet: bool):
 
 def _echo_wrapped(text: str, *, first: str = "", rest: str = "    ", err: bool = False) -> None:
     """``text`` wrapped at 100 columns (``first`` before its first line, ``rest`` before the others)."""
-    # (a path or id is never split: it must stay whole to be copied)
-    click.echo(textwrap.fill(text, 100, initial_indent=first, subsequent_indent=rest, break_long_words=False,
-                             break_on_hyphens=False), err=err)
+    # (a path or id is never split: it must stay whole to be copied; nor is an interval "[0.006, 0.031]")
+    import re
+
+    whole = re.sub(r"\[[^\[\]\s]+, [^\[\]\s]+\]", lambda m: m.group().replace(" ", "\u00a0"), text)
+    click.echo(textwrap.fill(whole, 100, initial_indent=first, subsequent_indent=rest, break_long_words=False,
+                             break_on_hyphens=False).replace("\u00a0", " "), err=err)
 
 
-def _print_summary(result: ReplayResult, probes: int | None = None) -> None:
+def _dataset_name(path: str) -> str:
+    """A known dataset by its name (as `datasets` lists it), another by its path."""
+    names = {str(Path(e.path).resolve()): e.name for e in known_datasets()}
+    return names.get(str(Path(path).resolve()), short_path(path)) if path else "?"
+
+
+def _print_summary(result: ReplayResult, probes: int | None = None, source: str = "") -> None:
     """The run's figures, each line under 100 columns; ``probes``: the conversation's probes, so
     that those not scored (no gold answer, as abstention questions; or evidence still in the final
     window, so nothing had to survive yet) are said, not silently dropped."""
@@ -96,7 +105,7 @@ def _print_summary(result: ReplayResult, probes: int | None = None) -> None:
     state = s["status"]
     if result.partial:
         state += f" at step {s['steps']} of {s['planned_steps']} (figures below are partial: that prefix only)"
-    click.echo(f"run {s['run_id'] or '(not recorded)'}: {state}")
+    click.echo(f"run {s['run_id'] or '(not recorded)'}: {state}" + (f" · {source}" if source else ""))
     click.echo(f"  messages {s['messages']}, reads {s['steps']}, observer calls {s['observer_calls']}, "
                f"reflector calls {s['reflector_calls']}, cache hits {s['cache_hits']}")
     click.echo(f"  full history {s['full_history_tokens']:,} tokens -> final context {s['final_context_tokens']:,} "
@@ -109,7 +118,8 @@ def _print_summary(result: ReplayResult, probes: int | None = None) -> None:
         click.echo(f"  retention {share(s['retention'])} over {count(s['probes_scored'], 'probe')}"
                    + (f" (not scored: {', '.join(reasons)})" if reasons else ""))
         click.echo(f"    the same questions on: full history {share(s['retention_full_history'])}, window only "
-                   f"{share(s['retention_window_only'])}, newest K tokens {share(s['retention_recent_tokens'])}")
+                   f"{share(s['retention_window_only'])}, newest {s['final_context_tokens']:,} tokens "
+                   f"{share(s['retention_recent_tokens'])}")
         from .app_data import category_name
 
         for category, figures in s["retention_per_category"].items():
@@ -297,7 +307,7 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
 
             from .analysis import findings
 
-            _print_summary(result, len(conv.probes))
+            _print_summary(result, len(conv.probes), f"conversation {conv.id} of {_dataset_name(conv.source)}")
             calls = store.model_calls(result.run_id) if result.run_id else None
             for note in findings(pd.DataFrame(result.step_rows), config.observation_threshold, calls,
                                  config.max_backlog):
@@ -778,13 +788,8 @@ def experiment_list(as_json: bool, db: str) -> None:
     else:
         from .formatting import MISSING, missing
 
-        from .catalog import known_datasets
-
-        # a known dataset by its name (as `datasets` lists it), another by its path
-        names = {str(Path(e.path).resolve()): e.name for e in known_datasets()}
         shown = frame[columns].assign(created_at=frame.created_at.dt.strftime("%Y-%m-%d %H:%M"),
-                                      dataset=frame.dataset.map(lambda d: names.get(str(Path(d).resolve()),
-                                                                                    short_path(d))))
+                                      dataset=frame.dataset.map(_dataset_name))
         shown = shown.rename(columns={"experiment_id": "experiment", "planned_runs": "planned",
                                       "runs": "recorded", "unfinished_runs": "not completed",
                                       "created_at": "created"})
