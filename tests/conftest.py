@@ -133,6 +133,15 @@ def held_by_another_process(path: Path) -> Iterator[None]:
 
 
 @pytest.fixture
+def db(tmp_path, monkeypatch) -> Path:
+    """A fresh run store (and model cache) for the app under test: ``$OMEM_DB`` points at it."""
+    path = tmp_path / "app.duckdb"
+    monkeypatch.setenv("OMEM_DB", str(path))
+    monkeypatch.setenv("OMEM_CACHE_DIR", str(tmp_path / "cache"))
+    return path
+
+
+@pytest.fixture
 def shared_datasets() -> Path:
     if not SHARED_DATASETS.is_dir():
         pytest.skip(SHARED_MISSING)

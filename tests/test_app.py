@@ -9,33 +9,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from apptest import APP, PAGES, app
 from streamlit.testing.v1 import AppTest
 
 from workbench import app_data
 from workbench import experiments as ex
 from workbench.runstore import RunStore
 
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
 PROJECT_DEMO = Path(__file__).resolve().parents[1] / "datasets" / "demo.jsonl"
 LONGMEMEVAL = PROJECT_DEMO.parent / "samples" / "longmemeval-sample.json"
-PAGES = "workbench/app_pages/{}.py"
-
-
-@pytest.fixture
-def db(tmp_path, monkeypatch) -> Path:
-    path = tmp_path / "app.duckdb"
-    monkeypatch.setenv("OMEM_DB", str(path))
-    monkeypatch.setenv("OMEM_CACHE_DIR", str(tmp_path / "cache"))
-    return path
-
-
-def app(page: str | None = None) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=120)
-    at.run()
-    if page is not None:
-        at.switch_page(PAGES.format(page)).run()
-    assert not at.exception, at.exception
-    return at
 
 
 def spec(at: AppTest, index: int) -> dict:

@@ -7,31 +7,11 @@ import json
 from pathlib import Path
 
 import pandas as pd
-import pytest
-from streamlit.testing.v1 import AppTest
+from apptest import app
 
 from workbench import charts, ui
 from workbench.replay import ReplayConfig
 from workbench.runstore import RunStore
-
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
-PAGES = "workbench/app_pages/{}.py"
-
-
-@pytest.fixture
-def db(tmp_path, monkeypatch) -> Path:
-    path = tmp_path / "app.duckdb"
-    monkeypatch.setenv("OMEM_DB", str(path))
-    monkeypatch.setenv("OMEM_CACHE_DIR", str(tmp_path / "cache"))
-    return path
-
-
-def app(page: str) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=120)
-    at.run()
-    at.switch_page(PAGES.format(page)).run()
-    assert not at.exception, at.exception
-    return at
 
 
 # -- the unfinished experiment's banner ------------------------------------------------------------

@@ -189,6 +189,15 @@ def _record(row: pd.Series):
                              else row["created_at"], kind=row["kind"], source_ids=tuple(ids), text=row["text"])
 
 
+def note_lines(text: str) -> int:
+    """The note lines of an observation or reflection: its bullet lines ("- ", "* ", "• "), not the
+    date headings above them (counted, "the observer wrote 2 lines" for one note under a date); a
+    text without bullets counts its non-empty lines."""
+    lines = [line.strip() for line in str(text or "").splitlines() if line.strip()]
+    bullets = [line for line in lines if line[:2] in ("- ", "* ") or line.startswith("•")]
+    return len(bullets) if bullets else len(lines)
+
+
 def narrate(step_row: pd.Series, previous: pd.Series | None, records: pd.DataFrame) -> str:
     """One plain-language sentence about what happened at a step (presentation mode)."""
     step = int(step_row["step"])
@@ -197,13 +206,13 @@ def narrate(step_row: pd.Series, previous: pd.Series | None, records: pd.DataFra
     left = int(step_row["message_index"]) - (int(previous["message_index"]) if previous is not None else 0)
     if step_row["observed"]:
         obs = new[new.kind == "observation"]
-        lines = sum(len(t.splitlines()) for t in obs.text)
+        lines = sum(note_lines(t) for t in obs.text)
         sources = sum(len(json.loads(s)) for s in obs.source_ids)
         parts.append(f"{sources} older message{' was' if sources == 1 else 's were'} condensed: the observer "
                      f"wrote {lines} line{'s' if lines != 1 else ''}")
     if step_row["reflected"]:
         ref = new[new.kind == "reflection"]
-        lines = sum(len(t.splitlines()) for t in ref.text)
+        lines = sum(note_lines(t) for t in ref.text)
         parts.append(f"the reflector merged the notes into a {lines}-line reflection")
     if not parts:
         backlog = int(step_row["backlog_tokens"])

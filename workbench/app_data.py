@@ -747,6 +747,22 @@ def status_text(status: Any, steps: Any, planned: Any) -> str:
     return progress(str(status), _value(steps), _value(planned))
 
 
+def state_phrase(run: Any) -> str:
+    """What became of a run, to follow "This run" or "it": "was interrupted at step 11 of 208",
+    "is still running at step 3 of 100", "failed at step 26 of 100", "completed"."""
+    verb = {"interrupted": "was ", "running": "is still "}.get(str(run["status"]), "")
+    return verb + status_text(run["status"], run["steps"], run["planned_steps"])
+
+
+def last_read_compression(run: Any, steps: pd.DataFrame) -> float | None:
+    """A run that did not finish may store no whole-run compression: then its ratio at the last
+    memory read (what the volumes chart marks there), else ``None`` (the stored figure stands)."""
+    if run["status"] == "completed" or not missing(run["compression"]) or steps.empty:
+        return None
+    last = steps.sort_values("step").iloc[-1]
+    return float(last.history_tokens) / float(last.context_tokens) if last.context_tokens else None
+
+
 def completed_pairs(runs: pd.DataFrame) -> int:
     """How many (conversation, configuration) pairs of an experiment have a completed run."""
     if runs.empty:

@@ -200,6 +200,53 @@ def _label_sides(x: pd.Series) -> list[str]:
     return ["top right" if v == low else "top left" if v == high else "top center" for v in x.astype(float)]
 
 
+CROWDED = 0.2  # points closer than this share of the x span: their labels (about 0.15 of it wide) would touch
+
+
+def label_positions(x: pd.Series, y: pd.Series) -> list[str]:
+    """Where each point's label goes (plotly ``textposition``). Points far apart in x: above them, the
+    edge ones pointing inwards (:func:`_label_sides`). Points crowded together in x (a label over one
+    sat on its neighbour's error bar or label): beside their markers instead, fanning out from the
+    crowd (the left ones to the left, the right ones to the right), a middle one under its point,
+    so that no two labels of a crowd share a place."""
+    xs, ys = [float(v) for v in x], [float(v) for v in y]
+    positions = _label_sides(pd.Series(xs, dtype=float)) if xs else []
+    span = max(xs) - min(xs) if xs else 0.0
+    order = sorted(range(len(xs)), key=lambda i: (xs[i], ys[i]))
+    clusters: list[list[int]] = []
+    for i in order:
+        near = clusters and (xs[i] - xs[clusters[-1][-1]] <= CROWDED * span if span else True)
+        if near:
+            clusters[-1].append(i)
+        else:
+            clusters.append([i])
+    for crowd in clusters:
+        if len(crowd) < 2:
+            continue
+        half = len(crowd) / 2
+        for rank, i in enumerate(crowd):
+            positions[i] = ("middle left" if rank < half - 0.5 else "middle right" if rank > half - 0.5
+                            else "bottom center")
+    return positions
+
+
+def _padded_range(x: pd.Series, positions: list[str], labels: list[str]) -> list[float] | None:
+    """An x range with room for the labels that point out of the chart ("middle left" of the
+    leftmost point, "middle right" of the rightmost): without it they ran over the y axis or off
+    the right edge ("obs 3…"). ``None``: plotly's own range is fine."""
+    xs = [float(v) for v in x]
+    if not xs:
+        return None
+    low, high = min(xs), max(xs)
+    span = (high - low) or max(abs(high), 1.0) * 0.1
+    room = [min(1.0, len(str(t)) * _LABEL_PX / _PLOT_PX) * span * 1.1 for t in labels]
+    left = max([room[i] for i, (v, p) in enumerate(zip(xs, positions)) if p.endswith("left") and v - room[i] < low]
+               + [0.05 * span])
+    right = max([room[i] for i, (v, p) in enumerate(zip(xs, positions)) if p.endswith("right") and v + room[i] > high]
+                + [0.05 * span])
+    return [low - left, high + right]
+
+
 def experiment_pareto_chart(points: pd.DataFrame) -> go.Figure:
     """Pooled retention (with its 95% CI as error bars) vs compression, one point per configuration
     of an experiment; the Pareto front drawn first, under the points, and never hovered."""
@@ -208,9 +255,12 @@ def experiment_pareto_chart(points: pd.DataFrame) -> go.Figure:
         front = pareto_front(points)
         fig.add_scatter(x=front.compression, y=front.retention, mode="lines", name="Pareto front",
                         line=dict(color="#d63031", dash="dot", width=2), hoverinfo="skip")
+        positions = label_positions(points.compression, points.retention)
+        fig.update_xaxes(range=_padded_range(points.compression, positions, list(points.label)))
         fig.add_scatter(
             x=points.compression, y=points.retention, mode="markers+text", name="configurations",
-            text=[_esc(v) for v in points.label], textposition=_label_sides(points.compression), cliponaxis=False,
+            text=[_esc(v) for v in points.label], textposition=positions, cliponaxis=False,
+            textfont=dict(shadow="auto"),  # a halo: where a label crosses an error bar it still reads
             customdata=points.label,
             error_y=dict(type="data", symmetric=False, array=(points.high - points.retention).clip(lower=0),
                          arrayminus=(points.retention - points.low).clip(lower=0), color="#636e72", thickness=1.2),
@@ -234,6 +284,29 @@ def pareto_front(data: pd.DataFrame) -> pd.DataFrame:
     return data.loc[keep].sort_values("compression")
 
 
+MIN_SPAN = 0.2  # a colour scale spans at least this share of its top value (compression and the like)
+
+
+def color_range(values: list[float], value: str) -> tuple[float, float] | None:
+    """The colour scale's ends for a heatmap of ``value``, wide enough not to exaggerate: scaled
+    to the cells' own min..max, 0.712 and 0.711 read as full yellow and full purple. Retention (a
+    share) spans 0..1; compression starts at 1x (no compression) and reaches at least 2x; any other
+    value spans at least ``MIN_SPAN`` of its largest magnitude, centred on the cells. ``None``: no
+    cells."""
+    if not values:
+        return None
+    low, high = min(values), max(values)
+    if value == "retention" or (value.endswith("share") and 0 <= low and high <= 1):
+        return 0.0, 1.0
+    if value == "compression":
+        return min(1.0, low), max(high, 2.0 * min(1.0, low))
+    need = MIN_SPAN * max(abs(low), abs(high), 1e-9)
+    if high - low >= need:
+        return low, high
+    middle = (low + high) / 2
+    return middle - need / 2, middle + need / 2
+
+
 def heatmap(runs: pd.DataFrame, value: str = "retention", *, settings: str = "") -> go.Figure:
     """Mean ``value`` by observation (x) and reflection (y) threshold, on categorical axes: every
     threshold tried is one equal cell, whatever its number (150/300/600 are three equal columns).
@@ -246,7 +319,9 @@ def heatmap(runs: pd.DataFrame, value: str = "retention", *, settings: str = "")
     z = [[None if pd.isna(v) else float(v) for v in row] for row in table.values]
     cell = fmt.ratio if value == "compression" else (lambda v: fmt.share(v, 3))  # as the tables print them
     distinct = {v for row in z for v in row if v is not None}
+    ends = color_range(sorted(distinct), value)
     fig = go.Figure(go.Heatmap(z=z, x=xs, y=ys, colorscale="Viridis", colorbar=dict(title=value),
+                               zmin=ends[0] if ends else None, zmax=ends[1] if ends else None,
                                showscale=len(distinct) > 1,  # one value: a colour bar's range means nothing
                                text=[["" if v is None else cell(v) for v in row] for row in z],
                                texttemplate="%{text}", hoverongaps=False,

@@ -71,10 +71,14 @@ if conversation is not None and [run["dataset"], run["conversation_id"]] != [con
     st.caption(ui.plain(f"This stored run replayed {run['conversation_id']}; {conversation.id}, chosen in the "
                         "sidebar, is replayed when you press Run replay."))
 if not done:
-    where = app_data.status_text(run["status"], run["steps"], run["planned_steps"])
+    where = app_data.state_phrase(run)  # "was interrupted at step 11 of 208"
     scope = ("nothing was replayed. " if not run["steps"] else
              "the figures below describe the part replayed, not the whole conversation. ")
-    ui.error(f"**This run {where}** — {scope}", f"Error: {run['error']}" if run["error"] else "")
+    if run["status"] == "failed":
+        ui.error(f"**This run {where}** — {scope}", f"Error: {run['error']}" if run["error"] else "")
+    else:  # stopped on purpose (Ctrl-C, a closed page) or still going: no error, and the note is not one
+        note = str(run["error"] or "")
+        ui.warning(f"**This run {where}** — {scope}", note[:1].upper() + note[1:])
 
 cols = ui.MetricRow()
 cols.metric("Messages", fmt.display(run["messages"]))
@@ -82,9 +86,16 @@ cols.metric("Memory reads", fmt.display(run["steps"]) if done
                else f"{fmt.display(run['steps'])} of {fmt.display(run['planned_steps'])}")
 cols.metric("Model calls", f"{fmt.display(run['observer_calls'])} / {fmt.display(run['reflector_calls'])}",
                help="Observer calls / reflector calls")
-cols.metric("Compression" + ("" if done else " (partial)"), fmt.ratio(run["compression"]),
-               help="Full-history tokens / what the agent sees after the last message (memory + window). "
-                    "The chart's figure is the same ratio at the chosen step.")
+# A run that did not finish may have no whole-run compression: then the figure is the one at its
+# last memory read (what the volumes chart marks there), never a bare "–" beside a chart saying 1.3x.
+at_last_read = app_data.last_read_compression(run, steps)
+cols.metric("Compression" + ("" if done else " (partial)"),
+            fmt.ratio(run["compression"] if at_last_read is None else at_last_read),
+            help=(f"At the last memory read (step {int(steps.step.max())}): history tokens so far / what the "
+                  "agent saw then. The run did not finish, so there is no whole-conversation figure."
+                  if at_last_read is not None else
+                  "Full-history tokens / what the agent sees after the last message (memory + window). "
+                  "The chart's figure is the same ratio at the chosen step."))
 cols.metric("Retention", fmt.share(run["retention"]),
                help="Share of gold-answer words visible at the end (memory + window); scored on completed "
                     "runs only")

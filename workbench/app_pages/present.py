@@ -19,8 +19,13 @@ done = run["status"] == "completed"
 st.title("Observational memory, step by step")
 st.text(f"{run['conversation_id']} · " + app_data.config_sentence(run["config"], app_data.run_name(run)))
 if not done:  # never present a run that did not finish as if it had
-    ui.error(f"**Not a finished run: it {app_data.status_text(run['status'], run['steps'], run['planned_steps'])}.** "
-             "Its figures cover only the part replayed. ", run["error"] or "")
+    said = (f"**Not a finished run: it {app_data.state_phrase(run)}.** "  # "it was interrupted at step 15 of 208"
+            "Its figures cover only the part replayed. ")
+    if run["status"] == "failed":
+        ui.error(said, run["error"] or "")
+    else:  # an interrupt is not an error: a warning, its note a sentence
+        note = str(run["error"] or "")
+        ui.warning(said, note[:1].upper() + note[1:])
 if steps.empty:
     st.info("This run has no steps to present.")
     st.stop()
@@ -31,13 +36,17 @@ st.session_state.setdefault(key, 0)
 autoplay = st.sidebar.toggle("Autoplay", key="pres_auto")
 speed = st.sidebar.slider("Seconds per step", 0.5, 5.0, 1.5, key="pres_speed")
 
-big = st.columns(3)
-big[0].metric("Compression" + ("" if done else " (partial)"), fmt.ratio(run["compression"]),
-              help="Full history tokens / tokens the agent sees at the end")
-big[1].metric("Facts retained", fmt.MISSING if fmt.missing(run["retention"]) else f"{run['retention']:.0%}",
-              help="Share of probe answers still visible to the agent at the end (completed runs only)")
+big = ui.MetricRow()  # (in three columns at 900 px: "Compression (pa…")
+# An unfinished run may have no whole-run compression: its figure at the last read, as the chart's.
+at_last_read = app_data.last_read_compression(run, steps)
+big.metric("Compression" + ("" if done else " (partial)"),
+           fmt.ratio(run["compression"] if at_last_read is None else at_last_read),
+           help=f"At the last memory read (step {int(steps.step.max())}): the run did not finish"
+           if at_last_read is not None else "Full history tokens / tokens the agent sees at the end")
+big.metric("Facts retained", fmt.MISSING if fmt.missing(run["retention"]) else f"{run['retention']:.0%}",
+           help="Share of probe answers still visible to the agent at the end (completed runs only)")
 calls = [run["observer_calls"], run["reflector_calls"]]
-big[2].metric("Model calls", fmt.display(sum(0 if fmt.missing(c) else int(c) for c in calls)))
+big.metric("Model calls", fmt.display(sum(0 if fmt.missing(c) else int(c) for c in calls)))
 end_note = app_data.compression_note(run, steps)
 if end_note:
     st.caption(ui.plain(end_note))
@@ -50,14 +59,15 @@ def _move(target: int | None) -> None:
         st.session_state[key] = max(0, min(last, target))
 
 
-back, _, jump, forward = st.columns([1, 4, 2, 1])
-back.button("◀ Back", key="pres_back", disabled=st.session_state[key] <= 0,
-            on_click=lambda: _move(st.session_state[key] - 1))
-jump.button("Jump to next compaction »", key="pres_jump",
-            disabled=app_data.next_compaction(steps, st.session_state[key]) is None,
-            on_click=lambda: _move(app_data.next_compaction(steps, st.session_state[key])))
-forward.button("Next ▶", key="pres_next", disabled=st.session_state[key] >= last,
-               on_click=lambda: _move(st.session_state[key] + 1))
+# One row that wraps: in columns of a 900 px page the labels were cut to "◀…", "Jump to …", "N…".
+nav = st.container(horizontal=True, vertical_alignment="center")
+nav.button("◀ Back", key="pres_back", disabled=st.session_state[key] <= 0,
+           on_click=lambda: _move(st.session_state[key] - 1))
+nav.button("Next ▶", key="pres_next", disabled=st.session_state[key] >= last,
+           on_click=lambda: _move(st.session_state[key] + 1))
+nav.button("Jump to next compaction »", key="pres_jump",
+           disabled=app_data.next_compaction(steps, st.session_state[key]) is None,
+           on_click=lambda: _move(app_data.next_compaction(steps, st.session_state[key])))
 total_messages = int(run["messages"])
 top = float(max(steps.history_tokens.max(), steps.context_tokens.max())) * 1.08 or 1.0
 

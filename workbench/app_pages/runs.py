@@ -42,8 +42,10 @@ st.caption(f"{len(shown):,} of {fmt.count(len(runs), 'run')}")
 if shown.empty:
     st.stop()
 run_id = ui.run_picker(store, "Run", "runs_pick", only=set(shown.run_id))  # acts on the run it shows
-open_col, export_col, delete_col = st.columns(3)
-if open_col.button("Open in the explorer", key="runs_open"):
+# One row that wraps (in three equal columns of a 900 px page the labels were cut to "Open in the
+# expl…", "Export as Parqu…", and "Delete run" fell to a row of its own under its checkbox).
+actions = st.container(horizontal=True, vertical_alignment="center")
+if actions.button("Open in the explorer", key="runs_open"):
     ui.open_run(run_id)
     st.switch_page("workbench/app_pages/explorer.py")
 
@@ -53,13 +55,13 @@ with tempfile.TemporaryDirectory() as folder:
     with zipfile.ZipFile(buffer, "w") as archive:
         for file in files:
             archive.write(file, file.name)
-export_col.download_button("Export as Parquet (zip)", buffer.getvalue(), file_name=f"{run_id}.zip",
-                           mime="application/zip", key="runs_export")
+actions.download_button("Export as Parquet (zip)", buffer.getvalue(), file_name=f"{run_id}.zip",
+                        mime="application/zip", key="runs_export")
 
 # The confirmation belongs to one run: after a delete (or another pick) it starts unticked, so a
 # second click can never delete the run shown next.
-confirm = delete_col.checkbox("Confirm delete", key=f"runs_confirm_{run_id}")
-if delete_col.button("Delete run", disabled=not confirm or store.read_only, key="runs_delete"):
+confirm = actions.checkbox("Confirm delete", key=f"runs_confirm_{run_id}")
+if actions.button("Delete run", disabled=not confirm or store.read_only, key="runs_delete"):
     try:
         store.delete_run(run_id)
     except RunBusy as exc:  # another process is replaying it: nothing is deleted
