@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from omem_core import ObservationRecord
 
-from .retention import content_words, probe_score, render_context
+from .retention import content_words, evidence_in_window, probe_score, render_context
 
 KEPT = 0.5
 STAGES = ("said", "observed", "reflected", "visible")
@@ -55,10 +55,9 @@ def attribute_losses(conversation: Any, records: Sequence[ObservationRecord], st
     for probe in conversation.probes:
         if not probe.evidence or probe.gold is None or not content_words(probe.gold):
             continue
-        evidence = list(probe.evidence)
-        in_window = all(e in window_ids for e in evidence)
-        if in_window:  # nothing of it has had to survive yet: not scored (see workbench.retention)
+        if evidence_in_window(probe, window_ids):  # nothing of it has had to survive yet: not scored
             continue
+        evidence = list(probe.evidence)
         notes = {r.id: r for e in evidence for r in covering.get(e, [])}
         observed_all = all(e in window_ids or e in covering for e in evidence)
         observation_score = _score(probe.gold, [r.text for r in notes.values()]) if notes else 0.0
