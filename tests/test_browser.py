@@ -108,6 +108,9 @@ def test_replay_slider_compare_and_screenshots(server) -> None:
         slider.focus()
         for _ in range(5):
             slider.press("ArrowLeft")
+        # (the rerun may start after a first settle on a loaded machine: wait, bounded, for the panel)
+        playwright.expect(page.get_by_role("heading", name=re.compile(r"^At step \d+")).first).not_to_have_text(
+            last_step, timeout=30_000)
         settle(page)
         moved = page.get_by_role("heading", name=re.compile(r"^At step \d+")).first.inner_text()
         assert moved != last_step and int(moved.split()[-1]) == int(last_step.split()[-1]) - 5
