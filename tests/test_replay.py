@@ -227,6 +227,13 @@ def test_findings_flag_an_observer_that_falls_behind_and_tightened_reflections()
     [note] = findings(steps([0, 0, 0, 0]), 1000, calls)
     assert note.startswith("2 of 3 reflections came back over the reflection threshold") and "1 still did not fit" in note
 
+    # a reflection threshold below one observer pass's output: memory squeezed below a single note
+    writes = pd.DataFrame({"stage": ["observe", "observe", "observe"], "output_tokens": [120, 140, 160]})
+    [note] = findings(steps([0, 0, 0, 0]), 500, writes, reflection_threshold=10)
+    assert note.startswith("The reflection threshold (10 tokens) is below what one observer pass writes (about 140")
+    assert findings(steps([0, 0, 0, 0]), 500, writes, reflection_threshold=600) == []
+    assert findings(steps([0, 0, 0, 0]), 500, writes) == []  # no reflector: nothing to say
+
 
 def test_figures_are_displayed_as_people_read_them() -> None:
     import numpy as np

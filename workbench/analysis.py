@@ -225,13 +225,14 @@ def narrate(step_row: pd.Series, previous: pd.Series | None, records: pd.DataFra
 
 
 def findings(steps: pd.DataFrame, observation_threshold: int, calls: pd.DataFrame | None = None,
-             max_backlog: int | None = None) -> list[str]:
+             max_backlog: int | None = None, reflection_threshold: int | None = None) -> list[str]:
     """Plain-language warnings about a run a user tuning thresholds should know about.
 
     * The observer falls behind: each read observes at most one segment (at most the observation
       threshold, or one message), so when reads add more than that, the backlog (messages neither
       observed nor in the window, so invisible to the agent) keeps growing.
     * Reflections came back over the reflection threshold and were sent back or trimmed.
+    * The reflection threshold is below what one observer pass writes.
     """
     notes: list[str] = []
     if len(steps) >= 4:
@@ -253,6 +254,17 @@ def findings(steps: pd.DataFrame, observation_threshold: int, calls: pd.DataFram
                    "a larger segment, so the backlog stops growing." if max_backlog is None else
                    f"lower the backlog ceiling ({max_backlog:,} tokens in this run: past it, a read observes a "
                    f"larger segment, up to the observer's input cap).")
+            )
+    observe = calls[calls.stage == "observe"] if calls is not None and not calls.empty else None
+    if reflection_threshold and observe is not None and "output_tokens" in observe:
+        written = observe.output_tokens.dropna()
+        typical = int(written.median()) if not written.empty else 0
+        if typical > reflection_threshold:  # memory is squeezed below one note: compression looks good for nothing
+            notes.append(
+                f"The reflection threshold ({reflection_threshold:,} tokens) is below what one observer pass "
+                f"writes (about {typical:,} tokens): every reflection squeezes all the notes into less than one "
+                "of them, so memory keeps little, however good the compression looks. Set it to a few times "
+                "the observer's output."
             )
     if calls is not None and not calls.empty and "attempts" in calls:
         reflect = calls[calls.stage == "reflect"]

@@ -115,7 +115,8 @@ if steps.empty:
                "This run recorded no steps." if done else
                "This run recorded no steps: it ended before its first memory read (the error above says why).")
     st.stop()
-for note in analysis.findings(steps, config["observation_threshold"], calls, config.get("max_backlog")):
+for note in analysis.findings(steps, config["observation_threshold"], calls, config.get("max_backlog"),
+                              config.get("reflection_threshold") if config.get("reflector") else None):
     st.warning(note)
 
 last = int(steps.step.max())
