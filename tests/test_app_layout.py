@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 from apptest import app
 
-from workbench import charts, ui
+from workbench import app_data, charts
 from workbench.replay import ReplayConfig
 from workbench.runstore import RunStore
 
@@ -19,7 +19,7 @@ from workbench.runstore import RunStore
 def test_banner_is_sentences_and_points_to_the_resume_button() -> None:
     error = ("the process that ran it (pid 3988) stopped; finish it with: python -m workbench experiment "
              "resume exp-1")
-    prefix, detail, suffix = ui.unfinished_banner("exp-1", "interrupted", 12, 90, error, resumable=True)
+    prefix, detail, suffix = app_data.unfinished_banner("exp-1", "interrupted", 12, 90, error, resumable=True)
     assert prefix == "**This experiment is interrupted** (12 of 90 runs completed). "
     assert detail == "The process that ran it (pid 3988) stopped."  # capital after the full stop
     assert "finish it with" not in detail and "python -m" not in detail
@@ -34,10 +34,10 @@ def test_banner_is_sentences_and_points_to_the_resume_button() -> None:
                              ("no run completed (each configuration's error is listed with it)",
                               "No run completed (each configuration's error is listed with it)."),
                              (None, ""), ("", "")):
-        _, detail, suffix = ui.unfinished_banner("x", "stopped", 0, 2, stored, resumable=False)
+        _, detail, suffix = app_data.unfinished_banner("x", "stopped", 0, 2, stored, resumable=False)
         assert detail == sentence and suffix == ""
     # An id is never Markdown.
-    assert "*" not in ui.unfinished_banner("a*b`c", "failed", 0, 1, "", resumable=True)[2].split("`")[1]
+    assert "*" not in app_data.unfinished_banner("a*b`c", "failed", 0, 1, "", resumable=True)[2].split("`")[1]
 
 
 def test_the_experiments_page_banner_reads_right(db: Path) -> None:
@@ -65,11 +65,11 @@ def test_key_figures_come_first() -> None:
     columns = ["configuration", "completed", "not completed", "probes", "retention", "95% CI", "compression",
                "vs recency", "blind-spot tokens", "observer calls", "reflector calls", "tokens in", "tokens out",
                "cost", "ms per call"]
-    order = ui.key_first(columns, ui.SUMMARY_FIRST)
+    order = app_data.key_first(columns, app_data.SUMMARY_FIRST)
     assert order[:7] == ["configuration", "retention", "95% CI", "compression", "cost", "observer calls",
                          "reflector calls"]
     assert sorted(order) == sorted(columns)  # nothing lost, nothing added
-    assert ui.key_first(["b", "a"], ("a", "missing")) == ["a", "b"]
+    assert app_data.key_first(["b", "a"], ("a", "missing")) == ["a", "b"]
 
 
 # -- charts ------------------------------------------------------------------------------------------
@@ -133,12 +133,12 @@ def test_already_swept_finds_identical_configurations() -> None:
     grid = [ReplayConfig(observation_threshold=o, reflection_threshold=600) for o in (150, 300)]
     stored = json.dumps(grid[1].to_json() | {"cache": False, "timeout": 30})  # not what makes a run differ
     runs = pd.DataFrame({"config": [stored, json.dumps(grid[0].to_json())], "status": ["completed", "failed"]})
-    assert ui.already_swept(runs, grid) == [1]  # a failed run is no reason to skip
-    assert ui.already_swept(runs.iloc[:0], grid) == []
+    assert app_data.already_swept(runs, grid) == [1]  # a failed run is no reason to skip
+    assert app_data.already_swept(runs.iloc[:0], grid) == []
     other_window = [ReplayConfig(observation_threshold=300, reflection_threshold=600, last_messages=20)]
-    assert ui.already_swept(runs, other_window) == []
-    assert "Nothing new to run" in ui.sweep_skip_note(1, 1)
-    assert ui.sweep_skip_note(1, 3).startswith("1 of the 3 configurations already have a completed run")
+    assert app_data.already_swept(runs, other_window) == []
+    assert "Nothing new to run" in app_data.sweep_skip_note(1, 1)
+    assert app_data.sweep_skip_note(1, 3).startswith("1 of the 3 configurations already have a completed run")
 
 
 def test_running_a_sweep_again_says_so_and_records_no_duplicate(db: Path) -> None:

@@ -337,7 +337,7 @@ def test_experiment_list_show_compare_and_export(tmp_path) -> None:
     from workbench.stats import PairedDifference
 
     worse = PairedDifference("obs 500", "obs 1000", 584, -0.018, (-0.031, -0.006))
-    assert _comparison_line("obs 500", "obs 1000", worse.verdict(), worse.ci95) == \
+    assert _comparison_line("obs 500", "obs 1000", worse.verdict(), not worse.detectable) == \
         "obs 500 vs obs 1000: obs 500 keeps 0.018 more [0.006, 0.031]"
     code, _, err = invoke("experiment", "compare", experiment_id, "--a", "obs 999", "--db", db)
     assert code == 1 and "no configuration 'obs 999'" in err

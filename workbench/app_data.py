@@ -722,6 +722,83 @@ def _default_label(config: Any) -> str | None:
         return None
 
 
+# -- page helpers: banners, sweeps, column order ---------------------------------------
+
+_CLI_HINT = re.compile(r";?\s*(?:finish|resume) it with:\s*python -m workbench .*$", re.IGNORECASE | re.DOTALL)
+
+
+def _sentence(text: str) -> str:
+    """``text`` as a sentence: capital first letter, a closing full stop (empty stays empty)."""
+    text = text.strip().rstrip(";,").strip()
+    if not text:
+        return ""
+    text = text[0].upper() + text[1:]
+    return text if text.endswith((".", "!", "?")) else text + "."
+
+
+def unfinished_banner(experiment_id: str, status: str, done: int, planned: int, error: str | None,
+                      resumable: bool) -> tuple[str, str, str]:
+    """An unfinished experiment's banner as (Markdown prefix, detail shown as text, Markdown
+    suffix): the stored reason as a sentence of its own (its "finish it with: <CLI command>" tail,
+    written for a terminal, dropped), then the way to finish it from here: the Resume button, the
+    command only as the other way."""
+    prefix = f"**This experiment is {status}** ({done} of {planned} runs completed). "
+    detail = _sentence(_CLI_HINT.sub("", error or ""))
+    safe_id = re.sub(r"[^A-Za-z0-9_.-]", "", str(experiment_id))
+    suffix = (f" To finish it, press **Resume** below (or run `python -m workbench experiment resume {safe_id}` "
+              "in a terminal)." if resumable else "")
+    return prefix, detail, suffix
+
+
+_SAME_RUN_KEYS = ("observer", "reflector", "observation_threshold", "reflection_threshold", "last_messages",
+                  "token_counter", "recall_on", "max_backlog")
+
+
+def _run_key(config: dict[str, Any]) -> tuple:
+    """What makes two replays of one conversation the same: the models, thresholds, window,
+    counter, backlog ceiling and the prompts' text (not the timeout nor the cache switch)."""
+    prompts = tuple((config.get(name) or {}).get("sha256") or (config.get(name) or {}).get("text")
+                    for name in ("observer_prompt", "reflector_prompt"))
+    return tuple(config.get(k) for k in _SAME_RUN_KEYS) + prompts
+
+
+def already_swept(runs: pd.DataFrame, grid: list[Any]) -> list[int]:
+    """Positions in ``grid`` (``ReplayConfig``s) that a completed run in ``runs`` (one
+    conversation's runs, their ``config`` column as stored JSON) already replayed with the same
+    configuration: running them again would only duplicate that run."""
+    import json
+
+    if runs.empty or "config" not in runs:
+        return []
+    done = runs[runs.status == "completed"] if "status" in runs else runs
+    seen = {_run_key(json.loads(c) if isinstance(c, str) else c) for c in done.config}
+    return [i for i, config in enumerate(grid) if _run_key(config.to_json()) in seen]
+
+
+# The figures people compare configurations by come first: at 1280 px the table's later columns
+# scroll off to the right (the others follow in their own order).
+SUMMARY_FIRST = ("configuration", "retention", "95% CI", "compression", "cost", "observer calls", "reflector calls",
+                 "completed", "not completed")
+EXPERIMENTS_FIRST = ("name", "status", "runs", "not completed", "configurations", "conversations", "dataset",
+                     "created", "experiment")
+
+
+def key_first(columns: Any, first: tuple[str, ...]) -> list[str]:
+    """``columns`` reordered: those named in ``first`` (in that order), then the rest as they were."""
+    columns = list(columns)
+    return [c for c in first if c in columns] + [c for c in columns if c not in first]
+
+
+def sweep_skip_note(repeated: int, total: int) -> str:
+    """What a sweep says when some of its configurations already have a run of the conversation."""
+    if repeated >= total:
+        return (f"Nothing new to run: {'the configuration' if total == 1 else f'all {total} configurations'} "
+                "already have a completed run of this conversation, shown below. Change a threshold, or tick "
+                "“Replay configurations already swept” to record identical runs again.")
+    return (f"{repeated} of the {total} configurations already have a completed run of this conversation: "
+            "skipped (tick “Replay configurations already swept” to record them again).")
+
+
 __all__ = [
     "COLUMNS", "KEPT", "LOCOMO_CATEGORIES", "call_label", "calls_table", "category_name", "clean", "column_spec",
     "compression_note", "config_sentence",
@@ -731,6 +808,8 @@ __all__ = [
     "next_compaction", "offline_prompt_note", "opening_sentence", "page_count", "page_slice", "pareto_points",
     "pair_conversations", "parse_values", "pass_steps", "probe_grid", "prompt_of", "shared_range", "summary_table", "text_diff",
     "run_name", "short_config", "status_text", "threshold_cells", "trace_attempts", "verdict",
+    "EXPERIMENTS_FIRST", "SUMMARY_FIRST", "already_swept", "key_first", "last_read_compression", "state_phrase",
+    "sweep_skip_note", "unfinished_banner",
 ]
 
 

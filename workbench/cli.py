@@ -593,12 +593,11 @@ def _experiment_progress(quiet: bool):
     return show
 
 
-def _comparison_line(a: str, b: str, verdict: str, ci95: Any, where: str = "") -> str:
+def _comparison_line(a: str, b: str, verdict: str, signed: bool, where: str = "") -> str:
     """``a vs b: <verdict>``, as `experiment show` and `experiment compare` both word it. A
-    verdict that names the better one gives an unsigned size; only a signed "no detectable
-    difference" figure is said to be b minus a (beside a size, it read as the wrong sign)."""
-    detectable = bool(ci95) and (ci95[0] > 0 or ci95[1] < 0)
-    signed_as = "" if detectable or not ci95 else f" ({b} minus {a})"
+    verdict that names the better one gives an unsigned size; only a ``signed`` one (no
+    detectable difference) is said to be b minus a (beside a size, it read as the wrong sign)."""
+    signed_as = f" ({b} minus {a})" if signed else ""
     return f"{a} vs {b}{where}{signed_as}: {verdict}"
 
 
@@ -635,7 +634,7 @@ def _print_report(data: dict[str, Any]) -> None:
             click.echo(f"    failed: {error}", err=True)
     for comparison in data["comparisons"]:
         _echo_wrapped(_comparison_line(comparison["a"], comparison["b"], comparison["verdict"],
-                                       comparison["ci95"]))
+                                       bool(comparison["ci95"]) and not comparison["detectable"]))
     if (data["failed_runs"] or data.get("missing_runs")) and data["status"] == "completed":
         click.echo(f"replay the runs that did not complete with: python -m workbench experiment resume "
                    f"{data['experiment_id']}", err=True)
@@ -828,7 +827,7 @@ def experiment_compare(experiment_id: str, label_a: str | None, label_b: str | N
         click.echo(json.dumps({"a": diff.a, "b": diff.b, "probes": diff.probes, "retention_diff": diff.difference,
                                "ci95": list(diff.ci95) if diff.ci95 else None, "verdict": diff.verdict()}))
     else:
-        _echo_wrapped(_comparison_line(diff.a, diff.b, diff.verdict(), diff.ci95,
+        _echo_wrapped(_comparison_line(diff.a, diff.b, diff.verdict(), bool(diff.ci95) and not diff.detectable,
                                        f" on {count(diff.probes, 'shared probe')}"))
 
 

@@ -708,7 +708,8 @@ def report(store: Any, experiment_id: str) -> dict[str, Any]:
         for other in summaries[1:]:
             diff = compare(store, experiment_id, base, other.label)
             comparisons.append({"a": base, "b": other.label, "retention_diff": diff.difference,
-                                "ci95": list(diff.ci95) if diff.ci95 else None, "verdict": diff.verdict()})
+                                "ci95": list(diff.ci95) if diff.ci95 else None, "verdict": diff.verdict(),
+                                "detectable": diff.detectable})
     failed = sum(s.failed for s in summaries)
     missing = sum(s.missing for s in summaries)
     planned = len(experiment["conversations"]) * len(experiment["configs"])

@@ -159,7 +159,7 @@ if st.session_state.get("xp_done"):
 
 st.subheader("Experiments")
 listing = app_data.experiments_table(existing)
-ui.figures(listing, hide_index=True, key="xp_table", column_order=ui.key_first(listing.columns, ui.EXPERIMENTS_FIRST))
+ui.figures(listing, hide_index=True, key="xp_table", column_order=app_data.key_first(listing.columns, app_data.EXPERIMENTS_FIRST))
 experiment_id = ui.experiment_picker(store, "Experiment", "xp_pick")
 tables = ui.experiment_tables(store, experiment_id)
 experiment, runs = tables["experiment"], tables["runs"]
@@ -180,7 +180,7 @@ if experiment["status"] == "running":
             st.rerun()
     watch()
 elif experiment["status"] != "completed":
-    prefix, detail, suffix = ui.unfinished_banner(
+    prefix, detail, suffix = app_data.unfinished_banner(
         experiment_id, experiment["status"], done, planned, experiment.get("error"),
         resumable=not store.read_only)  # (an unfinished experiment resumes: its last runs, or its end)
     st.error(prefix + ui.plain(detail) + suffix)
@@ -223,7 +223,7 @@ summaries = tables["summaries"]
 st.subheader("Figures per configuration")
 st.caption("Retention pools every probe of every conversation; the interval is a bootstrap over probes.")
 summary = app_data.summary_table(summaries)
-ui.figures(summary, hide_index=True, key="xp_summary", column_order=ui.key_first(summary.columns, ui.SUMMARY_FIRST),
+ui.figures(summary, hide_index=True, key="xp_summary", column_order=app_data.key_first(summary.columns, app_data.SUMMARY_FIRST),
            column_config={"configuration": st.column_config.Column(pinned=True)})
 failed = app_data.failed_configs(runs)
 if not failed.empty:

@@ -76,7 +76,7 @@ if mode == "An experiment":
     st.subheader("Figures per configuration")
     summary = app_data.summary_table(summaries)
     ui.figures(summary, hide_index=True, key="tune_xp_table",
-               column_order=ui.key_first(summary.columns, ui.SUMMARY_FIRST),
+               column_order=app_data.key_first(summary.columns, app_data.SUMMARY_FIRST),
                column_config={"configuration": st.column_config.Column(pinned=True)})
     categories = {s.label: {app_data.category_name(k): fmt.share(v["retention"], 3) for k, v in s.per_category.items()}
                   for s in summaries}
@@ -122,7 +122,7 @@ def _conversation_runs():
 previous = _conversation_runs()
 if "experiment_id" in previous:
     previous = previous[previous.experiment_id.isna()]
-repeated = ui.already_swept(previous, grid)
+repeated = app_data.already_swept(previous, grid)
 again = st.sidebar.checkbox("Replay configurations already swept", key="tune_again", disabled=not repeated,
                             help="Each would record a second, identical run of this conversation")
 todo = grid if again else [c for i, c in enumerate(grid) if i not in set(repeated)]
@@ -133,7 +133,7 @@ st.sidebar.caption(f"{fmt.count(len(todo), 'run')} with the built-in offline mod
 if st.sidebar.button("Run sweep", type="primary", key="tune_run",
                      disabled=conversation is None or not grid or store.read_only):
     if repeated and not again:
-        st.info(ui.sweep_skip_note(len(repeated), len(grid)))
+        st.info(app_data.sweep_skip_note(len(repeated), len(grid)))
     if todo:
         bar = st.progress(0.0, text="Sweeping…")
 
