@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from apptest import APP, PAGES, app
 from streamlit.testing.v1 import AppTest
@@ -1202,3 +1203,32 @@ def test_tune_says_when_an_experiments_figures_stand_on_fewer_runs_than_planned(
         [w.value for w in at.warning]
     table = dataframe(at, "configuration", "not completed").set_index("configuration")
     assert table.loc["obs 600", "not completed"] == 1 and table.loc["obs 150", "not completed"] == 0
+
+
+def test_experiment_tables_sort_their_figures_by_value(db: Path) -> None:
+    """The experiments list and the per-configuration figures were text ("12.1x", "1,234"), so
+    sorting a column in the browser put 12.1x before 7.2x. They now hand Streamlit numbers, drawn
+    as the formatter writes them."""
+    experiment_id = run_experiment_in(db, observation=(150, 600))
+    with RunStore(db) as s:
+        summaries = ex.summarise(s, experiment_id)
+    for page in ("experiments", "tune"):
+        at = app(page)
+        table = dataframe(at, "configuration", "compression").set_index("configuration")
+        for column in ("retention", "compression", "vs recency", "tokens in", "cost", "probes"):
+            assert pd.api.types.is_numeric_dtype(table[column]), (page, column, table[column].tolist())
+        assert [table.loc[x.label, "compression"] for x in summaries] == [x.compression for x in summaries]
+    listing = dataframe(app("experiments"), "experiment", "runs", "elapsed (s)")
+    assert pd.api.types.is_numeric_dtype(listing["runs"]) and pd.api.types.is_numeric_dtype(listing["elapsed (s)"])
+
+
+def test_a_sortable_table_reads_as_the_text_table_and_a_gap_stays_a_dash() -> None:
+    frame = pd.DataFrame({"configuration": ["a", "b"], "compression": [12.05, 7.25], "tokens in": [1234.5, None],
+                          "probes": [1204, 3]})
+    styled = app_data.sortable(frame, app_data.SUMMARY_FORMATS)
+    cells = re.findall(r"<td [^>]*>([^<]*)</td>", styled.to_html())
+    text = app_data.as_text(frame, app_data.SUMMARY_FORMATS)
+    assert cells == [str(v) for row in text.itertuples(index=False) for v in row]  # same text as the export
+    assert cells == ["a", "12.1x", "1,235", "1204", "b", "7.3x", "–", "3"]
+    assert styled.data.compression.tolist() == [12.05, 7.25]  # what the browser sorts by
+    assert styled.data["tokens in"].tolist() == ["1,235", "–"]  # a gap: Streamlit would draw None

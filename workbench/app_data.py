@@ -135,13 +135,23 @@ def experiment_label(row: Any) -> str:
     return " · ".join(parts)
 
 
-def experiments_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """The experiments list as shown: counts of conversations and configurations, no NaN."""
+def _whole(value: Any) -> Any:
+    """A count as it is (an int), a dash when missing."""
+    return MISSING if missing(value) else int(value)
+
+
+EXPERIMENTS_FORMATS = {"conversations": _whole, "configurations": _whole, "runs": _whole,
+                      "not completed": _whole, "elapsed (s)": lambda v: MISSING if missing(v) else fixed(v, 1)}
+
+
+def experiments_numbers(frame: pd.DataFrame) -> pd.DataFrame:
+    """The experiments list: counts of conversations and configurations as numbers (NaN where
+    there are none); :data:`EXPERIMENTS_FORMATS` says how they read."""
     columns = ["experiment", "name", "status", "dataset", "conversations", "configurations", "runs",
                "not completed", "elapsed (s)", "created", "error"]
     if frame.empty:
         return pd.DataFrame(columns=columns)
-    out = pd.DataFrame({
+    return pd.DataFrame({
         "experiment": frame.experiment_id,
         "name": frame.name,
         "status": frame.status,
@@ -150,11 +160,15 @@ def experiments_table(frame: pd.DataFrame) -> pd.DataFrame:
         "configurations": frame.configs.map(lambda c: len(json.loads(c)) if isinstance(c, str) else len(c)),
         "runs": frame.runs,
         "not completed": frame.unfinished_runs,
-        "elapsed (s)": frame.elapsed_s.map(lambda v: MISSING if missing(v) else f"{float(v):.1f}"),
+        "elapsed (s)": pd.to_numeric(frame.elapsed_s, errors="coerce"),
         "created": frame.created_at.map(lambda v: str(v)[:19]),
         "error": frame.error,
-    })
-    return clean(out)
+    }, columns=columns)
+
+
+def experiments_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """The experiments list as people read it (text): counts of conversations and configurations, no NaN."""
+    return as_text(experiments_numbers(frame), EXPERIMENTS_FORMATS)
 
 
 def parse_values(text: str, kind: type = int) -> list[Any]:
@@ -193,8 +207,16 @@ def parse_backlogs(text: str) -> list[int | None]:
     return values or [None]
 
 
-def summary_table(summaries: Sequence[Any]) -> pd.DataFrame:
-    """One row per configuration: the experiment's pooled figures as people read them."""
+# How the summary's figures read: each column's formatter (:mod:`workbench.formatting`).
+SUMMARY_FORMATS = {"completed": _whole, "not completed": _whole, "probes": _whole, "retention": share,
+                   "compression": ratio, "vs recency": display, "blind-spot tokens": tokens,
+                   "observer calls": display, "reflector calls": display, "tokens in": tokens,
+                   "tokens out": tokens, "cost": money, "ms per call": tokens}
+
+
+def summary_numbers(summaries: Sequence[Any]) -> pd.DataFrame:
+    """One row per configuration: the experiment's pooled figures as numbers (NaN where there are
+    none), the interval as text; :data:`SUMMARY_FORMATS` says how each reads."""
     rows = []
     for s in summaries:
         ci = s.retention_ci95
@@ -203,19 +225,54 @@ def summary_table(summaries: Sequence[Any]) -> pd.DataFrame:
             "completed": s.runs,
             "not completed": s.not_completed,  # failed, never started, or deleted
             "probes": s.probes,
-            "retention": share(s.retention, 3),
+            "retention": s.retention,
             "95% CI": f"[{share(ci[0], 3)}, {share(ci[1], 3)}]" if ci else MISSING,
-            "compression": ratio(s.compression),
-            "vs recency": display(s.recency_ratio),
-            "blind-spot tokens": tokens(s.blind_spot_tokens),
-            "observer calls": display(s.observer_calls),
-            "reflector calls": display(s.reflector_calls),
-            "tokens in": tokens(s.input_tokens),
-            "tokens out": tokens(s.output_tokens),
-            "cost": money(s.cost_usd),
-            "ms per call": tokens(s.latency_ms_per_call),  # whole milliseconds
+            "compression": s.compression,
+            "vs recency": s.recency_ratio,
+            "blind-spot tokens": s.blind_spot_tokens,
+            "observer calls": s.observer_calls,
+            "reflector calls": s.reflector_calls,
+            "tokens in": s.input_tokens,
+            "tokens out": s.output_tokens,
+            "cost": s.cost_usd,
+            "ms per call": s.latency_ms_per_call,  # whole milliseconds
         })
-    return clean(pd.DataFrame(rows))
+    columns = ["configuration", *list(SUMMARY_FORMATS)[:4], "95% CI", *list(SUMMARY_FORMATS)[4:]]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def summary_table(summaries: Sequence[Any]) -> pd.DataFrame:
+    """One row per configuration: the experiment's pooled figures as people read them (text)."""
+    return as_text(summary_numbers(summaries), SUMMARY_FORMATS)
+
+
+def as_text(frame: pd.DataFrame, formats: dict[str, Any]) -> pd.DataFrame:
+    """``frame`` with each column of ``formats`` drawn by its formatter, no NaN anywhere."""
+    out = frame.copy().astype(object)
+    for name, form in formats.items():
+        if name in out.columns:
+            out[name] = frame[name].map(form)
+    return clean(out)
+
+
+def sortable(frame: pd.DataFrame, formats: dict[str, Any]) -> Any:
+    """``frame`` to show in ``st.dataframe`` so its figures read as :func:`as_text` draws them yet
+    sort by value: a pandas Styler whose display text comes from ``formats`` over numbers kept
+    numeric. Streamlit draws a missing number as "None" whatever the display text, so a column with
+    a gap is shown as text instead (it then sorts as text, as before)."""
+    shown = frame.copy()
+    numeric = {}
+    for name, form in formats.items():
+        if name not in shown.columns:
+            continue
+        column = shown[name]
+        if column.isna().any() or not pd.api.types.is_numeric_dtype(column):
+            shown[name] = column.map(form).astype(object)
+        else:
+            numeric[name] = form
+    text = [n for n in shown.columns if n not in numeric]
+    shown[text] = clean(shown[text])
+    return shown.style.format(numeric)
 
 
 def pareto_points(summaries: Sequence[Any]) -> pd.DataFrame:
@@ -808,7 +865,8 @@ __all__ = [
     "next_compaction", "offline_prompt_note", "opening_sentence", "page_count", "page_slice", "pareto_points",
     "pair_conversations", "parse_values", "pass_steps", "probe_grid", "prompt_of", "shared_range", "summary_table", "text_diff",
     "run_name", "short_config", "status_text", "threshold_cells", "trace_attempts", "verdict",
-    "EXPERIMENTS_FIRST", "SUMMARY_FIRST", "already_swept", "key_first", "last_read_compression", "state_phrase",
+    "EXPERIMENTS_FIRST", "EXPERIMENTS_FORMATS", "SUMMARY_FIRST", "SUMMARY_FORMATS", "as_text",
+    "experiments_numbers", "sortable", "summary_numbers", "already_swept", "key_first", "last_read_compression", "state_phrase",
     "sweep_skip_note", "unfinished_banner",
 ]
 

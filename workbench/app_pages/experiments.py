@@ -158,7 +158,7 @@ if st.session_state.get("xp_done"):
     {"success": st.success, "warning": st.warning, "error": st.error}[kind](ui.plain(text))
 
 st.subheader("Experiments")
-listing = app_data.experiments_table(existing)
+listing = app_data.sortable(app_data.experiments_numbers(existing), app_data.EXPERIMENTS_FORMATS)
 ui.figures(listing, hide_index=True, key="xp_table", column_order=app_data.key_first(listing.columns, app_data.EXPERIMENTS_FIRST))
 experiment_id = ui.experiment_picker(store, "Experiment", "xp_pick")
 tables = ui.experiment_tables(store, experiment_id)
@@ -222,7 +222,7 @@ if resume:
 summaries = tables["summaries"]
 st.subheader("Figures per configuration")
 st.caption("Retention pools every probe of every conversation; the interval is a bootstrap over probes.")
-summary = app_data.summary_table(summaries)
+summary = app_data.sortable(app_data.summary_numbers(summaries), app_data.SUMMARY_FORMATS)  # sorts by value
 ui.figures(summary, hide_index=True, key="xp_summary", column_order=app_data.key_first(summary.columns, app_data.SUMMARY_FIRST),
            column_config={"configuration": st.column_config.Column(pinned=True)})
 failed = app_data.failed_configs(runs)

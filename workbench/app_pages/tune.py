@@ -74,7 +74,7 @@ if mode == "An experiment":
             heatmaps.plotly_chart(charts.heatmap(cells, "compression", settings=shared),
                                key="tune_xp_heat_compression", width=430)
     st.subheader("Figures per configuration")
-    summary = app_data.summary_table(summaries)
+    summary = app_data.sortable(app_data.summary_numbers(summaries), app_data.SUMMARY_FORMATS)  # sorts by value
     ui.figures(summary, hide_index=True, key="tune_xp_table",
                column_order=app_data.key_first(summary.columns, app_data.SUMMARY_FIRST),
                column_config={"configuration": st.column_config.Column(pinned=True)})
