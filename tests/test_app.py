@@ -717,7 +717,9 @@ def test_traces_page_on_a_fresh_store_and_a_run(db: Path) -> None:
     run_id = store(db).runs().run_id[0]
     assert at.sidebar.selectbox(key="tr_run").value == run_id
     calls = store(db).model_calls(run_id)
-    assert len(dataframe(at, "call", "cache hit")) == len(calls)
+    table = dataframe(at, "call", "cache hit")
+    assert len(table) == len(calls)
+    assert table["latency (ms)"].tolist() == calls.latency_ms.tolist()  # numbers: the column sorts by value
     at.selectbox(key="tr_call").set_value(int(calls.seq.iloc[-1])).run()
     assert not at.exception
     assert json.loads(calls.response.iloc[-1])[-1] in [c.value for c in at.code]

@@ -608,23 +608,30 @@ def shared_range(*series: pd.Series) -> list[float]:
 
 # -- traces ----------------------------------------------------------------------------------------
 
-def calls_table(calls: pd.DataFrame) -> pd.DataFrame:
-    """One row per compaction call, as shown in the traces list."""
+CALLS_FORMATS = {"tokens in": tokens, "tokens out": tokens,
+                 "latency (ms)": tokens,  # whole milliseconds, with separators
+                 "cost": lambda v: money(v, 6)}
+
+
+def calls_numbers(calls: pd.DataFrame) -> pd.DataFrame:
+    """One row per compaction call, its figures as numbers (:data:`CALLS_FORMATS` says how they read)."""
     columns = ["call", "step", "stage", "model", "prompt", "tokens in", "tokens out", "latency (ms)", "cost",
                "cache hit", "attempts", "error"]
     if calls.empty:
         return pd.DataFrame(columns=columns)
-    out = pd.DataFrame({
+    return pd.DataFrame({
         "call": calls.seq.astype(int), "step": calls.step, "stage": calls.stage, "model": calls.model,
-        "prompt": calls.prompt_version, "tokens in": calls.input_tokens.map(tokens),
-        "tokens out": calls.output_tokens.map(tokens),
-        "latency (ms)": calls.latency_ms.map(tokens),  # (whole milliseconds, with separators)
-        "cost": calls.cost_usd.map(lambda v: money(v, 6)),
+        "prompt": calls.prompt_version, "tokens in": calls.input_tokens, "tokens out": calls.output_tokens,
+        "latency (ms)": calls.latency_ms, "cost": calls.cost_usd,
         "cache hit": calls.cache_hit.map(lambda v: MISSING if missing(v) else ("yes" if bool(v) else "no")),
         "attempts": calls.attempts if "attempts" in calls else 1,
         "error": calls.error,
-    })
-    return clean(out)
+    }, columns=columns)
+
+
+def calls_table(calls: pd.DataFrame) -> pd.DataFrame:
+    """One row per compaction call, as people read it (text)."""
+    return as_text(calls_numbers(calls), CALLS_FORMATS)
 
 
 def call_label(row: Any) -> str:
@@ -857,7 +864,7 @@ def sweep_skip_note(repeated: int, total: int) -> str:
 
 
 __all__ = [
-    "COLUMNS", "KEPT", "LOCOMO_CATEGORIES", "call_label", "calls_table", "category_name", "clean", "column_spec",
+    "CALLS_FORMATS", "COLUMNS", "KEPT", "calls_numbers", "LOCOMO_CATEGORIES", "call_label", "calls_table", "category_name", "clean", "column_spec",
     "compression_note", "config_sentence",
     "config_table", "crossing_series", "figure_columns", "number_text", "experiment_label", "experiments_table",
     "failed_configs",
