@@ -102,7 +102,7 @@ def experiment_comparison() -> None:
                 ui.error(f"**{n} on {ui.plain(conversation)} "
                          f"{app_data.status_text(info[n]['status'], info[n]['steps'], info[n]['planned_steps'])}**: ",
                          info[n]["error"] or "")
-        st.subheader(ui.plain(f"Token volumes and thresholds on {conversation} (one y scale per row)"))
+        st.subheader(ui.plain(f"Token volumes and thresholds on {conversation} (A and B on the same y scales)"))
         volumes = {n: charts.volumes_chart(steps[n]) for n in pick}
         top_v = app_data.shared_range(*[steps[n].history_tokens for n in pick])[1]
         charts.share_y(*volumes.values(), top=top_v)
