@@ -219,6 +219,27 @@ def test_a_key_echoed_in_a_providers_reply_is_stored_as_its_name(tmp_path, monke
     assert key not in db.read_bytes().decode("latin-1")  # nowhere in the file
 
 
+def test_a_key_echoed_in_a_reply_never_reaches_the_model_call_cache(tmp_path, monkeypatch) -> None:
+    """The cache kept a reply that quoted the key as it was sent (only the run store was
+    redacted): it is written with the variable's name, and a re-run served from it records the same."""
+    key = "sk-LEAKCHECK-cache-1122334455"
+    monkeypatch.setenv("OPENAI_API_KEY", key)
+    monkeypatch.setenv("OMEM_CACHE_DIR", str(tmp_path / "cache"))
+    db = tmp_path / "x.duckdb"
+    with OpenAIServer(reply=lambda body: f"- the user's key is {key}") as server:
+        assert run(server, db)[0] == 0
+        served = len(server.ok())
+        code, data, err = run(server, db)
+        assert code == 0, err
+        assert len(server.ok()) == served  # the second run came from the cache
+    cache = (tmp_path / "cache" / "litellm-cache.sqlite")
+    assert cache.exists() and all(key not in f.read_bytes().decode("latin-1")
+                                  for f in cache.parent.iterdir())  # nor in the WAL beside it
+    with RunStore(db) as store:
+        [run_id] = store.experiment_runs(data["experiment_id"]).run_id
+        assert all("[OPENAI_API_KEY]" in text for text in store.records(run_id).text)
+
+
 def test_the_cache_namespace_follows_the_server_litellm_calls(monkeypatch, tmp_path) -> None:
     """litellm sends a call to its api_base, else $OPENAI_BASE_URL, else $OPENAI_API_BASE: the
     cache keeps answers under that same server (a stale $OPENAI_API_BASE beside the

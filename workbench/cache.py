@@ -135,9 +135,13 @@ class SQLiteCache:
         return con
 
     def set_cache(self, key: str, value: Any, **kwargs: Any) -> None:
+        """Keep ``value`` under ``key``; a secret of the environment that it quotes (a reply that
+        echoes the key) is written as the variable's name, as the run store writes it."""
+        from omem_core._env import redact_secrets  # (litellm is loaded: this is one of its calls)
+
         ttl = kwargs.get("ttl")
         self._con(self._path(kwargs)).execute("INSERT OR REPLACE INTO cache VALUES (?, ?, ?, ?)",
-                                              [key, json.dumps(value, default=str), time.time(), ttl])
+                                              [key, redact_secrets(json.dumps(value, default=str)), time.time(), ttl])
 
     def get_cache(self, key: str, **kwargs: Any) -> Any:
         row = self._con(self._path(kwargs)).execute(
