@@ -502,11 +502,14 @@ def runs_command(as_json: bool, db: str) -> None:
     elif frame.empty:
         click.echo(f"no runs in {db}")
     else:  # the configuration in short, last and left-aligned (JSON has the whole label)
-        from .app_data import short_config
+        from .app_data import run_name, short_config
 
         shown = runs_table(frame[[*[c for c in columns[:-1] if c != "messages"], "planned_steps"]]).rename(
             columns={"run_id": "run", "conversation_id": "conversation", "steps": "reads", "compression": "compr"})
-        names = [short_config(row) for row in frame.to_dict("records")]
+        names = []
+        for row in frame.to_dict("records"):  # a label given at replay first (it was not shown at all)
+            name, short = run_name(row), short_config(row)
+            names.append(short if name in (None, short) else f"{name} ({short})")
         lines = shown.to_string(index=False).splitlines()
         click.echo(f"{lines[0]}  configuration")
         for line, name in zip(lines[1:], names):
