@@ -191,10 +191,14 @@ def test_a_busy_store_makes_the_cli_wait_then_work(tmp_path) -> None:
 
 
 def test_the_quick_cli_paths_import_neither_litellm_nor_streamlit(tmp_path) -> None:
+    """Also with runs recorded: naming a labelled run in `runs` once loaded the whole library (4 s)."""
+    db = str(tmp_path / "r.duckdb")
+    for extra in ([], ["--label", "nightly"]):
+        assert invoke("replay", "--dataset", str(TINY), "--last-messages", "2", "--db", db, *extra)[0] == 0
     probe = ("import sys, runpy; sys.argv = ['workbench'] + sys.argv[1:]\n"
              "try:\n    runpy.run_module('workbench', run_name='__main__')\nexcept SystemExit:\n    pass\n"
              "print('LOADED', sorted(m for m in ('litellm', 'streamlit', 'omem_core') if m in sys.modules))")
-    for args in (["--help"], ["runs", "--db", str(tmp_path / "r.duckdb")], ["datasets"]):
+    for args in (["--help"], ["runs", "--db", db], ["runs", "--db", str(tmp_path / "empty.duckdb")], ["datasets"]):
         done = subprocess.run([sys.executable, "-c", probe, *args], cwd=ROOT, capture_output=True, text=True,
                               timeout=120)
         assert done.returncode == 0, done.stderr

@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from .formatting import MISSING, count, display, fixed, money, progress, ratio, share, short_path, split_list, tokens
+from .formatting import MISSING, count, default_run_label, display, fixed, money, progress, ratio, share, short_path, split_list, tokens
 from .formatting import missing as _missing
 from .models import OFFLINE_MODEL
 from .losses import STAGE_NAMES, STAGES
@@ -778,11 +778,9 @@ def short_config(run: Any) -> str:
 
 
 def _default_label(config: Any) -> str | None:
-    from .replay import ReplayConfig  # (imports the library: only when a run is shown)
-
     try:
-        return ReplayConfig.from_json(config if isinstance(config, dict) else json.loads(config)).label()
-    except (TypeError, ValueError, KeyError):
+        return default_run_label(config if isinstance(config, dict) else json.loads(config))
+    except (TypeError, ValueError):
         return None
 
 

@@ -103,6 +103,20 @@ def share(value: Any, digits: int = 3) -> str:
     return MISSING if missing(value) else fixed(value, digits)
 
 
+def default_run_label(config: dict[str, Any]) -> str | None:
+    """The label a replay gets when none is given, from its configuration as stored (``None`` when
+    that lacks a setting): ``omem/extractive / omem/extractive · obs 1000 · ref 2000 · window 10 ·
+    v2/v1``. Plain string work, so listing runs never loads the library."""
+    try:
+        return (f"{config['observer']} / {config.get('reflector') or 'none'} · "
+                f"obs {config['observation_threshold']} · ref {config['reflection_threshold']} · "
+                f"window {config['last_messages']} · "
+                f"{config['observer_prompt']['version']}/{config['reflector_prompt']['version']}"
+                + (f" · max backlog {config['max_backlog']}" if config.get("max_backlog") else ""))
+    except (KeyError, TypeError):
+        return None
+
+
 def short_path(path: str | os.PathLike[str]) -> str:
     """A path as short as it can be and still work from here: relative to the working folder when
     that is shorter and at most one folder up (``datasets/demo.jsonl``, ``../shared/…``), else absolute."""

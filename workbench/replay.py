@@ -39,6 +39,7 @@ from omem_core.wrapper import DEFAULT_MAX_INPUT_TOKENS as OBSERVER_INPUT_CAP
 from .cache import completion_kwargs, enable_litellm_cache, prepare_cache
 from .datasets import Conversation
 from .errors import ConfigurationError, WorkbenchError
+from .formatting import default_run_label
 from .retention import RetentionSummary, score_retention
 from .losses import attribute_losses
 from .recorder import MemoryRecorder, RunRecorder
@@ -106,11 +107,8 @@ class ReplayConfig:
         return cls(**{k: v for k, v in values.items() if k in known})
 
     def label(self) -> str:
-        reflector = self.reflector or "none"
-        return (f"{self.observer} / {reflector} · obs {self.observation_threshold} · "
-                f"ref {self.reflection_threshold} · window {self.last_messages} · "
-                f"{self.observer_prompt.version}/{self.reflector_prompt.version}"
-                + (f" · max backlog {self.max_backlog}" if self.max_backlog else ""))
+        """The run's label when none is given (:func:`workbench.formatting.default_run_label`)."""
+        return default_run_label(self.to_json())  # type: ignore[return-value]  (every setting is there)
 
 
 @dataclass
