@@ -168,7 +168,7 @@ REFLECTION_INPUT_RATIO = 0.55
 
 
 def reflector_target_tokens(threshold: int, input_volume: int) -> int:
-    """The length asked of the reflector: about half of what it condenses (the current reflection
+    """The length asked of the reflector: about 55% of what it condenses (the current reflection
     plus the unreflected observations), never more than the reflection threshold.
 
     A reflection therefore grows with the conversation only until it reaches the threshold, and

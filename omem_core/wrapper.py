@@ -1068,7 +1068,7 @@ def create_observational_memory_store(
         observer: litellm model string for observation passes, e.g. ``"gpt-4o-mini"`` or the
             offline ``"omem/extractive"``.
         reflector: litellm model string for reflection passes; without it observations just
-            accumulate. It is asked for about half of its input, at most the reflection
+            accumulate. It is asked for about 55% of its input, at most the reflection
             threshold; a longer reflection is sent back to it twice to be shortened, then trimmed
             without a model, so a reflection never exceeds the threshold.
         thresholds: ``{"observation": 1000, "reflection": 2000}`` (estimated tokens, the
