@@ -225,7 +225,11 @@ def test_findings_flag_an_observer_that_falls_behind_and_tightened_reflections()
     calls = pd.DataFrame({"stage": ["observe", "reflect", "reflect", "reflect"], "attempts": [1, 1, 2, 3],
                           "trimmed": [False, False, False, True]})
     [note] = findings(steps([0, 0, 0, 0]), 1000, calls)
-    assert note.startswith("2 of 3 reflections came back over the reflection threshold") and "1 still did not fit" in note
+    assert note.startswith("2 of 3 reflections came back over the reflection threshold and were sent back")
+    assert "1 still did not fit and was trimmed to it without a model (its least" in note
+    one = pd.DataFrame({"stage": ["reflect"], "attempts": [2], "trimmed": [False]})
+    assert findings(steps([0, 0, 0, 0]), 1000, one) == [  # "1 of 1 reflections … 0 still did not fit and were"
+        "1 of 1 reflection came back over the reflection threshold and was sent back to be shortened; each then fit."]
 
     # a reflection threshold below one observer pass's output: memory squeezed below a single note
     writes = pd.DataFrame({"stage": ["observe", "observe", "observe"], "output_tokens": [120, 140, 160]})

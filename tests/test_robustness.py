@@ -90,6 +90,49 @@ def test_huge_fields_are_read(tmp_path) -> None:
     assert len(conversation.turns[0].text) == 5_000_000
 
 
+def test_a_message_longer_than_the_trace_cap_is_replayed_and_its_trace_stays_json(tmp_path) -> None:
+    """The trace of a call was cut as text at 64,000 characters, which is no longer JSON: the
+    batch's insert failed at the end and the run stayed 'interrupted', on resume too."""
+    from workbench.app_data import trace_attempts
+    from workbench.recorder import TRACE_CAP
+
+    turns = [("user", "A plain sentence about the garden. " * 3000), ("assistant", "ok"), ("user", "and?"),
+             ("assistant", "done \"quoted\" \\ and a tab\t")]
+    path = tmp_path / "long.jsonl"
+    path.write_text("".join(json.dumps({"conversation_id": "c", "id": f"m{i}", "role": role, "content": text,
+                                        "timestamp": f"2024-01-01T00:0{i}:00Z"}) + "\n"
+                            for i, (role, text) in enumerate(turns)))
+    db = tmp_path / "r.duckdb"
+    with RunStore(db) as store:
+        result = asyncio.run(replay(load_conversation(path), ReplayConfig(last_messages=1, cache=False), store))
+    assert result.status == "completed"
+    with RunStore(db) as store:
+        assert store.run(result.run_id)["status"] == "completed"
+        calls = store.model_calls(result.run_id)
+    assert len(calls) and all(len(text) <= TRACE_CAP for text in calls.request)
+    [attempt] = trace_attempts(calls.iloc[0].to_dict())
+    sent = attempt["messages"][-1]["content"]  # the observer's input: cut, and says by how much
+    assert sent.endswith("more characters not stored]") and "A plain sentence about the garden." in sent
+
+
+def test_a_run_whose_last_batch_cannot_be_written_reads_failed_not_interrupted(tmp_path, monkeypatch) -> None:
+    """When the run store rejected the last batch, recording the failure flushed the same batch
+    again, failed too, and the run stayed 'running' (shown as interrupted, as if the process died)."""
+    import duckdb
+
+    db = tmp_path / "r.duckdb"
+    with RunStore(db) as store:
+        def rejected(*args, **kwargs):
+            raise duckdb.ConversionException("Conversion Error: rejected for the test")
+
+        monkeypatch.setattr(store, "add_steps", rejected)
+        with pytest.raises(duckdb.ConversionException):
+            asyncio.run(replay(load_conversation(DEMO_DATASET), ReplayConfig(cache=False), store))
+        monkeypatch.undo()
+        [run] = store.runs().to_dict("records")
+        assert run["status"] == "failed" and "rejected for the test" in run["error"]
+
+
 SENTINEL = "sk-omem-sentinel-8c1f0e7a"
 
 

@@ -271,9 +271,12 @@ def findings(steps: pd.DataFrame, observation_threshold: int, calls: pd.DataFram
         tightened = int((reflect.attempts.fillna(1) > 1).sum())
         trimmed = int(reflect.trimmed.fillna(False).astype(bool).sum())
         if tightened:
+            one = tightened == 1
             notes.append(
-                f"{tightened} of {len(reflect)} reflections came back over the reflection threshold and were sent "
-                f"back to be shortened; {trimmed} still did not fit and were trimmed to it without a model "
-                "(their least informative sentences dropped)."
+                f"{tightened} of {len(reflect)} reflection{'' if len(reflect) == 1 else 's'} came back over the "
+                f"reflection threshold and {'was' if one else 'were'} sent back to be shortened; "
+                + (f"{trimmed} still did not fit and {'was' if trimmed == 1 else 'were'} trimmed to it without a "
+                   f"model ({'its' if trimmed == 1 else 'their'} least informative sentences dropped)." if trimmed
+                   else "each then fit.")
             )
     return notes

@@ -42,19 +42,52 @@ def call_row(step: int, event: CompactionEvent) -> dict[str, Any]:
         "attempts": event.attempts, "trimmed": event.trimmed,
         # the pass's model calls (one, or more when a reflection was sent back to tighten):
         # JSON lists, one entry per call, of the exact messages sent and the raw replies
-        "request": _capped(json.dumps([list(c.messages) for c in event.calls])) if event.calls else None,
-        "response": _capped(json.dumps([c.response if c.error is None else f"[error] {c.error}"
-                                        for c in event.calls])) if event.calls else None,
+        "request": _capped([list(c.messages) for c in event.calls]) if event.calls else None,
+        "response": _capped([c.response if c.error is None else f"[error] {c.error}"
+                             for c in event.calls]) if event.calls else None,
     }
 
 
 TRACE_CAP = 64_000  # characters kept of a call's request or response
 
 
-def _capped(text: str | None) -> str | None:
-    if text is None or len(text) <= TRACE_CAP:
-        return text
-    return text[:TRACE_CAP] + f"\n[… {len(text) - TRACE_CAP:,} more characters not stored]"
+def _capped(value: Any) -> str | None:
+    """``value`` (a call's messages or replies) as JSON of at most about :data:`TRACE_CAP`
+    characters that is still JSON (the column is JSON, and the trace view reads it): the longest
+    strings in it are cut, each ending with how much of it was not stored. Cutting the JSON text
+    itself made the batch's insert fail, and the run with it."""
+    text = json.dumps(value)
+    for _ in range(64):  # each round cuts the longest string; one huge message is the usual case
+        if len(text) <= TRACE_CAP:
+            return text
+        strings = _strings(value)
+        if not strings:
+            break
+        path, longest = max(strings, key=lambda item: len(item[1]))
+        keep = max(200, len(longest) - (len(text) - TRACE_CAP) - 80)
+        if keep >= len(longest):
+            break
+        value = _replaced(value, path, longest[:keep] + f"\n[… {len(longest) - keep:,} more characters not stored]")
+        text = json.dumps(value)
+    return text if len(text) <= TRACE_CAP else json.dumps(f"[a trace of {len(text):,} characters, not stored]")
+
+
+def _strings(value: Any, path: tuple = ()) -> list[tuple[tuple, str]]:
+    """Every string in a JSON-like value, with the path of keys and indexes to it."""
+    if isinstance(value, str):
+        return [(path, value)]
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    return [found for key, item in items for found in _strings(item, (*path, key))]
+
+
+def _replaced(value: Any, path: tuple, new: str) -> Any:
+    """A copy of ``value`` with the string at ``path`` replaced by ``new``."""
+    if not path:
+        return new
+    head, rest = path[0], path[1:]
+    if isinstance(value, dict):
+        return {**value, head: _replaced(value[head], rest, new)}
+    return [_replaced(item, rest, new) if i == head else item for i, item in enumerate(value)]
 
 
 @dataclass
@@ -207,6 +240,15 @@ class RunRecorder:
     def finish(self, status: str, error: str | None, figures: dict[str, Any]) -> None:
         self.flush()
         self.store.update_run(self.run_id, **figures)
+        self.store.set_status(self.run_id, status, error)
+
+    def finish_unwritten(self, status: str, error: str | None) -> None:
+        """The run's end when its buffered batch cannot be written: the batch is dropped (its
+        steps are after the last recorded one, which a resume recomputes) and the status set, so
+        the run reads ``failed`` with its error instead of staying ``running`` (then shown as
+        interrupted)."""
+        self._steps, self._records, self._calls = [], [], []
+        self.flush()  # the run itself, if it was never written
         self.store.set_status(self.run_id, status, error)
 
     def recorded_calls(self) -> list[dict[str, Any]]:

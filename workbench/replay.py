@@ -380,7 +380,10 @@ def _finish_quietly(recorder: Any, status: str, error: str) -> None:
     try:
         recorder.finish(status, error, {})
     except Exception:  # noqa: BLE001  (the original error is what the caller must see)
-        pass
+        try:  # the last batch cannot be written (the cause, often): the run still says how it ended
+            getattr(recorder, "finish_unwritten", lambda *_: None)(status, error)
+        except Exception:  # noqa: BLE001  (the run store itself is unreachable)
+            pass
 
 
 async def _finish(conversation, config, recorder, wrapper, count, status, error, started, rows, history,
