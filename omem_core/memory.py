@@ -35,6 +35,20 @@ class MemoryStore(Protocol):
     async def delete_thread(self, thread_id: str) -> None: ...
 
 
+def check_store(value: object, protocol: type, name: str) -> None:
+    """A ``TypeError`` naming ``name`` unless ``value`` has ``protocol``'s methods: a path or a
+    connection passed where a store goes failed only at the first read, as an ``AttributeError``."""
+    if not isinstance(value, protocol):
+        sqlite = "SQLiteMemoryStore" if protocol.__name__ == "MemoryStore" else "SQLiteObservationStore"
+        hint = (f" (for a SQLite file use omem_core.sqlite.{sqlite}(path))"
+                if isinstance(value, (str, bytes)) or hasattr(value, "__fspath__") else "")
+        methods = ", ".join(sorted(n for n in vars(protocol) if not n.startswith("_")
+                                   and callable(getattr(protocol, n))))
+        article = "an" if protocol.__name__[0] in "AEIOU" else "a"
+        raise TypeError(f"{name} must be {article} {protocol.__name__} (an object with {methods}), "
+                        f"got {type(value).__name__} {value!r:.80}{hint}")
+
+
 def check_last(last: object) -> int:
     """``last`` if it is a non-negative int, else a ``ValueError``."""
     if isinstance(last, bool) or not isinstance(last, int) or last < 0:
@@ -144,6 +158,8 @@ class Memory:
     def __init__(self, storage: MemoryStore | None = None, last_messages: int = 10) -> None:
         if isinstance(last_messages, bool) or not isinstance(last_messages, int) or last_messages < 1:
             raise ValueError(f"last_messages must be a positive integer, got {last_messages!r}")
+        if storage is not None:
+            check_store(storage, MemoryStore, "storage")
         self.storage: MemoryStore = storage if storage is not None else InMemoryMemoryStore()
         self.last_messages = last_messages
 

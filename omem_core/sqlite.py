@@ -122,11 +122,18 @@ class _Database:
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         self.lock = threading.Lock()
-        self.con = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
-        use_wal(self.con)
-        self.con.execute("PRAGMA synchronous=NORMAL")
-        self.con.execute("PRAGMA busy_timeout=30000")
-        self.migrate()
+        try:
+            self.con = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:  # sqlite3 names no file ("unable to open database file")
+            raise type(exc)(f"cannot open the SQLite file {self.path}: {exc}") from exc
+        try:
+            use_wal(self.con)
+            self.con.execute("PRAGMA synchronous=NORMAL")
+            self.con.execute("PRAGMA busy_timeout=30000")
+            self.migrate()
+        except sqlite3.Error as exc:  # "file is not a database", a read-only file, …
+            self.con.close()
+            raise type(exc)(f"cannot use the SQLite file {self.path}: {exc}") from exc
 
     def migrate(self) -> None:
         """Apply the migrations this file lacks. The version is read again under the write lock:

@@ -45,7 +45,7 @@ import litellm
 from ._env import redact_secrets
 from .errors import CompactionError, Stage
 from .extractive import trim
-from .memory import InMemoryMemoryStore, MemoryStore, check_last
+from .memory import InMemoryMemoryStore, MemoryStore, check_last, check_store
 from .messages import Message, ObservationRecord, check_message
 from .observations import (
     DeleteEpochs,
@@ -1104,6 +1104,10 @@ def create_observational_memory_store(
         ValueError: invalid thresholds, timeout, lease, input cap or backlog ceiling, a clock that
             returns naive datetimes, or a model string litellm cannot route.
     """
+    if inner is not None:
+        check_store(inner, MemoryStore, "inner")
+    if observations is not None:
+        check_store(observations, ObservationStore, "observations")
     if timeout is not None:
         _seconds("timeout", timeout)
     if count_tokens is not None and not callable(count_tokens):

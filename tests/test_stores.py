@@ -416,3 +416,34 @@ async def test_the_duckdb_observation_store_keeps_records_across_reopen(tmp_path
         written = await store.list("t")
     with DuckDBObservationStore(path) as store:
         assert await store.list("t") == written and {r.kind for r in written} >= {"observation"}
+
+
+def test_a_path_or_other_object_where_a_store_goes_is_refused_up_front(tmp_path) -> None:
+    """A path given as the store was accepted, then failed at the first save with
+    "AttributeError: 'str' object has no attribute 'recall'"."""
+    from omem_core import Memory, create_observational_memory_store
+
+    with pytest.raises(TypeError, match=r"^inner must be a MemoryStore .*got str 'memory.db' \(for a SQLite file "
+                                        r"use omem_core.sqlite.SQLiteMemoryStore\(path\)\)"):
+        create_observational_memory_store("memory.db", observer="omem/extractive")
+    with pytest.raises(TypeError, match=r"^storage must be a MemoryStore \(an object with delete_thread, recall, "
+                                        r"save_messages\), got PosixPath"):
+        Memory(storage=tmp_path / "memory.db")
+    with pytest.raises(TypeError, match=r"^observations must be an ObservationStore .*got dict"):
+        create_observational_memory_store(observer="omem/extractive", observations={})
+    store = SQLiteMemoryStore(tmp_path / "ok.db")  # the real thing still goes through
+    Memory(storage=create_observational_memory_store(store, observer="omem/extractive",
+                                                     observations=SQLiteObservationStore(tmp_path / "ok.db")))
+
+
+def test_a_sqlite_file_that_cannot_be_opened_is_named_in_the_error(tmp_path) -> None:
+    import sqlite3
+
+    missing = tmp_path / "no" / "such" / "dir" / "x.db"
+    with pytest.raises(sqlite3.OperationalError, match=f"cannot open the SQLite file {missing}: unable to open"):
+        SQLiteMemoryStore(missing)
+    other = tmp_path / "chat.jsonl"
+    other.write_text('{"role": "user", "content": "hi"}\n' * 200)
+    with pytest.raises(sqlite3.DatabaseError, match=f"cannot use the SQLite file {other}: file is not a database"):
+        SQLiteObservationStore(other)
+    assert other.read_text().startswith('{"role"')  # and left as it was

@@ -98,3 +98,19 @@ def test_tighten_input_sends_the_draft_back_with_a_stronger_target() -> None:
     assert text.startswith("Your reflection was 30 tokens; it must fit in 20.")
     assert "<observations>\n- a\n- b\n</observations>" in text
     assert text.endswith("Target length: at most 16 tokens.")
+
+
+def test_the_event_fields_named_in_the_concepts_page_are_the_dataclass_fields() -> None:
+    """The page listed a `cost` field; the field is `cost_usd` (`e.cost` raised AttributeError)."""
+    import dataclasses
+    import re
+    from pathlib import Path
+
+    from omem_core import CompactionEvent
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "concepts.md").read_text()
+    bullet = page.split("- `on_event(CompactionEvent)`", 1)[1].split("\n- ", 1)[0]
+    named = set(re.findall(r"`([a-z_0-9]+)`", bullet))
+    fields = {f.name for f in dataclasses.fields(CompactionEvent)}
+    assert named and named <= fields, named - fields
+    assert fields - named == set(), fields - named  # and every field is described
