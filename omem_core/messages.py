@@ -31,6 +31,9 @@ def check_message(message: object) -> Message:
     what = f"message {message.id!r}"
     for name in ("id", "thread_id", "role", "content"):
         check_text(getattr(message, name), what, name)
+    for name in ("id", "thread_id"):  # a blank id names nothing: a cursor or thread of "" is a bug upstream
+        if not getattr(message, name).strip():
+            raise ValueError(f"{what}: {name} must not be empty")
     if message.resource_id is not None:
         check_text(message.resource_id, what, "resource_id")
     return message

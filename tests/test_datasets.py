@@ -591,3 +591,19 @@ def test_reading_datasets_imports_no_model_library() -> None:
     done = subprocess.run([sys.executable, "-c", code, str(DEMO_DATASET), str(LME_SAMPLE)], capture_output=True,
                           text=True, check=True, cwd=Path(__file__).resolve().parents[1])
     assert done.stdout.strip() == "[]"
+
+
+def test_a_blank_id_is_refused_when_the_file_is_read_not_as_a_failed_run(tmp_path) -> None:
+    """The library now refuses a message with a blank id or thread (it names nothing); a dataset
+    with one must say so when read, before a run is recorded, and say where."""
+    line = {"conversation_id": "c", "id": "m1", "role": "user", "content": "hi", "timestamp": "2024-01-01T00:00:00Z"}
+    for field, value, said in (("id", " ", "message 1: field 'id': is blank"),
+                               ("conversation_id", "", "field 'conversation_id': is blank")):
+        path = tmp_path / f"blank-{field}.jsonl"
+        path.write_text(json.dumps({**line, field: value}) + "\n")
+        with pytest.raises(DatasetError, match=said):
+            load_dataset(path)
+    unnamed = tmp_path / "sharegpt.json"  # a format whose id is optional: a blank one is numbered
+    unnamed.write_text(json.dumps([{"id": "", "conversations": [{"from": "human", "value": "hi"},
+                                                                {"from": "gpt", "value": "hello"}]}]))
+    assert [c.id for c in load_dataset(unnamed)] == ["conversation-0"]

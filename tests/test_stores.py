@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 from datetime import datetime, timedelta
@@ -447,3 +448,12 @@ def test_a_sqlite_file_that_cannot_be_opened_is_named_in_the_error(tmp_path) -> 
     with pytest.raises(sqlite3.DatabaseError, match=f"cannot use the SQLite file {other}: file is not a database"):
         SQLiteObservationStore(other)
     assert other.read_text().startswith('{"role"')  # and left as it was
+
+
+async def test_a_message_with_a_blank_id_or_thread_is_refused_by_every_store(tmp_path) -> None:
+    """A blank id was saved and then served as a cursor ("") that names nothing."""
+    for store in (InMemoryMemoryStore(), SQLiteMemoryStore(tmp_path / "m.db")):
+        for blank in ({"id": ""}, {"thread_id": "  "}):
+            with pytest.raises(ValueError, match="must not be empty"):
+                await store.save_messages([dataclasses.replace(msg(0), **blank)])
+        assert await store.recall("t", last=5) == []

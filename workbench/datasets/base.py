@@ -124,8 +124,12 @@ def finish(conversation: Conversation, file: Path) -> Conversation:
     dropped, counted and reported in ``warnings``."""
     if not conversation.turns:
         raise DatasetError(file, f"conversation {conversation.id!r}", None, "has no messages")
+    if not conversation.id.strip():  # it names the thread, and a run; the library refuses a blank one
+        raise DatasetError(file, f"conversation {conversation.id!r}", "conversation_id", "is blank")
     seen: dict[str, int] = {}
     for index, turn in enumerate(conversation.turns, start=1):  # counted from 1, as lines are
+        if not turn.id.strip():
+            raise DatasetError(file, f"conversation {conversation.id!r} message {index}", "id", "is blank")
         if turn.id in seen:
             raise DatasetError(file, f"conversation {conversation.id!r} message {index}", "id",
                                f"duplicate message id {turn.id!r} (message {seen[turn.id]} has it too)")

@@ -96,4 +96,5 @@ def load_objects(source: Source, convert: Callable[[dict[str, Any], int, str], C
 
 
 def conversation_id(obj: dict[str, Any], index: int) -> str:
-    return str(obj.get("id", obj.get("conversation_id", f"conversation-{index}")))
+    named = obj.get("id", obj.get("conversation_id"))  # (a blank one is numbered, as a missing one is)
+    return str(named) if named is not None and str(named).strip() else f"conversation-{index}"
