@@ -69,7 +69,7 @@ def test_project_datasets_load() -> None:
         (line(content=5), "line 1", "content", "expected str"),
         (line() + line(), "conversation 'c' message 2", "id", "duplicate message id 'm1' (message 1 has it too)"),
         (line(type="poll"), "line 1", "type", "unknown record type"),
-        ("\n\n", "file", None, "has no records"),
+        ("\n\n", "file", None, "the file is empty"),
         (json.dumps({"conversation_id": "c", "question": "q", "id": "p"}) + "\n", "conversation 'c'", None,
          "has no messages"),
     ],
@@ -607,3 +607,14 @@ def test_a_blank_id_is_refused_when_the_file_is_read_not_as_a_failed_run(tmp_pat
     unnamed.write_text(json.dumps([{"id": "", "conversations": [{"from": "human", "value": "hi"},
                                                                 {"from": "gpt", "value": "hello"}]}]))
     assert [c.id for c in load_dataset(unnamed)] == ["conversation-0"]
+
+
+@pytest.mark.parametrize("name", ["empty.json", "empty.jsonl", "blank.jsonl", "empty.txt"])
+def test_an_empty_file_reads_the_same_in_every_format(tmp_path, name) -> None:
+    """An empty .json said "line 1 column 1: invalid JSON: Expecting value" and an empty .jsonl
+    "file: is empty": the same file, told two ways."""
+    path = write(tmp_path, name, " \n\n" if name.startswith("blank") else "")
+    for fmt in (None, "openai"):
+        with pytest.raises(DatasetError) as caught:
+            load_dataset(path, fmt)
+        assert str(caught.value) == f"{path}: the file is empty"

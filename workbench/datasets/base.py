@@ -23,6 +23,9 @@ class DatasetError(WorkbenchError, ValueError):
 
     def __init__(self, file: str | Path, record: str, field_name: str | None, problem: str) -> None:
         self.file, self.record, self.field, self.problem = str(file), record, field_name, problem
+        if record == "file" and not field_name:  # "x.jsonl: the file is empty", not "x.jsonl: file: is empty"
+            super().__init__(f"{file}: the file {problem}")
+            return
         where = f"{file}: {record}" + (f": field {field_name!r}" if field_name else "")
         super().__init__(f"{where}: {problem}")
 

@@ -86,10 +86,20 @@ def _detect(source: Source) -> DatasetFormat:
     raise DatasetError(source.path, "top level", None, f"format not recognised; choose its format (the app's Format picker, the CLI's --format): {', '.join(FORMATS)}")
 
 
+def _blank(path: Path) -> bool:
+    """A file with nothing but white space in it (a folder or a big file is not read for this)."""
+    try:
+        return path.is_file() and path.stat().st_size < 65_536 and not path.read_bytes().strip()
+    except OSError:
+        return False  # the loader says what is wrong with reading it
+
+
 def _open(path: str | Path | Source, format: str | None) -> tuple[Source, DatasetFormat]:
     source = path if isinstance(path, Source) else Source(path)
     if not source.path.exists():
         raise DatasetError(source.path, "file", None, "does not exist")
+    if _blank(source.path):  # whatever its format (an empty .json read as "invalid JSON" at line 1)
+        raise DatasetError(source.path, "file", None, "is empty")
     if format is not None and format not in _BY_NAME:
         raise DatasetError(source.path, "--format", None, f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
     if format is None:
