@@ -115,6 +115,37 @@ def test_a_message_longer_than_the_trace_cap_is_replayed_and_its_trace_stays_jso
     assert sent.endswith("more characters not stored]") and "A plain sentence about the garden." in sent
 
 
+def test_a_long_trace_in_chinese_keeps_as_much_text_as_one_in_english() -> None:
+    """The cut was counted in characters of the message but measured in escaped JSON (6
+    characters per Chinese one): a 20,000-character Chinese message kept only 200 of them."""
+    from workbench.recorder import TRACE_CAP, _capped
+
+    kept = {}
+    for name, char in (("english", "z"), ("chinese", "花")):
+        text = _capped([[{"role": "user", "content": char * 100_000}]])
+        assert len(text) <= TRACE_CAP
+        [[message]] = json.loads(text)
+        kept[name] = message["content"].count(char)
+        assert message["content"].endswith(f"{100_000 - kept[name]:,} more characters not stored]")
+    assert kept["chinese"] == kept["english"] > 60_000
+
+
+def test_a_trace_of_many_medium_strings_keeps_the_start_of_each() -> None:
+    """One string was cut per round, for 64 rounds: a trace of 500 strings of 1,000 characters
+    was dropped whole."""
+    from workbench.recorder import TRACE_CAP, _capped
+
+    replies = [f"reply {i}: " + "x" * 1_000 for i in range(500)]
+    text = _capped(replies)
+    assert len(text) <= TRACE_CAP
+    stored = json.loads(text)
+    assert len(stored) == 500
+    assert all(s.startswith(f"reply {i}: x") and s.endswith("more characters not stored]")
+               for i, s in enumerate(stored))
+    assert _capped(["short", "replies"]) == '["short", "replies"]'  # what fits is stored as it is
+    assert "not stored" in json.loads(_capped(["y" * 200] * 5_000))  # too many to keep: a note
+
+
 def test_a_run_whose_last_batch_cannot_be_written_reads_failed_not_interrupted(tmp_path, monkeypatch) -> None:
     """When the run store rejected the last batch, recording the failure flushed the same batch
     again, failed too, and the run stayed 'running' (shown as interrupted, as if the process died)."""

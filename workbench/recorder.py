@@ -49,45 +49,70 @@ def call_row(step: int, event: CompactionEvent) -> dict[str, Any]:
 
 
 TRACE_CAP = 64_000  # characters kept of a call's request or response
+_MIN_KEEP = 40  # below this a cut string says nothing: the whole trace is dropped instead
 
 
 def _capped(value: Any) -> str | None:
-    """``value`` (a call's messages or replies) as JSON of at most about :data:`TRACE_CAP`
-    characters that is still JSON (the column is JSON, and the trace view reads it): the longest
-    strings in it are cut, each ending with how much of it was not stored. Cutting the JSON text
-    itself made the batch's insert fail, and the run with it."""
-    text = json.dumps(value)
-    for _ in range(64):  # each round cuts the longest string; one huge message is the usual case
-        if len(text) <= TRACE_CAP:
-            return text
-        strings = _strings(value)
-        if not strings:
-            break
-        path, longest = max(strings, key=lambda item: len(item[1]))
-        keep = max(200, len(longest) - (len(text) - TRACE_CAP) - 80)
-        if keep >= len(longest):
-            break
-        value = _replaced(value, path, longest[:keep] + f"\n[… {len(longest) - keep:,} more characters not stored]")
-        text = json.dumps(value)
-    return text if len(text) <= TRACE_CAP else json.dumps(f"[a trace of {len(text):,} characters, not stored]")
+    """``value`` (a call's messages or replies) as JSON of at most :data:`TRACE_CAP` characters
+    that is still JSON (the column is JSON, and the trace view reads it).
+
+    Every string longer than one common length is cut to it, ending with how much of it was not
+    stored; that length is the largest that fits, found by bisection on the JSON's own length
+    (so a message in Chinese keeps as many characters as one in English, and a trace of many
+    medium strings keeps the start of each). When even strings of :data:`_MIN_KEEP` characters
+    do not fit (thousands of them), the trace is replaced by a note of its size. Cutting the
+    JSON text itself made the batch's insert fail, and the run with it."""
+    text = _dumps(value)
+    if len(text) <= TRACE_CAP:
+        return text
+    strings = _strings(value)
+    sizes = [len(_dumps(s)) for s in strings]
+    overhead = len(text) - sum(sizes)  # brackets, keys, commas: what no cut changes
+
+    def size(keep: int) -> int:
+        return overhead + sum(n if len(s) <= keep else len(_dumps(_cut(s, keep))) for s, n in zip(strings, sizes))
+
+    low, high = _MIN_KEEP, max((len(s) for s in strings), default=0)
+    if high <= low or size(low) > TRACE_CAP:
+        return _dumps(f"[a trace of {len(text):,} characters, not stored]")
+    while high - low > 1:  # size(low) fits, size(high) does not (high is the uncut value)
+        middle = (low + high) // 2
+        low, high = (middle, high) if size(middle) <= TRACE_CAP else (low, middle)
+    return _dumps(_cut_all(value, low))
 
 
-def _strings(value: Any, path: tuple = ()) -> list[tuple[tuple, str]]:
-    """Every string in a JSON-like value, with the path of keys and indexes to it."""
+def _dumps(value: Any) -> str:
+    """JSON as stored: non-ASCII text as itself, not as 6-character escapes (a lone surrogate,
+    which UTF-8 cannot hold, is escaped)."""
+    text = json.dumps(value, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value)
+    return text
+
+
+def _cut(text: str, keep: int) -> str:
+    return text[:keep] + f"\n[… {len(text) - keep:,} more characters not stored]"
+
+
+def _strings(value: Any) -> list[str]:
+    """Every string in a JSON-like value."""
     if isinstance(value, str):
-        return [(path, value)]
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    return [found for key, item in items for found in _strings(item, (*path, key))]
+        return [value]
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return [found for item in items for found in _strings(item)]
 
 
-def _replaced(value: Any, path: tuple, new: str) -> Any:
-    """A copy of ``value`` with the string at ``path`` replaced by ``new``."""
-    if not path:
-        return new
-    head, rest = path[0], path[1:]
+def _cut_all(value: Any, keep: int) -> Any:
+    """A copy of ``value`` with every string longer than ``keep`` cut to it."""
+    if isinstance(value, str):
+        return _cut(value, keep) if len(value) > keep else value
     if isinstance(value, dict):
-        return {**value, head: _replaced(value[head], rest, new)}
-    return [_replaced(item, rest, new) if i == head else item for i, item in enumerate(value)]
+        return {key: _cut_all(item, keep) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_cut_all(item, keep) for item in value]
+    return value
 
 
 @dataclass
