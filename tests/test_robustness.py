@@ -164,6 +164,23 @@ def test_a_run_whose_last_batch_cannot_be_written_reads_failed_not_interrupted(t
         assert run["status"] == "failed" and "rejected for the test" in run["error"]
 
 
+def test_a_run_store_held_by_another_process_is_waited_for_once_not_again_to_record_the_failure(
+        tmp_path) -> None:
+    """After a batch could not be written because another process held the file, recording the
+    failure opened the file again (and waited again), then dropped the batch and waited a third
+    time to set the status: three waits of --wait for one error."""
+    from conftest import held_by_another_process
+    from workbench.runstore import RunStoreLocked
+
+    db = tmp_path / "r.duckdb"
+    waits: list[str] = []
+    store = RunStore(db, wait_s=0.3, on_wait=waits.append)
+    with held_by_another_process(db), pytest.raises(RunStoreLocked):
+        asyncio.run(replay(load_conversation(DEMO_DATASET), ReplayConfig(cache=False), store))
+    assert len(waits) == 1
+    assert store.runs().empty  # nothing half-written once the file is free again
+
+
 SENTINEL = "sk-omem-sentinel-8c1f0e7a"
 
 

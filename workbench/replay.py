@@ -43,7 +43,7 @@ from .formatting import default_run_label
 from .retention import RetentionSummary, score_retention
 from .losses import attribute_losses
 from .recorder import MemoryRecorder, RunRecorder
-from .runstore import RunStore, new_run_id
+from .runstore import RunStore, RunStoreError, new_run_id
 
 TOKEN_COUNTERS = ("heuristic", "o200k_base", "cl100k_base")
 Progress = Callable[[int, int, str], None]
@@ -305,10 +305,10 @@ async def replay(
         )
         memory = Memory(wrapper, last_messages=config.last_messages)
     except ValueError as exc:  # the library refused the configuration (e.g. a threshold over max_input_tokens)
-        _finish_quietly(recorder, "failed", f"cannot replay: {exc}")
+        _finish_quietly(recorder, "failed", f"cannot replay: {exc}", exc)
         raise ConfigurationError(f"cannot replay: {exc}", recorder.run_id) from exc
     except BaseException as exc:
-        _finish_quietly(recorder, "failed", f"{type(exc).__name__}: {exc}")
+        _finish_quietly(recorder, "failed", f"{type(exc).__name__}: {exc}", exc)
         raise
     history = sum(message_tokens[:start_index])
     if start_index:
@@ -356,7 +356,7 @@ async def replay(
     except CompactionError as exc:
         status, error = "failed", str(exc)
     except Exception as exc:  # a bug or an environment problem: the run says so, then it propagates
-        _finish_quietly(recorder, "failed", f"{type(exc).__name__}: {exc}")
+        _finish_quietly(recorder, "failed", f"{type(exc).__name__}: {exc}", exc)
         raise
     except BaseException:  # Ctrl-C, a cancelled task, Streamlit stopping the script
         _finish_quietly(recorder, "interrupted", "stopped before the end; resume with: "
@@ -368,19 +368,28 @@ async def replay(
             result = await _finish(conversation, config, recorder, wrapper, count, status, error, started, rows,
                                    history, planned_reads(conversation, config))
     except BaseException as exc:
-        _finish_quietly(recorder, "failed", f"{type(exc).__name__}: {exc}")
+        _finish_quietly(recorder, "failed", f"{type(exc).__name__}: {exc}", exc)
         raise
     if status == "failed":
         raise ReplayFailed(result)
     return result
 
 
-def _finish_quietly(recorder: Any, status: str, error: str) -> None:
-    """Record a run's end after an error without hiding that error."""
+def _finish_quietly(recorder: Any, status: str, error: str, cause: BaseException | None = None) -> None:
+    """Record a run's end after an error without hiding that error.
+
+    When the error is the run store's own (held by another process past the wait, unreadable,
+    the run deleted or taken over), nothing more is written: it would wait again or fail the same
+    way, and the run stays resumable (shown as interrupted). When the last batch itself cannot be
+    written (its content rejected), it is dropped and the run still says how it ended."""
+    if isinstance(cause, RunStoreError):
+        return
     try:
         recorder.finish(status, error, {})
+    except RunStoreError:
+        pass
     except Exception:  # noqa: BLE001  (the original error is what the caller must see)
-        try:  # the last batch cannot be written (the cause, often): the run still says how it ended
+        try:
             getattr(recorder, "finish_unwritten", lambda *_: None)(status, error)
         except Exception:  # noqa: BLE001  (the run store itself is unreachable)
             pass
