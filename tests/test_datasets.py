@@ -609,6 +609,28 @@ def test_a_blank_id_is_refused_when_the_file_is_read_not_as_a_failed_run(tmp_pat
     assert [c.id for c in load_dataset(unnamed)] == ["conversation-0"]
 
 
+def test_an_optional_id_that_is_blank_or_null_is_skipped_as_a_missing_one_is(tmp_path) -> None:
+    """ShareGPT and OpenAI ids are optional: a blank ``id`` hid the ``conversation_id`` beside
+    it, a blank message id made the whole file fail, and a null one became the id "None"."""
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps([
+        {"id": "", "conversation_id": "trip-planning", "conversations": [
+            {"from": "human", "value": "hi", "id": " "}, {"from": "gpt", "value": "hello", "id": None},
+            {"from": "human", "value": "thanks", "id": "kept"}]},
+        {"id": None, "conversations": [{"from": "human", "value": "hi"}]}]))
+    first, second = load_dataset(path)
+    assert first.id == "trip-planning" and second.id == "conversation-1"
+    assert [t.id for t in first.turns] == ["trip-planning-0", "trip-planning-1", "kept"]
+    chatgpt = tmp_path / "conversations.json"  # a ChatGPT export: ids from the message, else its node
+    chatgpt.write_text(json.dumps([{"title": "Trip", "id": " ", "mapping": {
+        "a": {"id": "node-a", "message": {"id": None, "author": {"role": "user"}, "create_time": 1,
+                                          "content": {"parts": ["hi"]}}},
+        "b": {"id": "node-b", "message": {"id": "msg-b", "author": {"role": "assistant"}, "create_time": 2,
+                                          "content": {"parts": ["hello"]}}}}}]))
+    [conversation] = load_dataset(chatgpt)
+    assert conversation.id == "Trip" and [t.id for t in conversation.turns] == ["node-a", "msg-b"]
+
+
 @pytest.mark.parametrize("name", ["empty.json", "empty.jsonl", "blank.jsonl", "empty.txt"])
 def test_an_empty_file_reads_the_same_in_every_format(tmp_path, name) -> None:
     """An empty .json said "line 1 column 1: invalid JSON: Expecting value" and an empty .jsonl

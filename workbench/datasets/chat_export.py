@@ -43,7 +43,7 @@ def from_messages(conv_id: str, messages: list[Any], source: Source, record: str
         stamp = item.get("timestamp") or item.get("created_at")
         created = (parse_datetime(stamp, file, where, "timestamp") if isinstance(stamp, str)
                    else EPOCH + timedelta(minutes=index))
-        turns.append(Turn(str(item.get("id", f"{conv_id}-{index}")), role, text_of(item[text_key]),
+        turns.append(Turn(named(item.get("id")) or f"{conv_id}-{index}", role, text_of(item[text_key]),
                           created, item.get("name") if isinstance(item.get("name"), str) else None))
     return finish(Conversation(conv_id, turns, [], str(file), fmt), file)
 
@@ -70,8 +70,8 @@ def from_chatgpt(obj: dict[str, Any], index: int, source: Source, fmt: str) -> C
                        else EPOCH + timedelta(minutes=len(turns)))
         except (OverflowError, OSError, ValueError):
             created = EPOCH + timedelta(minutes=len(turns))
-        turns.append(Turn(str(message.get("id", node.get("id"))), role, text, created))
-    conv_id = str(obj.get("id") or obj.get("conversation_id") or obj.get("title") or f"conversation-{index}")
+        turns.append(Turn(named(message.get("id"), node.get("id")) or f"message-{len(turns)}", role, text, created))
+    conv_id = named(obj.get("id"), obj.get("conversation_id"), obj.get("title")) or f"conversation-{index}"
     return finish(Conversation(conv_id, turns, [], str(source.path), fmt), source.path)
 
 
@@ -96,5 +96,13 @@ def load_objects(source: Source, convert: Callable[[dict[str, Any], int, str], C
 
 
 def conversation_id(obj: dict[str, Any], index: int) -> str:
-    named = obj.get("id", obj.get("conversation_id"))  # (a blank one is numbered, as a missing one is)
-    return str(named) if named is not None and str(named).strip() else f"conversation-{index}"
+    return named(obj.get("id"), obj.get("conversation_id")) or f"conversation-{index}"
+
+
+def named(*values: Any) -> str | None:
+    """The first of ``values`` that names something: an optional id that is missing, null or
+    blank is skipped (then numbered by the caller), as if it were absent."""
+    for value in values:
+        if value is not None and str(value).strip():
+            return str(value)
+    return None
