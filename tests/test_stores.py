@@ -432,6 +432,11 @@ def test_a_path_or_other_object_where_a_store_goes_is_refused_up_front(tmp_path)
         Memory(storage=tmp_path / "memory.db")
     with pytest.raises(TypeError, match=r"^observations must be an ObservationStore .*got dict"):
         create_observational_memory_store(observer="omem/extractive", observations={})
+    with pytest.raises(TypeError, match=r"^storage must be a MemoryStore instance, got the class SQLiteMemoryStore "
+                                        r"itself: create one first, e.g. SQLiteMemoryStore\(...\)"):
+        Memory(storage=SQLiteMemoryStore)  # the class has the methods, so it passed the check
+    with pytest.raises(TypeError, match=r"^observations must be an ObservationStore instance, got the class"):
+        create_observational_memory_store(observer="omem/extractive", observations=SQLiteObservationStore)
     store = SQLiteMemoryStore(tmp_path / "ok.db")  # the real thing still goes through
     Memory(storage=create_observational_memory_store(store, observer="omem/extractive",
                                                      observations=SQLiteObservationStore(tmp_path / "ok.db")))
