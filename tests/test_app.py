@@ -1224,6 +1224,26 @@ def test_experiment_tables_sort_their_figures_by_value(db: Path) -> None:
     assert pd.api.types.is_numeric_dtype(listing["runs"]) and pd.api.types.is_numeric_dtype(listing["elapsed (s)"])
 
 
+def test_a_table_too_large_for_a_styler_is_shown_as_text_not_refused() -> None:
+    """Streamlit refuses a Styler over 262,144 cells: the Traces page of a ~22,000-call
+    experiment raised instead of listing the calls."""
+    def page() -> None:
+        import pandas as pd
+        import streamlit as st
+
+        from workbench import app_data
+
+        rows = 70_000  # x 4 columns: over pandas' styler.render.max_elements
+        frame = pd.DataFrame({"configuration": ["a"] * rows, "compression": [7.25] * rows,
+                              "tokens in": [1234.5] * rows, "probes": [3] * rows})
+        st.dataframe(app_data.sortable(frame, app_data.SUMMARY_FORMATS))
+
+    at = AppTest.from_function(page).run(timeout=60)
+    assert not at.exception, at.exception[0].value if at.exception else None
+    shown = at.dataframe[0].value
+    assert len(shown) == 70_000 and [str(v) for v in shown.iloc[0]] == ["a", "7.3x", "1,235", "3"]
+
+
 def test_a_sortable_table_reads_as_the_text_table_and_a_gap_stays_a_dash() -> None:
     frame = pd.DataFrame({"configuration": ["a", "b"], "compression": [12.05, 7.25], "tokens in": [1234.5, None],
                           "probes": [1204, 3]})

@@ -255,19 +255,27 @@ def as_text(frame: pd.DataFrame, formats: dict[str, Any]) -> pd.DataFrame:
     return clean(out)
 
 
+def drawn_as_text(column: pd.Series) -> bool:
+    """Whether a figure column must be shown as text in ``st.dataframe``: it is not numeric, or it
+    has a gap (Streamlit draws a missing number as "None" whatever its format or display text)."""
+    return not pd.api.types.is_numeric_dtype(column) or bool(column.isna().any())
+
+
 def sortable(frame: pd.DataFrame, formats: dict[str, Any]) -> Any:
     """``frame`` to show in ``st.dataframe`` so its figures read as :func:`as_text` draws them yet
     sort by value: a pandas Styler whose display text comes from ``formats`` over numbers kept
-    numeric. Streamlit draws a missing number as "None" whatever the display text, so a column with
-    a gap is shown as text instead (it then sorts as text, as before)."""
+    numeric; a column :func:`drawn_as_text` is text (it then sorts as text). Past pandas'
+    ``styler.render.max_elements`` cells (262,144: a Traces page of ~22,000 calls) Streamlit refuses
+    a Styler, so the whole table is :func:`as_text`."""
+    if frame.size > int(pd.get_option("styler.render.max_elements")):
+        return as_text(frame, formats)
     shown = frame.copy()
     numeric = {}
     for name, form in formats.items():
         if name not in shown.columns:
             continue
-        column = shown[name]
-        if column.isna().any() or not pd.api.types.is_numeric_dtype(column):
-            shown[name] = column.map(form).astype(object)
+        if drawn_as_text(shown[name]):
+            shown[name] = shown[name].map(form).astype(object)
         else:
             numeric[name] = form
     text = [n for n in shown.columns if n not in numeric]

@@ -111,13 +111,13 @@ def table(frame: pd.DataFrame, *, key: str, scores: bool = False, **kwargs) -> A
 
     Streamlit draws a missing number as "None" whatever the format, so a number column with a gap
     is shown as text, formatted alike and right-aligned (it then sorts as text)."""
-    from .app_data import column_spec, number_text
+    from .app_data import column_spec, drawn_as_text, number_text
 
     spec = column_spec(frame, scores=scores)
     config, shown = {}, frame.copy()
     for name, (label, number) in spec.items():
         column = frame[name]
-        if number is not None and column.isna().any():
+        if number is not None and drawn_as_text(column):
             shown[name] = column.map(lambda v, f=number: number_text(v, f))
             config[name] = st.column_config.Column(label, alignment="right")
         elif number is not None:
