@@ -631,11 +631,12 @@ def test_an_optional_id_that_is_blank_or_null_is_skipped_as_a_missing_one_is(tmp
     assert conversation.id == "Trip" and [t.id for t in conversation.turns] == ["node-a", "msg-b"]
 
 
-@pytest.mark.parametrize("name", ["empty.json", "empty.jsonl", "blank.jsonl", "empty.txt"])
+@pytest.mark.parametrize("name", ["empty.json", "empty.jsonl", "blank.jsonl", "empty.txt", "bom.json", "bom.jsonl"])
 def test_an_empty_file_reads_the_same_in_every_format(tmp_path, name) -> None:
     """An empty .json said "line 1 column 1: invalid JSON: Expecting value" and an empty .jsonl
-    "file: is empty": the same file, told two ways."""
-    path = write(tmp_path, name, " \n\n" if name.startswith("blank") else "")
+    "file: is empty": the same file, told two ways. A file holding only a byte-order mark (what
+    some editors save for an empty UTF-8 file) is empty too."""
+    path = write(tmp_path, name, {"blank": " \n\n", "bom": "\ufeff\n"}.get(name.split(".")[0], ""))
     for fmt in (None, "openai"):
         with pytest.raises(DatasetError) as caught:
             load_dataset(path, fmt)

@@ -87,9 +87,11 @@ def _detect(source: Source) -> DatasetFormat:
 
 
 def _blank(path: Path) -> bool:
-    """A file with nothing but white space in it (a folder or a big file is not read for this)."""
+    """A file with nothing but white space in it, or a byte-order mark (a folder or a big file is
+    not read for this)."""
     try:
-        return path.is_file() and path.stat().st_size < 65_536 and not path.read_bytes().strip()
+        return (path.is_file() and path.stat().st_size < 65_536
+                and not path.read_bytes().decode("utf-8-sig", "replace").strip())
     except OSError:
         return False  # the loader says what is wrong with reading it
 
