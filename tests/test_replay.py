@@ -229,7 +229,7 @@ def test_findings_flag_an_observer_that_falls_behind_and_tightened_reflections()
     assert "1 still did not fit and was trimmed to it without a model (its least" in note
     one = pd.DataFrame({"stage": ["reflect"], "attempts": [2], "trimmed": [False]})
     assert findings(steps([0, 0, 0, 0]), 1000, one) == [  # "1 of 1 reflections … 0 still did not fit and were"
-        "1 of 1 reflection came back over the reflection threshold and was sent back to be shortened; each then fit."]
+        "1 of 1 reflection came back over the reflection threshold and was sent back to be shortened; it then fit."]
 
     # a reflection threshold below one observer pass's output: memory squeezed below a single note
     writes = pd.DataFrame({"stage": ["observe", "observe", "observe"], "output_tokens": [120, 140, 160]})

@@ -277,6 +277,6 @@ def findings(steps: pd.DataFrame, observation_threshold: int, calls: pd.DataFram
                 f"reflection threshold and {'was' if one else 'were'} sent back to be shortened; "
                 + (f"{trimmed} still did not fit and {'was' if trimmed == 1 else 'were'} trimmed to it without a "
                    f"model ({'its' if trimmed == 1 else 'their'} least informative sentences dropped)." if trimmed
-                   else "each then fit.")
+                   else ("it then fit." if one else "each then fit."))
             )
     return notes
