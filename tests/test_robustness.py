@@ -144,6 +144,10 @@ def test_a_trace_of_many_medium_strings_keeps_the_start_of_each() -> None:
                for i, s in enumerate(stored))
     assert _capped(["short", "replies"]) == '["short", "replies"]'  # what fits is stored as it is
     assert "not stored" in json.loads(_capped(["y" * 200] * 5_000))  # too many to keep: a note
+    # a text barely over the common length is not "cut" into a longer one (the note has a length):
+    # 1,400 short replies beside one huge one fit once only the huge one is cut
+    stored = json.loads(_capped(["a" * 41] * 1_400 + ["b" * 70_000]))
+    assert stored[:1_400] == ["a" * 41] * 1_400 and stored[-1].endswith("more characters not stored]")
 
 
 def test_a_run_whose_last_batch_cannot_be_written_reads_failed_not_interrupted(tmp_path, monkeypatch) -> None:

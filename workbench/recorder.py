@@ -70,7 +70,7 @@ def _capped(value: Any) -> str | None:
     overhead = len(text) - sum(sizes)  # brackets, keys, commas: what no cut changes
 
     def size(keep: int) -> int:
-        return overhead + sum(n if len(s) <= keep else len(_dumps(_cut(s, keep))) for s, n in zip(strings, sizes))
+        return overhead + sum(len(_dumps(_cut(s, keep))) if _cuts(s, keep) else n for s, n in zip(strings, sizes))
 
     low, high = _MIN_KEEP, max((len(s) for s in strings), default=0)
     if high <= low or size(low) > TRACE_CAP:
@@ -96,6 +96,11 @@ def _cut(text: str, keep: int) -> str:
     return text[:keep] + f"\n[… {len(text) - keep:,} more characters not stored]"
 
 
+def _cuts(text: str, keep: int) -> bool:
+    """Whether cutting ``text`` at ``keep`` shortens it (the note of what was cut has a length)."""
+    return len(text) > keep and len(_cut(text, keep)) < len(text)
+
+
 def _strings(value: Any) -> list[str]:
     """Every string in a JSON-like value."""
     if isinstance(value, str):
@@ -107,7 +112,7 @@ def _strings(value: Any) -> list[str]:
 def _cut_all(value: Any, keep: int) -> Any:
     """A copy of ``value`` with every string longer than ``keep`` cut to it."""
     if isinstance(value, str):
-        return _cut(value, keep) if len(value) > keep else value
+        return _cut(value, keep) if _cuts(value, keep) else value
     if isinstance(value, dict):
         return {key: _cut_all(item, keep) for key, item in value.items()}
     if isinstance(value, list):

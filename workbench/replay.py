@@ -270,7 +270,9 @@ async def replay(
     ``~/.cache/omem``) must be writable: otherwise :class:`ConfigurationError` (the run, when
     recorded, is marked ``failed``). A compaction call that fails mid-run raises
     :class:`ReplayFailed` carrying the partial result (run ``failed``, resumable); a cancellation
-    or Ctrl-C marks the run ``interrupted`` and propagates. No run is ever left ``running``.
+    or Ctrl-C marks the run ``interrupted`` and propagates. An error of the run store itself (held
+    by another process past the wait, unreadable) writes nothing more: the run stays ``running``,
+    read as interrupted once its process ends.
 
     Without ``store``, the run is kept by ``recorder`` (a :class:`MemoryRecorder`, made here when
     not given): an experiment's worker replays that way and hands the run to the one writer.

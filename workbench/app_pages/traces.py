@@ -23,7 +23,7 @@ if calls.empty:
     st.stop()
 
 ui.figures(app_data.sortable(app_data.calls_numbers(calls), app_data.CALLS_FORMATS), hide_index=True,
-           key="tr_table")  # figures sort by value
+           key="tr_table")  # figures sort by value (as text past the Styler limit)
 seqs = [int(s) for s in calls.seq]
 labels = {int(r["seq"]): app_data.call_label(r) for r in calls.to_dict("records")}
 index = seqs.index(wanted[1]) if wanted and wanted[0] == run_id and wanted[1] in seqs else 0
