@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -374,13 +376,19 @@ def test_ctrl_c_names_the_run_to_resume_and_leaves_no_warning_noise(tmp_path) ->
         assert char, f"the replay ended before it could be interrupted: {seen}"
         seen += char
     worker.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + 120
+    while worker.poll() is None and time.monotonic() < deadline:  # Ctrl-C held down: no traceback either
+        time.sleep(0.002)
+        with contextlib.suppress(ProcessLookupError):
+            worker.send_signal(signal.SIGINT)
     err = seen + worker.stderr.read()
-    assert worker.wait(timeout=120) == 130, err
+    # (130, or killed by the signal itself once Python's shutdown has put the default handler back)
+    assert worker.wait(timeout=120) in (130, -signal.SIGINT), err
     with RunStore(db) as store:
-        [run] = store.runs().to_dict("records")
+        [run] = store.runs().to_dict("records")  # the run's last write was not stopped half-way
     assert run["status"] == "interrupted"
     assert f"resume with: python -m workbench replay --resume {run['run_id']}" in err
-    assert "never awaited" not in err and "Traceback" not in err
+    assert "never awaited" not in err and "Traceback" not in err and "KeyboardInterrupt" not in err, err
 
 
 def test_runs_and_experiments_are_deleted_from_the_cli_after_a_confirmation(tmp_path) -> None:

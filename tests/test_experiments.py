@@ -6,6 +6,7 @@ retries, rate limits, timeouts, cost) is in ``test_remote.py`` against a real HT
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 
@@ -562,6 +563,49 @@ def test_two_ctrl_cs_stop_an_experiment_at_once_and_it_resumes(tmp_path) -> None
     with RunStore(db) as store:
         assert store.experiments().unfinished_runs.tolist() == [0]
 
+
+
+def test_ctrl_c_held_down_while_an_interrupted_experiment_exits_stays_quiet(tmp_path) -> None:
+    """Further Ctrl-Cs after the 'interrupted' message (a key held down, an impatient user) landed
+    in the store's closing or in Python's shutdown, and printed an "Exception ignored ...
+    KeyboardInterrupt" traceback. They quit at once and quietly, and the experiment still resumes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    db = tmp_path / "cc.duckdb"
+    command = [sys.executable, "-m", "workbench", "experiment", "run", "--dataset", str(DEMO),
+               "--observation-threshold", "40,60,80,100", "--window", "2", "--concurrency", "1",
+               "--no-cache", "--db", str(db)]
+    worker = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    seen = []
+    try:
+        for line in worker.stderr:
+            seen.append(line)
+            if line.startswith("[1/4]"):
+                os.killpg(worker.pid, signal.SIGINT)
+            if line.startswith("interrupted:"):
+                break
+        deadline = time.monotonic() + 60
+        while worker.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(worker.pid, signal.SIGINT)
+            time.sleep(0.002)
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
+    err = "".join(seen) + worker.stderr.read()
+    assert "interrupted:" in err and worker.returncode == 130, err
+    assert "Traceback" not in err and "Exception ignored" not in err and "KeyboardInterrupt" not in err, err
+    with RunStore(db) as store:
+        [experiment] = store.experiments().to_dict("records")
+        assert experiment["status"] == "interrupted"
+    code, _, err = invoke("experiment", "resume", experiment["experiment_id"], "--db", str(db))
+    assert code == 0, err
 
 def test_an_experiment_with_a_deleted_run_says_it_is_missing_and_resume_replays_it(tmp_path) -> None:
     """A run deleted from a completed experiment left it 'completed' with every configuration at

@@ -15,7 +15,7 @@ import json
 import os
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -294,10 +294,9 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
                 click.echo(json.dumps(partial.summary()))
             sys.exit(1)
         except KeyboardInterrupt:
-            run_id = resume or _new_interrupted_run(store, known)
-            click.echo("\ninterrupted: what was recorded is kept; resume with: python -m workbench replay --resume "
-                       + (run_id or "RUN_ID (python -m workbench runs lists it)"), err=True)
-            sys.exit(130)
+            _exit_interrupted(lambda: "\ninterrupted: what was recorded is kept; resume with: python -m workbench "
+                              "replay --resume " + (resume or _new_interrupted_run(store, known)
+                                                    or "RUN_ID (python -m workbench runs lists it)"))
         if answerer and judge and conv.probes:
             _run_judge(store, result, conv, config, answerer, judge, yes, as_json)
         if as_json:
@@ -352,6 +351,25 @@ def _run_async(coroutine: Any) -> Any:
         for w in caught:
             if not (interrupted and issubclass(w.category, RuntimeWarning) and "never awaited" in str(w.message)):
                 warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+
+
+def _exit_interrupted(message: str | Callable[[], str]) -> None:
+    """Leave after a Ctrl-C, saying what was kept. Everything is already recorded by then: a
+    further Ctrl-C is ignored until the message (which may read the store) is out, and after it
+    quits at once and quietly while the process winds down (closing the store, Python's own
+    shutdown), where it used to print an "Exception ignored ... KeyboardInterrupt" traceback."""
+    import signal
+
+    def quit_now(signum: int, frame: Any) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(130)
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    click.echo(message if isinstance(message, str) else message(), err=True)
+    signal.signal(signal.SIGINT, quit_now)
+    sys.exit(130)
 
 
 def _new_interrupted_run(store: RunStore, known: set[str]) -> str | None:
@@ -456,8 +474,7 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
                 if failed:
                     click.echo(f"{len(failed)} of {len(grid)} configurations failed", err=True)
         except KeyboardInterrupt:
-            click.echo("\ninterrupted: finished runs are kept", err=True)
-            sys.exit(130)
+            _exit_interrupted("\ninterrupted: finished runs are kept")
     if any(r.status != "completed" for r in results):
         sys.exit(1)
 
@@ -741,9 +758,8 @@ def _finish_experiment(store, experiment_id: str, as_json: bool) -> None:
     try:
         outcome = _run_async(ex.run_experiment(store, experiment_id, progress=_experiment_progress(as_json)))
     except KeyboardInterrupt:
-        click.echo(f"\ninterrupted: finished runs are kept; finish with: python -m workbench experiment resume "
-                   f"{experiment_id}", err=True)
-        sys.exit(130)
+        _exit_interrupted(f"\ninterrupted: finished runs are kept; finish with: python -m workbench experiment "
+                          f"resume {experiment_id}")
     data = ex.report(store, experiment_id)
     if as_json:
         click.echo(json.dumps(data))

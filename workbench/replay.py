@@ -16,7 +16,7 @@ import contextlib
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -387,7 +387,8 @@ def _finish_quietly(recorder: Any, status: str, error: str, cause: BaseException
     if isinstance(cause, RunStoreError):
         return
     try:
-        recorder.finish(status, error, {})
+        with _ctrl_c_held_back():
+            recorder.finish(status, error, {})
     except RunStoreError:
         pass
     except Exception:  # noqa: BLE001  (the original error is what the caller must see)
@@ -396,6 +397,30 @@ def _finish_quietly(recorder: Any, status: str, error: str, cause: BaseException
         except Exception:  # noqa: BLE001  (the run store itself is unreachable)
             pass
 
+
+
+@contextlib.contextmanager
+def _ctrl_c_held_back() -> Iterator[None]:
+    """Hold a Ctrl-C back while a run records how it ended, and deliver it just after.
+
+    A key held down (or pressed twice) sends SIGINT again while an interrupted run writes its last
+    batch; the write was stopped half-way and a run not yet flushed was lost whole. Only the main
+    thread can set signal handlers: elsewhere (the app's script thread) this does nothing."""
+    import signal
+    import threading
+
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or previous in (signal.SIG_IGN, None):
+        yield
+        return
+    held: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if held:
+            signal.raise_signal(signal.SIGINT)
 
 async def _finish(conversation, config, recorder, wrapper, count, status, error, started, rows, history,
                   planned) -> ReplayResult:
