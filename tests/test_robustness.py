@@ -150,6 +150,39 @@ def test_a_trace_of_many_medium_strings_keeps_the_start_of_each() -> None:
     assert stored[:1_400] == ["a" * 41] * 1_400 and stored[-1].endswith("more characters not stored]")
 
 
+
+def test_a_lone_surrogate_in_a_long_trace_keeps_it_under_the_cap_and_storable(tmp_path) -> None:
+    """A lone surrogate (UTF-8 cannot hold it) made the whole trace JSON fall back to escapes, six
+    times longer than measured: the trace ran past the cap (64,810 characters here), and DuckDB's
+    JSON column rejects one anyway. It is replaced by U+FFFD; a split surrogate pair is joined."""
+    from workbench.recorder import TRACE_CAP, _capped
+
+    text = _capped(["\ud800"] + ["花" * 1_000] * 200)
+    assert len(text) <= TRACE_CAP
+    stored = json.loads(text)
+    assert stored[0] == "\ufffd" and stored[1].startswith("花" * 40)
+    assert json.loads(_capped(["\ud83d\ude00 ok"])) == ["😀 ok"]
+    with RunStore(tmp_path / "s.duckdb") as store:  # what is capped is what DuckDB accepts
+        run_id = store.create_run(dataset="d", dataset_format="jsonl", conversation_id="c", config={},
+                                  messages=[])
+        store.add_steps(run_id, [], [{"step": 0, "stage": "observe", "model": "m", "request": text,
+                                      "response": _capped(["\udfff"])}])
+        [call] = store.model_calls(run_id).to_dict("records")
+    assert json.loads(call["request"])[0] == "\ufffd" and json.loads(call["response"]) == ["\ufffd"]
+
+
+def test_a_secret_is_redacted_before_the_cap_so_a_cut_never_keeps_part_of_it(monkeypatch) -> None:
+    """Secrets were redacted in the capped JSON: a cut falling inside a key stored its first
+    characters (and the redacted trace could run past the cap)."""
+    from workbench.recorder import TRACE_CAP, _capped
+
+    key = "sk-abcdefghijklmnop"
+    monkeypatch.setenv("ANTHROPIC_API_KEY", key)
+    text = _capped(["x" * 40 + key + "y" * 100] * 700)
+    assert len(text) <= TRACE_CAP
+    assert "sk-abc" not in text and "[ANTHROPIC_" in text  # (the redaction may itself be cut)
+    assert key not in _capped([f"a short reply quoting {key}"])
+
 def test_a_run_whose_last_batch_cannot_be_written_reads_failed_not_interrupted(tmp_path, monkeypatch) -> None:
     """When the run store rejected the last batch, recording the failure flushed the same batch
     again, failed too, and the run stayed 'running' (shown as interrupted, as if the process died)."""

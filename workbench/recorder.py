@@ -61,7 +61,11 @@ def _capped(value: Any) -> str | None:
     (so a message in Chinese keeps as many characters as one in English, and a trace of many
     medium strings keeps the start of each). When even strings of :data:`_MIN_KEEP` characters
     do not fit (thousands of them), the trace is replaced by a note of its size. Cutting the
-    JSON text itself made the batch's insert fail, and the run with it."""
+    JSON text itself made the batch's insert fail, and the run with it.
+
+    Each string is made storable first (see :func:`_storable`), so the cap holds for what is
+    stored and a cut never falls inside a secret."""
+    value = _storable(value)
     text = _dumps(value)
     if len(text) <= TRACE_CAP:
         return text
@@ -82,14 +86,31 @@ def _capped(value: Any) -> str | None:
 
 
 def _dumps(value: Any) -> str:
-    """JSON as stored: non-ASCII text as itself, not as 6-character escapes (a lone surrogate,
-    which UTF-8 cannot hold, is escaped)."""
-    text = json.dumps(value, ensure_ascii=False)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return json.dumps(value)
-    return text
+    """JSON as stored: non-ASCII text as itself, not as 6-character escapes."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _storable(value: Any) -> Any:
+    """A copy of ``value`` whose strings have any secret of the environment redacted and any lone
+    surrogate (which UTF-8, and so DuckDB's JSON column, cannot hold) replaced by U+FFFD.
+
+    Both happened after the cap: a redacted trace could exceed it and a cut could fall inside a
+    key, storing its first characters; a lone surrogate was stored as an escape six times its
+    length, measured as one character, so the trace ran past the cap."""
+    if isinstance(value, str):
+        from omem_core._env import redact_secrets
+
+        text = redact_secrets(value)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # (a surrogate pair left as two code points is joined back)
+            text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        return text
+    if isinstance(value, dict):
+        return {key: _storable(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_storable(item) for item in value]
+    return value
 
 
 def _cut(text: str, keep: int) -> str:
@@ -110,7 +131,7 @@ def _strings(value: Any) -> list[str]:
 
 
 def _cut_all(value: Any, keep: int) -> Any:
-    """A copy of ``value`` with every string longer than ``keep`` cut to it."""
+    """A copy of ``value`` with every string that cutting at ``keep`` shortens cut to it."""
     if isinstance(value, str):
         return _cut(value, keep) if _cuts(value, keep) else value
     if isinstance(value, dict):
