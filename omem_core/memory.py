@@ -39,15 +39,18 @@ def check_store(value: object, protocol: type, name: str) -> None:
     """A ``TypeError`` naming ``name`` unless ``value`` has ``protocol``'s methods: a path or a
     connection passed where a store goes failed only at the first read, as an ``AttributeError``
     (and a store class, not an instance of it, at its first call, missing ``self``)."""
+    names = sorted(n for n in vars(protocol) if not n.startswith("_") and callable(getattr(protocol, n)))
+    methods = ", ".join(names)
     if isinstance(value, type):
-        raise TypeError(f"{name} must be {_article(protocol)} {protocol.__name__} instance, got the class "
-                        f"{value.__name__} itself: create one first, e.g. {value.__name__}(...)")
+        if all(callable(getattr(value, n, None)) for n in names):  # a store class: its instance was meant
+            raise TypeError(f"{name} must be {_article(protocol)} {protocol.__name__} instance, got the class "
+                            f"{value.__name__} itself: create one first, e.g. {value.__name__}(...)")
+        raise TypeError(f"{name} must be {_article(protocol)} {protocol.__name__} (an object with {methods}), "
+                        f"got the class {value.__name__}")
     if not isinstance(value, protocol):
         sqlite = "SQLiteMemoryStore" if protocol.__name__ == "MemoryStore" else "SQLiteObservationStore"
         hint = (f" (for a SQLite file use omem_core.sqlite.{sqlite}(path))"
                 if isinstance(value, (str, bytes)) or hasattr(value, "__fspath__") else "")
-        methods = ", ".join(sorted(n for n in vars(protocol) if not n.startswith("_")
-                                   and callable(getattr(protocol, n))))
         raise TypeError(f"{name} must be {_article(protocol)} {protocol.__name__} (an object with {methods}), "
                         f"got {type(value).__name__} {value!r:.80}{hint}")
 

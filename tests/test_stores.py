@@ -437,6 +437,10 @@ def test_a_path_or_other_object_where_a_store_goes_is_refused_up_front(tmp_path)
         Memory(storage=SQLiteMemoryStore)  # the class has the methods, so it passed the check
     with pytest.raises(TypeError, match=r"^observations must be an ObservationStore instance, got the class"):
         create_observational_memory_store(observer="omem/extractive", observations=SQLiteObservationStore)
+    # a class that is no store at all is not told to "create one first, e.g. dict(...)"
+    with pytest.raises(TypeError, match=r"^storage must be a MemoryStore \(an object with delete_thread, recall, "
+                                        r"save_messages\), got the class dict$"):
+        Memory(storage=dict)
     store = SQLiteMemoryStore(tmp_path / "ok.db")  # the real thing still goes through
     Memory(storage=create_observational_memory_store(store, observer="omem/extractive",
                                                      observations=SQLiteObservationStore(tmp_path / "ok.db")))
