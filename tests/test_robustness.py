@@ -218,6 +218,30 @@ def test_a_run_store_held_by_another_process_is_waited_for_once_not_again_to_rec
     assert store.runs().empty  # nothing half-written once the file is free again
 
 
+
+def test_a_run_stopped_by_a_held_run_store_does_not_stay_running_in_a_long_lived_process(tmp_path) -> None:
+    """A run whose batch could not be written (the file held by another process past the wait)
+    was left 'running': its owner, the app's process, lives on, so it read as still running until
+    the app restarted. Its status is set at the store's next open of the file, once it is free."""
+    from conftest import held_by_another_process
+    from workbench.runstore import RunStoreLocked
+
+    db = tmp_path / "r.duckdb"
+    store = RunStore(db, wait_s=0.3)
+    holding = contextlib.ExitStack()
+
+    def progress(done: int, total: int, text: str) -> None:
+        if done == 60:  # the run is in the file by now (flushed every 10 steps)
+            holding.enter_context(held_by_another_process(db))
+
+    with holding, pytest.raises(RunStoreLocked):
+        asyncio.run(replay(load_conversation(DEMO_DATASET), ReplayConfig(cache=False, recall_on="every"), store,
+                           progress=progress, flush_every=10))
+    [run] = store.runs().to_dict("records")  # the file is free again
+    assert run["status"] == "failed" and "RunStoreLocked" in run["error"] and run["steps"] >= 10
+    resumed = asyncio.run(replay(load_conversation(DEMO_DATASET), store=store, resume=run["run_id"]))
+    assert resumed.status == "completed"
+
 SENTINEL = "sk-omem-sentinel-8c1f0e7a"
 
 

@@ -333,21 +333,64 @@ def _refuse_with_resume(ctx: click.Context, names: tuple[str, ...]) -> None:
 
 
 def _run_async(coroutine: Any) -> Any:
-    """``asyncio.run``, minus the noise of a Ctrl-C: the model calls it cancels before they started
-    are coroutines never awaited, which Python reports as a ``RuntimeWarning`` per call when the
-    loop closes. Those warnings are dropped after an interrupt only (elsewhere they mean a bug)."""
+    """``asyncio.run``, with Ctrl-C made safe for a command line.
+
+    The first Ctrl-C cancels the work, whose clean-up records what was done (an interrupted run's
+    last batch, the experiment's status) and ends an experiment's workers; further ones are
+    ignored until that is over. asyncio's own handler raised ``KeyboardInterrupt`` at the second,
+    wherever the loop was, so a Ctrl-C held down stopped that clean-up half-way: the workers
+    outlived the command and the experiment stayed 'running'. The work cancelled by a Ctrl-C
+    raises ``KeyboardInterrupt`` here, as usual.
+
+    The model calls a Ctrl-C cancels before they started are coroutines never awaited, which
+    Python reports as a ``RuntimeWarning`` per call when the loop closes: those warnings are dropped
+    after an interrupt only (elsewhere they mean a bug)."""
     import asyncio
+    import signal
+    import threading
     import warnings
 
+    running: dict[str, Any] = {}
+
+    def on_ctrl_c(signum: int, frame: Any) -> None:
+        # (a handler can run again inside itself: mark first, so a nested one never drops the cancel)
+        if running.get("stopping"):
+            return
+        running["stopping"] = True
+        task = running.get("task")
+        if task is None or task.done():  # before the work started, or after it ended: stop as Python would
+            raise KeyboardInterrupt
+        # Cancelled here and now, as asyncio's own handler does: a callback scheduled for the loop
+        # waited until the work next yielded to it, which an experiment collecting finished runs
+        # did not do before its end (so the Ctrl-C was lost).
+        task.cancel()
+        running["loop"].call_soon_threadsafe(lambda: None)  # (wakes the loop if it is waiting)
+
+    async def work() -> Any:
+        running["loop"], running["task"] = asyncio.get_running_loop(), asyncio.current_task()
+        try:
+            return await coroutine
+        finally:
+            del running["task"]
+
+    handled = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, on_ctrl_c) if handled else None  # (asyncio's is then not set)
     interrupted = False
     caught: list[warnings.WarningMessage] = []
     try:
         with warnings.catch_warnings(record=True) as caught, asyncio.Runner() as runner:
-            return runner.run(coroutine)  # (its warnings are shown once the loop has closed)
+            try:
+                return runner.run(work())  # (its warnings are shown once the loop has closed)
+            except asyncio.CancelledError:
+                if running.get("stopping"):
+                    raise KeyboardInterrupt from None
+                raise
     except (KeyboardInterrupt, asyncio.CancelledError):
         interrupted = True
         raise
     finally:
+        if handled:  # interrupted: Ctrl-C stays ignored until the command has said what it kept
+            signal.signal(signal.SIGINT, signal.SIG_IGN if interrupted else previous)
         for w in caught:
             if not (interrupted and issubclass(w.category, RuntimeWarning) and "never awaited" in str(w.message)):
                 warnings.showwarning(w.message, w.category, w.filename, w.lineno)
@@ -758,8 +801,14 @@ def _finish_experiment(store, experiment_id: str, as_json: bool) -> None:
     try:
         outcome = _run_async(ex.run_experiment(store, experiment_id, progress=_experiment_progress(as_json)))
     except KeyboardInterrupt:
-        _exit_interrupted(f"\ninterrupted: finished runs are kept; finish with: python -m workbench experiment "
-                          f"resume {experiment_id}")
+        def message() -> str:  # (a Ctrl-C just as the last run was collected: it had completed)
+            if store.experiment(experiment_id)["status"] == "completed":
+                return (f"\ninterrupted after experiment {experiment_id} had completed: python -m workbench "
+                        f"experiment show {experiment_id}")
+            return (f"\ninterrupted: finished runs are kept; finish with: python -m workbench experiment resume "
+                    f"{experiment_id}")
+
+        _exit_interrupted(message)
     data = ex.report(store, experiment_id)
     if as_json:
         click.echo(json.dumps(data))

@@ -36,6 +36,7 @@ import pandas as pd
 from .datasets import load_conversation, list_conversations
 from .errors import WorkbenchError
 from .formatting import count
+from .interrupts import ctrl_c_held_back
 from .losses import STAGES, funnel
 from .stats import bootstrap_ci, paired_difference
 
@@ -438,10 +439,11 @@ async def run_experiment(store: Any, experiment_id: str, *, progress: Callable[[
                                         f"experiment resume {experiment_id}")
     except BaseException as exc:
         interrupted = isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError))
-        store.finish_experiment(experiment_id, "interrupted" if interrupted else "failed",
-                                ("stopped before the end" if interrupted else f"{type(exc).__name__}: {exc}")
-                                + f"; finish it with: python -m workbench experiment resume {experiment_id}",
-                                time.perf_counter() - started)
+        with ctrl_c_held_back():  # (a second Ctrl-C left the experiment 'running')
+            store.finish_experiment(experiment_id, "interrupted" if interrupted else "failed",
+                                    ("stopped before the end" if interrupted else f"{type(exc).__name__}: {exc}")
+                                    + f"; finish it with: python -m workbench experiment resume {experiment_id}",
+                                    time.perf_counter() - started)
         raise
     if status == "completed" and options.judge and options.answerer:
         await _judge_experiment(store, experiment_id, options)
@@ -476,12 +478,14 @@ async def _run_in_processes(tasks: Sequence[Task], options: ExperimentOptions, d
     except BaseException:
         # Stopped (Ctrl-C, an error): the runs in flight are dropped, not waited for (a resume
         # replays them), and the workers are ended now. Waiting on them here, a second Ctrl-C
-        # left the process hung for good in the pool's exit.
-        for future in pending:
-            future.cancel()
-        for process in list((getattr(pool, "_processes", None) or {}).values()):
-            process.kill()
-        pool.shutdown(wait=False, cancel_futures=True)
+        # left the process hung for good in the pool's exit; one landing in this block left the
+        # workers running after the scheduler had gone.
+        with ctrl_c_held_back():
+            for future in pending:
+                future.cancel()
+            for process in list((getattr(pool, "_processes", None) or {}).values()):
+                process.kill()
+            pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown(wait=True)
 

@@ -302,6 +302,12 @@ class RunRecorder:
         self.flush()  # the run itself, if it was never written
         self.store.set_status(self.run_id, status, error)
 
+    def settle(self, status: str, error: str | None) -> None:
+        """The run's end after an error of the run store itself: its status only, now or at the
+        store's next open of the file (see ``RunStore.settle_run``), if the run was written."""
+        if self._create is None:
+            self.store.settle_run(self.run_id, status, error)
+
     def recorded_calls(self) -> list[dict[str, Any]]:
         """Every model call of the run (a resumed run's earlier calls included)."""
         return self._all_calls

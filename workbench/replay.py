@@ -16,7 +16,7 @@ import contextlib
 import json
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,10 +40,11 @@ from .cache import completion_kwargs, enable_litellm_cache, prepare_cache
 from .datasets import Conversation
 from .errors import ConfigurationError, WorkbenchError
 from .formatting import default_run_label
+from .interrupts import ctrl_c_held_back
 from .retention import RetentionSummary, score_retention
 from .losses import attribute_losses
 from .recorder import MemoryRecorder, RunRecorder
-from .runstore import RunStore, RunStoreError, new_run_id
+from .runstore import RunDeleted, RunStore, RunStoreError, new_run_id
 
 TOKEN_COUNTERS = ("heuristic", "o200k_base", "cl100k_base")
 Progress = Callable[[int, int, str], None]
@@ -380,14 +381,19 @@ async def replay(
 def _finish_quietly(recorder: Any, status: str, error: str, cause: BaseException | None = None) -> None:
     """Record a run's end after an error without hiding that error.
 
-    When the error is the run store's own (held by another process past the wait, unreadable,
-    the run deleted or taken over), nothing more is written: it would wait again or fail the same
-    way, and the run stays resumable (shown as interrupted). When the last batch itself cannot be
-    written (its content rejected), it is dropped and the run still says how it ended."""
+    When the error is the run store's own (held by another process past the wait, unreadable),
+    only the status is set: at once if the file is free, else at the store's next open of it,
+    and only while the run is still this process's (it stays resumable). Writing nothing left the
+    run 'running' for as long as its process lived: the app showed it as still running until
+    restarted. A deleted run gets nothing. When the last batch itself cannot be written (its content
+    rejected), it is dropped and the run still says how it ended."""
     if isinstance(cause, RunStoreError):
+        if not isinstance(cause, RunDeleted):
+            with contextlib.suppress(Exception):  # (the file still held, unreadable: it stays as it was)
+                getattr(recorder, "settle", lambda *_: None)(status, error)
         return
     try:
-        with _ctrl_c_held_back():
+        with ctrl_c_held_back():
             recorder.finish(status, error, {})
     except RunStoreError:
         pass
@@ -398,29 +404,6 @@ def _finish_quietly(recorder: Any, status: str, error: str, cause: BaseException
             pass
 
 
-
-@contextlib.contextmanager
-def _ctrl_c_held_back() -> Iterator[None]:
-    """Hold a Ctrl-C back while a run records how it ended, and deliver it just after.
-
-    A key held down (or pressed twice) sends SIGINT again while an interrupted run writes its last
-    batch; the write was stopped half-way and a run not yet flushed was lost whole. Only the main
-    thread can set signal handlers: elsewhere (the app's script thread) this does nothing."""
-    import signal
-    import threading
-
-    previous = signal.getsignal(signal.SIGINT)
-    if threading.current_thread() is not threading.main_thread() or previous in (signal.SIG_IGN, None):
-        yield
-        return
-    held: list[int] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if held:
-            signal.raise_signal(signal.SIGINT)
 
 async def _finish(conversation, config, recorder, wrapper, count, status, error, started, rows, history,
                   planned) -> ReplayResult:

@@ -433,6 +433,7 @@ class RunStore:
         self._write_lock = threading.RLock()
         self._seq: dict[tuple[str, str], int] = {}
         self._keep: duckdb.DuckDBPyConnection | None = None  # ":memory:" and snapshots stay open
+        self._unsettled: dict[str, tuple[str, str | None]] = {}  # see settle_run
         if self.path == ":memory:":
             self._keep = self._open()
         elif not read_only:
@@ -473,7 +474,9 @@ class RunStore:
     # -- connection ---------------------------------------------------------------------------
 
     def _open(self) -> duckdb.DuckDBPyConnection:
-        deadline = time.monotonic() + self.wait_s
+        wait_s = getattr(self._local, "wait_s", None)
+        wait_s = self.wait_s if wait_s is None else wait_s
+        deadline = time.monotonic() + wait_s
         told = False
         delay = 0.02
         while True:
@@ -485,12 +488,12 @@ class RunStore:
                 if time.monotonic() >= deadline:
                     raise RunStoreLocked(
                         f"{self.path} is open read-write in another process (a notebook or a program "
-                        f"that keeps it open) and stayed busy for {self.wait_s:g} s. Stop that process, "
+                        f"that keeps it open) and stayed busy for {wait_s:g} s. Stop that process, "
                         "or pass --db with another file. The app can still show a read-only snapshot."
                     ) from exc
                 if not told and self.on_wait is not None:
                     self.on_wait(f"waiting for {self.path}: another process is using it "
-                                 f"(up to {self.wait_s:g} s)")
+                                 f"(up to {wait_s:g} s)")
                     told = True
                 time.sleep(min(delay, max(deadline - time.monotonic(), 0)))
                 delay = min(delay * 2, 0.5)
@@ -508,6 +511,8 @@ class RunStore:
         cur = con.cursor()
         self._local.cursor = cur
         try:
+            if self._unsettled and not self.read_only:
+                self._settle(cur)
             yield cur
         except (duckdb.IOException, duckdb.SerializationException, duckdb.InternalException) as exc:
             # A file that opened but cannot be read through (truncated, corrupt, disk gone).
@@ -694,6 +699,36 @@ class RunStore:
         with self._write_lock, self._writing() as cur:
             cur.execute("UPDATE runs SET status = ?, error = ?, updated_at = ? WHERE run_id = ?",
                         [status, redact_secrets(error), _now(), run_id])
+
+    def settle_run(self, run_id: str, status: str, error: str | None = None) -> None:
+        """The last word of a run whose writes failed (the file held by another process past the
+        wait, unreadable): its status, set now if the file can be written at once, else the next
+        time this store opens the file. Only while the run is still ``running`` and still this
+        process's: one deleted or taken over meanwhile is left alone. Before, such a run stayed
+        ``running`` for as long as its process lived, and the app showed it as still running."""
+        with self._write_lock:
+            self._unsettled[run_id] = (status, error)
+            previous = getattr(self._local, "wait_s", None)
+            self._local.wait_s = 0.0
+            try:
+                with self._writing():  # (settled on opening)
+                    pass
+            except RunStoreError:
+                pass  # the file is still held: the next open settles it
+            finally:
+                self._local.wait_s = previous
+
+    def _settle(self, cur: duckdb.DuckDBPyConnection) -> None:
+        with self._write_lock:
+            for run_id, (status, error) in list(self._unsettled.items()):
+                try:
+                    cur.execute("UPDATE runs SET status = ?, error = ?, updated_at = ? WHERE run_id = ? "
+                                "AND status = 'running' AND owner_host = ? AND owner_pid = ? "
+                                "AND owner_token IS NOT DISTINCT FROM ?",
+                                [status, redact_secrets(error), _now(), run_id, *_owner()])
+                except duckdb.Error:
+                    return  # (tried again at the next open)
+                del self._unsettled[run_id]
 
     def update_run(self, run_id: str, **figures: Any) -> None:
         if not figures:
