@@ -385,8 +385,8 @@ def _finish_quietly(recorder: Any, status: str, error: str, cause: BaseException
     only the status is set: at once if the file is free, else at the store's next open of it,
     and only while the run is still this process's (it stays resumable). Writing nothing left the
     run 'running' for as long as its process lived: the app showed it as still running until
-    restarted. A deleted run gets nothing. When the last batch itself cannot be written (its content
-    rejected), it is dropped and the run still says how it ended."""
+    restarted. A deleted run gets nothing. When the last batch itself cannot be written (its
+    content rejected), it is dropped and the run still says how it ended."""
     if isinstance(cause, RunStoreError):
         if not isinstance(cause, RunDeleted):
             with contextlib.suppress(Exception):  # (the file still held, unreadable: it stays as it was)
@@ -402,7 +402,6 @@ def _finish_quietly(recorder: Any, status: str, error: str, cause: BaseException
             getattr(recorder, "finish_unwritten", lambda *_: None)(status, error)
         except Exception:  # noqa: BLE001  (the run store itself is unreachable)
             pass
-
 
 
 async def _finish(conversation, config, recorder, wrapper, count, status, error, started, rows, history,
