@@ -32,17 +32,23 @@ def prepare_environment() -> None:
         os.environ.setdefault("TIKTOKEN_CACHE_DIR", folder)
 
 
-def redact_secrets(text: str) -> str:
+def environment_secrets() -> list[tuple[str, str]]:
+    """``(value, name)`` of every secret-looking environment variable, longest value first (read
+    now: a key set after import counts)."""
+    return sorted(((value, name) for name, value in os.environ.items()
+                   if len(value) >= _SECRET_MIN and _SECRET_NAME.search(name)), key=lambda p: -len(p[0]))
+
+
+def redact_secrets(text: str, secrets: list[tuple[str, str]] | None = None) -> str:
     """``text`` with the value of every secret-looking environment variable (``*_API_KEY``,
     ``*_KEY``, ``*_TOKEN``, ``*SECRET*``, ``*_PASSWORD``, ``*_CREDENTIALS``; 12 characters or
     more) replaced by its name in brackets: a provider's error that quotes the key sent never
     carries it into a log, a stored error or the screen. Longer values first, so a value that
-    starts with another is replaced whole."""
+    starts with another is replaced whole. ``secrets``: :func:`environment_secrets`, read once
+    by a caller redacting many strings."""
     if not text:
         return text
-    secrets = sorted(((value, name) for name, value in os.environ.items()
-                      if len(value) >= _SECRET_MIN and _SECRET_NAME.search(name)), key=lambda p: -len(p[0]))
-    for value, name in secrets:
+    for value, name in environment_secrets() if secrets is None else secrets:
         if value in text:
             text = text.replace(value, f"[{name}]")
     return text

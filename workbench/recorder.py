@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omem_core import CompactionEvent, ObservationRecord, create_in_memory_observation_store
+from omem_core._env import environment_secrets, redact_secrets
 from omem_core.observations import InMemoryObservationStore
 
 from .runstore import RunStore
@@ -90,26 +91,26 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def _storable(value: Any) -> Any:
+def _storable(value: Any, secrets: list[tuple[str, str]] | None = None) -> Any:
     """A copy of ``value`` whose strings have any secret of the environment redacted and any lone
     surrogate (which UTF-8, and so DuckDB's JSON column, cannot hold) replaced by U+FFFD.
 
     Both happened after the cap: a redacted trace could exceed it and a cut could fall inside a
     key, storing its first characters; a lone surrogate was stored as an escape six times its
     length, measured as one character, so the trace ran past the cap."""
+    if secrets is None:
+        secrets = environment_secrets()
     if isinstance(value, str):
-        from omem_core._env import redact_secrets
-
-        text = redact_secrets(value)
+        text = redact_secrets(value, secrets)
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:  # (a surrogate pair left as two code points is joined back)
             text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
         return text
     if isinstance(value, dict):
-        return {key: _storable(item) for key, item in value.items()}
+        return {key: _storable(item, secrets) for key, item in value.items()}
     if isinstance(value, list):
-        return [_storable(item) for item in value]
+        return [_storable(item, secrets) for item in value]
     return value
 
 
