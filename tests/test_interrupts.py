@@ -112,6 +112,43 @@ def test_a_ctrl_c_is_not_lost_while_the_work_does_not_yield() -> None:
     _restoring_sigint(test)
 
 
+def test_an_experiment_stops_writing_finished_runs_at_the_first_ctrl_c() -> None:
+    """Runs that finished together are written one by one; a Ctrl-C during one of those writes
+    stops the experiment after that write, and the runs not written stay pending for the clean-up
+    to drop (a resume replays them). The loop never yielded between writes, so the cancel waited
+    until every finished run, up to the experiment's last, had been written."""
+    import asyncio
+
+    from workbench.cli import _run_async
+    from workbench.experiments import _collect
+
+    written: list[str] = []
+    left: dict = {}
+
+    def write(payload: dict, task: str) -> None:
+        written.append(task)
+        if len(written) == 1:
+            signal.raise_signal(signal.SIGINT)  # pressed while the first run is being written
+
+    async def work() -> None:
+        loop = asyncio.get_running_loop()
+        pending = {}
+        for name in ("a", "b", "c", "d"):
+            future = loop.create_future()
+            future.set_result({"run": name})
+            pending[future] = name  # all four finished at once: one batch
+        left["pending"] = pending
+        await _collect(pending, write)
+
+    def test() -> None:
+        with pytest.raises(KeyboardInterrupt):
+            _run_async(work())
+        assert len(written) == 1
+        assert sorted(left["pending"].values()) == sorted({"a", "b", "c", "d"} - set(written))
+
+    _restoring_sigint(test)
+
+
 def test_without_a_ctrl_c_the_result_comes_back_and_the_handler_is_put_back() -> None:
     import asyncio
 

@@ -471,10 +471,7 @@ async def _run_in_processes(tasks: Sequence[Task], options: ExperimentOptions, d
     pending = {loop.run_in_executor(pool, _replay_one, dataset, dataset_format, task, extra, folder,
                                     options.traces): task for task in tasks}
     try:
-        while pending:
-            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for finished in done:
-                write(finished.result(), pending.pop(finished))
+        await _collect(pending, write)
     except BaseException:
         # Stopped (Ctrl-C, an error): the runs in flight are dropped, not waited for (a resume
         # replays them), and the workers are ended now. Waiting on them here, a second Ctrl-C
@@ -488,6 +485,18 @@ async def _run_in_processes(tasks: Sequence[Task], options: ExperimentOptions, d
             pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown(wait=True)
+
+
+async def _collect(pending: dict[Any, Task], write: Callable[[dict[str, Any], Task], None]) -> None:
+    """Write each finished run as it comes, yielding to the loop after each: a Ctrl-C's cancel
+    lands at the next yield, so runs finished together were all written before it (a batch, or
+    the whole experiment's last ones, ran to its end). The runs not yet written are left pending
+    (``pending`` is emptied as they are written) for the caller to drop; a resume replays them."""
+    while pending:
+        done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        for finished in done:
+            write(finished.result(), pending.pop(finished))
+            await asyncio.sleep(0)
 
 
 async def _run_in_tasks(tasks: Sequence[Task], options: ExperimentOptions, dataset: str,
