@@ -150,7 +150,6 @@ def test_a_trace_of_many_medium_strings_keeps_the_start_of_each() -> None:
     assert stored[:1_400] == ["a" * 41] * 1_400 and stored[-1].endswith("more characters not stored]")
 
 
-
 def test_a_lone_surrogate_in_a_long_trace_keeps_it_under_the_cap_and_storable(tmp_path) -> None:
     """A lone surrogate (UTF-8 cannot hold it) made the whole trace JSON fall back to escapes, six
     times longer than measured: the trace ran past the cap (64,810 characters here), and DuckDB's
@@ -182,6 +181,7 @@ def test_a_secret_is_redacted_before_the_cap_so_a_cut_never_keeps_part_of_it(mon
     assert len(text) <= TRACE_CAP
     assert "sk-abc" not in text and "[ANTHROPIC_" in text  # (the redaction may itself be cut)
     assert key not in _capped([f"a short reply quoting {key}"])
+
 
 def test_a_run_whose_last_batch_cannot_be_written_reads_failed_not_interrupted(tmp_path, monkeypatch) -> None:
     """When the run store rejected the last batch, recording the failure flushed the same batch
@@ -218,7 +218,6 @@ def test_a_run_store_held_by_another_process_is_waited_for_once_not_again_to_rec
     assert store.runs().empty  # nothing half-written once the file is free again
 
 
-
 def test_a_run_stopped_by_a_held_run_store_does_not_stay_running_in_a_long_lived_process(tmp_path) -> None:
     """A run whose batch could not be written (the file held by another process past the wait)
     was left 'running': its owner, the app's process, lives on, so it read as still running until
@@ -241,6 +240,22 @@ def test_a_run_stopped_by_a_held_run_store_does_not_stay_running_in_a_long_lived
     assert run["status"] == "failed" and "RunStoreLocked" in run["error"] and run["steps"] >= 10
     resumed = asyncio.run(replay(load_conversation(DEMO_DATASET), store=store, resume=run["run_id"]))
     assert resumed.status == "completed"
+
+def test_a_failure_settled_later_leaves_alone_a_resume_of_the_run_in_the_same_process(tmp_path) -> None:
+    """A failure that could not be written at once (the file held) was set at the store's next
+    open even when the run had been resumed meanwhile by another store of the same process (the
+    app opens one per page run): the resume, still running, read as failed."""
+    from conftest import held_by_another_process
+
+    db = tmp_path / "r.duckdb"
+    first = RunStore(db, wait_s=0.3)
+    run_id = first.create_run(dataset="d", dataset_format="jsonl", conversation_id="c", config={}, messages=[])
+    with held_by_another_process(db):
+        first.settle_run(run_id, "failed", "RunStoreLocked: held")  # not written: the file is held
+    RunStore(db).claim_run(run_id)  # a resume, in this process, from another store
+    [run] = first.runs().to_dict("records")  # the first store opens the file again
+    assert run["status"] == "running" and run["error"] is None
+
 
 SENTINEL = "sk-omem-sentinel-8c1f0e7a"
 

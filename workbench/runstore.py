@@ -394,6 +394,12 @@ def process_token(pid: int | None = None) -> str | None:
         return None
 
 
+# Claims (resumes) made by this process, per file and run: a failure settled later (see
+# RunStore.settle_run) is dropped once the run was claimed again, by any store of this process.
+_claims: dict[tuple[str, str], int] = {}
+_claims_lock = threading.Lock()
+
+
 def _owner() -> list[Any]:
     """This process as the owner of a run or experiment: host, pid, pid + start time."""
     return [socket.gethostname(), os.getpid(), process_token()]
@@ -433,7 +439,8 @@ class RunStore:
         self._write_lock = threading.RLock()
         self._seq: dict[tuple[str, str], int] = {}
         self._keep: duckdb.DuckDBPyConnection | None = None  # ":memory:" and snapshots stay open
-        self._unsettled: dict[str, tuple[str, str | None]] = {}  # see settle_run
+        self._unsettled: dict[str, tuple[str, str | None, int]] = {}  # see settle_run
+        self._file_key = f":memory:{id(self)}" if self.path == ":memory:" else os.path.realpath(self.path)
         if self.path == ":memory:":
             self._keep = self._open()
         elif not read_only:
@@ -635,6 +642,9 @@ class RunStore:
                               "or stop that process first (it is then marked interrupted and can be resumed)")
             cur.execute(f"UPDATE {table} SET status = 'running', error = NULL, owner_host = ?, owner_pid = ?, "
                         f"owner_token = ?, updated_at = ? WHERE {key} = ?", [*_owner(), _now(), value])
+            if table == "runs":
+                with _claims_lock:
+                    _claims[self._file_key, value] = _claims.get((self._file_key, value), 0) + 1
 
     def claim_run(self, run_id: str) -> None:
         self._claim("runs", "run_id", run_id)
@@ -704,10 +714,13 @@ class RunStore:
         """The last word of a run whose writes failed (the file held by another process past the
         wait, unreadable): its status, set now if the file can be written at once, else the next
         time this store opens the file. Only while the run is still ``running`` and still this
-        process's: one deleted or taken over meanwhile is left alone. Before, such a run stayed
-        ``running`` for as long as its process lived, and the app showed it as still running."""
+        process's, and not resumed since (by any store of this process): one deleted, taken over
+        or resumed meanwhile is left alone. Before, such a run stayed ``running`` for as long as
+        its process lived, and the app showed it as still running."""
         with self._write_lock:
-            self._unsettled[run_id] = (status, error)
+            with _claims_lock:
+                claims = _claims.get((self._file_key, run_id), 0)
+            self._unsettled[run_id] = (status, error, claims)
             previous = getattr(self._local, "wait_s", None)
             self._local.wait_s = 0.0
             try:
@@ -720,7 +733,12 @@ class RunStore:
 
     def _settle(self, cur: duckdb.DuckDBPyConnection) -> None:
         with self._write_lock:
-            for run_id, (status, error) in list(self._unsettled.items()):
+            for run_id, (status, error, claims) in list(self._unsettled.items()):
+                with _claims_lock:
+                    resumed = _claims.get((self._file_key, run_id), 0) != claims
+                if resumed:  # (its resume, running now, is not this failure's)
+                    del self._unsettled[run_id]
+                    continue
                 try:
                     cur.execute("UPDATE runs SET status = ?, error = ?, updated_at = ? WHERE run_id = ? "
                                 "AND status = 'running' AND owner_host = ? AND owner_pid = ? "
