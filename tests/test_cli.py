@@ -206,6 +206,44 @@ def test_llm_judged_retention_through_litellm(scripted: Scripted, tmp_path) -> N
     assert judged[judged.score == 1.0].answer.iloc[0] == "The dog is Biscuit."
 
 
+def test_ctrl_c_while_judging_says_what_was_kept_and_puts_the_handler_back(scripted: Scripted, tmp_path) -> None:
+    """A Ctrl-C during the LLM judge (after the replay) ended in click's "Aborted!" with exit code 1,
+    and left Ctrl-C ignored in the calling process (a notebook, a test) for good."""
+    import signal
+
+    def answer(messages):
+        prompt = messages[-1]["content"]
+        if prompt.startswith("You grade answers"):
+            signal.raise_signal(signal.SIGINT)  # pressed while the first answer is graded
+            return "CORRECT"
+        return "- noted" if "<messages>" in prompt else "The dog is Biscuit."
+
+    scripted.default = answer
+    before = signal.getsignal(signal.SIGINT)
+    code, out, err = invoke("replay", "--dataset", TINY, *SMALL, "--answerer", "scripted/model", "--judge",
+                            "scripted/model", "--yes", "--no-cache")
+    assert signal.getsignal(signal.SIGINT) is before
+    assert code == 130 and "Aborted" not in err, err
+    with RunStore(tmp_path / "cli.duckdb") as store:
+        [run] = store.runs().to_dict("records")
+        assert run["status"] == "completed" and store.probes(run["run_id"]).query("method == 'llm_judge'").empty
+    assert f"interrupted: no judged score was stored; run {run['run_id']} is kept as replayed" in err
+
+
+def test_a_ctrl_c_just_after_a_replay_completed_does_not_ask_to_resume_it(tmp_path) -> None:
+    """A Ctrl-C that lands as the run ends finds it completed: the command said "resume with" a
+    run there was nothing left to resume of."""
+    from workbench.cli import _replay_interrupted
+
+    code, out, _ = invoke("replay", "--dataset", TINY, *SMALL, "--json")
+    run_id = json.loads(out.strip().splitlines()[-1])["run_id"]
+    with RunStore(tmp_path / "cli.duckdb") as store:
+        said = _replay_interrupted(store, run_id)
+        assert f"after run {run_id} had completed" in said and "resume" not in said
+        store.update_run(run_id, status="interrupted")
+        assert f"resume with: python -m workbench replay --resume {run_id}" in _replay_interrupted(store, run_id)
+
+
 async def test_cancelled_replay_is_marked_interrupted_and_keeps_its_steps(scripted: Scripted, tmp_path) -> None:
     scripted.gate = asyncio.Event()
     conv = load_conversation(DEMO_DATASET)

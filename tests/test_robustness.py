@@ -170,6 +170,18 @@ def test_a_lone_surrogate_in_a_long_trace_keeps_it_under_the_cap_and_storable(tm
     assert json.loads(call["request"])[0] == "\ufffd" and json.loads(call["response"]) == ["\ufffd"]
 
 
+def test_a_trace_keys_and_tuples_are_cleaned_as_its_strings_are(monkeypatch) -> None:
+    """Only strings in lists and dict values were cleaned: a lone surrogate in a key (a tool's
+    argument name, say) made the whole batch's insert fail, and a secret in a tuple was stored."""
+    from workbench.recorder import _capped
+
+    key = "sk-abcdefghijklmnop"
+    monkeypatch.setenv("ANTHROPIC_API_KEY", key)
+    stored = json.loads(_capped({"name\udc80": ("quoting " + key, "\ud800")}))
+    assert stored == {"name\ufffd": [stored["name\ufffd"][0], "\ufffd"]}
+    assert key not in stored["name\ufffd"][0] and "[ANTHROPIC_" in stored["name\ufffd"][0]
+
+
 def test_a_secret_is_redacted_before_the_cap_so_a_cut_never_keeps_part_of_it(monkeypatch) -> None:
     """Secrets were redacted in the capped JSON: a cut falling inside a key stored its first
     characters (and the redacted trace could run past the cap)."""
@@ -255,6 +267,39 @@ def test_a_failure_settled_later_leaves_alone_a_resume_of_the_run_in_the_same_pr
     RunStore(db).claim_run(run_id)  # a resume, in this process, from another store
     [run] = first.runs().to_dict("records")  # the first store opens the file again
     assert run["status"] == "running" and run["error"] is None
+
+
+def test_a_run_stopped_while_the_store_is_held_waits_briefly_and_still_settles(tmp_path, monkeypatch) -> None:
+    """A Ctrl-C's clean-up (the last batch, the status), with the key ignored meanwhile, waited the
+    store's full wait (60 s by default) for a file held by another process, which reads as a hung
+    command; and when that write failed the run stayed 'running' for as long as its process lived.
+    It now waits briefly, and the run reads as interrupted once the file is free."""
+    from conftest import held_by_another_process
+
+    from workbench import interrupts
+    from workbench.runstore import RunStoreLocked
+
+    monkeypatch.setattr(interrupts, "STOPPING_WAIT_S", 0.4)
+    db = tmp_path / "r.duckdb"
+    waits: list[str] = []
+    store = RunStore(db, wait_s=30, on_wait=waits.append)
+    holding = contextlib.ExitStack()
+
+    def progress(done: int, total: int, text: str) -> None:
+        if done == 60:  # the run is in the file by now (flushed every 10 steps)
+            holding.enter_context(held_by_another_process(db))
+            raise KeyboardInterrupt
+
+    with holding, pytest.raises(KeyboardInterrupt):
+        asyncio.run(replay(load_conversation(DEMO_DATASET), ReplayConfig(cache=False, recall_on="every"), store,
+                           progress=progress, flush_every=10))
+    assert waits == [f"waiting for {db}: another process is using it (up to 0.4 s)"]
+    [run] = store.runs().to_dict("records")  # the file is free again
+    assert run["status"] == "interrupted" and run["steps"] >= 10
+    waits.clear()
+    with held_by_another_process(db), pytest.raises(RunStoreLocked):
+        RunStore(db, wait_s=0.6, on_wait=waits.append).runs()  # elsewhere, the store's own wait
+    assert waits == [f"waiting for {db}: another process is using it (up to 0.6 s)"]
 
 
 SENTINEL = "sk-omem-sentinel-8c1f0e7a"

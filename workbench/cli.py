@@ -294,9 +294,8 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
                 click.echo(json.dumps(partial.summary()))
             sys.exit(1)
         except KeyboardInterrupt:
-            _exit_interrupted(lambda: "\ninterrupted: what was recorded is kept; resume with: python -m workbench "
-                              "replay --resume " + (resume or _new_interrupted_run(store, known)
-                                                    or "RUN_ID (python -m workbench runs lists it)"))
+            _exit_interrupted(lambda: _replay_interrupted(store, resume or _new_run(store, known)),
+                              "\ninterrupted: what was recorded is kept; python -m workbench runs lists the run")
         if answerer and judge and conv.probes:
             _run_judge(store, result, conv, config, answerer, judge, yes, as_json)
         if as_json:
@@ -350,13 +349,17 @@ def _run_async(coroutine: Any) -> Any:
     import threading
     import warnings
 
+    from .interrupts import stopping
+
     running: dict[str, Any] = {}
+    stopped = contextlib.ExitStack()
 
     def on_ctrl_c(signum: int, frame: Any) -> None:
         # (a handler can run again inside itself: mark first, so a nested one never drops the cancel)
         if running.get("stopping"):
             return
         running["stopping"] = True
+        stopped.enter_context(stopping())  # the clean-up's writes wait briefly for a held run store
         task = running.get("task")
         if task is None or task.done():  # before the work started, or after it ended: stop as Python would
             raise KeyboardInterrupt
@@ -389,19 +392,32 @@ def _run_async(coroutine: Any) -> Any:
         interrupted = True
         raise
     finally:
+        stopped.close()
         if handled:  # interrupted: Ctrl-C stays ignored until the command has said what it kept
             signal.signal(signal.SIGINT, signal.SIG_IGN if interrupted else previous)
+            if interrupted:
+                _before_ctrl_c["handler"] = previous  # (put back by _exit_interrupted)
         for w in caught:
             if not (interrupted and issubclass(w.category, RuntimeWarning) and "never awaited" in str(w.message)):
                 warnings.showwarning(w.message, w.category, w.filename, w.lineno)
 
 
-def _exit_interrupted(message: str | Callable[[], str]) -> None:
+_before_ctrl_c: dict[str, Any] = {}  # the SIGINT handler a Ctrl-C's clean-up replaced
+_as_program = False  # set by main(): the command owns the process, not a caller (a test, a notebook)
+
+
+def _exit_interrupted(message: str | Callable[[], str], fallback: str = "\ninterrupted") -> None:
     """Leave after a Ctrl-C, saying what was kept. Everything is already recorded by then: a
-    further Ctrl-C is ignored until the message (which may read the store) is out, and after it
-    quits at once and quietly while the process winds down (closing the store, Python's own
-    shutdown), where it used to print an "Exception ignored ... KeyboardInterrupt" traceback."""
+    further Ctrl-C is ignored until the message (which may read the store, briefly: see
+    :data:`workbench.interrupts.STOPPING_WAIT_S`; ``fallback`` is said when it cannot) is out.
+    Run as the program, it then quits at once and quietly at a further Ctrl-C while the process
+    winds down (closing the store, Python's own shutdown), where it used to print an "Exception
+    ignored ... KeyboardInterrupt" traceback; called from other code, the handler found before
+    the Ctrl-C is put back."""
     import signal
+    import threading
+
+    from .interrupts import stopping
 
     def quit_now(signum: int, frame: Any) -> None:
         for stream in (sys.stdout, sys.stderr):
@@ -409,17 +425,37 @@ def _exit_interrupted(message: str | Callable[[], str]) -> None:
                 stream.flush()
         os._exit(130)
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    click.echo(message if isinstance(message, str) else message(), err=True)
-    signal.signal(signal.SIGINT, quit_now)
+    handled = threading.current_thread() is threading.main_thread()
+    if handled:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if not isinstance(message, str):
+        try:
+            with stopping():
+                message = message()
+        except WorkbenchError as exc:  # (the run store held or unreadable: what was kept is not read)
+            message = f"{fallback} ({exc})"
+    click.echo(message, err=True)
+    if handled:
+        previous = _before_ctrl_c.pop("handler", signal.default_int_handler)
+        signal.signal(signal.SIGINT, quit_now if _as_program else previous)
     sys.exit(130)
 
 
-def _new_interrupted_run(store: RunStore, known: set[str]) -> str | None:
-    """The run a Ctrl-C just interrupted: the one marked so that was not in ``known`` before."""
+def _new_run(store: RunStore, known: set[str]) -> str | None:
+    """The run a command just started: the one not in ``known`` before (None if not one)."""
     runs = store.runs()
-    new = runs[(runs.status == "interrupted") & ~runs.run_id.isin(known)] if not runs.empty else runs
+    new = runs[~runs.run_id.isin(known)] if not runs.empty else runs
     return str(new.run_id.iloc[-1]) if len(new) == 1 else None
+
+
+def _replay_interrupted(store: RunStore, run_id: str | None) -> str:
+    """What a Ctrl-C during a replay kept. One landing just as the run ended finds it completed:
+    it said "resume with" a run there was nothing left to resume of."""
+    status = store.run(run_id)["status"] if run_id else None
+    if status == "completed":
+        return f"\ninterrupted after run {run_id} had completed: it is kept whole (python -m workbench runs)"
+    return ("\ninterrupted: what was recorded is kept; resume with: python -m workbench replay --resume "
+            + (run_id or "RUN_ID (python -m workbench runs lists it)"))
 
 
 def _run_judge(store, result, conv, config, answerer, judge, yes, quiet) -> None:
@@ -432,7 +468,10 @@ def _run_judge(store, result, conv, config, answerer, judge, yes, quiet) -> None
     click.echo(f"LLM-judged retention: {estimate.describe()}", err=True)
     if not yes and not click.confirm("Run it?", default=True, err=True):
         return
-    rows = _run_async(judging.judge_probes(probes, context, answerer=answerer, judge=judge))
+    try:
+        rows = _run_async(judging.judge_probes(probes, context, answerer=answerer, judge=judge))
+    except KeyboardInterrupt:
+        _exit_interrupted(f"\ninterrupted: no judged score was stored; run {result.run_id} is kept as replayed")
     store.replace_probes(result.run_id, rows, ["llm_judge"])
     scores = [r["score"] for r in rows]
     if scores and not quiet:
@@ -955,4 +994,6 @@ def app(port: int, headless: bool, db: str) -> None:
 
 
 def main() -> None:
+    global _as_program
+    _as_program = True
     cli(prog_name="python -m workbench")

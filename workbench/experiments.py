@@ -21,6 +21,7 @@ are bootstrap intervals over probes (:mod:`workbench.stats` says what is resampl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import time
@@ -36,7 +37,7 @@ import pandas as pd
 from .datasets import load_conversation, list_conversations
 from .errors import WorkbenchError
 from .formatting import count
-from .interrupts import ctrl_c_held_back
+from .interrupts import ctrl_c_held_back, stopping
 from .losses import STAGES, funnel
 from .stats import bootstrap_ci, paired_difference
 
@@ -439,7 +440,8 @@ async def run_experiment(store: Any, experiment_id: str, *, progress: Callable[[
                                         f"experiment resume {experiment_id}")
     except BaseException as exc:
         interrupted = isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError))
-        with ctrl_c_held_back():  # (a second Ctrl-C left the experiment 'running')
+        with ctrl_c_held_back(), (stopping() if interrupted else contextlib.nullcontext()):
+            # (a second Ctrl-C left the experiment 'running'; a held run store is waited for briefly)
             store.finish_experiment(experiment_id, "interrupted" if interrupted else "failed",
                                     ("stopped before the end" if interrupted else f"{type(exc).__name__}: {exc}")
                                     + f"; finish it with: python -m workbench experiment resume {experiment_id}",

@@ -107,9 +107,9 @@ def _storable(value: Any, secrets: list[tuple[str, str]] | None = None) -> Any:
         except UnicodeEncodeError:  # (a surrogate pair left as two code points is joined back)
             text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
         return text
-    if isinstance(value, dict):
-        return {key: _storable(item, secrets) for key, item in value.items()}
-    if isinstance(value, list):
+    if isinstance(value, dict):  # (keys too: a key is as free to hold a secret or a surrogate)
+        return {_storable(key, secrets): _storable(item, secrets) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):  # (JSON writes a tuple as a list anyway)
         return [_storable(item, secrets) for item in value]
     return value
 

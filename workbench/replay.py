@@ -40,7 +40,7 @@ from .cache import completion_kwargs, enable_litellm_cache, prepare_cache
 from .datasets import Conversation
 from .errors import ConfigurationError, WorkbenchError
 from .formatting import default_run_label
-from .interrupts import ctrl_c_held_back
+from .interrupts import ctrl_c_held_back, stopping
 from .retention import RetentionSummary, score_retention
 from .losses import attribute_losses
 from .recorder import MemoryRecorder, RunRecorder
@@ -362,8 +362,9 @@ async def replay(
         _finish_quietly(recorder, "failed", f"{type(exc).__name__}: {exc}", exc)
         raise
     except BaseException:  # Ctrl-C, a cancelled task, Streamlit stopping the script
-        _finish_quietly(recorder, "interrupted", "stopped before the end; resume with: "
-                                                 f"python -m workbench replay --resume {recorder.run_id}")
+        with stopping():  # (a held run store is waited for briefly: the key is ignored meanwhile)
+            _finish_quietly(recorder, "interrupted", "stopped before the end; resume with: "
+                                                     f"python -m workbench replay --resume {recorder.run_id}")
         raise
 
     try:
@@ -395,8 +396,11 @@ def _finish_quietly(recorder: Any, status: str, error: str, cause: BaseException
     try:
         with ctrl_c_held_back():
             recorder.finish(status, error, {})
-    except RunStoreError:
+    except RunDeleted:
         pass
+    except RunStoreError:  # (held past the wait: the last batch is dropped, the status set later)
+        with contextlib.suppress(Exception):
+            getattr(recorder, "settle", lambda *_: None)(status, error)
     except Exception:  # noqa: BLE001  (the original error is what the caller must see)
         try:
             getattr(recorder, "finish_unwritten", lambda *_: None)(status, error)

@@ -35,6 +35,7 @@ import duckdb
 import pandas as pd
 
 from .errors import WorkbenchError
+from .interrupts import wait_cap
 
 if TYPE_CHECKING:  # omem_core imports litellm (seconds): quick CLI paths never load it
     from omem_core import ObservationRecord, Prompt
@@ -483,6 +484,8 @@ class RunStore:
     def _open(self) -> duckdb.DuckDBPyConnection:
         wait_s = getattr(self._local, "wait_s", None)
         wait_s = self.wait_s if wait_s is None else wait_s
+        cap = wait_cap()  # (stopping after a Ctrl-C: a short wait)
+        wait_s = wait_s if cap is None else min(wait_s, cap)
         deadline = time.monotonic() + wait_s
         told = False
         delay = 0.02
