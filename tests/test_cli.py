@@ -58,7 +58,8 @@ def test_an_earlier_built_in_prompt_version_can_be_chosen(tmp_path) -> None:
     assert config["observer_prompt"]["sha256"] == OBSERVER_PROMPT_V1.sha256
     assert config["reflector_prompt"]["version"] == "v2"  # the default
     code, _, err = invoke("replay", "--dataset", TINY, "--observer-prompt", "v9")
-    assert code != 0 and "no saved observer prompt version 'v9'" in err
+    assert code != 0 and "Invalid value for '--observer-prompt'" in err and "'v9'" in err
+    assert re.search(r"are\s+v1,\s+v2", err), err  # the versions there are, so the user can pick one
 
     code, out, _ = invoke("sweep", "--dataset", TINY, "--observation-threshold", "40", "--reflection-threshold", "60",
                           "--observer-prompt", "v1,v2")
@@ -427,6 +428,36 @@ def test_ctrl_c_names_the_run_to_resume_and_leaves_no_warning_noise(tmp_path) ->
     assert run["status"] == "interrupted"
     assert f"resume with: python -m workbench replay --resume {run['run_id']}" in err
     assert "never awaited" not in err and "Traceback" not in err and "KeyboardInterrupt" not in err, err
+
+
+def test_the_window_and_the_name_have_the_same_options_on_every_command(tmp_path) -> None:
+    """`replay`/`sweep` called the window --last-messages and `experiment run` --window (and a run's
+    name --label, an experiment's --name): options copied from one command to another failed."""
+    db = str(tmp_path / "o.duckdb")
+    code, out, err = invoke("replay", "--dataset", TINY, "--window", "3", "--name", "w3", "--json", "--db", db)
+    assert code == 0, err
+    code, out, err = invoke("experiment", "run", "--dataset", TINY, "--last-messages", "3", "--label", "e3",
+                            "--concurrency", "1", "--json", "--db", db)
+    assert code == 0, err
+    with RunStore(db) as store:
+        runs = store.runs()
+        assert set(runs.label.dropna()) >= {"w3"} and store.experiments().name.tolist() == ["e3"]
+        assert {store.run(r)["config"]["last_messages"] for r in runs.run_id} == {3}
+
+
+def test_compare_names_each_run_s_conversation_as_a_and_b(tmp_path) -> None:
+    """The warning listed the two conversations sorted, so it read the wrong way round half the time."""
+    db = str(tmp_path / "c.duckdb")
+    ids = []
+    for dataset in (str(DEMO_DATASET), TINY):
+        code, out, _ = invoke("replay", "--dataset", dataset, "--json", "--db", db)
+        ids.append(json.loads(out.strip().splitlines()[-1])["run_id"])
+    with RunStore(db) as store:
+        a, b = (store.run(r)["conversation_id"] for r in ids)
+    assert a != b
+    for first, second, names in ((ids[0], ids[1], (a, b)), (ids[1], ids[0], (b, a))):
+        code, _, err = invoke("compare", first, second, "--db", db)
+        assert code == 0 and f"different conversations (A {names[0]}, B {names[1]})" in err, err
 
 
 def test_runs_and_experiments_are_deleted_from_the_cli_after_a_confirmation(tmp_path) -> None:

@@ -148,7 +148,11 @@ def _resolve_prompt(store: RunStore | None, name: str, version: str | None) -> P
     try:
         return store.prompt(name, version)
     except KeyError as exc:
-        raise click.BadParameter(f"no saved {name} prompt version {version!r} in {store.path}") from exc
+        saved = store.prompts()
+        saved = list(saved[saved.name == name].version) if not saved.empty else []
+        known = ", ".join([*sorted(builtin), *(v for v in saved if v not in builtin)])
+        raise click.BadParameter(f"no {name} prompt version {version!r}: built in or saved in {store.path} "
+                                 f"are {known}", param_hint=f"'--{name}-prompt'") from exc
 
 
 POSITIVE = click.IntRange(min=1)
@@ -220,9 +224,12 @@ def cli() -> None:
 @click.option("--reflector", default=OFFLINE_MODEL, show_default=True, help="litellm model string, or 'none'.")
 @click.option("--observation-threshold", type=click.IntRange(min=1), default=1000, show_default=True,
               help="Tokens of unobserved messages that trigger the observer (at most the observer's input cap).")
-@click.option("--reflection-threshold", type=click.IntRange(min=1), default=2000, show_default=True)
-@click.option("--last-messages", type=click.IntRange(min=1), default=10, show_default=True, help="Recall window.")
-@click.option("--token-counter", type=click.Choice(TOKEN_COUNTERS), default="heuristic", show_default=True)
+@click.option("--reflection-threshold", type=click.IntRange(min=1), default=2000, show_default=True,
+              help="Tokens of unreflected observations that trigger the reflector.")
+@click.option("--last-messages", "--window", "last_messages", type=click.IntRange(min=1), default=10,
+              show_default=True, help="Recall window: the newest messages kept verbatim.")
+@click.option("--token-counter", type=click.Choice(TOKEN_COUNTERS), default="heuristic", show_default=True,
+              help="How tokens are counted for thresholds and figures.")
 @click.option("--recall-on", type=click.Choice(["assistant", "every"]), default="assistant", show_default=True,
               help="Read memory before each assistant message, or before every message.")
 @click.option("--observer-prompt", help="Observer prompt version: a built-in one (v1, v2) or one saved in the "
@@ -237,7 +244,7 @@ def cli() -> None:
 @click.option("--judge", help="LLM-judged retention: model that grades answers.")
 @click.option("--yes", is_flag=True, help="Do not ask before paid judge calls.")
 @click.option("--resume", "resume", metavar="RUN_ID", help="Continue an interrupted or failed run.")
-@click.option("--label", help="A name for the run.")
+@click.option("--label", "--name", "label", help="A name for the run.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line of stdout.")
 @DB_OPTION
 def replay_command(dataset: Path, fmt: str | None, conversation: str | None, observer: str, reflector: str,
@@ -481,23 +488,26 @@ def _run_judge(store, result, conv, config, answerer, judge, yes, quiet) -> None
 @cli.command()
 @click.option("--dataset", type=DATASET, default=DEMO_DATASET, show_default="demo",
               help="Dataset file or folder, or a name that `datasets` lists.")
-@click.option("--format", "fmt", type=click.Choice(FORMATS))
-@click.option("--conversation")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), help="Override format detection.")
+@click.option("--conversation", help="Conversation id (default: the first).")
 @click.option("--observer", "observers", default=OFFLINE_MODEL, callback=_csv(str), show_default=True,
-              help="Comma-separated models.")
-@click.option("--reflector", "reflectors", default=OFFLINE_MODEL, callback=_csv(str), show_default=True)
+              help="Comma-separated litellm model strings.")
+@click.option("--reflector", "reflectors", default=OFFLINE_MODEL, callback=_csv(str), show_default=True,
+              help="Comma-separated models, or 'none'.")
 @click.option("--observation-threshold", "observation", default="500,1000,2000", callback=_csv(POSITIVE),
-              show_default=True)
+              show_default=True, help="Comma-separated observation thresholds in tokens.")
 @click.option("--reflection-threshold", "reflection", default="1000,2000,4000", callback=_csv(POSITIVE),
-              show_default=True)
-@click.option("--last-messages", "windows", default="10", callback=_csv(POSITIVE), show_default=True)
+              show_default=True, help="Comma-separated reflection thresholds in tokens.")
+@click.option("--last-messages", "--window", "windows", default="10", callback=_csv(POSITIVE), show_default=True,
+              help="Comma-separated recall windows (messages kept verbatim).")
 @click.option("--observer-prompt", "observer_prompts", default=None, callback=_csv(str),
               help="Comma-separated prompt versions (default: the newest built-in).")
 @click.option("--reflector-prompt", "reflector_prompts", default=None, callback=_csv(str),
               help="Comma-separated prompt versions (default: the newest built-in).")
-@click.option("--token-counter", type=click.Choice(TOKEN_COUNTERS), default="heuristic", show_default=True)
-@click.option("--concurrency", type=click.IntRange(1, 64), default=4, show_default=True)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--token-counter", type=click.Choice(TOKEN_COUNTERS), default="heuristic", show_default=True,
+              help="How tokens are counted for thresholds and figures.")
+@click.option("--concurrency", type=click.IntRange(1, 64), default=4, show_default=True, help="Runs at once.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line of stdout.")
 @DB_OPTION
 def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflection, windows, observer_prompts,
           reflector_prompts, token_counter, concurrency, as_json, db) -> None:
@@ -564,7 +574,7 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
 @cli.command()
 @click.argument("run_a")
 @click.argument("run_b")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @DB_OPTION
 def compare(run_a: str, run_b: str, as_json: bool, db: str) -> None:
     """Two runs side by side: calls, tokens, cost, compression, retention per category."""
@@ -572,10 +582,10 @@ def compare(run_a: str, run_b: str, as_json: bool, db: str) -> None:
 
     with _using_store(db) as store:
         table = compare_runs(store, run_a, run_b)
-        conversations = {store.run(r)["conversation_id"] for r in (run_a, run_b)}
-    if len(conversations) > 1:
-        click.echo(f"warning: the two runs replayed different conversations ({', '.join(sorted(conversations))}); "
-                   "their figures are not directly comparable", err=True)
+        conversations = [store.run(r)["conversation_id"] for r in (run_a, run_b)]
+    if conversations[0] != conversations[1]:  # (named as A, B: a sorted pair read the wrong way round)
+        click.echo(f"warning: the two runs replayed different conversations (A {conversations[0]}, "
+                   f"B {conversations[1]}); their figures are not directly comparable", err=True)
     if as_json:
         click.echo(table.to_json(orient="columns"))
     else:  # the long configuration labels above the table, so that it fits a terminal
@@ -587,7 +597,7 @@ def compare(run_a: str, run_b: str, as_json: bool, db: str) -> None:
 
 
 @cli.command("runs")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @DB_OPTION
 def runs_command(as_json: bool, db: str) -> None:
     """List the recorded runs, newest first."""
@@ -749,9 +759,12 @@ def _print_report(data: dict[str, Any]) -> None:
               help="Dataset file or folder, or a name that `datasets` lists (e.g. locomo-dev).")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), help="Override format detection.")
 @click.option("--conversation", "conversations", multiple=True, help="A conversation id (repeat; default: all).")
-@click.option("--observation-threshold", "observation", default="1000", callback=_csv(POSITIVE), show_default=True)
-@click.option("--reflection-threshold", "reflection", default="2000", callback=_csv(POSITIVE), show_default=True)
-@click.option("--window", "windows", default="10", callback=_csv(POSITIVE), show_default=True)
+@click.option("--observation-threshold", "observation", default="1000", callback=_csv(POSITIVE), show_default=True,
+              help="Comma-separated observation thresholds in tokens.")
+@click.option("--reflection-threshold", "reflection", default="2000", callback=_csv(POSITIVE), show_default=True,
+              help="Comma-separated reflection thresholds in tokens.")
+@click.option("--window", "--last-messages", "windows", default="10", callback=_csv(POSITIVE), show_default=True,
+              help="Comma-separated recall windows (messages kept verbatim).")
 @click.option("--observer", "observers", default=OFFLINE_MODEL, callback=_csv(str), show_default=True,
               help="Comma-separated litellm model strings.")
 @click.option("--reflector", "reflectors", default=OFFLINE_MODEL, callback=_csv(str), show_default=True,
@@ -760,7 +773,8 @@ def _print_report(data: dict[str, Any]) -> None:
               help="Comma-separated prompt versions (default: the newest built-in).")
 @click.option("--reflector-prompt", "reflector_prompts", default=None, callback=_csv(str),
               help="Comma-separated prompt versions (default: the newest built-in).")
-@click.option("--token-counter", type=click.Choice(TOKEN_COUNTERS), default="heuristic", show_default=True)
+@click.option("--token-counter", type=click.Choice(TOKEN_COUNTERS), default="heuristic", show_default=True,
+              help="How tokens are counted for thresholds and figures.")
 @click.option("--max-backlog", "max_backlogs", default="off", show_default=True,
               help="Comma-separated backlog ceilings in tokens, or 'off' (see replay --max-backlog).")
 @click.option("--judge", help="LLM-judged accuracy: the model that grades answers (with --answerer).")
@@ -775,7 +789,7 @@ def _print_report(data: dict[str, Any]) -> None:
 @click.option("--api-base", help="An OpenAI-compatible server for the remote models (e.g. a local one).")
 @click.option("--no-traces", is_flag=True, help="Do not store each call's request and response.")
 @click.option("--no-cache", is_flag=True, help="Do not use litellm's cache (nor share identical calls).")
-@click.option("--name", help="A name for the experiment.")
+@click.option("--name", "--label", "name", help="A name for the experiment.")
 @click.option("--yes", is_flag=True, help="Do not ask before a paid experiment starts.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line of stdout.")
 @DB_OPTION
@@ -863,7 +877,7 @@ def _finish_experiment(store, experiment_id: str, as_json: bool) -> None:
 @click.argument("experiment_id")
 @click.option("--max-cost", type=click.FloatRange(min=0, min_open=True),
               help="A new cost limit in USD (an experiment stopped by its limit needs a higher one).")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @DB_OPTION
 def experiment_resume(experiment_id: str, max_cost: float | None, as_json: bool, db: str) -> None:
     """Finish what an interrupted or stopped experiment left undone (same grid, same options)."""
@@ -880,7 +894,7 @@ def experiment_resume(experiment_id: str, max_cost: float | None, as_json: bool,
 
 
 @experiment.command("list")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @DB_OPTION
 def experiment_list(as_json: bool, db: str) -> None:
     """The recorded experiments, newest first."""
@@ -904,7 +918,7 @@ def experiment_list(as_json: bool, db: str) -> None:
 
 @experiment.command("show")
 @click.argument("experiment_id")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @DB_OPTION
 def experiment_show(experiment_id: str, as_json: bool, db: str) -> None:
     """Figures per configuration (pooled retention with its 95% CI, compression, calls, cost)."""
@@ -919,7 +933,7 @@ def experiment_show(experiment_id: str, as_json: bool, db: str) -> None:
 @click.argument("experiment_id")
 @click.option("--a", "label_a", help="A configuration's label (default: the first).")
 @click.option("--b", "label_b", help="Another configuration's label (default: the second).")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @DB_OPTION
 def experiment_compare(experiment_id: str, label_a: str | None, label_b: str | None, as_json: bool, db: str) -> None:
     """Two configurations on the same probes: the difference with a paired-bootstrap 95% CI."""
@@ -976,7 +990,7 @@ def experiment_export(experiment_id: str, folder: Path, db: str) -> None:
 
 
 @cli.command()
-@click.option("--port", type=int, default=8501, show_default=True)
+@click.option("--port", type=int, default=8501, show_default=True, help="Port to serve the app on.")
 @click.option("--headless", is_flag=True, help="Do not open a browser.")
 @DB_OPTION
 def app(port: int, headless: bool, db: str) -> None:
