@@ -161,3 +161,51 @@ def test_without_a_ctrl_c_the_result_comes_back_and_the_handler_is_put_back() ->
     before = signal.getsignal(signal.SIGINT)
     assert _run_async(work()) == "done"
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_ctrl_c_during_a_wait_for_a_held_run_store_shortens_that_wait(tmp_path, monkeypatch) -> None:
+    """The likeliest moment for a Ctrl-C is just after "waiting for …": the wait's limit was read
+    once, at its start, so the command still waited the whole of it with the key ignored."""
+    from conftest import held_by_another_process
+
+    from workbench import interrupts
+    from workbench.cli import _run_async
+    from workbench.runstore import RunStore, RunStoreLocked
+
+    monkeypatch.setattr(interrupts, "STOPPING_WAIT_S", 0.3)
+    db = tmp_path / "w.duckdb"
+    RunStore(db).runs()  # (the file exists)
+    waits: list[str] = []
+
+    def on_wait(message: str) -> None:
+        waits.append(message)
+        signal.raise_signal(signal.SIGINT)  # pressed as the wait starts
+
+    store = RunStore(db, wait_s=5, on_wait=on_wait)
+
+    async def work() -> object:
+        return store.runs()
+
+    def test() -> None:
+        with held_by_another_process(db), pytest.raises(RunStoreLocked, match=r"busy for 0\.3 s"):
+            _run_async(work())
+        assert waits == [f"waiting for {db}: another process is using it (up to 5 s)"]
+
+    _restoring_sigint(test)
+
+
+def test_called_from_code_the_handler_in_place_is_put_back_after_a_ctrl_c_message() -> None:
+    """Reached without an interrupted ``_run_async`` before it, ``_exit_interrupted`` put back
+    Python's default handler (or an earlier call's stale one) instead of the caller's own."""
+    from workbench.cli import _exit_interrupted
+
+    def own(signum, frame) -> None:
+        pass
+
+    def test() -> None:
+        signal.signal(signal.SIGINT, own)
+        with pytest.raises(SystemExit) as stopped:
+            _exit_interrupted("interrupted")
+        assert stopped.value.code == 130 and signal.getsignal(signal.SIGINT) is own
+
+    _restoring_sigint(test)

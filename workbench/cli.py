@@ -384,6 +384,7 @@ def _run_async(coroutine: Any) -> Any:
             del running["task"]
 
     handled = threading.current_thread() is threading.main_thread()
+    _before_ctrl_c.pop("handler", None)  # (one left by an earlier interrupted call is stale now)
     previous = signal.signal(signal.SIGINT, on_ctrl_c) if handled else None  # (asyncio's is then not set)
     interrupted = False
     caught: list[warnings.WarningMessage] = []
@@ -433,8 +434,11 @@ def _exit_interrupted(message: str | Callable[[], str], fallback: str = "\ninter
         os._exit(130)
 
     handled = threading.current_thread() is threading.main_thread()
-    if handled:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if handled:  # (the handler to put back: the one _run_async replaced, else the one in place)
+        in_place = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        saved = _before_ctrl_c.pop("handler", None)  # (used only while the Ctrl-C it was saved at holds)
+        previous = saved if in_place == signal.SIG_IGN and saved is not None else in_place
+        previous = signal.default_int_handler if previous is None else previous  # (None: set outside Python)
     if not isinstance(message, str):
         try:
             with stopping():
@@ -443,7 +447,6 @@ def _exit_interrupted(message: str | Callable[[], str], fallback: str = "\ninter
             message = f"{fallback} ({exc})"
     click.echo(message, err=True)
     if handled:
-        previous = _before_ctrl_c.pop("handler", signal.default_int_handler)
         signal.signal(signal.SIGINT, quit_now if _as_program else previous)
     sys.exit(130)
 

@@ -482,14 +482,17 @@ class RunStore:
     # -- connection ---------------------------------------------------------------------------
 
     def _open(self) -> duckdb.DuckDBPyConnection:
-        wait_s = getattr(self._local, "wait_s", None)
-        wait_s = self.wait_s if wait_s is None else wait_s
-        cap = wait_cap()  # (stopping after a Ctrl-C: a short wait)
-        wait_s = wait_s if cap is None else min(wait_s, cap)
-        deadline = time.monotonic() + wait_s
+        allowed = getattr(self._local, "wait_s", None)
+        allowed = self.wait_s if allowed is None else allowed
+        started = time.monotonic()
         told = False
         delay = 0.02
         while True:
+            # Read again at each try: a Ctrl-C pressed during the wait (the likeliest moment, just
+            # after "waiting for …") shortens it too, where the key is otherwise ignored.
+            cap = wait_cap()
+            wait_s = allowed if cap is None else min(allowed, cap)
+            deadline = started + wait_s
             try:
                 return duckdb.connect(self.path, config=_DUCKDB_CONFIG)
             except duckdb.IOException as exc:
@@ -643,10 +646,10 @@ class RunStore:
                 kind = "run" if table == "runs" else "experiment"
                 raise RunBusy(f"{kind} {value} is still running in process {pid} on this host: let it finish, "
                               "or stop that process first (it is then marked interrupted and can be resumed)")
-            cur.execute(f"UPDATE {table} SET status = 'running', error = NULL, owner_host = ?, owner_pid = ?, "
-                        f"owner_token = ?, updated_at = ? WHERE {key} = ?", [*_owner(), _now(), value])
-            if table == "runs":
-                with _claims_lock:
+            with _claims_lock:  # (with the update: a settle of another store never falls in between)
+                cur.execute(f"UPDATE {table} SET status = 'running', error = NULL, owner_host = ?, owner_pid = ?, "
+                            f"owner_token = ?, updated_at = ? WHERE {key} = ?", [*_owner(), _now(), value])
+                if table == "runs":
                     _claims[self._file_key, value] = _claims.get((self._file_key, value), 0) + 1
 
     def claim_run(self, run_id: str) -> None:
@@ -737,16 +740,15 @@ class RunStore:
     def _settle(self, cur: duckdb.DuckDBPyConnection) -> None:
         with self._write_lock:
             for run_id, (status, error, claims) in list(self._unsettled.items()):
-                with _claims_lock:
-                    resumed = _claims.get((self._file_key, run_id), 0) != claims
-                if resumed:  # (its resume, running now, is not this failure's)
-                    del self._unsettled[run_id]
-                    continue
                 try:
-                    cur.execute("UPDATE runs SET status = ?, error = ?, updated_at = ? WHERE run_id = ? "
-                                "AND status = 'running' AND owner_host = ? AND owner_pid = ? "
-                                "AND owner_token IS NOT DISTINCT FROM ?",
-                                [status, redact_secrets(error), _now(), run_id, *_owner()])
+                    with _claims_lock:  # (checked and written as one: see _claim)
+                        if _claims.get((self._file_key, run_id), 0) != claims:
+                            del self._unsettled[run_id]  # resumed since: the run is its resume's now
+                            continue
+                        cur.execute("UPDATE runs SET status = ?, error = ?, updated_at = ? WHERE run_id = ? "
+                                    "AND status = 'running' AND owner_host = ? AND owner_pid = ? "
+                                    "AND owner_token IS NOT DISTINCT FROM ?",
+                                    [status, redact_secrets(error), _now(), run_id, *_owner()])
                 except duckdb.Error:
                     return  # (tried again at the next open)
                 del self._unsettled[run_id]
