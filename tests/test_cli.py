@@ -127,6 +127,15 @@ def test_bad_input_gets_a_clear_error(tmp_path) -> None:
     assert code == 1 and "gpt-4o-mni: litellm does not know this model; did you mean gpt-4o-mini?" in err
 
 
+def test_a_threshold_that_is_not_a_number_is_called_not_an_integer(tmp_path) -> None:
+    """`replay` said "'abc' is not a valid integer range." (click's name for a bounded integer),
+    as if a range were asked for; the list options of `sweep` and `experiment run` said "integer"."""
+    code, _, err = invoke("replay", "--observation-threshold", "abc", "--db", str(tmp_path / "r.duckdb"))
+    assert code == 2 and "Invalid value for '--observation-threshold': 'abc' is not a valid integer." in err, err
+    code, _, err = invoke("replay", "--last-messages", "0", "--db", str(tmp_path / "r.duckdb"))
+    assert code == 2 and "0 is not in the range x>=1." in err, err
+
+
 @pytest.mark.parametrize("command", [("sweep",), ("experiment", "run", "--dataset", TINY)])
 def test_a_bad_value_in_a_list_option_is_a_usage_error_naming_it(command, tmp_path) -> None:
     db = ("--db", str(tmp_path / "r.duckdb"))

@@ -155,7 +155,11 @@ def _resolve_prompt(store: RunStore | None, name: str, version: str | None) -> P
                                  f"are {known}", param_hint=f"'--{name}-prompt'") from exc
 
 
-POSITIVE = click.IntRange(min=1)
+class _Positive(click.IntRange):
+    name = "integer"  # (click's "'abc' is not a valid integer range." read as if a range were asked for)
+
+
+POSITIVE = _Positive(min=1)
 
 
 class DatasetArg(click.Path):
@@ -222,11 +226,11 @@ def cli() -> None:
 @click.option("--conversation", help="Conversation id (default: the first).")
 @click.option("--observer", default=OFFLINE_MODEL, show_default=True, help="litellm model string.")
 @click.option("--reflector", default=OFFLINE_MODEL, show_default=True, help="litellm model string, or 'none'.")
-@click.option("--observation-threshold", type=click.IntRange(min=1), default=1000, show_default=True,
+@click.option("--observation-threshold", type=POSITIVE, default=1000, show_default=True,
               help="Tokens of unobserved messages that trigger the observer (at most the observer's input cap).")
-@click.option("--reflection-threshold", type=click.IntRange(min=1), default=2000, show_default=True,
+@click.option("--reflection-threshold", type=POSITIVE, default=2000, show_default=True,
               help="Tokens of unreflected observations that trigger the reflector.")
-@click.option("--last-messages", "--window", "last_messages", type=click.IntRange(min=1), default=10,
+@click.option("--last-messages", "--window", "last_messages", type=POSITIVE, default=10,
               show_default=True, help="Recall window: the newest messages kept verbatim.")
 @click.option("--token-counter", type=click.Choice(TOKEN_COUNTERS), default="heuristic", show_default=True,
               help="How tokens are counted for thresholds and figures.")
@@ -237,7 +241,7 @@ def cli() -> None:
 @click.option("--reflector-prompt", help="Reflector prompt version: a built-in one (v1, v2) or one saved in the "
               "app (default: the newest built-in).")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), help="Seconds allowed to each compaction call.")
-@click.option("--max-backlog", type=click.IntRange(min=1), help="Opt-in backlog ceiling in tokens: past it the "
+@click.option("--max-backlog", type=POSITIVE, help="Opt-in backlog ceiling in tokens: past it the "
               "observer takes larger segments so the backlog stops growing (default off).")
 @click.option("--no-cache", is_flag=True, help="Do not serve repeated model calls from litellm's cache.")
 @click.option("--answerer", help="LLM-judged retention: model that answers probes.")
