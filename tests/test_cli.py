@@ -243,11 +243,12 @@ def test_ctrl_c_while_judging_says_what_was_kept_and_puts_the_handler_back(scrip
 def test_a_ctrl_c_just_after_a_replay_completed_does_not_ask_to_resume_it(tmp_path) -> None:
     """A Ctrl-C that lands as the run ends finds it completed: the command said "resume with" a
     run there was nothing left to resume of."""
-    from workbench.cli import _replay_interrupted
+    from workbench.cli import _new_run, _replay_interrupted
 
     code, out, _ = invoke("replay", "--dataset", TINY, *SMALL, "--json")
     run_id = json.loads(out.strip().splitlines()[-1])["run_id"]
     with RunStore(tmp_path / "cli.duckdb") as store:
+        assert _new_run(store, known=set()) == run_id  # found whatever its status (it looked for 'interrupted' only)
         said = _replay_interrupted(store, run_id)
         assert f"after run {run_id} had completed" in said and "resume" not in said
         store.update_run(run_id, status="interrupted")
