@@ -646,6 +646,12 @@ def test_an_experiment_with_a_deleted_run_says_it_is_missing_and_resume_replays_
     with RunStore(db) as store:
         table = summary_table(ex.summarise(store, experiment_id))
     assert table["not completed"].tolist() == [0, 1]  # the app's table
+    code, out, _ = invoke("experiment", "list", "--db", db)  # the list said 'completed' with no word of it
+    assert code == 0 and "completed; 1 of 2 runs missing" in out
+    with RunStore(db) as store:
+        from workbench.app_data import experiments_table
+
+        assert experiments_table(store.experiments())["status"].tolist() == ["completed; 1 of 2 runs missing"]
     assert invoke("experiment", "resume", experiment_id, "--db", db)[0] == 0
     with RunStore(db) as store:
         assert ex.report(store, experiment_id)["status_text"] == "completed"

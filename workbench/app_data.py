@@ -151,10 +151,12 @@ def experiments_numbers(frame: pd.DataFrame) -> pd.DataFrame:
                "not completed", "elapsed (s)", "created", "error"]
     if frame.empty:
         return pd.DataFrame(columns=columns)
+    from .experiments import listed_status
+
     return pd.DataFrame({
         "experiment": frame.experiment_id,
         "name": frame.name,
-        "status": frame.status,
+        "status": [listed_status(row) for row in frame.to_dict("records")],
         "dataset": frame.dataset.map(short_path),
         "conversations": frame.conversations.map(lambda c: len(json.loads(c)) if isinstance(c, str) else len(c)),
         "configurations": frame.configs.map(lambda c: len(json.loads(c)) if isinstance(c, str) else len(c)),

@@ -913,10 +913,12 @@ def experiment_list(as_json: bool, db: str) -> None:
     elif frame.empty:
         click.echo(f"no experiments in {db}")
     else:
+        from .experiments import listed_status
         from .formatting import MISSING, missing
 
+        status = [listed_status(row) for row in frame.to_dict("records")]
         shown = frame[columns].assign(created_at=frame.created_at.dt.strftime("%Y-%m-%d %H:%M"),
-                                      dataset=frame.dataset.map(_dataset_name))
+                                      dataset=frame.dataset.map(_dataset_name), status=status)
         shown = shown.rename(columns={"experiment_id": "experiment", "planned_runs": "planned",
                                       "runs": "recorded", "unfinished_runs": "not completed",
                                       "created_at": "created"})

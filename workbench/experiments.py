@@ -240,6 +240,13 @@ def status_text(status: str, failed: int, planned: int, missing: int = 0) -> str
     return f"completed; {failed} {of} failed" if failed else f"completed; {missing} {of} missing"
 
 
+def listed_status(row: Any) -> str:
+    """:func:`status_text` for a row of ``RunStore.experiments()`` (its counts of runs recorded,
+    failed and planned): ``completed; 1 of 4 runs missing`` once a run was deleted since."""
+    planned, runs, failed = (int(row.get(k) or 0) for k in ("planned_runs", "runs", "failed_runs"))
+    return status_text(str(row["status"]), failed, planned, max(0, planned - runs))
+
+
 def outcome_message(experiment_id: str, outcome: ExperimentOutcome) -> tuple[str, str]:
     """``(kind, sentence)`` for the app's banner after a start or a resume: ``success`` only when
     every run replayed completed; ``warning`` when some failed; ``error`` when none did or it stopped."""
