@@ -122,6 +122,28 @@ def test_openai_and_sharegpt_exports(tmp_path) -> None:
         load_dataset(bad, "sharegpt")
 
 
+def test_an_agent_chat_keeps_its_tool_calls_and_reads_newer_roles(tmp_path) -> None:
+    """An OpenAI agent log: the assistant's turn that only calls a tool (content null) was read as
+    an empty message, so memory never heard what the agent did; a "developer" (OpenAI's newer
+    system role) or "function" message stopped the load with "unknown role"."""
+    chat = write(tmp_path, "agent.jsonl", json.dumps({"id": "a", "messages": [
+        {"role": "developer", "content": "You book trips."},
+        {"role": "user", "content": "Find me a flight to Porto on Friday."},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "search_flights", "arguments": "{\"to\": \"OPO\", \"day\": \"Friday\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "TP 1947 at 09:40, 120 EUR"},
+        {"role": "assistant", "content": "Booking it.", "function_call": {"name": "book", "arguments": {"flight": "TP 1947"}}},
+        {"role": "function", "name": "book", "content": "confirmed"}]}) + "\n")
+    turns = load_dataset(chat, "openai")[0].turns
+    assert [t.role for t in turns] == ["system", "user", "assistant", "tool", "assistant", "tool"]
+    assert turns[2].text == '[tool call: search_flights({"to": "OPO", "day": "Friday"})]'
+    assert turns[4].text == 'Booking it.\n[tool call: book({"flight": "TP 1947"})]'
+    bad = write(tmp_path, "bad.jsonl", json.dumps({"messages": [{"role": "bot", "content": "x"}]}) + "\n")
+    with pytest.raises(DatasetError, match="unknown role 'bot' \\(expected one of user, assistant, system, developer"):
+        load_dataset(bad, "openai")
+
+
 @pytest.mark.parametrize("fmt, key, message", [("openai", "role", {"role": "user", "content": 7}),
                                                 ("sharegpt", "from", {"from": "human", "value": 7}),
                                                 ("openai", "role", {"role": "user", "content": {"text": "x"}})])

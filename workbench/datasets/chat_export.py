@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -22,6 +23,25 @@ def text_of(content: Any) -> str:
     return ""
 
 
+def calls_text(item: dict[str, Any]) -> str:
+    """An OpenAI message's tool calls (``tool_calls``, or the older ``function_call``) as text, a
+    line each: ``[tool call: get_weather({"city": "Porto"})]``. An agent's message is often only
+    that (its ``content`` null), and what the agent did is part of what memory should hold."""
+    calls = [c for c in item.get("tool_calls") or [] if isinstance(c, dict)] if isinstance(item.get("tool_calls"), list) else []
+    if isinstance(item.get("function_call"), dict):
+        calls.append({"function": item["function_call"]})
+    lines = []
+    for call in calls:
+        function = call.get("function")
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            continue
+        arguments = function.get("arguments")
+        if not isinstance(arguments, str):
+            arguments = "" if arguments is None else json.dumps(arguments, ensure_ascii=False)
+        lines.append(f"[tool call: {function['name']}({arguments.strip()})]")
+    return "\n".join(lines)
+
+
 def from_messages(conv_id: str, messages: list[Any], source: Source, record: str, fmt: str,
                   role_key: str, text_key: str, roles: dict[str, str] | None) -> Conversation:
     file = source.path
@@ -31,7 +51,8 @@ def from_messages(conv_id: str, messages: list[Any], source: Source, record: str
         raw_role = require(item, role_key, file, where)
         role = roles.get(raw_role.lower()) if roles is not None else raw_role
         if role not in ROLES:
-            raise DatasetError(file, where, role_key, f"unknown role {raw_role!r}")
+            known = list(roles) if roles is not None else list(ROLES)
+            raise DatasetError(file, where, role_key, f"unknown role {raw_role!r} (expected one of {', '.join(known)})")
         if text_key not in item:
             raise DatasetError(file, where, text_key, "missing")
         content = item[text_key]
@@ -43,7 +64,8 @@ def from_messages(conv_id: str, messages: list[Any], source: Source, record: str
         stamp = item.get("timestamp") or item.get("created_at")
         created = (parse_datetime(stamp, file, where, "timestamp") if isinstance(stamp, str)
                    else EPOCH + timedelta(minutes=index))
-        turns.append(Turn(named(item.get("id")) or f"{conv_id}-{index}", role, text_of(item[text_key]),
+        text = "\n".join(part for part in (text_of(content), calls_text(item)) if part)
+        turns.append(Turn(named(item.get("id")) or f"{conv_id}-{index}", role, text,
                           created, item.get("name") if isinstance(item.get("name"), str) else None))
     return finish(Conversation(conv_id, turns, [], str(file), fmt), file)
 
