@@ -404,6 +404,24 @@ def test_error_banners_show_data_as_text(db: Path, tmp_path) -> None:
     [banner] = [e.value for e in at.error if "Cannot read the dataset" in e.value]
     assert "\\!\\[x\\]\\(http\\:" in banner  # every Markdown mark escaped: no image, no link
     assert "unknown role '![x](http://example.invalid/a.png)'" in shown(banner)
+    # and nothing under it: the demo run the page opened with read as this file's (failed) result
+    assert not at.metric and not [t for t in at.text if t.value.startswith("Run ")] and not at.exception
+
+
+def test_a_dataset_warning_is_shown_beside_it(db: Path, tmp_path) -> None:
+    """Loaders' warnings (a message dated before the one before it, evidence pointing nowhere)
+    were printed by the CLI only."""
+    from workbench import ui
+
+    path = tmp_path / "shuffled.jsonl"
+    path.write_text("".join(json.dumps({"conversation_id": "c", "id": f"m{i}", "role": "user", "content": f"message {i}",
+                                        "timestamp": f"2024-01-01T0{h}:00:00Z"}) + "\n" for i, h in enumerate([1, 3, 2])))
+    at = app()
+    at.sidebar.selectbox(key="ex_dataset").set_value(ui.BY_PATH).run()
+    at.sidebar.text_input(key="ex_path").set_value(str(path)).run()
+    assert not at.exception
+    assert any("1 message is dated before the message before it in the file (first: 'm2'" in shown(w.value)
+               for w in at.sidebar.warning)
 
 
 def test_failed_configurations_are_listed_never_silently_dropped(db: Path, monkeypatch) -> None:

@@ -144,6 +144,58 @@ def test_an_agent_chat_keeps_its_tool_calls_and_reads_newer_roles(tmp_path) -> N
         load_dataset(bad, "openai")
 
 
+def test_a_chatgpt_export_is_read_along_the_branch_the_user_kept(tmp_path) -> None:
+    """Every node was read in create_time order: a reply regenerated away was replayed as if said,
+    and a message with a null create_time (common for system nodes) sorted first, dated 1970."""
+    def node(key, parent, role, text, when):
+        return {"id": key, "parent": parent, "message": {"id": key, "author": {"role": role}, "create_time": when,
+                                                        "content": {"content_type": "text", "parts": [text]}}}
+
+    mapping = {"root": {"id": "root", "parent": None, "message": None},
+               "u1": node("u1", "root", "user", "My flat is in Porto.", 1700000000),
+               "a1": node("a1", "u1", "assistant", "Lisbon is nice.", 1700000010),  # regenerated away
+               "a2": node("a2", "u1", "assistant", "Porto, noted.", None),
+               "u2": node("u2", "a2", "user", "Thanks", 1700000030)}
+    path = write(tmp_path, "conversations.json", json.dumps([{"title": "t", "mapping": mapping, "current_node": "u2"}]))
+    turns = load_conversation(path).turns
+    assert [t.id for t in turns] == ["u1", "a2", "u2"]
+    assert [t.created_at.isoformat() for t in turns] == ["2023-11-14T22:13:20+00:00"] * 2 + ["2023-11-14T22:13:50+00:00"]
+    other = write(tmp_path, "c2.json", json.dumps([{"title": "t", "mapping": mapping}]))  # no current_node
+    assert [t.id for t in load_conversation(other).turns] == ["u1", "a2", "u2"]  # the path to the newest message
+
+
+def test_chat_timestamps_read_unix_time_and_an_undated_message_sits_among_its_neighbours(tmp_path) -> None:
+    """A numeric timestamp was ignored without a word; a message without one was dated 2024-01-01
+    plus a minute per message even between messages of June."""
+    path = write(tmp_path, "o.json", json.dumps([{"id": "x", "messages": [
+        {"role": "user", "content": "a", "timestamp": "2024-06-01T10:00:00Z"},
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "c", "created_at": 1717236000}]}]))  # 2024-06-01T10:00:00Z
+    turns = load_conversation(path).turns
+    assert {t.created_at.isoformat() for t in turns} == {"2024-06-01T10:00:00+00:00"}
+    first_undated = write(tmp_path, "p.json", json.dumps({"messages": [
+        {"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "timestamp": 1717236000000}]}))
+    assert {t.created_at.isoformat() for t in load_conversation(first_undated).turns} == {"2024-06-01T10:00:00+00:00"}
+    undated = write(tmp_path, "q.json", json.dumps({"messages": [{"role": "user", "content": "a"},
+                                                                 {"role": "assistant", "content": "b"}]}))
+    assert [t.created_at.isoformat() for t in load_conversation(undated).turns] == \
+        ["2024-01-01T00:00:00+00:00", "2024-01-01T00:01:00+00:00"]  # none dated: a minute apart, as before
+    bad = write(tmp_path, "r.json", json.dumps({"messages": [{"role": "user", "content": "a", "timestamp": True}]}))
+    with pytest.raises(DatasetError, match="message 0: field 'timestamp': expected a date-time string or Unix time"):
+        load_conversation(bad)
+
+
+def test_a_message_dated_before_the_one_before_it_is_reported_when_loaded(tmp_path) -> None:
+    """A replay failed on it at a step that depends on the thresholds (or not at all): the load says so."""
+    path = write(tmp_path, "c.jsonl", "".join(line(id=f"m{i}", timestamp=f"2024-01-01T0{h}:00:00Z")
+                                             for i, h in enumerate([1, 3, 2, 4])))
+    conv = load_conversation(path)
+    assert [t.id for t in conv.turns] == ["m0", "m1", "m2", "m3"]  # kept as written: memory orders by time
+    assert len(conv.warnings) == 1 and conv.warnings[0].startswith(
+        "1 message is dated before the message before it in the file (first: 'm2', 2024-01-01T02:00:00+00:00, "
+        "after 'm1', 2024-01-01T03:00:00+00:00)")
+
+
 @pytest.mark.parametrize("fmt, key, message", [("openai", "role", {"role": "user", "content": 7}),
                                                 ("sharegpt", "from", {"from": "human", "value": 7}),
                                                 ("openai", "role", {"role": "user", "content": {"text": "x"}})])
@@ -315,19 +367,24 @@ def test_every_registry_format_loads_its_own_kind_only(tmp_path) -> None:
     ("2023/05/20 02:21", "2023-05-20T02:21:00+00:00"),
     ("March-15-2024", "2024-03-15T00:00:00+00:00"),
     ("Mar-15-2024", "2024-03-15T00:00:00+00:00"),
+    (1709287200, "2024-03-01T10:00:00+00:00"),  # Unix time: a number was an error, or (chat formats) ignored
+    (1709287200000, "2024-03-01T10:00:00+00:00"),  # in milliseconds
+    (1700000000.5, "2023-11-14T22:13:20.500000+00:00"),  # ChatGPT's create_time
 ])
 def test_one_date_parser_reads_every_form(value, expected) -> None:
     assert parse_datetime(value, "f.json", "record", "when").isoformat() == expected
 
 
 @pytest.mark.parametrize("value", ["yesterday", "13:56 pm on 8 May, 2023", "1:56 pm on 8 Maytember, 2023",
-                                   "31.02.2023, 10:00:00", "2023/13/01 (Sat) 02:21", "", "2023-05-08T25:00", 5, None])
+                                   "31.02.2023, 10:00:00", "2023/13/01 (Sat) 02:21", "", "2023-05-08T25:00", True, None, [2023],
+                                   10**20])
 def test_unreadable_dates_name_file_record_field_and_value(value) -> None:
     with pytest.raises(DatasetError) as caught:
         parse_datetime(value, "f.json", "sample 0 session_1 turn 2", "date_time")
     error = caught.value
     assert (error.file, error.record, error.field) == ("f.json", "sample 0 session_1 turn 2", "date_time")
-    assert (repr(value) in str(error)) if isinstance(value, str) else "expected a date-time string" in str(error)
+    assert repr(value) in str(error) if isinstance(value, (str, int)) and not isinstance(value, bool) else \
+        "expected a date-time string or Unix time" in str(error)
 
 
 # -- LongMemEval ----------------------------------------------------------------------------------

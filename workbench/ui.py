@@ -14,7 +14,7 @@ import re
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pandas as pd
 import streamlit as st
@@ -208,8 +208,19 @@ def _format_picker(prefix: str) -> str | None:
     return None if choice == AUTO else choice
 
 
+def unreadable(prefix: str, detail: object) -> NoReturn:
+    """The error banner of a dataset that cannot be read, and the end of the page: what the page
+    would show below it (the last run, the last comparison) is about another dataset and would
+    read as this one's result."""
+    error(prefix, detail)
+    st.stop()
+    raise AssertionError("st.stop() returned")  # (it raises; for type checkers)
+
+
 def dataset_picker(prefix: str) -> Conversation | None:
-    """Sidebar: dataset (project, shared, an upload, or any path) and conversation.
+    """Sidebar: dataset (project, shared, an upload, or any path) and conversation. A dataset
+    that cannot be read shows its error and ends the page (:func:`unreadable`); its warnings
+    (evidence pointing nowhere, messages out of time order) are shown in the sidebar.
 
     An upload is kept for this browser session only and keyed by its content."""
     entries = known_datasets()
@@ -233,25 +244,26 @@ def dataset_picker(prefix: str) -> Conversation | None:
             return None
         path = Path(typed.strip()).expanduser()
         if not path.exists():
-            error("No such file or folder: ", path)
-            return None
+            unreadable("No such file or folder: ", path)
     else:
         entry = entries[names.index(choice)]
         path, fmt = entry.path, entry.format
     stamp = _stamp(path)
+    # An upload's error names the file the user chose, not where the server keeps its copy.
+    shown = (lambda exc: str(exc).replace(str(path), upload.name)) if choice == UPLOAD else str
     try:
         listed = _listing(str(path), fmt, stamp)
     except DatasetError as exc:
-        error("Cannot read the dataset: ", exc)
-        return None
+        unreadable("Cannot read the dataset: ", shown(exc))
     ids = [c.id for c in listed]
     picked = st.sidebar.selectbox("Conversation", ids, key=f"{prefix}_conversation") if len(ids) > 1 else ids[0]
     try:
         conversation = _conversation(str(path), fmt, stamp, picked)
     except DatasetError as exc:
-        error("Cannot read the conversation: ", exc)
-        return None
+        unreadable("Cannot read the conversation: ", shown(exc))
     st.sidebar.caption(plain(f"{count(len(conversation.turns), 'message')} · {count(len(conversation.probes), 'probe')}"))
+    for warning in conversation.warnings:
+        st.sidebar.warning(plain(warning))
     if not conversation.probes:
         st.sidebar.info("This conversation has no probes: replays show compression and the timeline, "
                         "but no retention.")

@@ -124,19 +124,33 @@ def text_or_none(value: Any) -> str | None:
 
 def finish(conversation: Conversation, file: Path) -> Conversation:
     """Check a loaded conversation: messages exist, ids are unique; evidence pointing nowhere is
-    dropped, counted and reported in ``warnings``."""
+    dropped, counted and reported in ``warnings``, as are messages dated before the one before them."""
     if not conversation.turns:
         raise DatasetError(file, f"conversation {conversation.id!r}", None, "has no messages")
     if not conversation.id.strip():  # it names the thread, and a run; the library refuses a blank one
         raise DatasetError(file, f"conversation {conversation.id!r}", "conversation_id", "is blank")
     seen: dict[str, int] = {}
+    previous: Turn | None = None
+    early: list[tuple[Turn, Turn]] = []  # (a message, the one before it in the file, dated later)
     for index, turn in enumerate(conversation.turns, start=1):  # counted from 1, as lines are
         if not turn.id.strip():
             raise DatasetError(file, f"conversation {conversation.id!r} message {index}", "id", "is blank")
+        if previous is not None and turn.created_at < previous.created_at:
+            early.append((turn, previous))
+        previous = turn
         if turn.id in seen:
             raise DatasetError(file, f"conversation {conversation.id!r} message {index}", "id",
                                f"duplicate message id {turn.id!r} (message {seen[turn.id]} has it too)")
         seen[turn.id] = index
+    if early:
+        # Said up front: a replay fails on such a message only once the part of the thread it is
+        # dated in has been condensed, which depends on the thresholds.
+        turn, before = early[0]
+        conversation.warnings.append(
+            f"{len(early)} message{'s are' if len(early) > 1 else ' is'} dated before the message before it in the "
+            f"file (first: {turn.id!r}, {turn.created_at.isoformat()}, after {before.id!r}, "
+            f"{before.created_at.isoformat()}): memory orders messages by time, and a replay fails at such a "
+            "message if the part of the conversation it is dated in has already been condensed")
     probes = []
     for probe in conversation.probes:
         kept = tuple(e for e in probe.evidence if e in seen)

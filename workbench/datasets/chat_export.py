@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
@@ -45,7 +46,8 @@ def calls_text(item: dict[str, Any]) -> str:
 def from_messages(conv_id: str, messages: list[Any], source: Source, record: str, fmt: str,
                   role_key: str, text_key: str, roles: dict[str, str] | None) -> Conversation:
     file = source.path
-    turns = []
+    turns: list[Turn] = []
+    stamps: list[datetime | None] = []
     for index, item in enumerate(messages):
         where = f"{record} message {index}"
         raw_role = require(item, role_key, file, where)
@@ -61,38 +63,81 @@ def from_messages(conv_id: str, messages: list[Any], source: Source, record: str
             # (null is a message with no text, e.g. an assistant's tool call; a number is a mistake)
             raise DatasetError(file, where, text_key, f"expected text or a list of content parts, got "
                                f"{type(content).__name__} {str(content)[:40]!r}")
-        stamp = item.get("timestamp") or item.get("created_at")
-        created = (parse_datetime(stamp, file, where, "timestamp") if isinstance(stamp, str)
-                   else EPOCH + timedelta(minutes=index))
+        key = "timestamp" if item.get("timestamp") is not None else "created_at"
+        stamps.append(None if item.get(key) is None else parse_datetime(item[key], file, where, key))
         text = "\n".join(part for part in (text_of(content), calls_text(item)) if part)
         turns.append(Turn(named(item.get("id")) or f"{conv_id}-{index}", role, text,
-                          created, item.get("name") if isinstance(item.get("name"), str) else None))
+                          EPOCH, item.get("name") if isinstance(item.get("name"), str) else None))
+    turns = [dataclasses.replace(turn, created_at=when) for turn, when in zip(turns, fill_times(stamps))]
     return finish(Conversation(conv_id, turns, [], str(file), fmt), file)
 
 
+def fill_times(stamps: list[datetime | None]) -> list[datetime]:
+    """Each message's time: its own; else, when no message has one, a minute per message from
+    :data:`EPOCH`; else the time of the message before it (the first known time for those
+    before any), so an undated message sits among its dated neighbours, not years away."""
+    known = [s for s in stamps if s is not None]
+    if not known:
+        return [EPOCH + timedelta(minutes=index) for index in range(len(stamps))]
+    out, last = [], known[0]
+    for stamp in stamps:
+        last = stamp or last
+        out.append(last)
+    return out
+
+
+NEVER = datetime.min.replace(tzinfo=timezone.utc)  # sorts an undated node first
+
+
 def from_chatgpt(obj: dict[str, Any], index: int, source: Source, fmt: str) -> Conversation:
-    """A ChatGPT data export conversation: a ``mapping`` tree of nodes, read in time order."""
+    """A ChatGPT data export conversation: a ``mapping`` tree of nodes. The conversation is the
+    path from the root to ``current_node`` (the branch the user last saw): a reply regenerated
+    away, or an edited question's first version, lies on another branch and is not read. Without
+    a usable ``current_node``, the path to the newest message. A message without a
+    ``create_time`` takes the time of the one before it."""
+    mapping = obj["mapping"]
+    nodes = {key: node for key, node in mapping.items() if isinstance(node, dict)}
 
-    def stamp(message: dict[str, Any]) -> float:
-        value = message.get("create_time")
-        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+    def created(node: dict[str, Any]) -> datetime | None:
+        message = node.get("message")
+        value = message.get("create_time") if isinstance(message, dict) else None
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value:
+            return None
+        try:
+            return datetime.fromtimestamp(value, tz=timezone.utc)
+        except (OverflowError, OSError, ValueError):
+            return None
 
-    nodes = [n for n in obj["mapping"].values() if isinstance(n, dict) and isinstance(n.get("message"), dict)]
-    nodes.sort(key=lambda n: stamp(n["message"]))
-    turns = []
-    for node in nodes:
-        message = node["message"]
+    def path_to(key: Any) -> list[dict[str, Any]]:
+        path: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        while isinstance(key, str) and key in nodes and key not in seen:  # (a cycle ends the walk)
+            seen.add(key)
+            path.append(nodes[key])
+            key = nodes[key].get("parent")
+        return path[::-1]
+
+    leaf = obj.get("current_node")
+    if not (isinstance(leaf, str) and leaf in nodes):
+        dated = [(created(node) or NEVER, key) for key, node in nodes.items() if isinstance(node.get("message"), dict)]
+        leaf = max(dated)[1] if dated else None
+    path = path_to(leaf)
+    if not any(isinstance(node.get("parent"), str) and node["parent"] in nodes for node in nodes.values()):  # no tree: every message, by time
+        path = sorted(nodes.values(), key=lambda node: created(node) or NEVER)
+    turns: list[Turn] = []
+    stamps: list[datetime | None] = []
+    for node in path:
+        message = node.get("message")
+        if not isinstance(message, dict):
+            continue
         author = message.get("author")
         role = author.get("role", "") if isinstance(author, dict) else ""
         text = text_of(message.get("content"))
         if role not in ROLES or not text:
             continue
-        try:
-            created = (datetime.fromtimestamp(stamp(message), tz=timezone.utc) if stamp(message)
-                       else EPOCH + timedelta(minutes=len(turns)))
-        except (OverflowError, OSError, ValueError):
-            created = EPOCH + timedelta(minutes=len(turns))
-        turns.append(Turn(named(message.get("id"), node.get("id")) or f"message-{len(turns)}", role, text, created))
+        turns.append(Turn(named(message.get("id"), node.get("id")) or f"message-{len(turns)}", role, text, EPOCH))
+        stamps.append(created(node))
+    turns = [dataclasses.replace(turn, created_at=when) for turn, when in zip(turns, fill_times(stamps))]
     conv_id = named(obj.get("id"), obj.get("conversation_id"), obj.get("title")) or f"conversation-{index}"
     return finish(Conversation(conv_id, turns, [], str(source.path), fmt), source.path)
 

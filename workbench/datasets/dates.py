@@ -7,6 +7,9 @@
 * LongMemEval: ``2023/05/08 (Mon) 13:56`` (the weekday is optional and not checked);
 * BEAM time anchors: ``March-15-2024``, ``Mar-15-2024``.
 
+* Unix time, a number: seconds (ChatGPT exports' ``create_time``), or milliseconds when it is
+  above 10^11 (JavaScript's ``Date.now()``; 10^11 seconds is the year 5138).
+
 A value without an offset is read as UTC. Anything else is a :class:`DatasetError` naming the
 file, the record, the field and the value.
 """
@@ -30,6 +33,8 @@ _DOTTED = re.compile(r"(\d{1,2})\.(\d{1,2})\.(\d{4}),?\s+(\d{1,2}):(\d{2})(?::(\
 _SLASHED = re.compile(r"(\d{4})/(\d{1,2})/(\d{1,2})(?:\s*\(\s*[a-z]+\.?\s*\))?(?:\s+(\d{1,2}):(\d{2})(?::(\d{2}))?)?",
                       re.I)
 _ANCHOR = re.compile(r"([a-z]+)-(\d{1,2})-(\d{4})", re.I)
+
+UNIX_MILLISECONDS = 10**11  # a Unix time above this is in milliseconds
 
 EXPECTED = ("ISO 8601 ('2023-05-08T13:56:00Z'), LoCoMo's '1:56 pm on 8 May, 2023', "
             "'08.05.2023, 13:56:00' or LongMemEval's '2023/05/08 (Mon) 13:56'")
@@ -62,8 +67,13 @@ def _match(text: str) -> datetime | None:
 
 def parse_datetime(value: Any, file: str | Path, record: str, field: str | None) -> datetime:
     """Parse a dataset date-time in any of the known forms (timezone-aware; UTC when none given)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return datetime.fromtimestamp(value / 1000 if abs(value) > UNIX_MILLISECONDS else value, tz=timezone.utc)
+        except (OverflowError, OSError, ValueError):
+            raise DatasetError(file, record, field, f"Unix time {value!r} is out of range") from None
     if not isinstance(value, str):
-        raise DatasetError(file, record, field, f"expected a date-time string, got {type(value).__name__}")
+        raise DatasetError(file, record, field, f"expected a date-time string or Unix time, got {type(value).__name__}")
     try:
         parsed = _match(value.strip())
     except (ValueError, OverflowError):
