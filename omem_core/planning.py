@@ -6,6 +6,8 @@ answer. The same functions back the side-effect-free ``inspect``.
 
 from __future__ import annotations
 
+import re
+
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -109,6 +111,7 @@ def segment_budget(backlog_volume: int, threshold: int, max_backlog: int | None,
 
 
 OMISSION_MARKER = "[... {omitted:,} tokens of this message omitted ...]"
+OMISSION = re.compile(r"\[\.\.\. [\d,]+ tokens of this message omitted \.\.\.\]")  # the marker, found
 
 
 def cut_middle(text: str, limit: int, count: Callable[[str], int]) -> str:
@@ -130,10 +133,27 @@ def cut_middle(text: str, limit: int, count: Callable[[str], int]) -> str:
             take = int(take * 0.9)
         return ""
 
-    head = fit(int(head_budget * per_token), head_budget, False)
-    tail = fit(int(tail_budget * per_token), tail_budget, True)
+    head = _whole_words(text, fit(int(head_budget * per_token), head_budget, False), False)
+    tail = _whole_words(text, fit(int(tail_budget * per_token), tail_budget, True), True)
     omitted = total - count(head) - count(tail)
-    return f"{head} {OMISSION_MARKER.format(omitted=max(omitted, 0))} {tail}"
+    return f"{head.rstrip()} {OMISSION_MARKER.format(omitted=max(omitted, 0))} {tail.lstrip()}"
+
+
+def _whole_words(text: str, piece: str, from_end: bool) -> str:
+    """``piece`` (a head or a tail of ``text``) without a part-word at its cut, when a space in
+    its last (first) fifth allows: "…named Zephyr" rather than "…named Zephyr ju"."""
+    if not piece:
+        return piece
+    if from_end:
+        cut = len(text) - len(piece)
+        if cut == 0 or text[cut - 1].isspace() or piece[0].isspace():
+            return piece
+        space = piece.find(" ")
+        return piece[space + 1:] if 0 <= space <= len(piece) // 5 else piece
+    if len(piece) == len(text) or text[len(piece)].isspace() or piece[-1].isspace():
+        return piece
+    space = piece.rfind(" ")
+    return piece[:space] if space > 0 and space >= len(piece) - len(piece) // 5 else piece
 
 
 def memory_text(view: MemoryView) -> str:

@@ -34,6 +34,7 @@ from datetime import date, timedelta
 
 from collections.abc import Callable
 
+from ..planning import OMISSION
 from ..prompts import unescape_structure
 from ..tokens import _encoding
 from .lexicon import ABBREVIATIONS, FILLER_WORDS, GENERIC_WORDS, LABEL_WORDS, MONTHS, STOP_WORDS, WEEKDAYS
@@ -498,6 +499,13 @@ def parse_messages(block: str) -> list[tuple[date, str, str]]:
     return parsed
 
 
+def _omission(marker: re.Match[str]) -> str:
+    """What stands for the marker of a message cut to fit (:func:`omem_core.planning.cut_middle`):
+    a line break, after "…" when the head stops mid-sentence (its words are not a whole sentence)."""
+    before = marker.string[: marker.start()].rstrip()
+    return " / " if not before or before[-1] in ".!?…" else " … / "
+
+
 def observe(block: str, target_tokens: int, *, weigh: Callable[[str], dict[str, float]] | None = None) -> str:
     """Dated bullets of the most salient sentences of ``block`` within ``target_tokens``.
 
@@ -509,6 +517,7 @@ def observe(block: str, target_tokens: int, *, weigh: Callable[[str], dict[str, 
     for index, (day, who, content) in enumerate(messages):
         role, speaker = who.split("|", 1)
         position = 0
+        content = OMISSION.sub(_omission, content)  # a message cut to fit: its head and tail, never the marker
         for number, sentence in enumerate(with_context([tidy(s) for s in split_sentences(content)])):
             text = annotate_relative_dates(sentence, day)
             question = text.rstrip().endswith("?")
