@@ -133,7 +133,8 @@ def test_replay_slider_compare_and_screenshots(server) -> None:
 PAYLOADS = [
     "<script>window.__omem_pwned = 1</script> Anna booked Lisbon for 3 June.",
     '<img src=x onerror="window.__omem_pwned = 2"> Bruno paid 40 euros.',
-    "**not bold** [a link](javascript:window.__omem_pwned=3) Carla moved to Porto on 9 May.",
+    "**not bold** [a link](javascript:window.__omem_pwned=3) Carla moved to Porto on 9 May, see "
+    "www.evil.example or write to carla@evil.example.",
 ]
 
 
@@ -144,7 +145,7 @@ def test_dataset_and_model_text_is_inert(server) -> None:
     dataset = tmp / "hostile.jsonl"
     lines = []
     for i in range(12):
-        lines.append({"conversation_id": "hostile<b>x</b>", "id": f"h{i}", "role": "user" if i % 2 == 0 else "assistant",
+        lines.append({"conversation_id": "hostile<b>x</b> http://evil.example", "id": f"h{i}", "role": "user" if i % 2 == 0 else "assistant",
                       "content": PAYLOADS[i % 3], "timestamp": f"2024-05-0{1 + i // 4}T10:0{i % 4}:00Z"})
     dataset.write_text("".join(json.dumps(line) + "\n" for line in lines))
     with chromium(tmp / "profile2", 1400, 1000) as page:
@@ -156,6 +157,9 @@ def test_dataset_and_model_text_is_inert(server) -> None:
         settle(page)
         page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(dataset))
         settle(page)
+        page.get_by_text(re.compile(r"No run of hostile<b>x</b> http:.?//evil\.example yet")).wait_for(timeout=30_000)
+        # Escaped Markdown still made a live link of a URL or an e-mail address (GFM finds them after escapes)
+        assert page.locator('a[href*="evil.example"]').count() == 0
         page.get_by_label("Observation threshold (tokens)").fill("20")
         page.get_by_label("Observation threshold (tokens)").press("Enter")
         settle(page)
@@ -171,6 +175,7 @@ def test_dataset_and_model_text_is_inert(server) -> None:
         assert page.evaluate("window.__omem_pwned === undefined")
         assert page.locator('[data-testid="stMain"] img[src="x"]').count() == 0
         assert page.locator('[data-testid="stMain"] a[href^="javascript"]').count() == 0
+        assert page.locator('a[href*="evil.example"]').count() == 0
 
 
 def test_experiment_grid_and_exported_html_from_disk(server) -> None:

@@ -84,10 +84,19 @@ def get_store() -> RunStore:
 _MARKDOWN_SPECIAL = re.compile(r"([!-/:-@\[-`{-~])")
 
 
+# Where Streamlit's Markdown (GFM) would turn plain text into a link whatever its escapes, since
+# it finds URLs and e-mail addresses in the text *after* escapes are read: "http://…", "www.…",
+# "name@host". An invisible WORD JOINER there breaks the match.
+_AUTOLINK = re.compile(r"(?<=:)(?=//)|(?<=\bwww)(?=\.)|(?<=@)", re.IGNORECASE)
+WORD_JOINER = "\u2060"
+
+
 def plain(text: object) -> str:
     """``text`` escaped so Streamlit's Markdown shows it literally: no links, images, emphasis or
-    HTML from dataset values or error messages (every ASCII punctuation mark backslash-escaped)."""
-    return _MARKDOWN_SPECIAL.sub(r"\\\1", str(text))
+    HTML from dataset values or error messages (every ASCII punctuation mark backslash-escaped,
+    and an invisible word joiner after the ``:`` of ``http://…``, ``www`` and ``@``, which GFM
+    would link however escaped)."""
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", _AUTOLINK.sub(WORD_JOINER, str(text)))
 
 
 def error(prefix: str, detail: object = "") -> None:
