@@ -35,6 +35,24 @@ def invoke(*args: str) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
+@pytest.mark.parametrize("args", [("replay", "--dataset", "BAD"), ("sweep", "--dataset", "BAD"),
+                                  ("experiment", "run", "--dataset", "BAD"), ("experiment", "show", "nope"),
+                                  ("compare", "a", "b"), ("replay", "--observer", "nosuch/model")])
+def test_with_json_an_error_still_ends_stdout_with_one_json_object(tmp_path, args) -> None:
+    """The README's "last stdout line: one JSON object" held only on success: a dataset that
+    cannot be read printed nothing to stdout."""
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"messages": [')
+    args = tuple(str(bad) if a == "BAD" else a for a in args)
+    code, out, err = invoke(*args, "--json", "--db", str(tmp_path / "r.duckdb"))
+    answer = json.loads(out.strip().splitlines()[-1])
+    assert code == 1 and answer["status"] == "failed" and answer["error"] in err
+    if str(bad) in args:
+        assert answer["error"].startswith(f"{bad}: ")  # names the file
+    if "nosuch/model" in args:  # a run was recorded as failed: its id comes too
+        assert answer["run_id"] and "litellm has no provider 'nosuch'" in answer["error"]
+
+
 def test_replay_json_last_line(tmp_path) -> None:
     code, out, _ = invoke("replay", "--dataset", TINY, *SMALL, "--json")
     assert code == 0

@@ -11,6 +11,7 @@ modules that need them are imported inside the commands that use them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -37,6 +38,25 @@ TOKEN_COUNTERS = ("heuristic", "o200k_base", "cl100k_base")
 
 DB_OPTION = click.option("--db", default=lambda: os.environ.get("OMEM_DB", "runs.duckdb"), show_default="runs.duckdb",
                          help="DuckDB run store (env OMEM_DB).")
+
+
+def json_errors(command: Callable[..., None]) -> Callable[..., None]:
+    """With ``--json``, an error still ends stdout with one JSON object, ``{"status": "failed",
+    "error": …}`` (and the run's id when one was recorded), so a script reading the last line
+    gets an answer whatever went wrong; the message goes to stderr as usual. (An option click
+    refuses is reported before the command runs: exit 2 and no JSON.)"""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        try:
+            command(*args, **kwargs)
+        except click.ClickException as exc:
+            if kwargs.get("as_json") and not getattr(exc, "json_printed", False):
+                click.echo(json.dumps({"status": "failed", "error": exc.format_message(),
+                                       **getattr(exc, "json_fields", {})}))
+            raise
+
+    return wrapper
 
 
 def _open_store(db: str) -> RunStore:
@@ -251,6 +271,7 @@ def cli() -> None:
 @click.option("--label", "--name", "label", help="A name for the run.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line of stdout.")
 @DB_OPTION
+@json_errors
 def replay_command(dataset: Path, fmt: str | None, conversation: str | None, observer: str, reflector: str,
                    observation_threshold: int, reflection_threshold: int, last_messages: int, token_counter: str,
                    recall_on: str, observer_prompt: str | None, reflector_prompt: str | None,
@@ -292,9 +313,9 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
             result = _run_async(replay(conv, config, store, resume=resume, label=label,
                                        progress=_progress_printer(f"replay {conv.id}", as_json)))
         except ConfigurationError as exc:
-            if as_json:
-                click.echo(json.dumps({"run_id": exc.run_id, "status": "failed", "error": str(exc)}))
-            raise click.ClickException(str(exc) + (f" (recorded as failed run {exc.run_id})" if exc.run_id else ""))
+            failure = click.ClickException(str(exc) + (f" (recorded as failed run {exc.run_id})" if exc.run_id else ""))
+            failure.json_fields = {"run_id": exc.run_id, "error": str(exc)}  # type: ignore[attr-defined]
+            raise failure from exc
         except ReplayFailed as exc:
             partial = exc.result
             click.echo(f"error: {exc}", err=True)
@@ -516,6 +537,7 @@ def _run_judge(store, result, conv, config, answerer, judge, yes, quiet) -> None
 @click.option("--concurrency", type=click.IntRange(1, 64), default=4, show_default=True, help="Runs at once.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line of stdout.")
 @DB_OPTION
+@json_errors
 def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflection, windows, observer_prompts,
           reflector_prompts, token_counter, concurrency, as_json, db) -> None:
     """Replay a grid of configurations (bounded concurrency) into one run store.
@@ -583,6 +605,7 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
 @click.argument("run_b")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @DB_OPTION
+@json_errors
 def compare(run_a: str, run_b: str, as_json: bool, db: str) -> None:
     """Two runs side by side: calls, tokens, cost, compression, retention per category."""
     from .analysis import compare_runs, comparison_shown, display
@@ -606,6 +629,7 @@ def compare(run_a: str, run_b: str, as_json: bool, db: str) -> None:
 @cli.command("runs")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @DB_OPTION
+@json_errors
 def runs_command(as_json: bool, db: str) -> None:
     """List the recorded runs, newest first."""
     from .formatting import runs_table
@@ -800,6 +824,7 @@ def _print_report(data: dict[str, Any]) -> None:
 @click.option("--yes", is_flag=True, help="Do not ask before a paid experiment starts.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line of stdout.")
 @DB_OPTION
+@json_errors
 def experiment_run(dataset, fmt, conversations, observation, reflection, windows, observers, reflectors,
                    observer_prompts, reflector_prompts, token_counter, max_backlogs, judge, answerer, concurrency, max_cost, rpm,
                    num_retries, timeout, api_base, no_traces, no_cache, name, yes, as_json, db) -> None:
@@ -886,6 +911,7 @@ def _finish_experiment(store, experiment_id: str, as_json: bool) -> None:
               help="A new cost limit in USD (an experiment stopped by its limit needs a higher one).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @DB_OPTION
+@json_errors
 def experiment_resume(experiment_id: str, max_cost: float | None, as_json: bool, db: str) -> None:
     """Finish what an interrupted or stopped experiment left undone (same grid, same options)."""
     with _using_store(db) as store:
@@ -903,6 +929,7 @@ def experiment_resume(experiment_id: str, max_cost: float | None, as_json: bool,
 @experiment.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @DB_OPTION
+@json_errors
 def experiment_list(as_json: bool, db: str) -> None:
     """The recorded experiments, newest first."""
     with _using_store(db) as store:
@@ -929,6 +956,7 @@ def experiment_list(as_json: bool, db: str) -> None:
 @click.argument("experiment_id")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @DB_OPTION
+@json_errors
 def experiment_show(experiment_id: str, as_json: bool, db: str) -> None:
     """Figures per configuration (pooled retention with its 95% CI, compression, calls, cost)."""
     from . import experiments as ex
@@ -944,6 +972,7 @@ def experiment_show(experiment_id: str, as_json: bool, db: str) -> None:
 @click.option("--b", "label_b", help="Another configuration's label (default: the second).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @DB_OPTION
+@json_errors
 def experiment_compare(experiment_id: str, label_a: str | None, label_b: str | None, as_json: bool, db: str) -> None:
     """Two configurations on the same probes: the difference with a paired-bootstrap 95% CI."""
     from . import experiments as ex
