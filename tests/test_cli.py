@@ -79,9 +79,11 @@ def test_an_earlier_built_in_prompt_version_can_be_chosen(tmp_path) -> None:
     assert code != 0 and "Invalid value for '--observer-prompt'" in err and "'v9'" in err
     assert re.search(r"are\s+v1,\s+v2", err), err  # the versions there are, so the user can pick one
 
-    code, out, _ = invoke("sweep", "--dataset", TINY, "--observation-threshold", "40", "--reflection-threshold", "60",
-                          "--observer-prompt", "v1,v2")
+    code, out, err = invoke("sweep", "--dataset", TINY, "--observation-threshold", "40", "--reflection-threshold", "60",
+                            "--observer-prompt", "v1,v2")
     assert code == 0  # the table says which prompt each run used
+    # and that the offline model does not read them (the app said so, the CLI did not)
+    assert "differ in observer prompt versions, but the built-in offline model ignores prompt text" in " ".join(err.split())
     rows = [line for line in out.splitlines() if "completed" in line]
     assert len(rows) == 2 and rows[0].endswith("  obs prompt v1") and rows[1].endswith("  obs prompt v2")
     assert max(len(line) for line in out.splitlines()) <= 100

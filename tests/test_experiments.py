@@ -655,3 +655,15 @@ def test_an_experiment_with_a_deleted_run_says_it_is_missing_and_resume_replays_
     assert invoke("experiment", "resume", experiment_id, "--db", db)[0] == 0
     with RunStore(db) as store:
         assert ex.report(store, experiment_id)["status_text"] == "completed"
+
+
+def test_an_experiment_over_prompt_versions_on_the_offline_model_is_warned_about(tmp_path) -> None:
+    """The app warned that the built-in model ignores prompt text; `experiment run` did not."""
+    code, out, err = invoke("experiment", "run", "--dataset", str(DEMO), "--observer-prompt", "v1,v2",
+                            "--reflector-prompt", "v1,v2", "--concurrency", "1", "--db", str(tmp_path / "m.duckdb"))
+    assert code == 0 and "differ in observer and reflector prompt versions, but the built-in offline model" in \
+        " ".join(err.split())
+    code, out, err = invoke("experiment", "run", "--dataset", str(DEMO), "--observation-threshold", "150,600",
+                            "--concurrency", "1", "--db", str(tmp_path / "n.duckdb"))
+    assert code == 0 and "ignores prompt text" not in err
+

@@ -561,7 +561,10 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
                                                                  observer_prompts or [None], reflector_prompts or [None])
             ]
 
-            from .experiments import labels
+            from .experiments import labels, offline_prompt_warning
+
+            if warning := offline_prompt_warning(grid):
+                click.echo(f"warning: {warning}", err=True)
 
             # What varies names each configuration (a single one is named in full).
             short = labels([c.to_json() for c in grid]) if len(grid) > 1 else [c.label() for c in grid]
@@ -846,6 +849,9 @@ def experiment_run(dataset, fmt, conversations, observation, reflection, windows
                                        judge=judge, answerer=answerer)
         from .replay import configuration_problem
 
+        warning = ex.offline_prompt_warning(grid)
+        if warning:
+            click.echo(f"warning: {warning}", err=True)
         names = ex.labels([c.to_json() for c in grid])  # as the report will name them
         problems = {name: configuration_problem(c) for name, c in zip(names, grid)}
         if all(problems.values()):  # nothing could run: refuse before asking anything

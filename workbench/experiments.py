@@ -240,6 +240,22 @@ def status_text(status: str, failed: int, planned: int, missing: int = 0) -> str
     return f"completed; {failed} {of} failed" if failed else f"completed; {missing} {of} missing"
 
 
+def offline_prompt_warning(grid: Sequence[Any]) -> str | None:
+    """A warning when configurations differ in a prompt only the built-in offline model reads:
+    it ignores prompt text, so such a grid compares nothing (``None`` when that is not so)."""
+    roles = []
+    for role in ("observer", "reflector"):
+        prompts = {getattr(c, f"{role}_prompt").sha256 for c in grid if getattr(c, role) is not None}
+        models = [getattr(c, role) for c in grid if getattr(c, role) is not None]
+        if len(prompts) > 1 and all(str(m).startswith(OFFLINE_PREFIX) for m in models):
+            roles.append(role)
+    if not roles:
+        return None
+    return (f"these configurations differ in {' and '.join(roles)} prompt versions, but the built-in offline model "
+            "ignores prompt text: their figures differ by the other settings only. Comparing prompts needs an "
+            "LLM (a real --observer/--reflector model).")
+
+
 def listed_status(row: Any) -> str:
     """:func:`status_text` for a row of ``RunStore.experiments()`` (its counts of runs recorded,
     failed and planned): ``completed; 1 of 4 runs missing`` once a run was deleted since."""

@@ -15,6 +15,7 @@ from workbench.experiments import (
     create_experiment,
     estimate_cost,
     labels,
+    offline_prompt_warning,
     outcome_message,
     status_text,
 )
@@ -122,10 +123,8 @@ with st.expander("New experiment", expanded=existing.empty):
         st.info(ui.plain(f"{fmt.count(len(conversations) * len(grid), 'run')}: "
                          f"{fmt.count(len(conversations), 'conversation')} × "
                          f"{fmt.count(len(grid), 'configuration')}. Estimated cost: {priced}."))
-        differ = len({c.observer_prompt.sha256 for c in grid}) > 1 or len({c.reflector_prompt.sha256 for c in grid}) > 1
-        if differ and offline:
-            st.warning("These configurations differ in prompt versions, but the built-in offline model ignores "
-                       "prompt text: comparing prompts needs an LLM (choose a real observer/reflector model).")
+        if warning := offline_prompt_warning(grid):
+            st.warning(warning[:1].upper() + warning[1:].replace("--observer/--reflector", "observer/reflector"))
         if len(blocked) == len(grid):
             problems.append("no configuration can run here: " + "; ".join(sorted(set(blocked.values()))))
             ui.error("**Nothing to start.** ", problems[-1])
