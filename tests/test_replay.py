@@ -219,6 +219,10 @@ def test_findings_flag_an_observer_that_falls_behind_and_tightened_reflections()
     assert "set a backlog ceiling (--max-backlog" in note  # the remedy made for exactly this
     [note] = findings(steps([0, 800, 1500, 2600, 3900, 5200]), 1000, max_backlog=4000)
     assert "lower the backlog ceiling (4,000 tokens in this run" in note and "set a backlog" not in note
+    assert "read memory more often" in note
+    [note] = findings(steps([0, 800, 1500, 2600, 3900, 5200]), 1000, recall_on="every")
+    assert "read memory more often" not in note  # it already read before every message
+    assert "Raise the observation threshold well above that (segments are whole messages), or set a backlog" in note
     assert findings(steps([0, 900, 400, 950, 300, 700]), 1000) == []  # keeps up: nothing to say
     assert findings(steps([0, 9000, 6000, 5000, 4000, 3500]), 1000) == []  # catching up
 

@@ -225,12 +225,14 @@ def narrate(step_row: pd.Series, previous: pd.Series | None, records: pd.DataFra
 
 
 def findings(steps: pd.DataFrame, observation_threshold: int, calls: pd.DataFrame | None = None,
-             max_backlog: int | None = None, reflection_threshold: int | None = None) -> list[str]:
+             max_backlog: int | None = None, reflection_threshold: int | None = None,
+             recall_on: str | None = None) -> list[str]:
     """Plain-language warnings about a run a user tuning thresholds should know about.
 
     * The observer falls behind: each read observes at most one segment (at most the observation
       threshold, or one message), so when reads add more than that, the backlog (messages neither
-      observed nor in the window, so invisible to the agent) keeps growing.
+      observed nor in the window, so invisible to the agent) keeps growing. (Reading more often is
+      suggested only when ``recall_on`` is not already ``"every"``.)
     * Reflections came back over the reflection threshold and were sent back or trimmed.
     * The reflection threshold is below what one observer pass writes.
     """
@@ -249,7 +251,8 @@ def findings(steps: pd.DataFrame, observation_threshold: int, calls: pd.DataFram
                 f"and the backlog was still growing. A read observes at most one segment of up to "
                 f"{observation_threshold:,} tokens (or one longer message), while this conversation adds about "
                 f"{per_read:,} tokens per read. Raise the observation threshold well above that (segments are "
-                f"whole messages), read memory more often (recall before every message), or "
+                f"whole messages), "
+                + ("read memory more often (recall before every message), or " if recall_on != "every" else "or ")
                 + ("set a backlog ceiling (--max-backlog; max_backlog in the library): past it, a read observes "
                    "a larger segment, so the backlog stops growing." if max_backlog is None else
                    f"lower the backlog ceiling ({max_backlog:,} tokens in this run: past it, a read observes a "

@@ -340,7 +340,8 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
             _print_summary(result, len(conv.probes), f"conversation {conv.id} of {_dataset_name(conv.source)}")
             calls = store.model_calls(result.run_id) if result.run_id else None
             for note in findings(pd.DataFrame(result.step_rows), config.observation_threshold, calls,
-                                 config.max_backlog, config.reflection_threshold if config.reflector else None):
+                                 config.max_backlog, config.reflection_threshold if config.reflector else None,
+                                 config.recall_on):
                 _echo_wrapped(note, first="  note: ", rest="        ")
 
 
