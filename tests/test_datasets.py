@@ -65,6 +65,8 @@ def test_project_datasets_load() -> None:
          "invalid JSON: Unterminated string starting at column 29"),
         (line(role="robot"), "line 1", "role", "unknown role 'robot'"),
         (line(content=...), "line 1", "content", "missing"),
+        (line(content=None), "line 1", "content", "is null; expected str"),  # was "missing": it is there
+        (line(timestamp=True), "line 1", "timestamp", "expected str or int or float, got bool"),
         (line(timestamp="yesterday"), "line 1", "timestamp", "unrecognised date-time 'yesterday'"),
         (line(content=5), "line 1", "content", "expected str"),
         (line() + line(), "conversation 'c' message 2", "id", "duplicate message id 'm1' (message 1 has it too)"),
@@ -180,6 +182,8 @@ def test_chat_timestamps_read_unix_time_and_an_undated_message_sits_among_its_ne
                                                                  {"role": "assistant", "content": "b"}]}))
     assert [t.created_at.isoformat() for t in load_conversation(undated).turns] == \
         ["2024-01-01T00:00:00+00:00", "2024-01-01T00:01:00+00:00"]  # none dated: a minute apart, as before
+    omem = write(tmp_path, "o.jsonl", line(timestamp=1717236000))  # the project's format reads Unix time too
+    assert load_conversation(omem).turns[0].created_at.isoformat() == "2024-06-01T10:00:00+00:00"
     bad = write(tmp_path, "r.json", json.dumps({"messages": [{"role": "user", "content": "a", "timestamp": True}]}))
     with pytest.raises(DatasetError, match="message 0: field 'timestamp': expected a date-time string or Unix time"):
         load_conversation(bad)

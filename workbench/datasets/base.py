@@ -108,11 +108,13 @@ def require(obj: Any, key: str, file: Path, record: str, kind: type | tuple[type
     """``obj[key]``, checked to be present and of type ``kind``; else a :class:`DatasetError`."""
     if not isinstance(obj, dict):
         raise DatasetError(file, record, None, f"expected a JSON object, got {type(obj).__name__}")
-    if key not in obj or obj[key] is None:
+    names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+    if key not in obj:
         raise DatasetError(file, record, key, "missing")
     value = obj[key]
+    if value is None:
+        raise DatasetError(file, record, key, f"is null; expected {names}")
     if not isinstance(value, kind) or isinstance(value, bool):
-        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
         raise DatasetError(file, record, key, f"expected {names}, got {type(value).__name__}")
     return value
 

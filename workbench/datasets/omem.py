@@ -37,7 +37,8 @@ def load(source: Source) -> list[Conversation]:
                 id=require(obj, "id", file, record),
                 role=role,
                 text=require(obj, "content", file, record),
-                created_at=parse_datetime(require(obj, "timestamp", file, record), file, record, "timestamp"),
+                created_at=parse_datetime(require(obj, "timestamp", file, record, (str, int, float)), file, record,
+                                          "timestamp"),
                 speaker=speaker,
             ))
         elif kind == "probe":
