@@ -308,7 +308,7 @@ def test_presentation_steps_forward(db: Path) -> None:
     assert first.startswith("Step 0:")
     at.button(key="pres_next").click().run()
     assert at.subheader[0].value.startswith("Step 1:")
-    assert {m.label for m in at.metric} >= {"Compression", "Facts retained"}
+    assert {m.label for m in at.metric} >= {"Compression", "Answer words retained"}
 
 
 def test_a_store_held_by_another_process_opens_read_only(db: Path, monkeypatch) -> None:

@@ -62,6 +62,8 @@ def test_replay_json_last_line(tmp_path) -> None:
                 "retention_window_only"):
         assert key in summary
     assert summary["messages"] == 12 and summary["steps"] == 6
+    counts = [figures["probes"] for figures in summary["retention_per_category"].values()]
+    assert counts and all(type(n) is int for n in counts)  # a count, not 32.0
     with RunStore(tmp_path / "cli.duckdb") as store:
         assert store.run(summary["run_id"])["status"] == "completed"
 

@@ -143,7 +143,7 @@ def run_html(store: Any, run_id: str) -> str:
     calls_made = sum(0 if missing(run.get(k)) else int(run[k]) for k in ("observer_calls", "reflector_calls"))
     page.figures([
         ("Compression" + ("" if done else " (partial)"), ratio(run.get("compression"))),
-        ("Facts retained", MISSING if missing(run.get("retention")) else f"{float(run['retention']):.0%}"),
+        ("Answer words retained", MISSING if missing(run.get("retention")) else f"{float(run['retention']):.0%}"),
         ("Model calls", display(calls_made)),
         ("Blind-spot tokens (mean)", tokens(run.get("blind_spot_tokens"))),
         ("Messages", display(run.get("messages"))),

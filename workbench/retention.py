@@ -82,7 +82,7 @@ class RetentionSummary:
     window_only: float | None
     recent_tokens: float | None
     scored: int
-    per_category: dict[str, dict[str, float | None]]
+    per_category: dict[str, dict[str, float | int | None]]
     in_window: int = 0  # probes not scored: their evidence is all still in the final window
 
     @property
@@ -112,7 +112,7 @@ def summarise(rows: Sequence[dict]) -> RetentionSummary:
     overall = means(complete)
     per_category = {
         cat: {**means({p: s for p, s in complete.items() if category[p] == cat}),
-              "probes": float(sum(1 for p in complete if category[p] == cat))}
+              "probes": sum(1 for p in complete if category[p] == cat)}  # a count (JSON: 32, not 32.0)
         for cat in sorted({category[p] for p in complete})
     }
     waiting = {row["probe_id"] for row in rows if row["method"] in METHODS and row.get("evidence_in_window")}
