@@ -111,6 +111,10 @@ def test_openai_and_sharegpt_exports(tmp_path) -> None:
         {"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}]))
     assert detect_format(share) == "sharegpt"
     assert [t.role for t in load_conversation(share).turns] == ["user", "assistant"]
+    calls = write(tmp_path, "f.json", json.dumps([{"id": "f", "conversations": [
+        {"from": "human", "value": "weather?"}, {"from": "function_call", "value": '{"name": "weather"}'},
+        {"from": "observation", "value": "rain"}, {"from": "gpt", "value": "It rains."}]}]))
+    assert [t.role for t in load_dataset(calls, "sharegpt")[0].turns] == ["user", "assistant", "tool", "assistant"]
     chatgpt = write(tmp_path, "conversations.json", json.dumps([{"title": "t", "id": "z", "mapping": {
         "a": {"id": "a", "message": None},
         "b": {"id": "b", "message": {"id": "b", "author": {"role": "user"}, "create_time": 1700000000,

@@ -12,7 +12,9 @@ DESCRIPTION = "ShareGPT: `[{\"conversations\": [{\"from\": \"human\", \"value\":
 FOLDER = False
 
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "assistant": "assistant",
-         "bing": "assistant", "bard": "assistant", "system": "system", "tool": "tool", "function": "tool"}
+         "bing": "assistant", "bard": "assistant", "system": "system", "tool": "tool", "function": "tool",
+         # function-calling sets (Glaive, xLAM): the model's call, and what the tool returned
+         "function_call": "assistant", "observation": "tool"}
 
 
 def sniff(source: Source) -> bool:
