@@ -140,20 +140,23 @@ def cut_middle(text: str, limit: int, count: Callable[[str], int]) -> str:
 
 
 def _whole_words(text: str, piece: str, from_end: bool) -> str:
-    """``piece`` (a head or a tail of ``text``) without a part-word at its cut, when a space in
-    its last (first) fifth allows: "…named Zephyr" rather than "…named Zephyr ju"."""
+    """``piece`` (a head or a tail of ``text``) without a part-word at its cut, when a space or
+    line break in its last (first) fifth allows: "…named Zephyr" rather than "…named Zephyr ju"."""
     if not piece:
         return piece
     if from_end:
         cut = len(text) - len(piece)
         if cut == 0 or text[cut - 1].isspace() or piece[0].isspace():
             return piece
-        space = piece.find(" ")
-        return piece[space + 1:] if 0 <= space <= len(piece) // 5 else piece
+        gap = _SPACE.search(piece)
+        return piece[gap.end():] if gap is not None and gap.start() <= len(piece) // 5 else piece
     if len(piece) == len(text) or text[len(piece)].isspace() or piece[-1].isspace():
         return piece
-    space = piece.rfind(" ")
-    return piece[:space] if space > 0 and space >= len(piece) - len(piece) // 5 else piece
+    gaps = [m.start() for m in _SPACE.finditer(piece, max(0, len(piece) - len(piece) // 5))]
+    return piece[:gaps[-1]] if gaps and gaps[-1] > 0 else piece
+
+
+_SPACE = re.compile(r"\s+")
 
 
 def memory_text(view: MemoryView) -> str:

@@ -143,6 +143,10 @@ def test_an_agent_chat_keeps_its_tool_calls_and_reads_newer_roles(tmp_path) -> N
         {"role": "function", "name": "book", "content": "confirmed"}]}) + "\n")
     turns = load_dataset(chat, "openai")[0].turns
     assert [t.role for t in turns] == ["system", "user", "assistant", "tool", "assistant", "tool"]
+    no_content = write(tmp_path, "agent2.json", json.dumps({"messages": [  # OpenAI may leave "content" out
+        {"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "ping", "arguments": "{}"}}]}]}))
+    assert load_dataset(no_content, "openai")[0].turns[1].text == "[tool call: ping({})]"
     assert turns[2].text == '[tool call: search_flights({"to": "OPO", "day": "Friday"})]'
     assert turns[4].text == 'Booking it.\n[tool call: book({"flight": "TP 1947"})]'
     bad = write(tmp_path, "bad.jsonl", json.dumps({"messages": [{"role": "bot", "content": "x"}]}) + "\n")
@@ -168,6 +172,14 @@ def test_a_chatgpt_export_is_read_along_the_branch_the_user_kept(tmp_path) -> No
     assert [t.created_at.isoformat() for t in turns] == ["2023-11-14T22:13:20+00:00"] * 2 + ["2023-11-14T22:13:50+00:00"]
     other = write(tmp_path, "c2.json", json.dumps([{"title": "t", "mapping": mapping}]))  # no current_node
     assert [t.id for t in load_conversation(other).turns] == ["u1", "a2", "u2"]  # the path to the newest message
+    undated = {k: {**n, "message": {**n["message"], "create_time": None}} if n["message"] else n for k, n in mapping.items()}
+    del undated["a1"]
+    undated["u1"] = {**undated["u1"], "message": {**undated["u1"]["message"], "create_time": 1700000000}}
+    bare = write(tmp_path, "c3.json", json.dumps([{"title": "t", "mapping": undated}]))  # its newest reply undated
+    assert [t.id for t in load_conversation(bare).turns] == ["u1", "a2", "u2"]  # a leaf's branch, not u1 alone
+    millis = {**mapping, "u2": node("u2", "a2", "user", "Thanks", 1700000030000)}  # milliseconds
+    ms = write(tmp_path, "c4.json", json.dumps([{"title": "t", "mapping": millis, "current_node": "u2"}]))
+    assert load_conversation(ms).turns[-1].created_at.isoformat() == "2023-11-14T22:13:50+00:00"
 
 
 def test_chat_timestamps_read_unix_time_and_an_undated_message_sits_among_its_neighbours(tmp_path) -> None:
@@ -186,6 +198,9 @@ def test_chat_timestamps_read_unix_time_and_an_undated_message_sits_among_its_ne
                                                                  {"role": "assistant", "content": "b"}]}))
     assert [t.created_at.isoformat() for t in load_conversation(undated).turns] == \
         ["2024-01-01T00:00:00+00:00", "2024-01-01T00:01:00+00:00"]  # none dated: a minute apart, as before
+    blank = write(tmp_path, "b.json", json.dumps({"messages": [  # an empty timestamp is no timestamp (as before)
+        {"role": "user", "content": "a", "timestamp": "", "created_at": "2024-06-01T10:00:00Z"}]}))
+    assert load_conversation(blank).turns[0].created_at.isoformat() == "2024-06-01T10:00:00+00:00"
     omem = write(tmp_path, "o.jsonl", line(timestamp=1717236000))  # the project's format reads Unix time too
     assert load_conversation(omem).turns[0].created_at.isoformat() == "2024-06-01T10:00:00+00:00"
     bad = write(tmp_path, "r.json", json.dumps({"messages": [{"role": "user", "content": "a", "timestamp": True}]}))

@@ -666,4 +666,3 @@ def test_an_experiment_over_prompt_versions_on_the_offline_model_is_warned_about
     code, out, err = invoke("experiment", "run", "--dataset", str(DEMO), "--observation-threshold", "150,600",
                             "--concurrency", "1", "--db", str(tmp_path / "n.duckdb"))
     assert code == 0 and "ignores prompt text" not in err
-

@@ -176,11 +176,12 @@ async def test_a_message_cut_to_fit_is_cut_between_words_and_its_marker_stays_ou
     from omem_core.planning import cut_middle
 
     text = " ".join(f"Zephyr{i} jumps over fence{i}." for i in range(3000))
-    for limit in (50, 333, 1000):
-        cut = cut_middle(text, limit, lambda s: -(-len(s) // 4))
+    lines = "\n".join(f"worker{i}/job{i}/done" for i in range(3000))  # a log: line breaks, no spaces
+    for whole, limit in [(whole, limit) for whole in (text, lines) for limit in (50, 333, 1000)]:
+        cut = cut_middle(whole, limit, lambda s: -(-len(s) // 4))
         head, tail = cut.split(" [... ")[0], cut.split(" omitted ...] ")[1]
-        assert text.startswith(head) and text.endswith(tail)
-        assert text[len(head)] == " " and text[-len(tail) - 1] == " "  # whole words either side
+        assert whole.startswith(head) and whole.endswith(tail)
+        assert whole[len(head)].isspace() and whole[-len(tail) - 1].isspace()  # whole words either side
     store = create_observational_memory_store(observer="omem/extractive", max_input_tokens=2000)
     await store.save_messages([msg(0, text, role="user"), msg(1, "a"), msg(2, "b")])
     await store.recall("t", last=2)

@@ -51,7 +51,7 @@ def json_errors(command: Callable[..., None]) -> Callable[..., None]:
         try:
             command(*args, **kwargs)
         except click.ClickException as exc:
-            if kwargs.get("as_json") and not getattr(exc, "json_printed", False):
+            if kwargs.get("as_json"):
                 click.echo(json.dumps({"status": "failed", "error": exc.format_message(),
                                        **getattr(exc, "json_fields", {})}))
             raise
@@ -553,6 +553,8 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
     with _using_store(db) as store:
         try:
             conv = load_conversation(dataset, conversation, fmt)
+            for warning in conv.warnings:
+                click.echo(f"warning: {warning}", err=True)
             grid = [
                 ReplayConfig(observer=o, reflector=None if r.lower() == "none" else r, observation_threshold=ot,
                              reflection_threshold=rt, last_messages=w, token_counter=token_counter,
@@ -943,7 +945,10 @@ def experiment_list(as_json: bool, db: str) -> None:
         frame = store.experiments()
     columns = ["experiment_id", "status", "name", "dataset", "planned_runs", "runs", "unfinished_runs", "created_at"]
     if as_json:
-        click.echo(frame[[*columns, "failed_runs"]].to_json(orient="records", date_format="iso"))
+        from .experiments import listed_status
+
+        listed = frame[[*columns, "failed_runs"]].assign(status_text=[listed_status(r) for r in frame.to_dict("records")])
+        click.echo(listed.to_json(orient="records", date_format="iso"))
     elif frame.empty:
         click.echo(f"no experiments in {db}")
     else:

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from .base import EPOCH, ROLES, Conversation, DatasetError, Turn, finish, require
-from .dates import parse_datetime
+from .dates import parse_datetime, try_parse_datetime
 from .source import Source
 
 
@@ -55,16 +55,16 @@ def from_messages(conv_id: str, messages: list[Any], source: Source, record: str
         if role not in ROLES:
             known = list(roles) if roles is not None else list(ROLES)
             raise DatasetError(file, where, role_key, f"unknown role {raw_role!r} (expected one of {', '.join(known)})")
-        if text_key not in item:
+        if text_key not in item and not calls_text(item):  # (OpenAI leaves it out of a turn that only calls tools)
             raise DatasetError(file, where, text_key, "missing")
-        content = item[text_key]
+        content = item.get(text_key)
         if not (content is None or isinstance(content, (str, list))
                 or isinstance(content, dict) and isinstance(content.get("parts"), list)):
             # (null is a message with no text, e.g. an assistant's tool call; a number is a mistake)
             raise DatasetError(file, where, text_key, f"expected text or a list of content parts, got "
                                f"{type(content).__name__} {str(content)[:40]!r}")
-        key = "timestamp" if item.get("timestamp") is not None else "created_at"
-        stamps.append(None if item.get(key) is None else parse_datetime(item[key], file, where, key))
+        key = "timestamp" if item.get("timestamp") not in (None, "") else "created_at"
+        stamps.append(None if item.get(key) in (None, "") else parse_datetime(item[key], file, where, key))
         text = "\n".join(part for part in (text_of(content), calls_text(item)) if part)
         turns.append(Turn(named(item.get("id")) or f"{conv_id}-{index}", role, text,
                           EPOCH, item.get("name") if isinstance(item.get("name"), str) else None))
@@ -101,12 +101,9 @@ def from_chatgpt(obj: dict[str, Any], index: int, source: Source, fmt: str) -> C
     def created(node: dict[str, Any]) -> datetime | None:
         message = node.get("message")
         value = message.get("create_time") if isinstance(message, dict) else None
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value:
+        if not value or isinstance(value, bool):
             return None
-        try:
-            return datetime.fromtimestamp(value, tz=timezone.utc)
-        except (OverflowError, OSError, ValueError):
-            return None
+        return try_parse_datetime(value, numbers=True)
 
     def path_to(key: Any) -> list[dict[str, Any]]:
         path: list[dict[str, Any]] = []
@@ -119,8 +116,16 @@ def from_chatgpt(obj: dict[str, Any], index: int, source: Source, fmt: str) -> C
 
     leaf = obj.get("current_node")
     if not (isinstance(leaf, str) and leaf in nodes):
-        dated = [(created(node) or NEVER, key) for key, node in nodes.items() if isinstance(node.get("message"), dict)]
-        leaf = max(dated)[1] if dated else None
+        # The newest branch: of the leaves (nodes no node names as its parent), the one whose path
+        # holds the newest message, then the longest path.
+        parents = {node.get("parent") for node in nodes.values() if isinstance(node.get("parent"), str)}
+        leaves = [key for key in nodes if key not in parents]
+
+        def rank(key: str) -> tuple[datetime, int]:
+            path = path_to(key)
+            return max((created(node) or NEVER for node in path), default=NEVER), len(path)
+
+        leaf = max(leaves, key=rank) if leaves else None
     path = path_to(leaf)
     if not any(isinstance(node.get("parent"), str) and node["parent"] in nodes for node in nodes.values()):  # no tree: every message, by time
         path = sorted(nodes.values(), key=lambda node: created(node) or NEVER)

@@ -83,8 +83,11 @@ def parse_datetime(value: Any, file: str | Path, record: str, field: str | None)
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
 
 
-def try_parse_datetime(value: Any) -> datetime | None:
-    """:func:`parse_datetime` for optional values: ``None`` instead of an error."""
+def try_parse_datetime(value: Any, *, numbers: bool = False) -> datetime | None:
+    """:func:`parse_datetime` for optional values: ``None`` instead of an error, and for a number
+    unless ``numbers`` (Unix time) is asked for (a BEAM anchor is a date string, never a number)."""
+    if isinstance(value, (int, float)) and not numbers:
+        return None
     try:
         return parse_datetime(value, "", "", None)
     except DatasetError:
