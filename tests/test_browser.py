@@ -176,6 +176,16 @@ def test_dataset_and_model_text_is_inert(server) -> None:
         assert page.locator('[data-testid="stMain"] img[src="x"]').count() == 0
         assert page.locator('[data-testid="stMain"] a[href^="javascript"]').count() == 0
         assert page.locator('a[href*="evil.example"]').count() == 0
+        # An upload that cannot be read: its error names the file chosen (not the server's copy), and
+        # nothing of the run above stays under it as if the upload had produced it.
+        broken = tmp / "broken.jsonl"
+        broken.write_text('{"conversation_id": "c", "id": "m1", "role": "robot", "content": "x", "timestamp": "2024-01-01"}\n')
+        page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(broken))
+        settle(page)
+        banner = page.get_by_text(re.compile(r"Cannot read the dataset: broken\.jsonl: line 1: field 'role'"))
+        banner.wait_for(timeout=30_000)
+        assert "omem-uploads" not in banner.inner_text()
+        assert page.get_by_role("tab", name="What the agent sees").count() == 0
 
 
 def test_experiment_grid_and_exported_html_from_disk(server) -> None:
