@@ -22,6 +22,7 @@ import threading
 from datetime import datetime
 from pathlib import Path
 
+from .memory import SyncClosing
 from .messages import ObservationRecord
 from .observations import already_saved, check_record
 
@@ -42,7 +43,7 @@ CREATE TABLE IF NOT EXISTS omem_epochs (thread_id VARCHAR PRIMARY KEY, epoch BIG
 """
 
 
-class DuckDBObservationStore:
+class DuckDBObservationStore(SyncClosing):
     """An ``ObservationStore`` in one DuckDB file (``":memory:"`` for none), held open by this
     process; ``close()`` (or ``with``) releases it."""
 
@@ -57,15 +58,9 @@ class DuckDBObservationStore:
         with self._lock:
             self._con.execute(_SCHEMA)
 
-    def close(self) -> None:
+    def _close(self) -> None:
         with self._lock:
             self._con.close()
-
-    def __enter__(self) -> DuckDBObservationStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _rows(self, thread_id: str) -> builtins.list[ObservationRecord]:
         rows = self._con.execute("SELECT id, thread_id, resource_id, created_at, kind, source_ids, text "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
@@ -33,6 +33,43 @@ class MemoryStore(Protocol):
     ) -> list[Message]: ...
 
     async def delete_thread(self, thread_id: str) -> None: ...
+
+
+class Closed:
+    """What a store's synchronous ``close()`` returns: nothing to wait for, so ignoring it is fine,
+    and ``await store.close()`` works too, as it does for the PostgreSQL stores (whose ``close()``
+    is a coroutine), so code can close any store the same way."""
+
+    __slots__ = ()
+
+    def __await__(self):  # type: ignore[no-untyped-def]
+        return iter(())
+
+
+class SyncClosing:
+    """``close()`` (returning :class:`Closed`) plus ``with`` and ``async with`` for a store whose
+    resources close synchronously (SQLite, DuckDB)."""
+
+    def _close(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> Closed:
+        """Close the store's connection (idempotent). Returns an awaitable: ``store.close()`` and
+        ``await store.close()`` both work."""
+        self._close()
+        return Closed()
+
+    def __enter__(self):  # type: ignore[no-untyped-def]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._close()
+
+    async def __aenter__(self):  # type: ignore[no-untyped-def]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._close()
 
 
 def check_store(value: object, protocol: type, name: str) -> None:
@@ -173,8 +210,8 @@ class Memory:
         self.storage: MemoryStore = storage if storage is not None else InMemoryMemoryStore()
         self.last_messages = last_messages
 
-    async def save_messages(self, messages: Sequence[Message]) -> None:
-        await self.storage.save_messages(messages)
+    async def save_messages(self, messages: Iterable[Message]) -> None:
+        await self.storage.save_messages(list(messages))  # any iterable; stores may read a batch twice
 
     async def recall(
         self, thread_id: str, *, before: str | None = None, last: int | None = None

@@ -22,11 +22,11 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .memory import check_last
+from .memory import SyncClosing, check_last
 from .messages import Message, ObservationRecord, check_message
 from .observations import ReflectionCache, already_saved, check_record
 
@@ -164,7 +164,7 @@ def schema_version(path: str | Path) -> int:
         return int(con.execute("PRAGMA user_version").fetchone()[0])
 
 
-class SQLiteMemoryStore:
+class SQLiteMemoryStore(SyncClosing):
     """A ``MemoryStore`` in one SQLite file, with the working-memory capability.
 
     Ordered by ``created_at`` then insertion, like ``InMemoryMemoryStore``; re-saving an identical
@@ -174,10 +174,11 @@ class SQLiteMemoryStore:
     def __init__(self, path: str | Path) -> None:
         self._db = _Database(path)
 
-    def close(self) -> None:
+    def _close(self) -> None:
         self._db.close()
 
-    async def save_messages(self, messages: Sequence[Message]) -> None:
+    async def save_messages(self, messages: Iterable[Message]) -> None:
+        messages = list(messages)  # read twice below: a generator would be empty the second time
         for message in messages:
             check_message(message)  # the whole batch first, the same checks as the in-memory store
         db = self._db
@@ -248,7 +249,7 @@ class SQLiteMemoryStore:
                                  "ON CONFLICT (thread_id) DO UPDATE SET text = excluded.text", (thread_id, text))
 
 
-class SQLiteObservationStore:
+class SQLiteObservationStore(SyncClosing):
     """An ``ObservationStore`` in one SQLite file, with the ``list_recent`` capability, the lease
     capability (``try_lease``/``release_lease``) that lets processes sharing the file run each
     thread's compaction pass exactly once, and the delete-epoch capability
@@ -265,7 +266,7 @@ class SQLiteObservationStore:
         self._db = _Database(path)
         self._cache = ReflectionCache(cache_ids)
 
-    def close(self) -> None:
+    def _close(self) -> None:
         self._db.close()
 
     _COLUMNS = "id, thread_id, resource_id, created_at, kind, source_ids, text"

@@ -466,3 +466,34 @@ async def test_a_message_with_a_blank_id_or_thread_is_refused_by_every_store(tmp
             with pytest.raises(ValueError, match="must not be empty"):
                 await store.save_messages([dataclasses.replace(msg(0), **blank)])
         assert await store.recall("t", last=5) == []
+
+
+async def test_a_batch_given_as_a_generator_is_saved_whole(make_memory_store) -> None:
+    """SQLite read the batch twice (check, then insert): a generator saved nothing, silently."""
+    from omem_core import create_observational_memory_store
+
+    store = make_memory_store()
+    await store.save_messages(msg(i) for i in range(3))
+    assert [m.id for m in await store.recall("t", last=10)] == ["m0", "m1", "m2"]
+    memory = Memory(make_memory_store())  # the facade, and a wrapper over the store, alike
+    await memory.save_messages(iter([msg(i, thread="u") for i in range(2)]))
+    assert [m.id for m in await memory.recall("u")] == ["m0", "m1"]
+    wrapped = create_observational_memory_store(make_memory_store(), observer="omem/extractive")
+    await wrapped.save_messages(msg(i, thread="w") for i in range(2))
+    assert [m.id for m in await wrapped.recall("w", last=5)] == ["m0", "m1"]
+
+
+async def test_every_store_closes_alike(tmp_path) -> None:
+    """`await store.close()` failed on the SQLite and DuckDB stores (their close() returned None),
+    so code closing any store as the PostgreSQL ones are closed broke on them."""
+    from omem_core.duckdb_store import DuckDBObservationStore
+
+    for make in (lambda: SQLiteMemoryStore(tmp_path / "a.db"), lambda: SQLiteObservationStore(tmp_path / "b.db"),
+                 lambda: DuckDBObservationStore(tmp_path / "c.duckdb")):
+        store = make()
+        await store.close()
+        store.close()  # again, and without await: closing twice is harmless
+        async with make() as opened:
+            assert opened is not None
+        with make() as opened:
+            pass
