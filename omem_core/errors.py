@@ -2,7 +2,12 @@
 
     Exception
      ├── CompactionError   an observer or reflector pass failed inside a read
-     └── ValueError        bad configuration (thresholds, models, counters), raised up front
+     ├── ValueError        bad configuration (thresholds, models, counters), raised up front;
+     │                     a message or read the stores refuse (a late or conflicting message,
+     │                     a negative ``last``)
+     └── TypeError         an argument of the wrong type: a path where a store goes, a
+                           ``count_tokens`` that is not callable, a non-str message field or
+                           ``thread_id``
 
 ``KeyError`` is raised by a paging read whose cursor id is unknown, as the spec requires.
 """

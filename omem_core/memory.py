@@ -103,6 +103,14 @@ def check_last(last: object) -> int:
     return last
 
 
+def check_read(thread_id: object, last: object) -> int:
+    """``last`` (see :func:`check_last`) once ``thread_id`` is a ``str``, else a ``TypeError``: a
+    read of ``None`` or ``123`` returned ``[]`` as if the thread were empty."""
+    if not isinstance(thread_id, str):
+        raise TypeError(f"thread_id must be a str, got {type(thread_id).__name__} {thread_id!r}")
+    return check_last(last)
+
+
 class _Thread:
     """One thread's messages, kept sorted by ``(created_at, insertion number)``.
 
@@ -168,7 +176,7 @@ class InMemoryMemoryStore:
     async def recall(
         self, thread_id: str, *, last: int, before: str | None = None
     ) -> list[Message]:
-        check_last(last)
+        check_read(thread_id, last)
         thread = self._threads.get(thread_id)
         if before is not None:
             key = thread.key_of.get(before) if thread is not None else None

@@ -64,6 +64,11 @@ class Message:
     resource_id: str | None = None
 
     def __post_init__(self) -> None:
+        for name in ("id", "thread_id", "role", "content"):  # (a bad type failed only at save)
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"message {self.id!r}: {name} must be a str, got {type(getattr(self, name)).__name__}")
+        if self.resource_id is not None and not isinstance(self.resource_id, str):
+            raise TypeError(f"message {self.id!r}: resource_id must be a str or None, got {type(self.resource_id).__name__}")
         if self.role not in ROLES:
             raise ValueError(
                 f"message {self.id!r}: role must be one of {sorted(ROLES)}, got {self.role!r}"

@@ -60,7 +60,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("omem_core.postgres needs psycopg 3 and psycopg-pool: "
                       "pip install 'omem[postgres]' (or: pip install 'psycopg[binary]' psycopg-pool)") from exc
 
-from .memory import check_last
+from .memory import check_read
 from .messages import Message, ObservationRecord, check_message
 from .observations import ReflectionCache, already_saved, check_record
 
@@ -654,7 +654,7 @@ class PostgresMemoryStore(_Store):
                        created_at=datetime.fromisoformat(created_at), resource_id=resource_id)
 
     async def recall(self, thread_id: str, *, last: int, before: str | None = None) -> list[Message]:
-        check_last(last)
+        check_read(thread_id, last)
         db = self._db
         async with db.connection() as con:
             if before is None:

@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .memory import SyncClosing, check_last
+from .memory import SyncClosing, check_read
 from .messages import Message, ObservationRecord, check_message
 from .observations import ReflectionCache, already_saved, check_record
 
@@ -211,7 +211,7 @@ class SQLiteMemoryStore(SyncClosing):
                        created_at=datetime.fromisoformat(created_at), resource_id=resource_id)
 
     async def recall(self, thread_id: str, *, last: int, before: str | None = None) -> list[Message]:
-        check_last(last)
+        check_read(thread_id, last)
         db = self._db
         with db.lock:
             if before is not None:

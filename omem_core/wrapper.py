@@ -45,7 +45,7 @@ import litellm
 from ._env import redact_secrets
 from .errors import CompactionError, Stage
 from .extractive import trim
-from .memory import InMemoryMemoryStore, MemoryStore, check_last, check_store
+from .memory import InMemoryMemoryStore, MemoryStore, check_read, check_store
 from .messages import Message, ObservationRecord, check_message
 from .observations import (
     DeleteEpochs,
@@ -455,7 +455,7 @@ class ObservationalMemoryStore:
             CompactionError: a due pass failed (it saved nothing; the next read retries).
             KeyError: ``before`` is not a message of the thread.
         """
-        check_last(last)
+        check_read(thread_id, last)
         if before is not None:
             return await self.inner.recall(thread_id, last=last, before=before)
         plan = await self._plan(thread_id, last)
@@ -497,7 +497,7 @@ class ObservationalMemoryStore:
         no write: what is due is reported, not done. It also lists every record and audits the
         history behind the cursor for messages no observation covers (``late``), so its cost
         grows with the thread; reads do not do this."""
-        check_last(last)
+        check_read(thread_id, last)
         plan = await self._plan(thread_id, last)
         records = await self.observations.list(thread_id)
         observe_due = self._observe_due(plan)
@@ -1103,6 +1103,8 @@ def create_observational_memory_store(
     Raises:
         ValueError: invalid thresholds, timeout, lease, input cap or backlog ceiling, a clock that
             returns naive datetimes, or a model string litellm cannot route.
+        TypeError: ``inner`` or ``observations`` is not a store (a path, a class), or
+            ``count_tokens`` is not callable.
     """
     if inner is not None:
         check_store(inner, MemoryStore, "inner")

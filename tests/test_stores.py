@@ -497,3 +497,17 @@ async def test_every_store_closes_alike(tmp_path) -> None:
             assert opened is not None
         with make() as opened:
             pass
+
+
+async def test_a_read_of_a_non_str_thread_and_a_message_of_wrong_types_are_refused(make_memory_store) -> None:
+    """recall(None) returned [] as if the thread were empty; Message(id=1, content=5) was built
+    and refused only at save (a bad role or a naive clock already failed at construction)."""
+    from omem_core import create_observational_memory_store
+
+    for store in (make_memory_store(), create_observational_memory_store(make_memory_store(), observer="omem/extractive")):
+        for thread in (None, 123):
+            with pytest.raises(TypeError, match=f"thread_id must be a str, got {type(thread).__name__}"):
+                await store.recall(thread, last=3)
+    for field, value in (("id", 1), ("content", 5), ("thread_id", None), ("resource_id", 7)):
+        with pytest.raises(TypeError, match=f"{field} must be a str"):
+            dataclasses.replace(msg(0), **{field: value})
