@@ -144,6 +144,10 @@ def _describe(dsn: str) -> tuple[str, str | None]:
     except Exception:
         raise ValueError("not a valid PostgreSQL connection string (libpq key=value or a postgresql:// URL); "
                          "it is not repeated here because it may hold a password") from None
+    for given in str(params.get("port") or "").split(","):  # libpq takes one per host; empty: the default
+        if given.strip() and not (given.strip().isdigit() and 1 <= int(given) <= 65535):
+            # (libpq would say so only when connecting, which retry logic reads as an outage)
+            raise ValueError(f"the connection string's port {given.strip()!r} is not a port number (1-65535)")
     host = params.get("host") or params.get("hostaddr") or os.environ.get("PGHOST") or "localhost"
     port = params.get("port") or os.environ.get("PGPORT") or "5432"
     database = params.get("dbname") or os.environ.get("PGDATABASE") or params.get("user") or os.environ.get(
