@@ -45,15 +45,23 @@ CREATE TABLE IF NOT EXISTS omem_epochs (thread_id VARCHAR PRIMARY KEY, epoch BIG
 
 class DuckDBObservationStore(SyncClosing):
     """An ``ObservationStore`` in one DuckDB file (``":memory:"`` for none), held open by this
-    process; ``close()`` (or ``with``) releases it."""
+    process; ``close()`` (or ``with``) releases it. A file another process holds is an ``OSError``
+    that says so."""
 
     def __init__(self, path: str | Path) -> None:
         import duckdb  # (the optional driver: only when this store is used)
 
         self.path = str(path)
         # No extension is ever fetched from the network (this store needs none).
-        self._con = duckdb.connect(self.path, config={"autoinstall_known_extensions": False,
-                                                      "autoload_known_extensions": False})
+        try:
+            self._con = duckdb.connect(self.path, config={"autoinstall_known_extensions": False,
+                                                          "autoload_known_extensions": False})
+        except duckdb.IOException as exc:
+            if "lock" not in str(exc).lower():
+                raise
+            raise OSError(f"cannot open the DuckDB file {self.path}: another process holds it (DuckDB lets one "
+                          "process open a file for writing). Share observations between processes with "
+                          f"the SQLite or PostgreSQL stores. ({exc})") from exc
         self._lock = threading.Lock()
         with self._lock:
             self._con.execute(_SCHEMA)

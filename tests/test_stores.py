@@ -511,3 +511,22 @@ async def test_a_read_of_a_non_str_thread_and_a_message_of_wrong_types_are_refus
     for field, value in (("id", 1), ("content", 5), ("thread_id", None), ("resource_id", 7)):
         with pytest.raises(TypeError, match=f"{field} must be a str"):
             dataclasses.replace(msg(0), **{field: value})
+
+
+def test_a_duckdb_file_another_process_holds_is_named_as_such(tmp_path) -> None:
+    """A raw `_duckdb.IOException: Could not set lock…` did not say one process per file is the rule."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "held.duckdb"
+    holder = subprocess.Popen([sys.executable, "-c", "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); "
+                               "print('ready', flush=True); time.sleep(60)", str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        from omem_core.duckdb_store import DuckDBObservationStore
+
+        with pytest.raises(OSError, match=f"cannot open the DuckDB file {path}: another process holds it"):
+            DuckDBObservationStore(path)
+    finally:
+        holder.kill()
+        holder.wait()
