@@ -197,6 +197,25 @@ async def _try_lease(leases: Leases, key: str, holder: str, ttl: float) -> bool:
         raise
 
 
+OTHER_LOOP = (
+    "this observational-memory store is in use by another event loop that is still running (another "
+    "thread). Its in-process coordination (one pass per thread at a time, deletes never undone) belongs "
+    "to one event loop: create one store per thread or event loop. To share one memory between threads "
+    "or processes, give each its own wrapper over the same SQLite or PostgreSQL stores."
+)
+
+
+def _this_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether ``loop`` is the running one. ``False`` for a loop that has stopped (state left by an
+    earlier ``asyncio.run``: the caller replaces it); a ``RuntimeError`` (:data:`OTHER_LOOP`) for
+    another loop still running, whose locks and tasks cannot be awaited from this one."""
+    if loop is asyncio.get_running_loop():
+        return True
+    if loop.is_running():
+        raise RuntimeError(OTHER_LOOP)
+    return False
+
+
 @dataclass(slots=True, weakref_slot=True)
 class _Guard:
     """One thread's in-process state: the lock that orders saves and deletes, and how many deletes
@@ -205,6 +224,7 @@ class _Guard:
 
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     deletes: int = 0
+    loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
 
 
 @dataclass(slots=True)
@@ -541,7 +561,7 @@ class ObservationalMemoryStore:
 
     def _guard(self, thread_id: str) -> _Guard:
         guard = self._guards.get(thread_id)
-        if guard is None:
+        if guard is None or not _this_loop(guard.loop):
             guard = self._guards[thread_id] = _Guard()
         return guard
 
@@ -704,6 +724,8 @@ class ObservationalMemoryStore:
         cancelled, the pass is cancelled too (cancellation propagates into the model call).
         """
         entry = self._inflight.get(thread_id)
+        if entry is not None and not _this_loop(entry.task.get_loop()):
+            entry = None  # a pass of an event loop that has stopped (asyncio.run per request): not ours to wait for
         if entry is None:
             entry = _Inflight(asyncio.ensure_future(self._compact(thread_id, last)))
             self._inflight[thread_id] = entry

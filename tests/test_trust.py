@@ -574,3 +574,32 @@ async def test_a_compaction_error_quoting_a_key_keeps_it_out_of_the_traceback(mo
         await store.recall("t", last=1)
     printed = "".join(traceback.format_exception(caught.value))
     assert "[OPENAI_API_KEY]" in str(caught.value) and key not in printed
+
+
+def test_one_store_used_from_two_threads_says_so_and_asyncio_run_per_call_works(scripted: Scripted) -> None:
+    """One global store, each web request's thread calling asyncio.run(recall(...)): a read while
+    another thread's pass was in flight died with "Task … got Future … attached to a different loop"."""
+    import threading
+
+    store = create_observational_memory_store(observer=MODEL, thresholds={"observation": 3}, count_tokens=ones)
+    asyncio.run(store.save_messages([msg(i) for i in range(10)]))
+    scripted.delay = 1.0
+    errors: list[BaseException] = []
+    first = threading.Thread(target=lambda: asyncio.run(store.recall("t", last=2)))
+    first.start()
+    while not scripted.started:  # until the first thread's pass is calling the model
+        first.join(0.01)
+    try:
+        asyncio.run(store.recall("t", last=2))  # the other thread's pass is in flight
+    except RuntimeError as exc:
+        errors.append(exc)
+    first.join()
+    assert len(errors) == 1 and "in use by another event loop that is still running" in str(errors[0])
+    scripted.delay = 0.0
+
+    async def two_readers() -> None:  # then each call its own asyncio.run, sharing passes within it
+        await asyncio.gather(store.recall("t", last=2), store.recall("t", last=2))
+
+    for _ in range(3):
+        asyncio.run(two_readers())
+    assert len(asyncio.run(store.observations.list("t"))) >= 2
