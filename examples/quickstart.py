@@ -1,6 +1,10 @@
-"""Observational memory in 40 lines, offline: no API key, no network.
+"""Observational memory in a few lines, offline: no API key, no network.
 
     python examples/quickstart.py
+
+The offline model `omem/extractive` keeps whole sentences, chosen by how specific their words
+are (names, numbers, dates first): a baseline, not a language model. Pass any litellm model
+string as observer and reflector (e.g. "gpt-4o-mini", with OPENAI_API_KEY set) for real notes.
 """
 
 import asyncio
@@ -26,7 +30,9 @@ async def main() -> None:
     store = create_observational_memory_store(
         observer="omem/extractive",   # the offline baseline; any litellm model string works
         reflector="omem/extractive",
-        thresholds={"observation": 120, "reflection": 240},
+        # Small, so this short chat shows both steps: a note per ~80 tokens of old messages,
+        # and a reflection once the notes pass 160 tokens (the defaults are 1,000 and 2,000).
+        thresholds={"observation": 80, "reflection": 160},
     )
     memory = Memory(store, last_messages=4)
     start = datetime(2024, 6, 20, 9, 0, tzinfo=timezone.utc)
@@ -39,7 +45,9 @@ async def main() -> None:
             await memory.recall("demo")  # the read an agent makes before replying
     context = await memory.recall("demo")
     state = await store.inspect("demo", last=4)
-    print(f"{len(TURNS)} messages; cursor at {state.cursor}; {len(state.records)} records\n")
+    kinds = [record.kind for record in state.records]
+    print(f"{len(TURNS)} messages; observed up to {state.cursor}; {kinds.count('observation')} observations, "
+          f"{kinds.count('reflection')} reflection(s)\n")
     for message in context:
         print(f"[{message.role}]\n{message.content}\n")
 

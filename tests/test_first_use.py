@@ -358,3 +358,14 @@ def test_counts_read_as_english() -> None:
 
     assert count(1, "run") == "1 run" and count(0, "run") == "0 runs" and count(2, "probe") == "2 probes"
     assert count(1204, "message") == "1,204 messages" and count(3, "analysis", "analyses") == "3 analyses"
+
+
+def test_the_quickstart_shows_both_steps_and_keeps_the_safety_fact() -> None:
+    """The README's offline demo made 3 observations and never reflected (its reflection threshold
+    was never crossed), and its memory had lost the sister's peanut allergy."""
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "quickstart.py")], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    assert done.returncode == 0, done.stderr
+    first, memory = done.stdout.splitlines()[0], done.stdout.split("[system]")[1].split("[user]")[0]
+    assert "1 reflection" in first and "observations" in first
+    assert "peanut" in memory and "Anika" in memory
