@@ -145,9 +145,12 @@ def _describe(dsn: str) -> tuple[str, str | None]:
         raise ValueError("not a valid PostgreSQL connection string (libpq key=value or a postgresql:// URL); "
                          "it is not repeated here because it may hold a password") from None
     for given in str(params.get("port") or "").split(","):  # libpq takes one per host; empty: the default
-        if given.strip() and not (given.strip().isdigit() and 1 <= int(given) <= 65535):
-            # (libpq would say so only when connecting, which retry logic reads as an outage)
-            raise ValueError(f"the connection string's port {given.strip()!r} is not a port number (1-65535)")
+        port = given.strip()
+        if port and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+            # (libpq would say so only when connecting, which retry logic reads as an outage.) The
+            # value is not repeated: a password with an unencoded "/" or "@" is read as the port.
+            raise ValueError("the connection string's port is not a port number (1-65535); in a "
+                             "postgresql:// URL, a password holding / @ ? or # must be percent-encoded")
     host = params.get("host") or params.get("hostaddr") or os.environ.get("PGHOST") or "localhost"
     port = params.get("port") or os.environ.get("PGPORT") or "5432"
     database = params.get("dbname") or os.environ.get("PGDATABASE") or params.get("user") or os.environ.get(

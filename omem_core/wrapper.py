@@ -561,7 +561,13 @@ class ObservationalMemoryStore:
 
     def _guard(self, thread_id: str) -> _Guard:
         guard = self._guards.get(thread_id)
-        if guard is None or not _this_loop(guard.loop):
+        if guard is not None and not _this_loop(guard.loop):
+            # A stopped loop's guard (asyncio.run per call). A pass of that loop may be suspended,
+            # not ended (run_until_complete returned mid-pass): counted as a delete for it, so if
+            # it ever resumes it saves nothing, whatever this loop deletes meanwhile.
+            guard.deletes += 1
+            guard = None
+        if guard is None:
             guard = self._guards[thread_id] = _Guard()
         return guard
 

@@ -603,3 +603,52 @@ def test_one_store_used_from_two_threads_says_so_and_asyncio_run_per_call_works(
     for _ in range(3):
         asyncio.run(two_readers())
     assert len(asyncio.run(store.observations.list("t"))) >= 2
+
+
+def test_a_pass_of_a_stopped_loop_never_undoes_a_delete_made_from_another_loop(scripted: Scripted) -> None:
+    """A loop stopped mid-pass (run_until_complete returned) and resumed after a delete made
+    from another loop saved its reflection into the deleted thread: the new loop's guard had the
+    delete, the old pass compared against the old guard. (An observation store without delete
+    epochs, so the guard is the only check.)"""
+
+    class Plain:  # an ObservationStore with only the three methods of the port
+        def __init__(self) -> None:
+            self.inner = create_in_memory_observation_store()
+
+        async def list(self, thread_id):
+            return await self.inner.list(thread_id)
+
+        async def save(self, record):
+            await self.inner.save(record)
+
+        async def delete_by_thread(self, thread_id):
+            await self.inner.delete_by_thread(thread_id)
+
+    notes = Plain()
+    observer = create_observational_memory_store(observer="omem/extractive", observations=notes, count_tokens=ones,
+                                                 thresholds={"observation": 3, "reflection": 10_000})
+    reflecting = create_observational_memory_store(observer.inner, observer="omem/extractive", reflector=MODEL,
+                                                   observations=notes, count_tokens=ones,
+                                                   thresholds={"observation": 10_000, "reflection": 2})
+    loop = asyncio.new_event_loop()
+    try:
+        async def observe() -> None:
+            await observer.save_messages([msg(i, f"Ann moved to Oslo in May {2000 + i}.") for i in range(12)])
+            for _ in range(3):
+                await observer.recall("t", last=2)
+
+        loop.run_until_complete(observe())
+        assert loop.run_until_complete(notes.list("t"))
+        scripted.delay = 0.3
+        task = loop.create_task(reflecting.recall("t", last=2))
+
+        async def until_called() -> None:
+            while not scripted.started:
+                await asyncio.sleep(0.01)
+
+        loop.run_until_complete(until_called())  # loop stops with the reflection inside its model call
+        asyncio.run(reflecting.delete_thread("t"))  # another loop deletes the thread
+        loop.run_until_complete(task)  # the stale pass finishes
+        assert loop.run_until_complete(notes.list("t")) == []  # and saved nothing into the deleted thread
+    finally:
+        loop.close()
