@@ -650,5 +650,9 @@ def test_a_pass_of_a_stopped_loop_never_undoes_a_delete_made_from_another_loop(s
         asyncio.run(reflecting.delete_thread("t"))  # another loop deletes the thread
         loop.run_until_complete(task)  # the stale pass finishes
         assert loop.run_until_complete(notes.list("t")) == []  # and saved nothing into the deleted thread
-    finally:
+    finally:  # as asyncio.run ends a loop: its other tasks (litellm's logging worker) cancelled first
+        pending = asyncio.all_tasks(loop)
+        for other in pending:
+            other.cancel()
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         loop.close()
