@@ -55,7 +55,8 @@ def from_messages(conv_id: str, messages: list[Any], source: Source, record: str
         if role not in ROLES:
             known = list(roles) if roles is not None else list(ROLES)
             raise DatasetError(file, where, role_key, f"unknown role {raw_role!r} (expected one of {', '.join(known)})")
-        if text_key not in item and not calls_text(item):  # (OpenAI leaves it out of a turn that only calls tools)
+        calls = calls_text(item)
+        if text_key not in item and not calls:  # (OpenAI leaves it out of a turn that only calls tools)
             raise DatasetError(file, where, text_key, "missing")
         content = item.get(text_key)
         if not (content is None or isinstance(content, (str, list))
@@ -65,7 +66,7 @@ def from_messages(conv_id: str, messages: list[Any], source: Source, record: str
                                f"{type(content).__name__} {str(content)[:40]!r}")
         key = "timestamp" if item.get("timestamp") not in (None, "") else "created_at"
         stamps.append(None if item.get(key) in (None, "") else parse_datetime(item[key], file, where, key))
-        text = "\n".join(part for part in (text_of(content), calls_text(item)) if part)
+        text = "\n".join(part for part in (text_of(content), calls) if part)
         turns.append(Turn(named(item.get("id")) or f"{conv_id}-{index}", role, text,
                           EPOCH, item.get("name") if isinstance(item.get("name"), str) else None))
     turns = [dataclasses.replace(turn, created_at=when) for turn, when in zip(turns, fill_times(stamps))]
@@ -93,8 +94,9 @@ def from_chatgpt(obj: dict[str, Any], index: int, source: Source, fmt: str) -> C
     """A ChatGPT data export conversation: a ``mapping`` tree of nodes. The conversation is the
     path from the root to ``current_node`` (the branch the user last saw): a reply regenerated
     away, or an edited question's first version, lies on another branch and is not read. Without
-    a usable ``current_node``, the path to the newest message. A message without a
-    ``create_time`` takes the time of the one before it."""
+    a usable ``current_node``, the path to the leaf whose branch holds the newest message; with no
+    parent links at all, every message by time. A message without a ``create_time`` takes the
+    time of the one before it."""
     mapping = obj["mapping"]
     nodes = {key: node for key, node in mapping.items() if isinstance(node, dict)}
 
@@ -127,7 +129,8 @@ def from_chatgpt(obj: dict[str, Any], index: int, source: Source, fmt: str) -> C
 
         leaf = max(leaves, key=rank) if leaves else None
     path = path_to(leaf)
-    if not any(isinstance(node.get("parent"), str) and node["parent"] in nodes for node in nodes.values()):  # no tree: every message, by time
+    linked = any(isinstance(node.get("parent"), str) and node["parent"] in nodes for node in nodes.values())
+    if not linked:  # no tree: every message, by time
         path = sorted(nodes.values(), key=lambda node: created(node) or NEVER)
     turns: list[Turn] = []
     stamps: list[datetime | None] = []
