@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import logging
 import os
 import threading
 import warnings
@@ -59,6 +60,12 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("omem_core.postgres needs psycopg 3 and psycopg-pool: "
                       "pip install 'omem[postgres]' (or: pip install 'psycopg[binary]' psycopg-pool)") from exc
+
+# The pool logs every failed connection attempt ("error connecting in 'omem'…": ten in a few
+# seconds of an outage); in an application that configured no logging, Python's last-resort
+# handler printed them all to stderr, beside the DatabaseUnavailableError that already says it.
+# A NullHandler stops only that fallback: configured logging still receives them.
+logging.getLogger("psycopg.pool").addHandler(logging.NullHandler())
 
 from .memory import check_read
 from .messages import Message, ObservationRecord, check_message

@@ -665,3 +665,41 @@ def test_importing_the_core_does_not_import_psycopg() -> None:
             "assert not [m for m in sys.modules if m.startswith(('psycopg', 'omem_core.postgres'))], sys.modules")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_an_outage_is_not_also_printed_by_the_pool_to_stderr(pg_cluster) -> None:
+    """In an application that configured no logging, psycopg_pool's reconnect attempts during an
+    outage ("error connecting in 'omem'…", about ten in six seconds) went to stderr through
+    Python's last-resort handler, beside the DatabaseUnavailableError that already says it.
+    (A throwaway server of its own, stopped while a store in another process holds connections.)"""
+    script = textwrap.dedent("""
+        import asyncio, sys, time
+        from omem_core.postgres import DatabaseUnavailableError, PostgresMemoryStore
+
+        async def main():
+            store = PostgresMemoryStore(sys.argv[1], min_size=2, max_size=2, timeout=1)
+            await store.recall("t", last=3)
+            print("ready", flush=True)
+            sys.stdin.readline()  # the server is stopped now
+            failed = 0
+            for _ in range(6):
+                try:
+                    await store.recall("t", last=3)
+                except DatabaseUnavailableError:
+                    failed += 1
+                await asyncio.sleep(1)
+            print("unavailable" if failed else "reachable?", flush=True)
+
+        asyncio.run(main())
+        """)
+    cluster = start_cluster()
+    try:
+        child = subprocess.Popen([sys.executable, "-c", script, cluster.dsn], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert child.stdout.readline().strip() == "ready"
+        cluster.stop()
+        out, err = child.communicate("go\n", timeout=90)
+        assert out.strip() == "unavailable", err
+        assert "error connecting" not in err, err
+    finally:
+        remove(cluster)
