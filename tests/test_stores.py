@@ -488,15 +488,25 @@ async def test_every_store_closes_alike(tmp_path) -> None:
     so code closing any store as the PostgreSQL ones are closed broke on them."""
     from omem_core.duckdb_store import DuckDBObservationStore
 
+    async def used(store) -> None:  # a call that needs the store's connection
+        await (store.recall("t", last=1) if isinstance(store, SQLiteMemoryStore) else store.list("t"))
+
     for make in (lambda: SQLiteMemoryStore(tmp_path / "a.db"), lambda: SQLiteObservationStore(tmp_path / "b.db"),
                  lambda: DuckDBObservationStore(tmp_path / "c.duckdb")):
         store = make()
+        await used(store)
         await store.close()
+        with pytest.raises(Exception, match="(?i)closed"):
+            await used(store)
         store.close()  # again, and without await: closing twice is harmless
         async with make() as opened:
-            assert opened is not None
+            await used(opened)
+        with pytest.raises(Exception, match="(?i)closed"):
+            await used(opened)  # closed at the end of the block
         with make() as opened:
-            pass
+            await used(opened)
+        with pytest.raises(Exception, match="(?i)closed"):
+            await used(opened)
 
 
 async def test_a_read_of_a_non_str_thread_and_a_message_of_wrong_types_are_refused(make_memory_store) -> None:

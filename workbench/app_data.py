@@ -22,7 +22,6 @@ from .models import OFFLINE_MODEL
 from .losses import STAGE_NAMES, STAGES
 from .stats import paired_difference, signed
 
-OFFLINE_PREFIX = "omem/"
 KEPT = 0.5  # a probe scoring at least this is "kept" (the retention rule's threshold)
 LOCOMO_CATEGORIES = {"1": "multi-hop", "2": "temporal", "3": "open-domain", "4": "single-hop", "5": "adversarial"}
 
@@ -596,13 +595,9 @@ def prompt_of(config: dict[str, Any], name: str) -> tuple[str, str]:
 def offline_prompt_note(config_a: dict[str, Any], config_b: dict[str, Any]) -> str | None:
     """A plain warning when two configurations differ in a prompt that an offline model reads:
     the built-in model ignores prompt text, so comparing prompts needs an LLM."""
-    notes = []
-    for name, model_key in (("observer", "observer"), ("reflector", "reflector")):
-        if prompt_of(config_a, name)[1] == prompt_of(config_b, name)[1]:
-            continue
-        models = {config_a.get(model_key), config_b.get(model_key)} - {None}
-        if models and all(str(m).startswith(OFFLINE_PREFIX) for m in models):
-            notes.append(name)
+    from .experiments import offline_prompt_roles
+
+    notes = offline_prompt_roles([config_a, config_b])
     if not notes:
         return None
     return (f"The {' and '.join(notes)} prompt{'s' if len(notes) > 1 else ''} differ, but the built-in offline "

@@ -240,15 +240,23 @@ def status_text(status: str, failed: int, planned: int, missing: int = 0) -> str
     return f"completed; {failed} {of} failed" if failed else f"completed; {missing} {of} missing"
 
 
-def offline_prompt_warning(grid: Sequence[Any]) -> str | None:
-    """A warning when configurations differ in a prompt only the built-in offline model reads:
-    it ignores prompt text, so such a grid compares nothing (``None`` when that is not so)."""
+def offline_prompt_roles(configs: Sequence[dict[str, Any]]) -> list[str]:
+    """The roles (``observer``, ``reflector``) whose prompt text differs between ``configs``
+    (configuration dicts, as ``ReplayConfig.to_json`` writes them) while every model in that role
+    is the built-in offline one, which ignores prompt text: comparing them compares nothing."""
     roles = []
     for role in ("observer", "reflector"):
-        prompts = {getattr(c, f"{role}_prompt").sha256 for c in grid if getattr(c, role) is not None}
-        models = [getattr(c, role) for c in grid if getattr(c, role) is not None]
-        if len(prompts) > 1 and all(str(m).startswith(OFFLINE_PREFIX) for m in models):
+        used = [c for c in configs if c.get(role) is not None]
+        texts = {str((c.get(f"{role}_prompt") or {}).get("text") or "") for c in used}
+        if len(texts) > 1 and all(str(c[role]).startswith(OFFLINE_PREFIX) for c in used):
             roles.append(role)
+    return roles
+
+
+def offline_prompt_warning(grid: Sequence[Any]) -> str | None:
+    """A warning when configurations differ in a prompt only the built-in offline model reads
+    (:func:`offline_prompt_roles`); ``None`` when that is not so."""
+    roles = offline_prompt_roles([c.to_json() for c in grid])
     if not roles:
         return None
     return (f"these configurations differ in {' and '.join(roles)} prompt versions, but the built-in offline model "
