@@ -53,6 +53,20 @@ def test_with_json_an_error_still_ends_stdout_with_one_json_object(tmp_path, arg
         assert answer["run_id"] and "litellm has no provider 'nosuch'" in answer["error"]
 
 
+@pytest.mark.parametrize("args", [("replay", "--observation-threshold", "0"),
+                                  ("experiment", "run", "--dataset", "/no/such/file.json"),
+                                  ("sweep", "--bogus-option")])
+def test_with_json_an_option_click_refuses_still_ends_stdout_with_one_json_object(args) -> None:
+    code, out, err = invoke(*args, "--json")
+    answer = json.loads(out.strip().splitlines()[-1])
+    assert code == 2 and answer["status"] == "failed" and answer["error"] in err
+
+
+def test_without_json_an_option_error_prints_nothing_to_stdout() -> None:
+    code, out, err = invoke("delete", "--json")  # a command that has no --json
+    assert code == 2 and out == "" and "No such option '--json'" in err
+
+
 def test_replay_json_last_line(tmp_path) -> None:
     code, out, _ = invoke("replay", "--dataset", TINY, *SMALL, "--json")
     assert code == 0

@@ -44,7 +44,7 @@ def json_errors(command: Callable[..., None]) -> Callable[..., None]:
     """With ``--json``, an error still ends stdout with one JSON object, ``{"status": "failed",
     "error": …}`` (and the run's id when one was recorded), so a script reading the last line
     gets an answer whatever went wrong; the message goes to stderr as usual. (An option click
-    refuses is reported before the command runs: exit 2 and no JSON.)"""
+    refuses never reaches the command: ``JsonCommand`` reports those.)"""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> None:
@@ -57,6 +57,28 @@ def json_errors(command: Callable[..., None]) -> Callable[..., None]:
             raise
 
     return wrapper
+
+
+class JsonCommand(click.Command):
+    """A command whose option errors (``--observation-threshold 0``, a dataset path that does
+    not exist) also end stdout with ``{"status": "failed", "error": …}`` under ``--json``; click
+    still prints its usage message to stderr and exits 2."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        wants_json = "--json" in args and any(param.name == "as_json" for param in self.params)
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            if wants_json:
+                click.echo(json.dumps({"status": "failed", "error": exc.format_message()}))
+            raise
+
+
+class JsonGroup(click.Group):
+    """A group whose commands (and sub-groups' commands) are ``JsonCommand``s."""
+
+    command_class = JsonCommand
+    group_class = type  # sub-groups are JsonGroups too
 
 
 def _open_store(db: str) -> RunStore:
@@ -234,7 +256,7 @@ def _csv(kind):
     return convert
 
 
-@click.group()
+@click.group(cls=JsonGroup)
 def cli() -> None:
     """omem workbench: replay conversations through observational memory and study the runs."""
 
