@@ -1,11 +1,12 @@
 """An ``ObservationStore`` in a DuckDB file (``pip install duckdb``; loaded only when used).
 
     from omem_core.duckdb_store import DuckDBObservationStore
-    store = create_observational_memory_store(inner, observations=DuckDBObservationStore("notes.duckdb"))
+    store = create_observational_memory_store(inner, observations=DuckDBObservationStore("notes.duckdb"),
+                                              observer=model, reflector=model)
 
 It has the ``list_recent`` and delete-epoch capabilities, as the in-memory store has; not the
 lease capability. DuckDB lets one process hold a file read-write: the store keeps its file open
-and a second process gets DuckDB's error on opening it. For several processes or hosts sharing
+and a second process opening it gets an ``OSError`` that says so. For several processes or hosts sharing
 notes, use :class:`omem_core.sqlite.SQLiteObservationStore` or
 :class:`omem_core.postgres.PostgresObservationStore`.
 

@@ -1130,7 +1130,8 @@ def create_observational_memory_store(
 
     Raises:
         ValueError: invalid thresholds, timeout, lease, input cap or backlog ceiling, a clock that
-            returns naive datetimes, or a model string litellm cannot route.
+            returns naive datetimes, a model string litellm cannot route, an ``on_busy`` other
+            than ``"wait"``/``"render"``, or ``completion_kwargs`` that set ``model``/``messages``.
         TypeError: ``inner`` or ``observations`` is not a store (a path, a class), or
             ``count_tokens`` is not callable.
     """

@@ -666,3 +666,18 @@ def test_an_experiment_over_prompt_versions_on_the_offline_model_is_warned_about
     code, out, err = invoke("experiment", "run", "--dataset", str(DEMO), "--observation-threshold", "150,600",
                             "--concurrency", "1", "--db", str(tmp_path / "n.duckdb"))
     assert code == 0 and "ignores prompt text" not in err
+
+
+def test_a_paid_experiment_asks_first_with_json_too(tmp_path, monkeypatch) -> None:
+    """docs/experiments.md: the CLI asks before a paid experiment and `--yes` skips the question;
+    `--json` skipped it too, so a scripted paid grid started without a word."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-used")  # the run must not start at all
+    db = tmp_path / "paid.duckdb"
+    result = CliRunner().invoke(cli, ["experiment", "run", "--dataset", str(ROOT / "datasets" / "tiny.jsonl"),
+                                      "--observer", "openai/gpt-4o-mini", "--reflector", "none", "--json",
+                                      "--db", str(db)], input="n\n", catch_exceptions=False)
+    assert "Start?" in result.stderr and result.exit_code == 1
+    answer = json.loads(result.stdout.strip().splitlines()[-1])
+    assert answer["status"] == "failed" and "--yes" in answer["error"]
+    with RunStore(db) as store:
+        assert store.experiments().empty

@@ -894,8 +894,8 @@ def experiment_run(dataset, fmt, conversations, observation, reflection, windows
             f"about {money(estimate, 4)} (an estimate meant to err high)" if estimate is not None else "unknown (a model's price is not known)")
         click.echo(f"{count(runs, 'run')}: {count(len(chosen), 'conversation')} × "
                    f"{count(len(grid), 'configuration')}; cost {cost}", err=True)
-        if estimate and not yes and not as_json and not click.confirm("Start?", default=True, err=True):
-            raise SystemExit(1)
+        if estimate and not yes and not click.confirm("Start?", default=True, err=True):
+            raise click.ClickException("not started (pass --yes to start a paid experiment without asking)")
         experiment_id = ex.create_experiment(store, dataset=dataset, grid=grid, options=options,
                                              conversations=conversations or None, dataset_format=fmt, name=name)
         click.echo(f"experiment {experiment_id}", err=True)
