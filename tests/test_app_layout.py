@@ -20,7 +20,7 @@ def test_banner_is_sentences_and_points_to_the_resume_button() -> None:
     error = ("the process that ran it (pid 3988) stopped; finish it with: python -m workbench experiment "
              "resume exp-1")
     prefix, detail, suffix = app_data.unfinished_banner("exp-1", "interrupted", 12, 90, error, resumable=True)
-    assert prefix == "**This experiment is interrupted** (12 of 90 runs completed). "
+    assert prefix == "**This experiment was interrupted** (12 of 90 runs completed). "
     assert detail == "The process that ran it (pid 3988) stopped."  # capital after the full stop
     assert "finish it with" not in detail and "python -m" not in detail
     assert suffix.startswith(" To finish it, press **Resume** below")
@@ -53,7 +53,7 @@ def test_the_experiments_page_banner_reads_right(db: Path) -> None:
         s.finish_experiment(experiment_id, "interrupted", "stopped before the end; finish it with: python -m "
                             f"workbench experiment resume {experiment_id}", 0.0)
     at = app("experiments")
-    [banner] = [e.value.replace("\\", "") for e in at.error if "This experiment is interrupted" in e.value]
+    [banner] = [e.value.replace("\\", "") for e in at.error if "This experiment was interrupted" in e.value]
     assert ". Stopped before the end. To finish it, press **Resume** below" in banner, banner
     assert ". stopped" not in banner and "finish it with:" not in banner
     assert not at.button(key="xp_resume").disabled

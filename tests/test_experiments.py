@@ -681,3 +681,50 @@ def test_a_paid_experiment_asks_first_with_json_too(tmp_path, monkeypatch) -> No
     assert answer["status"] == "failed" and "--yes" in answer["error"]
     with RunStore(db) as store:
         assert store.experiments().empty
+
+
+def test_streamlit_stopping_the_script_interrupts_an_experiment_not_fails_it(tmp_path) -> None:
+    """Closing the browser tab during an experiment started in the app: Streamlit raises its
+    StopException in the script, and the experiment read 'failed' with "StopException: " as
+    its reason."""
+    from streamlit.runtime.scriptrunner_utils.exceptions import StopException
+
+    def progress(p) -> None:
+        if p.done == 1:
+            raise StopException()
+
+    with RunStore(tmp_path / "x.duckdb") as store:
+        grid = [ReplayConfig(observation_threshold=150, reflection_threshold=300),
+                ReplayConfig(observation_threshold=600, reflection_threshold=1200)]
+        experiment_id = ex.create_experiment(store, dataset=DEMO, grid=grid,
+                                             options=ex.ExperimentOptions(concurrency=1))
+        with pytest.raises(StopException):
+            asyncio.run(ex.run_experiment(store, experiment_id, progress=progress))
+        experiment = store.experiment(experiment_id)
+        assert experiment["status"] == "interrupted", experiment["error"]
+        assert experiment["error"].startswith("stopped before the end; finish it with")
+
+
+def test_rows_pooled_over_different_conversations_are_said_not_to_rank(tmp_path) -> None:
+    """An experiment with a run missing: one row pooled two conversations, the other one, and the
+    table could rank them against the paired verdict printed below it; the HTML export still
+    headed them "pooled over every probe of every conversation"."""
+    from workbench.export_html import experiment_html
+
+    db = str(tmp_path / "u.duckdb")
+    two = [c.id for c in ex.list_conversations(LONGMEMEVAL)][:2]
+    code, out, _ = invoke("experiment", "run", "--dataset", str(LONGMEMEVAL), "--conversation", two[0],
+                          "--conversation", two[1], "--observation-threshold", "150,600", "--concurrency", "1",
+                          "--json", "--db", db)
+    data = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and data["uneven_note"] is None  # every configuration on both conversations
+    with RunStore(db) as store:
+        runs = store.experiment_runs(data["experiment_id"])
+        gone = runs[runs.config_label == "obs 600"].run_id.iloc[0]
+    assert invoke("delete", gone, "--yes", "--db", db)[0] == 0
+    code, out, _ = invoke("experiment", "show", data["experiment_id"], "--db", db)
+    assert "cannot be ranked against each other" in " ".join(out.split())
+    with RunStore(db) as store:
+        assert "cannot be ranked" in ex.report(store, data["experiment_id"])["uneven_note"]
+        page = experiment_html(store, data["experiment_id"])
+    assert "cannot be ranked" in page and "of every conversation" not in page

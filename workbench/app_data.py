@@ -794,7 +794,7 @@ def _default_label(config: Any) -> str | None:
 _CLI_HINT = re.compile(r";?\s*(?:finish|resume) it with:\s*python -m workbench .*$", re.IGNORECASE | re.DOTALL)
 
 
-def _sentence(text: str) -> str:
+def as_sentence(text: str) -> str:
     """``text`` as a sentence: capital first letter, a closing full stop (empty stays empty)."""
     text = text.strip().rstrip(";,").strip()
     if not text:
@@ -809,8 +809,10 @@ def unfinished_banner(experiment_id: str, status: str, done: int, planned: int, 
     suffix): the stored reason as a sentence of its own (its "finish it with: <CLI command>" tail,
     written for a terminal, dropped), then the way to finish it from here: the Resume button, the
     command only as the other way."""
-    prefix = f"**This experiment is {status}** ({done} of {planned} runs completed). "
-    detail = _sentence(_CLI_HINT.sub("", error or ""))
+    from .experiments import status_phrase
+
+    prefix = f"**This experiment {status_phrase(status)}** ({done} of {planned} runs completed). "
+    detail = as_sentence(_CLI_HINT.sub("", error or ""))
     safe_id = re.sub(r"[^A-Za-z0-9_.-]", "", str(experiment_id))
     suffix = (f" To finish it, press **Resume** below (or run `python -m workbench experiment resume {safe_id}` "
               "in a terminal)." if resumable else "")

@@ -803,6 +803,8 @@ def _print_report(data: dict[str, Any]) -> None:
                    f"{money(c['cost_usd']):>7}")
         for error in c["errors"]:
             click.echo(f"    failed: {error}", err=True)
+    if data.get("uneven_note"):
+        _echo_wrapped(data["uneven_note"])
     for comparison in data["comparisons"]:
         _echo_wrapped(_comparison_line(comparison["a"], comparison["b"], comparison["verdict"],
                                        bool(comparison["ci95"]) and not comparison["detectable"]))

@@ -470,7 +470,9 @@ async def run_experiment(store: Any, experiment_id: str, *, progress: Callable[[
                                         f"(${state['cost']:.4f} spent); finish it with: python -m workbench "
                                         f"experiment resume {experiment_id}")
     except BaseException as exc:
-        interrupted = isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError))
+        # Ctrl-C, a cancelled task, Streamlit stopping the script (its StopException when the
+        # tab closes is a BaseException too): interrupted, as a replay reads them
+        interrupted = not isinstance(exc, Exception) or isinstance(exc, asyncio.CancelledError)
         with ctrl_c_held_back(), (stopping() if interrupted else contextlib.nullcontext()):
             # (a second Ctrl-C left the experiment 'running'; a held run store is waited for briefly)
             store.finish_experiment(experiment_id, "interrupted" if interrupted else "failed",
@@ -741,6 +743,27 @@ def compare(store: Any, experiment_id: str, a: str, b: str) -> Any:
                              probe_scores(probes[probes.config_label == b]))
 
 
+def status_phrase(status: str) -> str:
+    """``status`` as the rest of "This experiment …": "failed", "was interrupted", "is running"."""
+    return {"failed": "failed", "interrupted": "was interrupted", "stopped": "was stopped",
+            "running": "is running", "completed": "completed"}.get(status, f"is {status}")
+
+
+def uneven_note(runs: Any) -> str | None:
+    """When the configurations completed different sets of conversations (an interrupted grid,
+    a run deleted), their pooled rows cover different probes and cannot be ranked against each
+    other: the sentence that says so, else ``None``. ``runs``: ``RunStore.experiment_runs``."""
+    done = runs[runs.status == "completed"]
+    if done.empty:
+        return None
+    covered = done.groupby("config_label").conversation_id.agg(frozenset)
+    if covered.nunique() < 2:
+        return None
+    return ("The configurations completed different conversations, so their rows pool different probes and "
+            "cannot be ranked against each other; the paired comparisons use only the conversations both "
+            "completed.")
+
+
 def report(store: Any, experiment_id: str) -> dict[str, Any]:
     """The ``--json`` summary: the experiment, every configuration's figures, and each
     configuration compared with the first (the baseline)."""
@@ -772,7 +795,7 @@ def report(store: Any, experiment_id: str) -> dict[str, Any]:
         "configs": [{k: s.to_json()[k] for k in keys} | {"per_category": s.per_category, "funnel": s.funnel,
                                                           "judged_accuracy": s.judged_accuracy, "errors": s.errors}
                     for s in summaries],
-        "comparisons": comparisons,
+        "comparisons": comparisons, "uneven_note": uneven_note(runs),
     }
 
 
@@ -800,4 +823,5 @@ def export_parquet(store: Any, experiment_id: str, folder: str | Path) -> list[P
 
 __all__ = ["ConfigSummary", "ExperimentError", "ExperimentOptions", "ExperimentOutcome", "Progress", "STAGES",
            "compare", "config_grid", "create_experiment", "estimate_cost", "export_parquet", "labels",
-           "pending_tasks", "report", "run_experiment", "summarise"]
+           "pending_tasks", "report", "run_experiment", "status_phrase", "summarise",
+           "uneven_note"]

@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from . import app_data, charts
+from . import app_data, charts, experiments
 from .analysis import narrate
 from .formatting import MISSING, count, display, missing, ratio, share, short_path, tokens
 
@@ -84,16 +84,18 @@ def experiment_html(store: Any, experiment_id: str) -> str:
                    f"{count(len(experiment['conversations']), 'conversation')} × "
                    f"{count(len(experiment['configs']), 'configuration')}", "meta")
     if experiment["status"] != "completed":
-        page.text("p", f"This experiment is {experiment['status']}: figures cover the runs that completed. "
-                       f"{experiment.get('error') or ''}", "warn")
+        page.text("p", f"This experiment {experiments.status_phrase(experiment['status'])}: figures cover the runs "
+                       f"that completed. {app_data.as_sentence(experiment.get('error') or '')}", "warn")
     failed = app_data.failed_configs(runs)
     if not failed.empty:
         page.text("p", f"{count(len(failed), 'run')} did not complete; "
                        f"{'it is' if len(failed) == 1 else 'they are'} listed at the end and not drawn.", "warn")
     page.text("h2", "Configurations")
     page.table(app_data.config_table(experiment["configs"]))
-    page.text("h2", "Figures per configuration (pooled over every probe of every conversation)")
+    page.text("h2", "Figures per configuration (pooled over every probe of the conversations it completed)")
     page.table(app_data.summary_table(summaries))
+    if uneven := experiments.uneven_note(runs):
+        page.text("p", uneven, "warn")
     points = app_data.pareto_points(summaries)
     if not points.empty:
         page.text("h2", "Retention vs compression")

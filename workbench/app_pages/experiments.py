@@ -18,6 +18,7 @@ from workbench.experiments import (
     offline_prompt_warning,
     outcome_message,
     status_text,
+    uneven_note,
 )
 from workbench.models import usable_models
 from workbench.replay import TOKEN_COUNTERS, configuration_problem
@@ -220,10 +221,13 @@ if resume:
 
 summaries = tables["summaries"]
 st.subheader("Figures per configuration")
-st.caption("Retention pools every probe of every conversation; the interval is a bootstrap over probes.")
+st.caption("Retention pools every probe of the conversations each configuration completed; the interval is a "
+           "bootstrap over probes.")
 summary = app_data.sortable(app_data.summary_numbers(summaries), app_data.SUMMARY_FORMATS)  # sorts by value
 ui.figures(summary, hide_index=True, key="xp_summary", column_order=app_data.key_first(summary.columns, app_data.SUMMARY_FIRST),
            column_config={"configuration": st.column_config.Column(pinned=True)})
+if uneven := uneven_note(runs):
+    st.warning(uneven)
 failed = app_data.failed_configs(runs)
 if not failed.empty:
     st.warning(f"{fmt.count(len(failed), 'run')} did not complete and "
