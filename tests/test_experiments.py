@@ -728,3 +728,19 @@ def test_rows_pooled_over_different_conversations_are_said_not_to_rank(tmp_path)
         assert "cannot be ranked" in ex.report(store, data["experiment_id"])["uneven_note"]
         page = experiment_html(store, data["experiment_id"])
     assert "cannot be ranked" in page and "of every conversation" not in page
+
+
+def test_a_conversation_named_twice_is_replayed_once_and_an_unknown_one_refused_before_the_plan(tmp_path) -> None:
+    """`--conversation X --conversation X` replayed X twice, pooled its probes twice (a narrower
+    interval) and then read "completed; 1 of 2 runs missing"; an unknown id was refused only
+    after "1 run: 1 conversation × 1 configuration" had been announced."""
+    db = str(tmp_path / "d.duckdb")
+    first = ex.list_conversations(LONGMEMEVAL)[0].id
+    code, out, err = invoke("experiment", "run", "--dataset", str(LONGMEMEVAL), "--conversation", first,
+                            "--conversation", first, "--json", "--db", db)
+    data = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and data["conversations"] == [first] and data["status_text"] == "completed"
+    assert (data["planned_runs"], data["completed_runs"]) == (1, 1) and "1 conversation" in err
+    code, out, err = invoke("experiment", "run", "--dataset", str(LONGMEMEVAL), "--conversation", "nope",
+                            "--db", db)
+    assert code == 1 and "no conversation 'nope'" in err and "1 run" not in err

@@ -888,7 +888,7 @@ def experiment_run(dataset, fmt, conversations, observation, reflection, windows
             if problem:
                 click.echo(f"warning: {label} cannot run here and will be recorded as failed: {problem}", err=True)
         listed = {c.id: c for c in list_conversations(dataset, fmt)}
-        chosen = list(conversations) or list(listed)
+        chosen = ex.choose_conversations(list(listed), conversations, dataset)  # before announcing the plan
         runnable = [c for n, c in zip(names, grid) if not problems[n]]  # the others make no call: cost nothing
         estimate = ex.estimate_cost([listed[c].tokens for c in chosen if c in listed], runnable)
         runs = len(chosen) * len(grid)
@@ -899,7 +899,7 @@ def experiment_run(dataset, fmt, conversations, observation, reflection, windows
         if estimate and not yes and not click.confirm("Start?", default=True, err=True):
             raise click.ClickException("not started (pass --yes to start a paid experiment without asking)")
         experiment_id = ex.create_experiment(store, dataset=dataset, grid=grid, options=options,
-                                             conversations=conversations or None, dataset_format=fmt, name=name)
+                                             conversations=chosen, dataset_format=fmt, name=name)
         click.echo(f"experiment {experiment_id}", err=True)
         _finish_experiment(store, experiment_id, as_json)
 

@@ -380,18 +380,25 @@ def _pool_context() -> Any:
     return multiprocessing.get_context("spawn")
 
 
+def choose_conversations(ids: Sequence[str], conversations: Sequence[str] | None, dataset: str | Path) -> list[str]:
+    """The conversations an experiment replays: ``conversations`` (each once, in the order
+    given; an id named twice would count its probes twice) or every id of the dataset; an
+    unknown id is an ``ExperimentError`` that lists the known ones."""
+    chosen = list(dict.fromkeys(conversations)) if conversations else list(ids)
+    unknown = [c for c in chosen if c not in set(ids)]
+    if unknown:
+        raise ExperimentError(f"no conversation {', '.join(map(repr, unknown))} in {dataset}; "
+                              f"it has: {', '.join(ids[:20])}{' …' if len(ids) > 20 else ''}")
+    return chosen
+
+
 def create_experiment(store: Any, *, dataset: str | Path, grid: Sequence[Any], options: ExperimentOptions,
                       conversations: Sequence[str] | None = None, dataset_format: str | None = None,
                       name: str | None = None) -> str:
     """Record a new experiment (nothing runs yet): the dataset's conversations (all, or the ids
     given, checked), the grid with a short label per configuration, and the options."""
-    listed = list_conversations(dataset, dataset_format)
-    ids = [c.id for c in listed]
-    chosen = list(conversations) if conversations else ids
-    unknown = [c for c in chosen if c not in ids]
-    if unknown:
-        raise ExperimentError(f"no conversation {', '.join(map(repr, unknown))} in {dataset}; "
-                              f"it has: {', '.join(ids[:20])}{' …' if len(ids) > 20 else ''}")
+    chosen = choose_conversations([c.id for c in list_conversations(dataset, dataset_format)], conversations,
+                                  dataset)
     configs = [c.to_json() for c in grid]
     names = labels(configs)
     if len(set(names)) != len(names):
@@ -822,6 +829,6 @@ def export_parquet(store: Any, experiment_id: str, folder: str | Path) -> list[P
 
 
 __all__ = ["ConfigSummary", "ExperimentError", "ExperimentOptions", "ExperimentOutcome", "Progress", "STAGES",
-           "compare", "config_grid", "create_experiment", "estimate_cost", "export_parquet", "labels",
+           "choose_conversations", "compare", "config_grid", "create_experiment", "estimate_cost", "export_parquet", "labels",
            "pending_tasks", "report", "run_experiment", "status_phrase", "summarise",
            "uneven_note"]
