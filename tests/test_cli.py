@@ -67,6 +67,24 @@ def test_without_json_an_option_error_prints_nothing_to_stdout() -> None:
     assert code == 2 and out == "" and "No such option '--json'" in err
 
 
+@pytest.mark.parametrize("args", [("runs",), ("runs", "--json"), ("experiment", "list"), ("experiment", "list", "--json"),
+                                  ("experiment", "show", "exp-1"), ("compare", "a", "b"), ("delete", "r1", "--yes"),
+                                  ("export", "r1", "--parquet", "OUT"), ("experiment", "resume", "exp-1"),
+                                  ("experiment", "export", "exp-1", "--parquet", "OUT")])
+def test_a_command_that_only_reads_creates_no_run_store(tmp_path, args) -> None:
+    """`experiment list --db /typo/x.duckdb` created the folder and a 780 KB store there and said
+    "no experiments"; `experiment show ID --db typo.duckdb` did the same before its error."""
+    db = tmp_path / "typo" / "x.duckdb"
+    code, out, err = invoke(*[str(tmp_path / "out") if a == "OUT" else a for a in args], "--db", str(db))
+    assert not db.parent.exists()
+    if args[-1] == "--json":
+        assert code == 0 and json.loads(out) == []
+    elif args[0] == "runs" or args[1] == "list":
+        assert code == 0 and "(no such file yet)" in out
+    else:
+        assert code == 1 and f"no run store at {db}" in err
+
+
 def test_replay_json_last_line(tmp_path) -> None:
     code, out, _ = invoke("replay", "--dataset", TINY, *SMALL, "--json")
     assert code == 0

@@ -90,10 +90,20 @@ def _open_store(db: str) -> RunStore:
         raise click.ClickException(str(exc)) from exc
 
 
+def _no_store(db: str) -> bool:
+    """No run store at ``db`` yet: a command that only reads must not create one there."""
+    return db != ":memory:" and not os.path.exists(db)
+
+
 @contextlib.contextmanager
-def _using_store(db: str) -> Iterator[RunStore]:
+def _using_store(db: str, *, existing: bool = False) -> Iterator[RunStore]:
     """The run store for one command; the workbench's errors become one-line CLI errors (a
-    ``DatasetError`` names file, record and field), anything else is a bug and shows as one."""
+    ``DatasetError`` names file, record and field), anything else is a bug and shows as one.
+    ``existing``: the command only reads or changes what was recorded, so a path with no file
+    (a typo in ``--db``) is an error instead of a new, empty store."""
+    if existing and _no_store(db):
+        raise click.ClickException(f"no run store at {db} (replay or experiment run creates one; --db or "
+                                   "$OMEM_DB chooses the file)")
     store = _open_store(db)
     try:
         yield store
@@ -638,7 +648,7 @@ def compare(run_a: str, run_b: str, as_json: bool, db: str) -> None:
     """Two runs side by side: calls, tokens, cost, compression, retention per category."""
     from .analysis import compare_runs, comparison_shown, display
 
-    with _using_store(db) as store:
+    with _using_store(db, existing=True) as store:
         table = compare_runs(store, run_a, run_b)
         conversations = [store.run(r)["conversation_id"] for r in (run_a, run_b)]
     if conversations[0] != conversations[1]:  # (named as A, B: a sorted pair read the wrong way round)
@@ -662,6 +672,9 @@ def runs_command(as_json: bool, db: str) -> None:
     """List the recorded runs, newest first."""
     from .formatting import runs_table
 
+    if _no_store(db):  # nothing recorded yet: say so without creating the file
+        click.echo("[]" if as_json else f"no runs in {db} (no such file yet)")
+        return
     with _using_store(db) as store:
         frame = store.runs()
     columns = ["run_id", "status", "conversation_id", "messages", "steps", "compression", "retention", "label"]
@@ -698,7 +711,7 @@ def delete_command(run_ids: tuple[str, ...], yes: bool, db: str) -> None:
     from .formatting import missing
 
     run_ids = tuple(dict.fromkeys(run_ids))
-    with _using_store(db) as store:
+    with _using_store(db, existing=True) as store:
         runs = [store.run(run_id) for run_id in run_ids]  # an unknown id: an error, and nothing deleted
         for run in runs:
             part = "" if missing(run.get("experiment_id")) else f" of experiment {run['experiment_id']}"
@@ -716,7 +729,7 @@ def delete_command(run_ids: tuple[str, ...], yes: bool, db: str) -> None:
 @DB_OPTION
 def export(run_id: str, folder: Path, db: str) -> None:
     """Export one run's tables as Parquet files."""
-    with _using_store(db) as store:
+    with _using_store(db, existing=True) as store:
         written = store.export_parquet(run_id, folder)
     for path in written:
         click.echo(str(path))
@@ -947,7 +960,7 @@ def _finish_experiment(store, experiment_id: str, as_json: bool) -> None:
 @json_errors
 def experiment_resume(experiment_id: str, max_cost: float | None, as_json: bool, db: str) -> None:
     """Finish what an interrupted or stopped experiment left undone (same grid, same options)."""
-    with _using_store(db) as store:
+    with _using_store(db, existing=True) as store:
         from . import experiments as ex
 
         if store.experiment(experiment_id)["status"] == "completed" and not ex.pending_tasks(store, experiment_id):
@@ -965,6 +978,9 @@ def experiment_resume(experiment_id: str, max_cost: float | None, as_json: bool,
 @json_errors
 def experiment_list(as_json: bool, db: str) -> None:
     """The recorded experiments, newest first."""
+    if _no_store(db):  # nothing recorded yet: say so without creating the file
+        click.echo("[]" if as_json else f"no experiments in {db} (no such file yet)")
+        return
     with _using_store(db) as store:
         frame = store.experiments()
     columns = ["experiment_id", "status", "name", "dataset", "planned_runs", "runs", "unfinished_runs", "created_at"]
@@ -997,7 +1013,7 @@ def experiment_show(experiment_id: str, as_json: bool, db: str) -> None:
     """Figures per configuration (pooled retention with its 95% CI, compression, calls, cost)."""
     from . import experiments as ex
 
-    with _using_store(db) as store:
+    with _using_store(db, existing=True) as store:
         data = ex.report(store, experiment_id)
     click.echo(json.dumps(data)) if as_json else _print_report(data)
 
@@ -1013,7 +1029,7 @@ def experiment_compare(experiment_id: str, label_a: str | None, label_b: str | N
     """Two configurations on the same probes: the difference with a paired-bootstrap 95% CI."""
     from . import experiments as ex
 
-    with _using_store(db) as store:
+    with _using_store(db, existing=True) as store:
         names = [c["label"] for c in store.experiment(experiment_id)["configs"]]
         if len(names) < 2 and not (label_a and label_b):
             raise ex.ExperimentError(f"{experiment_id} has one configuration; nothing to compare")
@@ -1034,7 +1050,7 @@ def experiment_delete(experiment_id: str, yes: bool, db: str) -> None:
     """Delete an experiment and every run it recorded."""
     from .formatting import missing
 
-    with _using_store(db) as store:
+    with _using_store(db, existing=True) as store:
         experiment = store.experiment(experiment_id)
         runs = store.experiment_runs(experiment_id)
         name = "" if missing(experiment.get("name")) else f" ({experiment['name']})"
@@ -1054,7 +1070,7 @@ def experiment_export(experiment_id: str, folder: Path, db: str) -> None:
     """The experiment and its runs' tables as Parquet files."""
     from . import experiments as ex
 
-    with _using_store(db) as store:
+    with _using_store(db, existing=True) as store:
         try:
             written = ex.export_parquet(store, experiment_id, folder)
         except OSError as exc:
