@@ -164,6 +164,17 @@ def test_export_parquet(store: RunStore, tmp_path) -> None:
     assert len(pd.read_parquet(tmp_path / "out" / "steps.parquet")) == 6
 
 
+def test_retention_reads_words_of_every_script() -> None:
+    """The scorer read only a-z and 0-9: a gold answer in Cyrillic or Chinese was left unscored,
+    "Zürich" became {"z", "rich"} and was "retained" by "The rich man from Zagreb, z"."""
+    assert content_words("Zürich, São Paulo, naïve café") == {"zürich", "são", "paulo", "naïve", "café"}
+    assert probe_score("Миша", content_words("Мой кот Миша")) == 1.0
+    assert probe_score("Zürich", content_words("The rich man from Zagreb, z")) == 0.0
+    assert probe_score("東京", content_words("我住在東京")) == 1.0  # no spaces: a word per character
+    assert probe_score("ｃａｆé", content_words("café")) == 1.0  # NFKC: full-width and composed forms
+    assert content_words("I don’t like snake_case") == {"like", "snake", "case"}  # (t and don: stop words)
+
+
 def test_retention_scoring_rules() -> None:
     assert content_words("The 7 May, 2023 trip to Boston!") == {"7", "may", "2023", "trip", "boston"}
     assert probe_score("Boston University", {"boston"}) == 0.5

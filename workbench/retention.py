@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -24,7 +25,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from omem_core import Message
 
-_WORD = re.compile(r"[a-z0-9]+")
+# Words are runs of letters and digits in any script ("zürich", "миша", "são"), compared after
+# NFKC normalisation and lower-casing; Chinese and Japanese, written without spaces, count each
+# character as a word (the scorer has no segmenter: "東京" is retained when 東 and 京 both are).
+_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_WORD = re.compile(f"[{_CJK}]|(?:(?![{_CJK}])[^\\W_])+")
 
 STOP_WORDS = frozenset(
     """a an the and or but if of at by for with about against between into through during before after
@@ -40,7 +45,8 @@ METHODS = ("memory", "full_history", "window_only", "recent_tokens")
 
 
 def content_words(text: str) -> set[str]:
-    return {w for w in _WORD.findall(text.lower()) if w not in STOP_WORDS}
+    """The words retention compares: letters and digits of any script, lower-cased, no stop words."""
+    return {w for w in _WORD.findall(unicodedata.normalize("NFKC", text).lower()) if w not in STOP_WORDS}
 
 
 def render_for_scoring(message: Message) -> str:
