@@ -1087,6 +1087,11 @@ def test_figures_shown_as_text_are_right_aligned_like_numbers(db: Path) -> None:
     for name in ("completed", "retention", "95% CI", "compression", "cost", "ms per call"):
         assert columns[name]["alignment"] == "right", name
     assert "alignment" not in columns.get("configuration", {})  # text stays on the left
+    # wide enough for the whole interval and label: the grid cut "[0.500, 1.000]" to "), 1.000]"
+    for name in ("95% CI", "configuration"):
+        longest = max(len(v) for v in summary.value[name].astype(str))
+        assert columns[name].get("width", 0) >= 7 * longest, (name, columns)
+    assert columns["configuration"]["pinned"] is True  # the page's own setting is kept
 
 
 def test_an_experiment_stopped_after_its_last_run_can_be_finished_from_the_app(db: Path) -> None:

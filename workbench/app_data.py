@@ -88,6 +88,21 @@ def figure_columns(frame: pd.DataFrame) -> list[str]:
     return out
 
 
+def text_widths(frame: pd.DataFrame, *, px_per_char: float = 7.5, padding: int = 28, cap: int = 360) -> dict[str, int]:
+    """Pixel widths for a table's text columns, wide enough for their longest value and header:
+    Streamlit's grid sized them short of their content and cut it (a right-aligned interval
+    ``[0.500, 1.000]`` read ``), 1.000]``; labels ``obs 1000 · ref 1``), so two different values
+    could look the same."""
+    widths = {}
+    for name in frame.columns:
+        column = frame[name]
+        if pd.api.types.is_numeric_dtype(column) or pd.api.types.is_datetime64_any_dtype(column):
+            continue  # (drawn by the grid, which sizes numbers right)
+        longest = max([len(str(name)), *(len(str(v)) for v in column.tolist() if not missing(v))])
+        widths[str(name)] = min(cap, int(longest * px_per_char) + padding)
+    return widths
+
+
 def number_text(value: Any, number: str) -> str:
     """``value`` drawn as the printf format ``number`` of :data:`COLUMNS` would draw it (a dash when
     missing), for a number column shown as text."""
@@ -877,7 +892,7 @@ __all__ = [
     "next_compaction", "offline_prompt_note", "opening_sentence", "page_count", "page_slice", "pareto_points",
     "pair_conversations", "parse_values", "pass_steps", "probe_grid", "prompt_of", "shared_range", "summary_table", "text_diff",
     "run_name", "short_config", "status_text", "threshold_cells", "trace_attempts", "verdict",
-    "EXPERIMENTS_FIRST", "EXPERIMENTS_FORMATS", "SUMMARY_FIRST", "SUMMARY_FORMATS", "as_text",
+    "EXPERIMENTS_FIRST", "EXPERIMENTS_FORMATS", "SUMMARY_FIRST", "SUMMARY_FORMATS", "as_text", "text_widths",
     "experiments_numbers", "sortable", "summary_numbers", "already_swept", "key_first", "last_read_compression", "state_phrase",
     "sweep_skip_note", "unfinished_banner",
 ]

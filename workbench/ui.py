@@ -107,11 +107,17 @@ def error(prefix: str, detail: object = "") -> None:
 def figures(data: Any, *, key: str, **kwargs) -> Any:
     """``st.dataframe`` of a table already formatted as text (``app_data`` tables), its figure
     columns right-aligned as numbers are. ``data`` may be a pandas Styler."""
-    from .app_data import figure_columns
+    from .app_data import figure_columns, text_widths
 
     frame = data.data if hasattr(data, "data") else data
-    config = {name: st.column_config.Column(alignment="right") for name in figure_columns(frame)}
-    return st.dataframe(data, key=key, column_config=config | kwargs.pop("column_config", {}), **kwargs)
+    aligned = set(figure_columns(frame))
+    widths = text_widths(frame)
+    config = {name: st.column_config.Column(alignment="right" if name in aligned else None, width=widths.get(name))
+              for name in aligned | set(widths)}
+    for name, given in kwargs.pop("column_config", {}).items():  # the caller's settings win where set
+        config[name] = ({**config.get(name, {}), **{k: v for k, v in given.items() if v is not None}}
+                        if isinstance(given, dict) else given)  # (a label, or None to hide it)
+    return st.dataframe(data, key=key, column_config=config, **kwargs)
 
 
 def table(frame: pd.DataFrame, *, key: str, scores: bool = False, **kwargs) -> Any:
