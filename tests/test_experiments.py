@@ -744,3 +744,44 @@ def test_a_conversation_named_twice_is_replayed_once_and_an_unknown_one_refused_
     code, out, err = invoke("experiment", "run", "--dataset", str(LONGMEMEVAL), "--conversation", "nope",
                             "--db", db)
     assert code == 1 and "no conversation 'nope'" in err and "1 run" not in err
+
+
+def test_workers_end_when_the_scheduler_is_killed(tmp_path) -> None:
+    """`kill -TERM` (or -9) of `experiment run --concurrency 2` left both workers replaying,
+    ~300 MB each, re-parented to init, until killed by hand."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "scheduler.py"
+    script.write_text(
+        "import multiprocessing, os, sys, time\n"
+        "from concurrent.futures import ProcessPoolExecutor\n"
+        "from workbench.experiments import _worker_init\n"
+        "pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context('fork'),\n"
+        "                           initializer=_worker_init, initargs=(os.getpid(),))\n"
+        "print(pool.submit(os.getpid).result(), flush=True)\n"
+        "pool.submit(time.sleep, 120)\n"
+        "time.sleep(120)\n")
+    scheduler = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(scheduler.stdout.readline())
+        os.kill(scheduler.pid, signal.SIGKILL)
+        scheduler.wait()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                os.kill(worker, 0)
+                with open(f"/proc/{worker}/stat") as stat:  # (an exited orphan init has not reaped yet)
+                    if stat.read().rsplit(")", 1)[1].split()[0] == "Z":
+                        break
+            except (ProcessLookupError, FileNotFoundError):
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(worker, signal.SIGKILL)
+            pytest.fail("the worker outlived its scheduler")
+    finally:
+        scheduler.kill()

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import os
 import time
 import warnings
 from collections.abc import Callable, Collection, Sequence
@@ -345,10 +346,17 @@ def _all_offline(configs: Sequence[dict[str, Any]]) -> bool:
                for c in configs)
 
 
-def _worker_init() -> None:
+def _worker_init(scheduler_pid: int | None = None) -> None:
     """A worker forked from the scheduler (or a fork server): it inherits the imported modules (no
-    3-second litellm import per worker), but not the scheduler's running event loop."""
+    3-second litellm import per worker), but not the scheduler's running event loop. It ends
+    itself within a second of the scheduler's death (a SIGTERM or SIGKILL gives the scheduler no
+    chance to stop it: workers were left replaying, ~300 MB each, for no one)."""
     import signal
+    import threading
+
+    if scheduler_pid is not None:
+        threading.Thread(target=_exit_with, args=(scheduler_pid, os.getppid()), daemon=True,
+                         name="omem-worker-watchdog").start()
 
     asyncio.events._set_running_loop(None)
     # Ctrl-C in a terminal reaches the whole process group: the scheduler alone handles it (it
@@ -359,6 +367,22 @@ def _worker_init() -> None:
     from .cache import forget_connections
 
     forget_connections()  # SQLite connections must not cross a fork: the worker opens its own
+
+
+def _exit_with(scheduler_pid: int, parent_pid: int, every_s: float = 0.5) -> None:
+    """Watch the scheduler from a worker: once it is gone (or this worker has been re-parented,
+    its parent having died), end the worker at once, mid-task or not."""
+    while True:
+        time.sleep(every_s)
+        try:
+            os.kill(scheduler_pid, 0)
+            alive = os.getppid() == parent_pid
+        except ProcessLookupError:
+            alive = False
+        except PermissionError:  # (the pid now belongs to another user's process)
+            alive = False
+        if not alive:
+            os._exit(1)
 
 
 def _pool_context() -> Any:
@@ -509,7 +533,7 @@ async def _run_in_processes(tasks: Sequence[Task], options: ExperimentOptions, d
     """Offline replays: CPU-bound, one worker process per slot; this process writes."""
     loop = asyncio.get_running_loop()
     pool = ProcessPoolExecutor(max_workers=min(options.concurrency, len(tasks)), mp_context=_pool_context(),
-                               initializer=_worker_init)
+                               initializer=_worker_init, initargs=(os.getpid(),))
     pending = {loop.run_in_executor(pool, _replay_one, dataset, dataset_format, task, extra, folder,
                                     options.traces): task for task in tasks}
     try:
