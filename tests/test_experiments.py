@@ -785,3 +785,42 @@ def test_workers_end_when_the_scheduler_is_killed(tmp_path) -> None:
             pytest.fail("the worker outlived its scheduler")
     finally:
         scheduler.kill()
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_experiment_run_prints_the_datasets_warnings_once_per_conversation(tmp_path, as_json) -> None:
+    """`replay` printed "evidence 'nope' of probe 'q9' points to no message"; `experiment run`
+    on the same file printed nothing, so the probe silently counted for less."""
+    lines = (ROOT / "datasets" / "tiny.jsonl").read_text().splitlines()
+    lines.append(json.dumps({"type": "probe", "conversation_id": "tiny", "id": "q9", "question": "Where?",
+                             "answer": "Lisbon", "evidence": ["nope"], "category": "single-hop"}))
+    data = tmp_path / "warned.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    code, out, err = invoke("experiment", "run", "--dataset", str(data), "--observation-threshold", "150,600",
+                            "--concurrency", "1", "--db", str(tmp_path / "w.duckdb"), *(["--json"] if as_json else []))
+    assert code == 0, err
+    warned = [line for line in err.splitlines() if line.startswith("warning: tiny: ")]
+    assert len(warned) == 1 and "'nope'" in warned[0] and "q9" in warned[0]  # once, not per configuration
+
+
+def test_the_apps_banner_after_an_experiment_mentions_the_datasets_warnings() -> None:
+    outcome = ex.ExperimentOutcome("exp-1", "completed", None, 1.0, 2, 0, 0.0,
+                                   {"tiny": ["evidence 'nope' of probe 'q9' points to no message"]})
+    kind, sentence = ex.outcome_message("exp-1", outcome)
+    assert kind == "warning" and "1 warning on 1 conversation" in sentence and "'nope'" in sentence
+
+
+def test_an_experiment_on_questions_without_answers_says_retention_cannot_be_scored(tmp_path) -> None:
+    """MemoryBank's probes are questions only: an experiment gave 'probes 0' and a dash for
+    retention everywhere, with nothing saying why."""
+    lines = [line for line in (ROOT / "datasets" / "tiny.jsonl").read_text().splitlines()
+             if json.loads(line)["type"] != "probe"]
+    lines.append(json.dumps({"type": "probe", "conversation_id": "tiny", "id": "q1", "question": "Dog?",
+                             "answer": None, "evidence": ["t1"]}))
+    data = tmp_path / "questions.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    code, _, err = invoke("experiment", "run", "--dataset", str(data), "--db", str(tmp_path / "q.duckdb"))
+    assert code == 0 and "warning: retention cannot be scored on 1 conversation here: its 1 probe has no" in err
+    code, _, err = invoke("experiment", "run", "--dataset", str(ROOT / "datasets" / "tiny.jsonl"),
+                          "--db", str(tmp_path / "t.duckdb"))
+    assert code == 0 and "cannot be scored" not in err

@@ -761,11 +761,14 @@ def experiment() -> None:
 
 
 def _experiment_progress(quiet: bool):
-    """A progress line per finished run, with an ETA (on stderr: stdout stays for --json)."""
-    if quiet:
-        return None
+    """A progress line per finished run, with an ETA (on stderr: stdout stays for --json); the
+    dataset's warnings about a conversation, with its first run, even when ``quiet``."""
 
     def show(p) -> None:
+        for warning in p.warnings:
+            click.echo(f"warning: {p.conversation_id}: {warning}", err=True)
+        if quiet:
+            return
         width = 20
         filled = round(width * p.done / max(p.total, 1))
         bar = "█" * filled + "░" * (width - filled)
@@ -902,6 +905,8 @@ def experiment_run(dataset, fmt, conversations, observation, reflection, windows
                 click.echo(f"warning: {label} cannot run here and will be recorded as failed: {problem}", err=True)
         listed = {c.id: c for c in list_conversations(dataset, fmt)}
         chosen = ex.choose_conversations(list(listed), conversations, dataset)  # before announcing the plan
+        if unscored := ex.unscored_warning([listed[c] for c in chosen]):
+            click.echo(f"warning: {unscored}", err=True)
         runnable = [c for n, c in zip(names, grid) if not problems[n]]  # the others make no call: cost nothing
         estimate = ex.estimate_cost([listed[c].tokens for c in chosen if c in listed], runnable)
         runs = len(chosen) * len(grid)

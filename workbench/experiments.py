@@ -202,6 +202,7 @@ class Progress:
     conversation_id: str
     status: str
     elapsed_s: float
+    warnings: tuple[str, ...] = ()  # the dataset's for this conversation, with its first run only
 
     @property
     def eta_s(self) -> float | None:
@@ -276,6 +277,13 @@ def outcome_message(experiment_id: str, outcome: ExperimentOutcome) -> tuple[str
     """``(kind, sentence)`` for the app's banner after a start or a resume: ``success`` only when
     every run replayed completed; ``warning`` when some failed; ``error`` when none did or it stopped."""
     runs = f"{count(outcome.runs, 'run')} replayed in {outcome.elapsed_s:.1f} s"
+    if outcome.warnings:
+        noted = sum(len(w) for w in outcome.warnings.values())
+        first = next(iter(outcome.warnings.items()))
+        runs += (f" (the dataset gave {count(noted, 'warning')} on {count(len(outcome.warnings), 'conversation')}, "
+                 f"e.g. {first[0]}: {first[1][0]})")
+        if outcome.status == "completed" and not outcome.failed:
+            return "warning", f"{experiment_id} completed: {runs}."
     if outcome.status == "completed" and not outcome.failed:
         return "success", f"{experiment_id} completed: {runs}."
     failed = f"{outcome.failed} of them did not complete (listed below with their errors)"
@@ -326,6 +334,7 @@ async def _replay_one_async(dataset: str, dataset_format: str | None, task: Task
         planned_steps=planned_reads(conversation, config))
     payload["run"]["elapsed_s"] = time.perf_counter() - started
     payload["messages"] = messages
+    payload["warnings"] = list(conversation.warnings)
     return payload
 
 
@@ -338,6 +347,7 @@ class ExperimentOutcome:
     runs: int
     failed: int
     cost_usd: float
+    warnings: dict[str, list[str]] = field(default_factory=dict)  # the loader's, per conversation
 
 
 def _all_offline(configs: Sequence[dict[str, Any]]) -> bool:
@@ -404,6 +414,19 @@ def _pool_context() -> Any:
     return multiprocessing.get_context("spawn")
 
 
+def unscored_warning(conversations: Sequence[Any]) -> str | None:
+    """When no probe of ``conversations`` (``ConversationInfo``s) has a gold answer (MemoryBank's
+    questions, for one), retention cannot be scored: the sentence that says so before the start,
+    else ``None``."""
+    probes = sum(c.probes for c in conversations)
+    if not conversations or any(c.scored_probes for c in conversations):
+        return None
+    held = (f"its {count(probes, 'probe')} {'has' if probes == 1 else 'have'} no gold answer" if probes
+            else "they hold no probes" if len(conversations) > 1 else "it holds no probes")
+    return (f"retention cannot be scored on {count(len(conversations), 'conversation')} here: {held}; the "
+            "figures will be compression, blind spot, calls and cost")
+
+
 def choose_conversations(ids: Sequence[str], conversations: Sequence[str] | None, dataset: str | Path) -> list[str]:
     """The conversations an experiment replays: ``conversations`` (each once, in the order
     given; an id named twice would count its probes twice) or every id of the dataset; an
@@ -452,12 +475,17 @@ async def run_experiment(store: Any, experiment_id: str, *, progress: Callable[[
     state = {"done": 0, "failed": 0, "cost": _spent(store, experiment_id)}
     stop = asyncio.Event()
 
-    def report(task: Task, status: str) -> None:
+    warned: dict[str, list[str]] = {}
+
+    def report(task: Task, status: str, warnings: Sequence[str] = ()) -> None:
         state["done"] += 1
         state["failed"] += status != "completed"
+        new = () if task.conversation_id in warned else tuple(warnings)
+        if new:
+            warned[task.conversation_id] = list(new)
         if progress is not None:
             progress(Progress(state["done"], len(tasks), state["failed"], state["cost"], task.label,
-                              task.conversation_id, status, time.perf_counter() - started))
+                              task.conversation_id, status, time.perf_counter() - started, new))
 
     def add_cost(amount: float) -> None:
         state["cost"] += amount
@@ -466,9 +494,10 @@ async def run_experiment(store: Any, experiment_id: str, *, progress: Callable[[
 
     def write(payload: dict[str, Any], task: Task) -> None:
         messages = payload.pop("messages")
+        warnings = payload.pop("warnings", [])
         payload["run"]["experiment_id"] = experiment_id
         store.write_run(payload, messages=messages)
-        report(task, payload["run"]["status"])
+        report(task, payload["run"]["status"], warnings)
 
     # Configurations that cannot run here fail at once, for every conversation, with the reason.
     problems: dict[int, str | None] = {}
@@ -515,7 +544,8 @@ async def run_experiment(store: Any, experiment_id: str, *, progress: Callable[[
         await _judge_experiment(store, experiment_id, options)
     elapsed = time.perf_counter() - started
     store.finish_experiment(experiment_id, status, error, elapsed)
-    return ExperimentOutcome(experiment_id, status, error, elapsed, state["done"], state["failed"], state["cost"])
+    return ExperimentOutcome(experiment_id, status, error, elapsed, state["done"], state["failed"], state["cost"],
+                             warned)
 
 
 def _any_completed(store: Any, experiment_id: str) -> bool:
@@ -855,4 +885,4 @@ def export_parquet(store: Any, experiment_id: str, folder: str | Path) -> list[P
 __all__ = ["ConfigSummary", "ExperimentError", "ExperimentOptions", "ExperimentOutcome", "Progress", "STAGES",
            "choose_conversations", "compare", "config_grid", "create_experiment", "estimate_cost", "export_parquet", "labels",
            "pending_tasks", "report", "run_experiment", "status_phrase", "summarise",
-           "uneven_note"]
+           "uneven_note", "unscored_warning"]

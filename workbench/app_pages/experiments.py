@@ -19,6 +19,7 @@ from workbench.experiments import (
     outcome_message,
     status_text,
     uneven_note,
+    unscored_warning,
 )
 from workbench.models import usable_models
 from workbench.replay import TOKEN_COUNTERS, configuration_problem
@@ -126,6 +127,8 @@ with st.expander("New experiment", expanded=existing.empty):
                          f"{fmt.count(len(grid), 'configuration')}. Estimated cost: {priced}."))
         if warning := offline_prompt_warning(grid):
             st.warning(warning[:1].upper() + warning[1:].replace("--observer/--reflector", "observer/reflector"))
+        if unscored := unscored_warning(conversations):
+            st.warning(ui.plain(unscored[:1].upper() + unscored[1:] + "."))
         if len(blocked) == len(grid):
             problems.append("no configuration can run here: " + "; ".join(sorted(set(blocked.values()))))
             ui.error("**Nothing to start.** ", problems[-1])
