@@ -824,3 +824,30 @@ def test_an_experiment_on_questions_without_answers_says_retention_cannot_be_sco
     code, _, err = invoke("experiment", "run", "--dataset", str(ROOT / "datasets" / "tiny.jsonl"),
                           "--db", str(tmp_path / "t.duckdb"))
     assert code == 0 and "cannot be scored" not in err
+
+
+def test_a_ctrl_c_under_json_still_ends_stdout_with_one_json_object(tmp_path) -> None:
+    """README: with --json the last stdout line is one JSON object, a failure's too; a Ctrl-C
+    left stdout empty (exit 130)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    db = tmp_path / "j.duckdb"
+    log = tmp_path / "stderr.txt"
+    command = [sys.executable, "-m", "workbench", "experiment", "run", "--dataset", str(DEMO),
+               "--observation-threshold", ",".join(str(n) for n in range(40, 400, 10)), "--window", "2",
+               "--concurrency", "1", "--no-cache", "--json", "--db", str(db)]
+    with log.open("w") as stderr:
+        worker = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    deadline = time.monotonic() + 120
+    while "experiment exp-" not in log.read_text() and worker.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.5)
+    worker.send_signal(signal.SIGINT)
+    out, _ = worker.communicate(timeout=120)
+    answer = json.loads(out.strip().splitlines()[-1])
+    assert worker.returncode == 130, (worker.returncode, log.read_text())  # 36 runs: not all done in 0.5 s
+    assert answer["status"] == "interrupted" and answer["experiment_id"].startswith("exp-")
+    assert "experiment resume" in answer["error"]

@@ -359,7 +359,8 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
             sys.exit(1)
         except KeyboardInterrupt:
             _exit_interrupted(lambda: _replay_interrupted(store, resume or _new_run(store, known)),
-                              "\ninterrupted: what was recorded is kept; python -m workbench runs lists the run")
+                              "\ninterrupted: what was recorded is kept; python -m workbench runs lists the run",
+                              as_json=as_json, fields=lambda: {"run_id": resume or _new_run(store, known)})
         if answerer and judge and conv.probes:
             _run_judge(store, result, conv, config, answerer, judge, yes, as_json)
         if as_json:
@@ -472,14 +473,16 @@ _before_ctrl_c: dict[str, Any] = {}  # the SIGINT handler a Ctrl-C's clean-up re
 _as_program = False  # set by main(): the command owns the process, not a caller (a test, a notebook)
 
 
-def _exit_interrupted(message: str | Callable[[], str], fallback: str = "\ninterrupted") -> None:
+def _exit_interrupted(message: str | Callable[[], str], fallback: str = "\ninterrupted", *,
+                      as_json: bool = False, fields: Callable[[], dict[str, Any]] | None = None) -> None:
     """Leave after a Ctrl-C, saying what was kept. Everything is already recorded by then: a
     further Ctrl-C is ignored until the message (which may read the store, briefly: see
     :data:`workbench.interrupts.STOPPING_WAIT_S`; ``fallback`` is said when it cannot) is out.
     Run as the program, it then quits at once and quietly at a further Ctrl-C while the process
     winds down (closing the store, Python's own shutdown), where it used to print an "Exception
     ignored ... KeyboardInterrupt" traceback; called from other code, the handler found before
-    the Ctrl-C is put back."""
+    the Ctrl-C is put back. With ``as_json`` stdout ends with ``{"status": "interrupted", "error":
+    …}`` and ``fields()`` (the run's or experiment's id), as for any other ending."""
     import signal
     import threading
 
@@ -497,13 +500,17 @@ def _exit_interrupted(message: str | Callable[[], str], fallback: str = "\ninter
         saved = _before_ctrl_c.pop("handler", None)  # (used only while the Ctrl-C it was saved at holds)
         previous = saved if in_place == signal.SIG_IGN and saved is not None else in_place
         previous = signal.default_int_handler if previous is None else previous  # (None: set outside Python)
-    if not isinstance(message, str):
+    extra: dict[str, Any] = {}
+    if not isinstance(message, str) or fields is not None:
         try:
             with stopping():
-                message = message()
+                message = message if isinstance(message, str) else message()
+                extra = fields() if fields is not None and as_json else {}
         except WorkbenchError as exc:  # (the run store held or unreadable: what was kept is not read)
             message = f"{fallback} ({exc})"
     click.echo(message, err=True)
+    if as_json:
+        click.echo(json.dumps({"status": "interrupted", "error": " ".join(message.split()), **extra}))
     if handled:
         signal.signal(signal.SIGINT, quit_now if _as_program else previous)
     sys.exit(130)
@@ -633,7 +640,7 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
                 if failed:
                     click.echo(f"{len(failed)} of {len(grid)} configurations failed", err=True)
         except KeyboardInterrupt:
-            _exit_interrupted("\ninterrupted: finished runs are kept")
+            _exit_interrupted("\ninterrupted: finished runs are kept", as_json=as_json)
     if any(r.status != "completed" for r in results):
         sys.exit(1)
 
@@ -944,7 +951,7 @@ def _finish_experiment(store, experiment_id: str, as_json: bool) -> None:
             return (f"\ninterrupted: finished runs are kept; finish with: python -m workbench experiment resume "
                     f"{experiment_id}")
 
-        _exit_interrupted(message)
+        _exit_interrupted(message, as_json=as_json, fields=lambda: {"experiment_id": experiment_id})
     data = ex.report(store, experiment_id)
     if as_json:
         click.echo(json.dumps(data))
