@@ -851,3 +851,15 @@ def test_a_ctrl_c_under_json_still_ends_stdout_with_one_json_object(tmp_path) ->
     assert worker.returncode == 130, (worker.returncode, log.read_text())  # 36 runs: not all done in 0.5 s
     assert answer["status"] == "interrupted" and answer["experiment_id"].startswith("exp-")
     assert "experiment resume" in answer["error"]
+
+
+def test_a_configuration_can_be_named_without_the_separator_or_by_its_number() -> None:
+    """`experiment compare --a "obs 300 ref 1000"` was refused: only the exact label with its
+    U+00B7 separators was accepted."""
+    names = ["obs 300 · ref 1000", "obs 300 · ref 4000", "obs 1000 · ref 1000"]
+    assert ex.resolve_label(names, "obs 300 ref 1000", "exp-1") == "obs 300 · ref 1000"
+    assert ex.resolve_label(names, "OBS 1000  ·  REF 1000", "exp-1") == "obs 1000 · ref 1000"
+    assert ex.resolve_label(names, "2", "exp-1") == "obs 300 · ref 4000"
+    with pytest.raises(ex.ExperimentError, match=r"no configuration '4' in exp-1; it has \(number, label\): "
+                                                 r"1 obs 300 · ref 1000, 2 obs 300 · ref 4000"):
+        ex.resolve_label(names, "4", "exp-1")

@@ -1032,8 +1032,8 @@ def experiment_show(experiment_id: str, as_json: bool, db: str) -> None:
 
 @experiment.command("compare")
 @click.argument("experiment_id")
-@click.option("--a", "label_a", help="A configuration's label (default: the first).")
-@click.option("--b", "label_b", help="Another configuration's label (default: the second).")
+@click.option("--a", "label_a", help="A configuration's label, or its number in the grid from 1 (default: the first).")
+@click.option("--b", "label_b", help="Another configuration's label or number (default: the second).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @DB_OPTION
 @json_errors

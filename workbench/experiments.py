@@ -790,13 +790,30 @@ def summaries_of(experiment: dict, runs: pd.DataFrame, probes: pd.DataFrame, los
     return out
 
 
+def resolve_label(names: Sequence[str], given: str, experiment_id: str) -> str:
+    """The configuration ``given`` names: its label exactly, or typed without the "·"
+    separators or in another case ("obs 300 ref 1000"), or its position in the grid from 1."""
+    if given in names:
+        return given
+
+    def loose(label: str) -> str:
+        return " ".join(label.replace("·", " ").casefold().split())
+
+    matches = [n for n in names if loose(n) == loose(given)]
+    if len(matches) == 1:
+        return matches[0]
+    if given.strip().isdigit() and 1 <= int(given) <= len(names):
+        return names[int(given) - 1]
+    listed = ", ".join(f"{i} {n}" for i, n in enumerate(names, 1))
+    raise ExperimentError(f"no configuration {given!r} in {experiment_id}; it has (number, label): {listed}")
+
+
 def compare(store: Any, experiment_id: str, a: str, b: str) -> Any:
-    """The paired difference in retention, ``b`` minus ``a``, on the probes both scored."""
+    """The paired difference in retention, ``b`` minus ``a``, on the probes both scored; ``a``
+    and ``b`` as :func:`resolve_label` reads them."""
     experiment = store.experiment(experiment_id)
     names = [entry["label"] for entry in experiment["configs"]]
-    for label in (a, b):
-        if label not in names:
-            raise ExperimentError(f"no configuration {label!r} in {experiment_id}; it has: {', '.join(names)}")
+    a, b = (resolve_label(names, label, experiment_id) for label in (a, b))
     if a == b:
         raise ExperimentError(f"both sides are {a!r}: name two different configurations")
     probes = store.experiment_probes(experiment_id)
@@ -884,5 +901,5 @@ def export_parquet(store: Any, experiment_id: str, folder: str | Path) -> list[P
 
 __all__ = ["ConfigSummary", "ExperimentError", "ExperimentOptions", "ExperimentOutcome", "Progress", "STAGES",
            "choose_conversations", "compare", "config_grid", "create_experiment", "estimate_cost", "export_parquet", "labels",
-           "pending_tasks", "report", "run_experiment", "status_phrase", "summarise",
+           "pending_tasks", "report", "resolve_label", "run_experiment", "status_phrase", "summarise",
            "uneven_note", "unscored_warning"]
