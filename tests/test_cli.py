@@ -162,6 +162,12 @@ def test_sweep_compare_runs_export(tmp_path) -> None:
     assert " ".join(row.split()).endswith("nightly baseline (obs 1000 · ref 2000 · win 4)")  # it was not shown
     code, out, _ = invoke("export", a, "--parquet", str(tmp_path / "export"))
     assert code == 0 and "steps.parquet" in out
+    before = (tmp_path / "export" / "runs.parquet").read_bytes()
+    code, _, err = invoke("export", b, "--parquet", str(tmp_path / "export"))  # replaced without a word
+    assert code == 1 and "already holds runs.parquet" in err and "--overwrite" in err
+    assert (tmp_path / "export" / "runs.parquet").read_bytes() == before
+    code, out, _ = invoke("export", b, "--parquet", str(tmp_path / "export"), "--overwrite")
+    assert code == 0 and (tmp_path / "export" / "runs.parquet").read_bytes() != before
     code, _, err = invoke("compare", a, "nope")
     assert code != 0 and "no run nope in" in err and "'nope'" not in err
 

@@ -730,12 +730,27 @@ def delete_command(run_ids: tuple[str, ...], yes: bool, db: str) -> None:
             click.echo(f"deleted run {run_id}")
 
 
+EXPORT_TABLES = ("experiments", "runs", "messages", "steps", "records", "model_calls", "probes", "probe_losses")
+OVERWRITE_OPTION = click.option("--overwrite", is_flag=True, help="Replace Parquet files already in the folder.")
+
+
+def _export_folder_free(folder: Path, overwrite: bool) -> None:
+    """Refuse a folder that already holds an export (another run's, say), unless ``overwrite``:
+    its files were replaced without a word."""
+    held = [f"{t}.parquet" for t in EXPORT_TABLES if (folder / f"{t}.parquet").exists()]
+    if held and not overwrite:
+        raise click.ClickException(f"{folder} already holds {', '.join(held[:3])}{' …' if len(held) > 3 else ''} "
+                                   "(an earlier export?): choose another folder, or pass --overwrite")
+
+
 @cli.command()
 @click.argument("run_id")
 @click.option("--parquet", "folder", required=True, type=click.Path(path_type=Path), help="Output folder.")
+@OVERWRITE_OPTION
 @DB_OPTION
-def export(run_id: str, folder: Path, db: str) -> None:
+def export(run_id: str, folder: Path, overwrite: bool, db: str) -> None:
     """Export one run's tables as Parquet files."""
+    _export_folder_free(folder, overwrite)
     with _using_store(db, existing=True) as store:
         written = store.export_parquet(run_id, folder)
     for path in written:
@@ -1077,11 +1092,13 @@ def experiment_delete(experiment_id: str, yes: bool, db: str) -> None:
 @experiment.command("export")
 @click.argument("experiment_id")
 @click.option("--parquet", "folder", required=True, type=click.Path(path_type=Path), help="Output folder.")
+@OVERWRITE_OPTION
 @DB_OPTION
-def experiment_export(experiment_id: str, folder: Path, db: str) -> None:
+def experiment_export(experiment_id: str, folder: Path, overwrite: bool, db: str) -> None:
     """The experiment and its runs' tables as Parquet files."""
     from . import experiments as ex
 
+    _export_folder_free(folder, overwrite)
     with _using_store(db, existing=True) as store:
         try:
             written = ex.export_parquet(store, experiment_id, folder)
