@@ -818,7 +818,8 @@ def _print_report(data: dict[str, Any]) -> None:
 
     header = (f"experiment {data['experiment_id']} ({data['status_text']}): "
               f"{count(len(data['conversations']), 'conversation')} of {short_path(data['dataset'])}, "
-              f"{display(data['elapsed_s'])} s")
+              + ("elapsed time not recorded (its process ended without a word)" if data["elapsed_s"] is None
+                 else f"{display(data['elapsed_s'])} s"))
     if data["completed_runs"] < data["planned_runs"]:
         header += (f"; the figures below come from the {data['completed_runs']} of {data['planned_runs']} "
                    f"planned runs that completed, on {count(data['completed_conversations'], 'conversation')}")

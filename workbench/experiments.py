@@ -827,6 +827,10 @@ def status_phrase(status: str) -> str:
             "running": "is running", "completed": "completed"}.get(status, f"is {status}")
 
 
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and value != value)
+
+
 def uneven_note(runs: Any) -> str | None:
     """When the configurations completed different sets of conversations (an interrupted grid,
     a run deleted), their pooled rows cover different probes and cannot be ranked against each
@@ -869,7 +873,8 @@ def report(store: Any, experiment_id: str) -> dict[str, Any]:
         "planned_runs": planned, "completed_runs": int(len(done)),
         "completed_conversations": int(done.conversation_id.nunique()),
         "dataset": experiment["dataset"], "conversations": experiment["conversations"],
-        "elapsed_s": float(experiment["elapsed_s"] or 0.0),
+        # (None: never measured — its process died before any part of it ended)
+        "elapsed_s": None if _missing(experiment["elapsed_s"]) else float(experiment["elapsed_s"]),
         "configs": [{k: s.to_json()[k] for k in keys} | {"per_category": s.per_category, "funnel": s.funnel,
                                                           "judged_accuracy": s.judged_accuracy, "errors": s.errors}
                     for s in summaries],
