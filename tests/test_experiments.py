@@ -748,7 +748,8 @@ def test_a_conversation_named_twice_is_replayed_once_and_an_unknown_one_refused_
     assert code == 1 and "no conversation 'nope'" in err and "1 run" not in err
 
 
-def test_workers_end_when_the_scheduler_is_killed(tmp_path) -> None:
+@pytest.mark.parametrize("start", ["fork", "forkserver"])  # the CLI's and the app's
+def test_workers_end_when_the_scheduler_is_killed(tmp_path, start) -> None:
     """`kill -TERM` (or -9) of `experiment run --concurrency 2` left both workers replaying,
     ~300 MB each, re-parented to init, until killed by hand."""
     import os
@@ -762,14 +763,16 @@ def test_workers_end_when_the_scheduler_is_killed(tmp_path) -> None:
         "import multiprocessing, os, sys, time\n"
         "from concurrent.futures import ProcessPoolExecutor\n"
         "from workbench.experiments import _worker_init\n"
-        "pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context('fork'),\n"
-        "                           initializer=_worker_init, initargs=(os.getpid(),))\n"
-        "print(pool.submit(os.getpid).result(), flush=True)\n"
-        "pool.submit(time.sleep, 120)\n"
-        "time.sleep(120)\n")
-    scheduler = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        "from workbench.runstore import process_token\n"
+        "if __name__ == '__main__':\n"
+        "    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context(sys.argv[1]),\n"
+        "                               initializer=_worker_init, initargs=(os.getpid(), process_token()))\n"
+        "    print(pool.submit(os.getpid).result(), flush=True)\n"
+        "    pool.submit(time.sleep, 120)\n"
+        "    time.sleep(120)\n")
+    scheduler = subprocess.Popen([sys.executable, str(script), start], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
-        worker = int(scheduler.stdout.readline())
+        worker = int(scheduler.stdout.readline())  # (the scheduler's own sleep bounds this wait)
         os.kill(scheduler.pid, signal.SIGKILL)
         scheduler.wait()
         deadline = time.monotonic() + 15

@@ -170,9 +170,18 @@ def test_retention_reads_words_of_every_script() -> None:
     assert content_words("Zürich, São Paulo, naïve café") == {"zürich", "são", "paulo", "naïve", "café"}
     assert probe_score("Миша", content_words("Мой кот Миша")) == 1.0
     assert probe_score("Zürich", content_words("The rich man from Zagreb, z")) == 0.0
-    assert probe_score("東京", content_words("我住在東京")) == 1.0  # no spaces: a word per character
     assert probe_score("ｃａｆé", content_words("café")) == 1.0  # NFKC: full-width and composed forms
+    assert probe_score("STRASSE", content_words("Straße")) == 1.0  # case folding, not lower()
+    assert probe_score("Istanbul", content_words("İstanbul")) == 1.0
     assert content_words("I don’t like snake_case") == {"like", "snake", "case"}  # (t and don: stop words)
+    # a word keeps its combining marks (they split Devanagari, Hebrew and Arabic words into letters)
+    assert content_words("हिन्दी भाषा") == {"हिन्दी", "भाषा"} and content_words("שָׁלוֹם") == {"שָׁלוֹם"}
+    assert probe_score("हिन्दी", content_words("नदी किनारे")) == 0.0
+    # no segmenter: a Han character is a word, a katakana run one word, hiragana is not read
+    assert probe_score("東京", content_words("我住在東京")) == 1.0
+    assert content_words("コーヒー・ショップに行った") == {"コーヒー", "ショップ", "行"}
+    assert probe_score("スミス", content_words("ミスをした")) == 0.0
+    assert probe_score("すし", content_words("しかし、すみません")) is None  # unscored, not matched on kana
 
 
 def test_retention_scoring_rules() -> None:

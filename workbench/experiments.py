@@ -356,7 +356,7 @@ def _all_offline(configs: Sequence[dict[str, Any]]) -> bool:
                for c in configs)
 
 
-def _worker_init(scheduler_pid: int | None = None) -> None:
+def _worker_init(scheduler_pid: int | None = None, scheduler_token: str | None = None) -> None:
     """A worker forked from the scheduler (or a fork server): it inherits the imported modules (no
     3-second litellm import per worker), but not the scheduler's running event loop. It ends
     itself within a second of the scheduler's death (a SIGTERM or SIGKILL gives the scheduler no
@@ -365,7 +365,7 @@ def _worker_init(scheduler_pid: int | None = None) -> None:
     import threading
 
     if scheduler_pid is not None:
-        threading.Thread(target=_exit_with, args=(scheduler_pid, os.getppid()), daemon=True,
+        threading.Thread(target=_exit_with, args=(scheduler_pid, scheduler_token), daemon=True,
                          name="omem-worker-watchdog").start()
 
     asyncio.events._set_running_loop(None)
@@ -379,20 +379,25 @@ def _worker_init(scheduler_pid: int | None = None) -> None:
     forget_connections()  # SQLite connections must not cross a fork: the worker opens its own
 
 
-def _exit_with(scheduler_pid: int, parent_pid: int, every_s: float = 0.5) -> None:
-    """Watch the scheduler from a worker: once it is gone (or this worker has been re-parented,
-    its parent having died), end the worker at once, mid-task or not."""
+def _exit_with(scheduler_pid: int, scheduler_token: str | None, every_s: float = 0.5) -> None:
+    """Watch the scheduler from a worker: once it is gone — ended, a zombie its parent has not
+    reaped, or its pid reused by another process — end the worker at once, mid-task or not. (The
+    scheduler itself, not the worker's parent: under ``forkserver`` that is the fork server.)"""
+    from .runstore import process_alive
+
     while True:
         time.sleep(every_s)
-        try:
-            os.kill(scheduler_pid, 0)
-            alive = os.getppid() == parent_pid
-        except ProcessLookupError:
-            alive = False
-        except PermissionError:  # (the pid now belongs to another user's process)
-            alive = False
-        if not alive:
+        if not process_alive(scheduler_pid, scheduler_token) or _zombie(scheduler_pid):
             os._exit(1)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has ended and waits to be reaped (Linux; elsewhere: never said)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _pool_context() -> Any:
@@ -561,9 +566,12 @@ async def _run_in_processes(tasks: Sequence[Task], options: ExperimentOptions, d
                             dataset_format: str | None, extra: dict[str, Any], folder: str | None,
                             write: Callable[[dict[str, Any], Task], None]) -> None:
     """Offline replays: CPU-bound, one worker process per slot; this process writes."""
+    from .runstore import process_token
+
     loop = asyncio.get_running_loop()
     pool = ProcessPoolExecutor(max_workers=min(options.concurrency, len(tasks)), mp_context=_pool_context(),
-                               initializer=_worker_init, initargs=(os.getpid(),))
+                               initializer=_worker_init,
+                               initargs=(os.getpid(), process_token()))
     pending = {loop.run_in_executor(pool, _replay_one, dataset, dataset_format, task, extra, folder,
                                     options.traces): task for task in tasks}
     try:

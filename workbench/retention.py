@@ -16,20 +16,24 @@ Baselines, scored the same way: *full history* (no compaction), *window only* (n
 from __future__ import annotations
 
 import json
-import re
 import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import regex
+
 if TYPE_CHECKING:
     from omem_core import Message
 
-# Words are runs of letters and digits in any script ("zürich", "миша", "são"), compared after
-# NFKC normalisation and lower-casing; Chinese and Japanese, written without spaces, count each
-# character as a word (the scorer has no segmenter: "東京" is retained when 東 and 京 both are).
-_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
-_WORD = re.compile(f"[{_CJK}]|(?:(?![{_CJK}])[^\\W_])+")
+# Words are runs of letters (with their combining marks: Devanagari vowel signs, Hebrew points)
+# and digits in any script — "zürich", "миша", "हिन्दी" — compared after NFKC normalisation and
+# case folding. Chinese and Japanese are written without spaces and the scorer has no segmenter:
+# a Han character is a word of its own ("東京" is retained when 東 and 京 both are), a run of
+# katakana (names, loanwords: "コーヒー") is one word, and hiragana (particles, inflections) is
+# not read — a gold answer written only in hiragana is left unscored rather than matched on
+# particles.
+_WORD = regex.compile(r"\p{Han}|[\p{Katakana}\u30fc]+|(?:(?![\p{Han}\p{Hiragana}\p{Katakana}\u30fc])[\p{L}\p{N}\p{M}])+")
 
 STOP_WORDS = frozenset(
     """a an the and or but if of at by for with about against between into through during before after
@@ -46,7 +50,8 @@ METHODS = ("memory", "full_history", "window_only", "recent_tokens")
 
 def content_words(text: str) -> set[str]:
     """The words retention compares: letters and digits of any script, lower-cased, no stop words."""
-    return {w for w in _WORD.findall(unicodedata.normalize("NFKC", text).lower()) if w not in STOP_WORDS}
+    folded = unicodedata.normalize("NFKC", text).replace("İ", "I").casefold()  # ("İ" folds to i + a dot mark)
+    return {w for w in _WORD.findall(folded) if w not in STOP_WORDS}
 
 
 def render_for_scoring(message: Message) -> str:
