@@ -1277,3 +1277,11 @@ def test_a_sortable_table_reads_as_the_text_table_and_a_gap_stays_a_dash() -> No
     assert cells == ["a", "12.1x", "1,235", "1204", "b", "7.3x", "–", "3"]
     assert styled.data.compression.tolist() == [12.05, 7.25]  # what the browser sorts by
     assert styled.data["tokens in"].tolist() == ["1,235", "–"]  # a gap: Streamlit would draw None
+
+
+def test_text_widths_count_wide_characters_and_survive_shared_column_names() -> None:
+    import pandas as pd
+
+    frame = pd.DataFrame([["obs 300", "東京東京", 1.5]], columns=["label", "label", "n"])
+    widths = app_data.text_widths(frame)  # two columns named alike: frame[name] is a frame
+    assert set(widths) == {"label"} and widths["label"] == int(8 * 7.5) + 28  # 4 wide characters: 8 columns

@@ -62,6 +62,19 @@ def test_with_json_an_option_click_refuses_still_ends_stdout_with_one_json_objec
     assert code == 2 and answer["status"] == "failed" and answer["error"] in err
 
 
+@pytest.mark.parametrize("args", [("experiment", "run", "--name", "--json", "--dataset", "/no/such.json"),
+                                  ("replay", "--dataset", "/no/such.json", "--", "--json")])
+def test_json_given_as_a_value_does_not_ask_for_json(args) -> None:
+    code, out, _ = invoke(*args)
+    assert code == 2 and out == ""
+
+
+def test_resuming_in_a_run_store_that_does_not_exist_creates_none(tmp_path) -> None:
+    db = tmp_path / "typo" / "x.duckdb"
+    code, _, err = invoke("replay", "--resume", "r1", "--db", str(db))
+    assert code == 1 and f"no run store at {db}" in err and not db.parent.exists()
+
+
 def test_without_json_an_option_error_prints_nothing_to_stdout() -> None:
     code, out, err = invoke("delete", "--json")  # a command that has no --json
     assert code == 2 and out == "" and "No such option '--json'" in err

@@ -868,3 +868,37 @@ def test_a_configuration_can_be_named_without_the_separator_or_by_its_number() -
     with pytest.raises(ex.ExperimentError, match=r"no configuration '4' in exp-1; it has \(number, label\): "
                                                  r"1 obs 300 · ref 1000, 2 obs 300 · ref 4000"):
         ex.resolve_label(names, "4", "exp-1")
+
+
+def test_an_unanswered_start_question_under_json_ends_stdout_with_json(tmp_path, monkeypatch) -> None:
+    """`< /dev/null`: click's prompt aborted and stdout stayed empty; a model whose price
+    litellm does not know started without the question at all."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-used")
+    for model in ("openai/gpt-4o-mini", "openai/omem-no-such-price-model"):
+        db = tmp_path / f"{model.split('/')[1]}.duckdb"
+        result = CliRunner().invoke(cli, ["experiment", "run", "--dataset", str(ROOT / "datasets" / "tiny.jsonl"),
+                                          "--observer", model, "--reflector", "none", "--json", "--db", str(db)],
+                                    input="", catch_exceptions=False)
+        assert "Start?" in result.stderr and result.exit_code == 1, (model, result.stderr)
+        answer = json.loads(result.stdout.strip().splitlines()[-1])
+        assert answer["status"] == "failed" and "--yes" in answer["error"]
+        with RunStore(db) as store:
+            assert store.experiments().empty
+
+
+def test_configuration_names_that_are_ambiguous_or_odd_digits_get_clear_errors() -> None:
+    names = ["obs 300 · ref 1000", "OBS 300 · REF 1000", "obs 500"]
+    with pytest.raises(ex.ExperimentError, match="matches 2 configurations"):
+        ex.resolve_label(names, "obs 300 ref 1000", "exp-1")
+    with pytest.raises(ex.ExperimentError, match="no configuration '²'"):  # "²".isdigit(): int() raised
+        ex.resolve_label(names, "²", "exp-1")
+    assert ex.resolve_label(names, " 3 ", "exp-1") == "obs 500"
+
+
+def test_the_unscored_warning_reads_right_for_several_conversations() -> None:
+    from workbench.datasets.base import ConversationInfo
+
+    infos = [ConversationInfo(f"c{i}", 10, 2, 0, 100, "omem") for i in range(2)]
+    assert ex.unscored_warning(infos).startswith("retention cannot be scored on 2 conversations here: their 4 "
+                                                 "probes have no gold answer")
+    assert ex.unscored_warning([ConversationInfo("c", 10, 2, 1, 100, "omem"), *infos]) is None

@@ -93,13 +93,18 @@ def text_widths(frame: pd.DataFrame, *, px_per_char: float = 7.5, padding: int =
     Streamlit's grid sized them short of their content and cut it (a right-aligned interval
     ``[0.500, 1.000]`` read ``), 1.000]``; labels ``obs 1000 · ref 1``), so two different values
     could look the same."""
+    import unicodedata
+
+    def chars(text: str) -> int:  # a wide character (CJK, most emoji) takes two columns
+        return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
     widths = {}
-    for name in frame.columns:
-        column = frame[name]
+    for i, name in enumerate(frame.columns):
+        column = frame.iloc[:, i]  # (by position: two columns may share a name)
         if pd.api.types.is_numeric_dtype(column) or pd.api.types.is_datetime64_any_dtype(column):
             continue  # (drawn by the grid, which sizes numbers right)
-        longest = max([len(str(name)), *(len(str(v)) for v in column.tolist() if not missing(v))])
-        widths[str(name)] = min(cap, int(longest * px_per_char) + padding)
+        longest = max([chars(str(name)), *(chars(str(v)) for v in column.tolist() if not missing(v))])
+        widths[str(name)] = max(widths.get(str(name), 0), min(cap, int(longest * px_per_char) + padding))
     return widths
 
 

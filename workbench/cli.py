@@ -55,6 +55,10 @@ def json_errors(command: Callable[..., None]) -> Callable[..., None]:
                 click.echo(json.dumps({"status": "failed", "error": exc.format_message(),
                                        **getattr(exc, "json_fields", {})}))
             raise
+        except click.Abort:  # a question left unanswered (end of input, Ctrl-C at the prompt)
+            if kwargs.get("as_json"):
+                click.echo(json.dumps({"status": "failed", "error": "aborted at a question (--yes answers it)"}))
+            raise
 
     return wrapper
 
@@ -65,13 +69,24 @@ class JsonCommand(click.Command):
     still prints its usage message to stderr and exits 2."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        wants_json = "--json" in args and any(param.name == "as_json" for param in self.params)
+        wants_json = any(param.name == "as_json" for param in self.params) and self._asks_json(args)
         try:
             return super().parse_args(ctx, args)
         except click.UsageError as exc:
             if wants_json:
                 click.echo(json.dumps({"status": "failed", "error": exc.format_message()}))
             raise
+
+    def _asks_json(self, args: list[str]) -> bool:
+        """Whether ``--json`` is given as the flag (not as another option's value, nor after ``--``)."""
+        takes_value = {opt for param in self.params if isinstance(param, click.Option) and not param.is_flag
+                       for opt in param.opts}
+        for i, arg in enumerate(args):
+            if arg == "--":
+                return False
+            if arg == "--json" and not (i and args[i - 1] in takes_value):
+                return True
+        return False
 
 
 class JsonGroup(click.Group):
@@ -318,7 +333,7 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
         raise click.UsageError("--answerer and --judge go together")
     if resume:
         _refuse_with_resume(click.get_current_context(), RESUME_FIXES)
-    with _using_store(db) as store:
+    with _using_store(db, existing=bool(resume)) as store:
         if resume:
             run = store.run(resume)
             if run["status"] == "completed":
@@ -358,9 +373,10 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
                 click.echo(json.dumps(partial.summary()))
             sys.exit(1)
         except KeyboardInterrupt:
-            _exit_interrupted(lambda: _replay_interrupted(store, resume or _new_run(store, known)),
+            interrupted_run = functools.cache(lambda: resume or _new_run(store, known))  # (read once)
+            _exit_interrupted(lambda: _replay_interrupted(store, interrupted_run()),
                               "\ninterrupted: what was recorded is kept; python -m workbench runs lists the run",
-                              as_json=as_json, fields=lambda: {"run_id": resume or _new_run(store, known)})
+                              as_json=as_json, fields=lambda: {"run_id": interrupted_run()})
         if answerer and judge and conv.probes:
             _run_judge(store, result, conv, config, answerer, judge, yes, as_json)
         if as_json:
@@ -501,11 +517,13 @@ def _exit_interrupted(message: str | Callable[[], str], fallback: str = "\ninter
         previous = saved if in_place == signal.SIG_IGN and saved is not None else in_place
         previous = signal.default_int_handler if previous is None else previous  # (None: set outside Python)
     extra: dict[str, Any] = {}
-    if not isinstance(message, str) or fields is not None:
+    if fields is not None and as_json:
+        with contextlib.suppress(WorkbenchError), stopping():  # (an id that cannot be read is left out)
+            extra = fields()
+    if not isinstance(message, str):
         try:
             with stopping():
-                message = message if isinstance(message, str) else message()
-                extra = fields() if fields is not None and as_json else {}
+                message = message()
         except WorkbenchError as exc:  # (the run store held or unreadable: what was kept is not read)
             message = f"{fallback} ({exc})"
     click.echo(message, err=True)
@@ -818,8 +836,9 @@ def _print_report(data: dict[str, Any]) -> None:
 
     header = (f"experiment {data['experiment_id']} ({data['status_text']}): "
               f"{count(len(data['conversations']), 'conversation')} of {short_path(data['dataset'])}, "
-              + ("elapsed time not recorded (its process ended without a word)" if data["elapsed_s"] is None
-                 else f"{display(data['elapsed_s'])} s"))
+              + (f"{display(data['elapsed_s'])} s" if data["elapsed_s"] is not None
+                 else "still running" if data["status"] == "running"
+                 else "elapsed time not recorded (its process ended without a word)"))
     if data["completed_runs"] < data["planned_runs"]:
         header += (f"; the figures below come from the {data['completed_runs']} of {data['planned_runs']} "
                    f"planned runs that completed, on {count(data['completed_conversations'], 'conversation')}")
@@ -937,7 +956,7 @@ def experiment_run(dataset, fmt, conversations, observation, reflection, windows
             f"about {money(estimate, 4)} (an estimate meant to err high)" if estimate is not None else "unknown (a model's price is not known)")
         click.echo(f"{count(runs, 'run')}: {count(len(chosen), 'conversation')} × "
                    f"{count(len(grid), 'configuration')}; cost {cost}", err=True)
-        if estimate and not yes and not click.confirm("Start?", default=True, err=True):
+        if estimate != 0 and not yes and not click.confirm("Start?", default=True, err=True):  # (None: unknown price)
             raise click.ClickException("not started (pass --yes to start a paid experiment without asking)")
         experiment_id = ex.create_experiment(store, dataset=dataset, grid=grid, options=options,
                                              conversations=chosen, dataset_format=fmt, name=name)

@@ -426,8 +426,9 @@ def unscored_warning(conversations: Sequence[Any]) -> str | None:
     probes = sum(c.probes for c in conversations)
     if not conversations or any(c.scored_probes for c in conversations):
         return None
-    held = (f"its {count(probes, 'probe')} {'has' if probes == 1 else 'have'} no gold answer" if probes
-            else "they hold no probes" if len(conversations) > 1 else "it holds no probes")
+    several = len(conversations) > 1
+    held = (f"{'their' if several else 'its'} {count(probes, 'probe')} {'has' if probes == 1 else 'have'} no gold "
+            "answer" if probes else "they hold no probes" if several else "it holds no probes")
     return (f"retention cannot be scored on {count(len(conversations), 'conversation')} here: {held}; the "
             "figures will be compression, blind spot, calls and cost")
 
@@ -808,11 +809,15 @@ def resolve_label(names: Sequence[str], given: str, experiment_id: str) -> str:
         return " ".join(label.replace("·", " ").casefold().split())
 
     matches = [n for n in names if loose(n) == loose(given)]
+    listed = ", ".join(f"{i} {n}" for i, n in enumerate(names, 1))
     if len(matches) == 1:
         return matches[0]
-    if given.strip().isdigit() and 1 <= int(given) <= len(names):
-        return names[int(given) - 1]
-    listed = ", ".join(f"{i} {n}" for i, n in enumerate(names, 1))
+    if matches:
+        raise ExperimentError(f"{given!r} matches {len(matches)} configurations of {experiment_id}: give the exact "
+                              f"label or the number (number, label): {listed}")
+    number = given.strip()
+    if number.isascii() and number.isdecimal() and 1 <= int(number) <= len(names):
+        return names[int(number) - 1]
     raise ExperimentError(f"no configuration {given!r} in {experiment_id}; it has (number, label): {listed}")
 
 
