@@ -1285,3 +1285,48 @@ def test_text_widths_count_wide_characters_and_survive_shared_column_names() -> 
     frame = pd.DataFrame([["obs 300", "東京東京", 1.5]], columns=["label", "label", "n"])
     widths = app_data.text_widths(frame)  # two columns named alike: frame[name] is a frame
     assert set(widths) == {"label"} and widths["label"] == int(8 * 7.5) + 28  # 4 wide characters: 8 columns
+
+
+def test_a_run_opened_from_another_page_is_the_run_the_explorer_shows(db: Path) -> None:
+    """With another dataset chosen in the explorer's sidebar, Runs' "Open in the explorer" (and
+    Tune's point) showed the chosen dataset's newest run instead, silently: the picker had
+    fallen back to the demo on the way (Streamlit forgets a widget a page does not draw), which
+    counted as a new choice."""
+    import asyncio
+
+    from workbench.catalog import PROJECT_DATASETS
+    from workbench.datasets import load_conversation
+    from workbench.replay import ReplayConfig, replay
+
+    at = app()  # replays the demo
+    tiny = next(o for o in at.sidebar.selectbox(key="ex_dataset").options if o.startswith("tiny"))
+    at.sidebar.selectbox(key="ex_dataset").set_value(tiny).run()
+    small = ReplayConfig(observation_threshold=40, reflection_threshold=60)
+    with RunStore(db) as s:
+        other = asyncio.run(replay(load_conversation(PROJECT_DATASETS / "tiny.jsonl"), small, s)).run_id
+        third = asyncio.run(replay(load_conversation(PROJECT_DATASETS / "samples" / "longmemeval-sample.json"),
+                                   small, s)).run_id  # neither the demo nor the dataset chosen
+    at.switch_page(PAGES.format("runs")).run()
+    at.selectbox(key="runs_pick").set_value(third).run()
+    at.button(key="runs_open").click().run()
+    assert not at.exception, at.exception
+    assert at.text[0].value.startswith(f"Run {third} ·"), at.text[0].value
+    at.switch_page(PAGES.format("runs")).run()  # and back by the page list: the sidebar kept its dataset
+    at.switch_page(PAGES.format("explorer")).run()
+    at.sidebar.radio(key="ex_mode").set_value("Run a replay").run()
+    assert at.sidebar.selectbox(key="ex_dataset").value == tiny
+    assert at.text[0].value.startswith(f"Run {other} ·"), at.text[0].value  # tiny's run, as chosen
+
+
+def test_the_explorer_says_when_its_run_was_deleted_elsewhere(db: Path) -> None:
+    at = app()  # replays the demo and shows it
+    shown = at.text[0].value.split()[1]
+    at.sidebar.button(key="ex_run").click().run()  # a second run of the demo, now shown
+    newest = at.text[0].value.split()[1]
+    assert newest != shown
+    with RunStore(db) as s:
+        s.delete_run(newest)  # from another tab or process
+    at.run()
+    assert any(f"Run {newest} is no longer in the run store (deleted elsewhere)" in w.value.replace("\\", "")
+               for w in at.warning), [w.value for w in at.warning]
+    assert at.text[0].value.split()[1] == shown

@@ -13,6 +13,7 @@ import os
 import re
 import tempfile
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -232,6 +233,22 @@ def unreadable(prefix: str, detail: object) -> NoReturn:
     raise AssertionError("st.stop() returned")  # (it raises; for type checkers)
 
 
+def kept(key: str, options: Sequence[Any] | None = None) -> bool:
+    """Keep a widget's value across pages. Streamlit forgets a widget's state on a page that does
+    not draw it, so coming back to a page reset its dataset picker to the demo — which then
+    counted as a new choice, and a run opened from another page gave way to the demo's newest.
+    Call before drawing the widget: its last value is put back (when still one of ``options``),
+    and ``True`` says so (then give the widget no default of its own)."""
+    shadow = f"_kept_{key}"
+    if key in st.session_state:
+        st.session_state[shadow] = st.session_state[key]
+        return True
+    if shadow in st.session_state and (options is None or st.session_state[shadow] in options):
+        st.session_state[key] = st.session_state[shadow]
+        return True
+    return False
+
+
 def dataset_picker(prefix: str) -> Conversation | None:
     """Sidebar: dataset (project, shared, an upload, or any path) and conversation. A dataset
     that cannot be read shows its error and ends the page (:func:`unreadable`); its warnings
@@ -241,7 +258,8 @@ def dataset_picker(prefix: str) -> Conversation | None:
     entries = known_datasets()
     names = [f"{e.name} ({e.origin})" for e in entries] + [UPLOAD, BY_PATH]
     default = next((i for i, e in enumerate(entries) if e.path == DEMO_DATASET), 0)
-    choice = st.sidebar.selectbox("Dataset", names, index=default, key=f"{prefix}_dataset")
+    choice = st.sidebar.selectbox("Dataset", names, key=f"{prefix}_dataset",
+                                  **({} if kept(f"{prefix}_dataset", names) else {"index": default}))
     if choice == UPLOAD:
         upload = st.sidebar.file_uploader("Conversation file (JSON, JSON Lines, or a zip of a folder)",
                                           key=f"{prefix}_upload")
@@ -252,6 +270,7 @@ def dataset_picker(prefix: str) -> Conversation | None:
             return None
         path = _saved_upload(upload)
     elif choice == BY_PATH:
+        kept(f"{prefix}_path")
         typed = st.sidebar.text_input("Path", key=f"{prefix}_path", placeholder="/data/locomo10.json")
         fmt = _format_picker(prefix)
         if not typed.strip():
@@ -271,7 +290,11 @@ def dataset_picker(prefix: str) -> Conversation | None:
     except DatasetError as exc:
         unreadable("Cannot read the dataset: ", shown(exc))
     ids = [c.id for c in listed]
-    picked = st.sidebar.selectbox("Conversation", ids, key=f"{prefix}_conversation") if len(ids) > 1 else ids[0]
+    if len(ids) > 1:
+        kept(f"{prefix}_conversation", ids)
+        picked = st.sidebar.selectbox("Conversation", ids, key=f"{prefix}_conversation")
+    else:
+        picked = ids[0]
     try:
         conversation = _conversation(str(path), fmt, stamp, picked)
     except DatasetError as exc:

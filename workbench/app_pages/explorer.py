@@ -35,6 +35,12 @@ else:
         ui.open_run(picked)
 
 stored = store.runs()
+opened = st.session_state.get(ui.RUN_KEY)
+if opened is not None and mode == "Run a replay" and opened not in set(stored.run_id):
+    # (the other mode's run picker says so itself) Said, never a silent switch to another run.
+    st.warning(ui.plain(f"Run {opened} is no longer in the run store (deleted elsewhere); the newest run of "
+                        "the conversation chosen is shown instead."))
+    st.session_state.pop(ui.RUN_KEY)
 if conversation is not None:
     chosen = [conversation.source, conversation.id]
     if st.session_state.get("ex_chosen") not in (None, chosen):

@@ -46,7 +46,7 @@ run_id = ui.run_picker(store, "Run", "runs_pick", only=set(shown.run_id))  # act
 # expl…", "Export as Parqu…", and "Delete run" fell to a row of its own under its checkbox).
 actions = st.container(horizontal=True, vertical_alignment="center")
 if actions.button("Open in the explorer", key="runs_open"):
-    ui.open_run(run_id)
+    ui.open_run_at(run_id)  # (as a stored run: not filtered out by the explorer's chosen dataset)
     st.switch_page("workbench/app_pages/explorer.py")
 
 with tempfile.TemporaryDirectory() as folder:

@@ -171,7 +171,7 @@ points = (event.selection.points if event and event.selection else []) or []
 if points:
     picked = points[0].get("customdata")
     if picked:
-        ui.open_run(picked[0] if isinstance(picked, list) else picked)
+        ui.open_run_at(picked[0] if isinstance(picked, list) else picked)
         st.switch_page("workbench/app_pages/explorer.py")
 
 heatmaps = st.container(horizontal=True)  # (wraps on a narrow page, as above)
