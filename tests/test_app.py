@@ -1330,3 +1330,27 @@ def test_the_explorer_says_when_its_run_was_deleted_elsewhere(db: Path) -> None:
     assert any(f"Run {newest} is no longer in the run store (deleted elsewhere)" in w.value.replace("\\", "")
                for w in at.warning), [w.value for w in at.warning]
     assert at.text[0].value.split()[1] == shown
+
+
+def test_the_presentation_and_its_export_say_when_the_observer_fell_behind(db: Path) -> None:
+    """On BEAM the explorer and the CLI said "The observer is falling behind: … 40% of the history
+    … neither in memory nor in the window"; the stakeholder page and its HTML file showed
+    "Compression 11.3x" and nothing of it."""
+    import asyncio
+
+    from workbench.catalog import DEMO_DATASET
+    from workbench.datasets import load_conversation
+    from workbench.export_html import run_html
+    from workbench.replay import ReplayConfig, replay
+
+    with RunStore(db) as s:
+        run_id = asyncio.run(replay(load_conversation(DEMO_DATASET),
+                                    ReplayConfig(observation_threshold=20, reflection_threshold=80, last_messages=2),
+                                    s)).run_id
+        page = run_html(s, run_id)
+    assert "The observer is falling behind" in page
+    at = app()
+    at.session_state["omem_run"] = run_id  # (ui.RUN_KEY: the run opened across pages)
+    at.switch_page(PAGES.format("present")).run()
+    assert not at.exception, at.exception
+    assert any("The observer is falling behind" in w.value for w in at.warning)

@@ -88,6 +88,18 @@ def figure_columns(frame: pd.DataFrame) -> list[str]:
     return out
 
 
+def run_findings(run: dict[str, Any], steps: pd.DataFrame, calls: pd.DataFrame | None) -> list[str]:
+    """:func:`analysis.findings` for a stored run, from its configuration: what the explorer,
+    the presentation and the HTML export all say (the observer falling behind, reflections
+    over their threshold), so a demo never shows a headline figure without them."""
+    from .analysis import findings
+
+    config = run["config"]
+    return findings(steps, config["observation_threshold"], calls, config.get("max_backlog"),
+                    config.get("reflection_threshold") if config.get("reflector") else None,
+                    config.get("recall_on"))
+
+
 def text_widths(frame: pd.DataFrame, *, px_per_char: float = 7.5, padding: int = 28, cap: int = 360) -> dict[str, int]:
     """Pixel widths for a table's text columns, wide enough for their longest value and header:
     Streamlit's grid sized them short of their content and cut it (a right-aligned interval
@@ -897,7 +909,7 @@ __all__ = [
     "next_compaction", "offline_prompt_note", "opening_sentence", "page_count", "page_slice", "pareto_points",
     "pair_conversations", "parse_values", "pass_steps", "probe_grid", "prompt_of", "shared_range", "summary_table", "text_diff",
     "run_name", "short_config", "status_text", "threshold_cells", "trace_attempts", "verdict",
-    "EXPERIMENTS_FIRST", "EXPERIMENTS_FORMATS", "SUMMARY_FIRST", "SUMMARY_FORMATS", "as_text", "text_widths",
+    "EXPERIMENTS_FIRST", "EXPERIMENTS_FORMATS", "SUMMARY_FIRST", "SUMMARY_FORMATS", "as_text", "run_findings", "text_widths",
     "experiments_numbers", "sortable", "summary_numbers", "already_swept", "key_first", "last_read_compression", "state_phrase",
     "sweep_skip_note", "unfinished_banner",
 ]

@@ -160,6 +160,8 @@ def run_html(store: Any, run_id: str) -> str:
         note = app_data.compression_note(run, steps)
         if note:  # the chart's last-read figure differs from the headline's
             page.text("p", note, "meta")
+        for finding in app_data.run_findings(run, steps, calls):  # (the observer falling behind, …)
+            page.text("p", finding, "warn")
         page.chart(volumes)
         page.chart(thresholds)
         page.text("h2", "What happened")

@@ -121,9 +121,7 @@ if steps.empty:
                "This run recorded no steps." if done else
                "This run recorded no steps: it ended before its first memory read (the error above says why).")
     st.stop()
-for note in analysis.findings(steps, config["observation_threshold"], calls, config.get("max_backlog"),
-                              config.get("reflection_threshold") if config.get("reflector") else None,
-                              config.get("recall_on")):
+for note in app_data.run_findings(run, steps, calls):
     st.warning(note)
 
 last = int(steps.step.max())

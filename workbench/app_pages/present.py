@@ -52,6 +52,8 @@ big.metric("Model calls", fmt.display(sum(0 if fmt.missing(c) else int(c) for c 
 end_note = app_data.compression_note(run, steps)
 if end_note:
     st.caption(ui.plain(end_note))
+for note in app_data.run_findings(run, steps, store.model_calls(run_id)):  # (as the explorer says them)
+    st.warning(note)
 
 passes = app_data.pass_steps(steps)
 
