@@ -1354,3 +1354,26 @@ def test_the_presentation_and_its_export_say_when_the_observer_fell_behind(db: P
     at.switch_page(PAGES.format("present")).run()
     assert not at.exception, at.exception
     assert any("The observer is falling behind" in w.value for w in at.warning)
+
+
+def test_tunes_heatmap_never_averages_runs_that_differ_in_more_than_thresholds(db: Path) -> None:
+    """A 300/600 cell read 0.714: the mean of runs with window 10 (0.705) and window 40 (0.750)."""
+    import asyncio
+
+    from workbench.datasets import load_conversation
+    from workbench.replay import ReplayConfig, replay
+
+    with RunStore(db) as s:
+        results = {w: asyncio.run(replay(load_conversation(PROJECT_DEMO),
+                                         ReplayConfig(observation_threshold=300, reflection_threshold=600,
+                                                      last_messages=w), s)) for w in (4, 40)}
+    at = app("tune")
+    at.sidebar.radio(key="tune_mode").set_value("Sweep one conversation").run()
+    picker = at.selectbox(key="tune_settings")
+    assert sorted(picker.options) == ["window 4", "window 40"]
+    for window in (4, 40):
+        picker.set_value(f"window {window}").run()
+        heat = next(f for f in (spec(at, i) for i in range(len(at.get("plotly_chart"))))
+                    if f["data"][0].get("type") == "heatmap" and "compression" in f["layout"]["title"]["text"])
+        assert f"window {window}" in heat["layout"]["title"]["text"]
+        assert decode(heat["data"][0]["z"]) == [[pytest.approx(results[window].compression)]]

@@ -88,6 +88,19 @@ def figure_columns(frame: pd.DataFrame) -> list[str]:
     return out
 
 
+def run_settings(runs: pd.DataFrame) -> list[str]:
+    """Per stored run, what differs across ``runs`` besides the two thresholds (window, models,
+    prompt versions, backlog ceiling…; ``""`` when nothing does): a heatmap of a conversation's
+    runs draws one value, so a cell never averages runs that differ in more than the thresholds."""
+    import json
+
+    from .experiments import other_settings
+    from .replay import ReplayConfig
+
+    configs = [ReplayConfig.from_json(json.loads(c) if isinstance(c, str) else c).to_json() for c in runs.config]
+    return other_settings(configs)
+
+
 def run_findings(run: dict[str, Any], steps: pd.DataFrame, calls: pd.DataFrame | None) -> list[str]:
     """:func:`analysis.findings` for a stored run, from its configuration: what the explorer,
     the presentation and the HTML export all say (the observer falling behind, reflections
@@ -909,7 +922,7 @@ __all__ = [
     "next_compaction", "offline_prompt_note", "opening_sentence", "page_count", "page_slice", "pareto_points",
     "pair_conversations", "parse_values", "pass_steps", "probe_grid", "prompt_of", "shared_range", "summary_table", "text_diff",
     "run_name", "short_config", "status_text", "threshold_cells", "trace_attempts", "verdict",
-    "EXPERIMENTS_FIRST", "EXPERIMENTS_FORMATS", "SUMMARY_FIRST", "SUMMARY_FORMATS", "as_text", "run_findings", "text_widths",
+    "EXPERIMENTS_FIRST", "EXPERIMENTS_FORMATS", "SUMMARY_FIRST", "SUMMARY_FORMATS", "as_text", "run_findings", "run_settings", "text_widths",
     "experiments_numbers", "sortable", "summary_numbers", "already_swept", "key_first", "last_read_compression", "state_phrase",
     "sweep_skip_note", "unfinished_banner",
 ]

@@ -174,9 +174,17 @@ if points:
         ui.open_run_at(picked[0] if isinstance(picked, list) else picked)
         st.switch_page("workbench/app_pages/explorer.py")
 
+runs = runs.assign(settings=app_data.run_settings(runs))
+settings = list(dict.fromkeys(runs.settings))
+cells, setting = runs, ""
+if len(settings) > 1:  # one heatmap per combination of the other settings: a cell never averages two
+    setting = st.selectbox("Heatmaps for", settings, key="tune_settings",
+                           help="What differs between this conversation's runs besides the two thresholds")
+    cells = runs[runs.settings == setting]
 heatmaps = st.container(horizontal=True)  # (wraps on a narrow page, as above)
-if runs.retention.notna().any():
-    heatmaps.plotly_chart(charts.heatmap(runs, "retention"), key="tune_heat_retention", width=430)
-heatmaps.plotly_chart(charts.heatmap(runs, "compression"), key="tune_heat_compression", width=430)
-ui.table(runs[["run_id", "observation_threshold", "reflection_threshold", "window", "compression", "retention",
-               "observer_calls", "reflector_calls"]], hide_index=True, key="tune_table")
+if cells.retention.notna().any():
+    heatmaps.plotly_chart(charts.heatmap(cells, "retention", settings=setting), key="tune_heat_retention", width=430)
+heatmaps.plotly_chart(charts.heatmap(cells, "compression", settings=setting), key="tune_heat_compression", width=430)
+columns = ["run_id", "observation_threshold", "reflection_threshold", "window", "compression", "retention",
+           "observer_calls", "reflector_calls"]
+ui.table(runs[columns + (["settings"] if len(settings) > 1 else [])], hide_index=True, key="tune_table")
