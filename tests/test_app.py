@@ -1377,3 +1377,42 @@ def test_tunes_heatmap_never_averages_runs_that_differ_in_more_than_thresholds(d
                     if f["data"][0].get("type") == "heatmap" and "compression" in f["layout"]["title"]["text"])
         assert f"window {window}" in heat["layout"]["title"]["text"]
         assert decode(heat["data"][0]["z"]) == [[pytest.approx(results[window].compression)]]
+
+
+def test_a_saved_prompt_cannot_take_a_built_in_version_name(db: Path) -> None:
+    """Saving "v2" with other text was accepted: the pickers offered only the built-in v2, so the
+    saved text could never be chosen, and two texts shared one label."""
+    from omem_core import Prompt
+    from omem_core.prompts import OBSERVER_PROMPT
+    from workbench.runstore import RunStoreError
+
+    with RunStore(db) as s:
+        with pytest.raises(RunStoreError, match="v2 is a built-in observer prompt version"):
+            s.save_prompt(Prompt(name="observer", version=OBSERVER_PROMPT.version, text="Be brief."))
+        s.save_prompt(OBSERVER_PROMPT)  # the built-in itself: nothing to save, no error
+        assert s.prompts().empty
+    at = app("prompts")
+    at.text_input(key="pr_new_observer").set_value("v1").run()  # (the button is enabled by a name)
+    at.button(key="pr_save").click().run()
+    assert any("v1 is a built-in observer prompt version" in e.value.replace("\\", "") for e in at.error), \
+        [e.value for e in at.error]
+
+
+def test_compare_warns_of_identical_configurations_and_of_prompts_the_offline_model_ignores(db: Path) -> None:
+    import asyncio
+
+    from omem_core.prompts import OBSERVER_PROMPT_V1
+    from workbench.datasets import load_conversation
+    from workbench.replay import ReplayConfig, replay
+
+    at = app("compare")
+    at.sidebar.radio(key="cmp_mode").set_value("Run two configurations").run()
+    assert any("Configurations A and B are the same" in w.value for w in at.warning)
+    with RunStore(db) as s:
+        for prompt in (None, OBSERVER_PROMPT_V1):
+            config = ReplayConfig(observation_threshold=300, reflection_threshold=600,
+                                  **({"observer_prompt": prompt} if prompt else {}))
+            asyncio.run(replay(load_conversation(PROJECT_DEMO), config, s))
+    at.sidebar.radio(key="cmp_mode").set_value("Pick two stored runs").run()
+    assert not at.exception, at.exception
+    assert any("the built-in offline model ignores prompt text" in w.value for w in at.warning)

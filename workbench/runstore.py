@@ -782,6 +782,17 @@ class RunStore:
         self._seq = {k: v for k, v in self._seq.items() if k[1] != run_id}
 
     def save_prompt(self, prompt: Prompt) -> None:
+        """Save a prompt version; a version name already used with other text — a built-in one
+        ("v1", "v2") or a saved one — is refused (two texts under one label: the pickers offered
+        only the built-in, so the saved text could never be chosen)."""
+        from omem_core.prompts import BUILTIN_PROMPTS
+
+        builtin = {p.version: p for p in BUILTIN_PROMPTS.get(prompt.name, [])}
+        if prompt.version in builtin:
+            if builtin[prompt.version].sha256 == prompt.sha256:
+                return  # the built-in itself: nothing to save
+            raise RunStoreError(f"{prompt.version} is a built-in {prompt.name} prompt version; choose a new "
+                                "version name")
         with self._write_lock, self._writing() as cur:
             found = cur.execute("SELECT sha256 FROM prompts WHERE name = ? AND version = ?",
                                 [prompt.name, prompt.version]).fetchall()

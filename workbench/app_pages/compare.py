@@ -215,6 +215,9 @@ if mode == MODES[2]:
         config_a = ui.config_form(store, "cmp_a", conversation, container=st)
     with right.expander("Configuration B", expanded=True):
         config_b = ui.config_form(store, "cmp_b", conversation, container=st)
+    if config_a.to_json() == config_b.to_json():
+        st.warning("Configurations A and B are the same: both runs would replay alike. Change a setting on one "
+                   "side to compare.")
     if st.button("Run both", type="primary", key="cmp_run", disabled=conversation is None or store.read_only):
         result_a = ui.run_replay(store, conversation, config_a)  # labelled by their configuration: "A" and
         result_b = ui.run_replay(store, conversation, config_b)  # "B" mean nothing outside this page
@@ -244,6 +247,8 @@ for name, info in (("A", info_a), ("B", info_b)):
                  "figures describe only the part replayed. ", info["error"] or "")
 if info_a["conversation_id"] != info_b["conversation_id"]:
     st.warning("The two runs replayed different conversations; their figures are not directly comparable.")
+if note := app_data.offline_prompt_note(info_a["config"], info_b["config"]):  # (as for an experiment's pair)
+    st.warning(note)
 
 st.subheader("Figures")
 table = analysis.comparison_shown(analysis.compare_runs(store, run_a, run_b))
