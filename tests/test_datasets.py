@@ -182,6 +182,25 @@ def test_a_chatgpt_export_is_read_along_the_branch_the_user_kept(tmp_path) -> No
     assert load_conversation(ms).turns[-1].created_at.isoformat() == "2023-11-14T22:13:50+00:00"
 
 
+def test_a_chatgpt_exports_empty_messages_are_said_to_be_skipped(tmp_path) -> None:
+    """A 50-message export showed "48 messages" with no word of the empty and whitespace-only
+    ones; the system node and hidden context messages every export has are not counted."""
+    def node(key, parent, role, text, hidden=False):
+        return {"id": key, "parent": parent,
+                "message": {"id": key, "author": {"role": role}, "create_time": 1700000000,
+                            "metadata": {"is_visually_hidden_from_conversation": hidden},
+                            "content": {"content_type": "text", "parts": [text]}}}
+
+    mapping = {"root": {"id": "root", "parent": None, "message": None},
+               "s": node("s", "root", "system", ""), "h": node("h", "s", "user", "", hidden=True),
+               "u1": node("u1", "h", "user", "Hello"), "a1": node("a1", "u1", "assistant", "   "),
+               "u2": node("u2", "a1", "user", ""), "a2": node("a2", "u2", "assistant", "Hi")}
+    path = write(tmp_path, "conversations.json", json.dumps([{"title": "t", "mapping": mapping, "current_node": "a2"}]))
+    conversation = load_conversation(path)
+    assert [t.id for t in conversation.turns] == ["u1", "a2"]
+    assert conversation.warnings == ["2 messages with no text were skipped (first: 'a1')"]
+
+
 def test_chat_timestamps_read_unix_time_and_an_undated_message_sits_among_its_neighbours(tmp_path) -> None:
     """A numeric timestamp was ignored without a word; a message without one was dated 2024-01-01
     plus a minute per message even between messages of June."""

@@ -134,6 +134,7 @@ def from_chatgpt(obj: dict[str, Any], index: int, source: Source, fmt: str) -> C
         path = sorted(nodes.values(), key=lambda node: created(node) or NEVER)
     turns: list[Turn] = []
     stamps: list[datetime | None] = []
+    empty: list[str] = []  # user/assistant messages with no text, skipped: said, not silent
     for node in path:
         message = node.get("message")
         if not isinstance(message, dict):
@@ -142,12 +143,19 @@ def from_chatgpt(obj: dict[str, Any], index: int, source: Source, fmt: str) -> C
         role = author.get("role", "") if isinstance(author, dict) else ""
         text = text_of(message.get("content"))
         if role not in ROLES or not text:
+            metadata = message.get("metadata") if isinstance(message.get("metadata"), dict) else {}
+            if role in ("user", "assistant") and not metadata.get("is_visually_hidden_from_conversation"):
+                empty.append(str(named(message.get("id"), node.get("id")) or "?"))
             continue
         turns.append(Turn(named(message.get("id"), node.get("id")) or f"message-{len(turns)}", role, text, EPOCH))
         stamps.append(created(node))
     turns = [dataclasses.replace(turn, created_at=when) for turn, when in zip(turns, fill_times(stamps))]
     conv_id = named(obj.get("id"), obj.get("conversation_id"), obj.get("title")) or f"conversation-{index}"
-    return finish(Conversation(conv_id, turns, [], str(source.path), fmt), source.path)
+    conversation = Conversation(conv_id, turns, [], str(source.path), fmt)
+    if empty and turns:
+        conversation.warnings.append(f"{len(empty)} message{'s' if len(empty) > 1 else ''} with no text "
+                                     f"{'were' if len(empty) > 1 else 'was'} skipped (first: {empty[0]!r})")
+    return finish(conversation, source.path)
 
 
 def load_objects(source: Source, convert: Callable[[dict[str, Any], int, str], Conversation]) -> list[Conversation]:
