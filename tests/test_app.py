@@ -1416,3 +1416,14 @@ def test_compare_warns_of_identical_configurations_and_of_prompts_the_offline_mo
     at.sidebar.radio(key="cmp_mode").set_value("Pick two stored runs").run()
     assert not at.exception, at.exception
     assert any("the built-in offline model ignores prompt text" in w.value for w in at.warning)
+
+
+def test_probe_ids_sort_as_numbered_and_an_unscored_run_says_why() -> None:
+    import pandas as pd
+
+    ids = pd.Series(["conv-26-q10", "conv-26-q2", "conv-26-q100", "conv-26-q1"])
+    assert list(ids.iloc[app_data.natural_order(ids)]) == ["conv-26-q1", "conv-26-q2", "conv-26-q10", "conv-26-q100"]
+    probes = pd.DataFrame({"method": ["memory"] * 3 + ["full_history"], "gold": [None, "a", "b", "b"],
+                           "evidence_in_window": [False, True, True, True]})
+    assert app_data.unscored_sentence(probes) == ("None of the 3 probes could be scored: 1 has no gold answer and 2 "
+                                                  "still have their evidence in the final window.")

@@ -88,6 +88,29 @@ def figure_columns(frame: pd.DataFrame) -> list[str]:
     return out
 
 
+def natural_order(values: pd.Series) -> list[int]:
+    """Positions that sort ``values`` as people read numbered ids: "q2" before "q10"."""
+    def key(text: Any) -> list[Any]:
+        return [(0, int(part), "") if part.isdigit() else (1, 0, part.casefold())
+                for part in re.split(r"(\d+)", str(text)) if part]
+
+    return sorted(range(len(values)), key=lambda i: key(values.iloc[i]))
+
+
+def unscored_sentence(probes: pd.DataFrame) -> str:
+    """Why a run's probes have no retention figure, as a sentence (for an empty per-category table)."""
+    memory = probes[probes.method == "memory"] if "method" in probes else probes
+    total = len(memory)
+    no_gold = int(memory.gold.isna().sum()) if "gold" in memory else 0
+    in_window = int(memory.evidence_in_window.fillna(False).astype(bool).sum()) if "evidence_in_window" in memory else 0
+    reasons = [f"{no_gold} {'has' if no_gold == 1 else 'have'} no gold answer" if no_gold else "",
+               f"{in_window} still {'has its' if in_window == 1 else 'have their'} evidence in the final window"
+               if in_window else ""]
+    reasons = [r for r in reasons if r]
+    return (f"None of the {count(total, 'probe')} could be scored"
+            + (f": {' and '.join(reasons)}." if reasons else "."))
+
+
 def run_settings(runs: pd.DataFrame) -> list[str]:
     """Per stored run, what differs across ``runs`` besides the two thresholds (window, models,
     prompt versions, backlog ceiling…; ``""`` when nothing does): a heatmap of a conversation's
@@ -922,7 +945,7 @@ __all__ = [
     "next_compaction", "offline_prompt_note", "opening_sentence", "page_count", "page_slice", "pareto_points",
     "pair_conversations", "parse_values", "pass_steps", "probe_grid", "prompt_of", "shared_range", "summary_table", "text_diff",
     "run_name", "short_config", "status_text", "threshold_cells", "trace_attempts", "verdict",
-    "EXPERIMENTS_FIRST", "EXPERIMENTS_FORMATS", "SUMMARY_FIRST", "SUMMARY_FORMATS", "as_text", "run_findings", "run_settings", "text_widths",
+    "EXPERIMENTS_FIRST", "EXPERIMENTS_FORMATS", "SUMMARY_FIRST", "SUMMARY_FORMATS", "as_text", "natural_order", "run_findings", "run_settings", "text_widths", "unscored_sentence",
     "experiments_numbers", "sortable", "summary_numbers", "already_swept", "key_first", "last_read_compression", "state_phrase",
     "sweep_skip_note", "unfinished_banner",
 ]

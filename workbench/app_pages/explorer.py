@@ -211,9 +211,14 @@ with seen:
 probes = store.probes(run_id)
 if not probes.empty:
     st.subheader("Retention per probe category")
-    ui.table(analysis.retention_table(probes), key="ex_retention", scores=True)
+    per_category = analysis.retention_table(probes)
+    if per_category.empty:  # (an empty table read "empty")
+        st.caption(ui.plain(app_data.unscored_sentence(probes)))
+    else:
+        ui.table(per_category, key="ex_retention", scores=True)
     with st.expander("Every probe"):
         every = probes[probes.method == "memory"][["probe_id", "category", "question", "gold", "score",
                                                    "evidence_in_window"]]
+        every = every.iloc[app_data.natural_order(every.probe_id)]  # q2 before q10
         ui.table(every.assign(category=every.category.map(app_data.category_name)), hide_index=True,
                  key="ex_every_probe")
