@@ -1427,3 +1427,28 @@ def test_probe_ids_sort_as_numbered_and_an_unscored_run_says_why() -> None:
                            "evidence_in_window": [False, True, True, True]})
     assert app_data.unscored_sentence(probes) == ("None of the 3 probes could be scored: 1 has no gold answer and 2 "
                                                   "still have their evidence in the final window.")
+
+
+def test_dense_observe_passes_do_not_hide_the_backlog_line() -> None:
+    """On BEAM a triangle at every read covered the backlog line climbing to 52k tokens."""
+    import pandas as pd
+
+    from workbench import charts
+
+    def figure(reads: int) -> dict:
+        steps = pd.DataFrame({"step": range(reads), "backlog_tokens": [100 * i for i in range(reads)],
+                              "unreflected_tokens": [50] * reads, "observed": [True] * reads,
+                              "reflected": [False] * reads})
+        chart = charts.thresholds_chart(steps, 1000, 2000)
+        return next(t for t in chart.to_dict()["data"] if t.get("name") == "observe pass")["marker"]
+
+    assert figure(10)["size"] == 10 and figure(10)["opacity"] == 1.0
+    assert figure(94)["size"] < 10 and figure(94)["opacity"] < 1.0
+
+
+def test_memory_above_the_full_history_is_explained_where_it_happens() -> None:
+    import pandas as pd
+
+    table = pd.DataFrame({"memory": [0.936, 0.6], "full history": [0.820, 0.9]}, index=["temporal", "single-hop"])
+    assert app_data.beats_history_note(table).startswith("Memory scores above the full history on temporal:")
+    assert app_data.beats_history_note(table.loc[["single-hop"]]) is None

@@ -88,6 +88,20 @@ def figure_columns(frame: pd.DataFrame) -> list[str]:
     return out
 
 
+def beats_history_note(per_category: pd.DataFrame) -> str | None:
+    """Why memory can score above the full history (``analysis.retention_table``'s columns), said
+    where it does: it read as an error."""
+    if not {"memory", "full history"} <= set(per_category.columns):
+        return None
+    ahead = [str(c) for c, row in per_category.iterrows()
+             if not missing(row["memory"]) and not missing(row["full history"]) and row["memory"] > row["full history"]]
+    if not ahead:
+        return None
+    return (f"Memory scores above the full history on {', '.join(ahead)}: notes write dates out in full "
+            "(\"yesterday (7 May 2023)\"), and scoring counts the answer's words, which the raw messages "
+            "leave to the reader to work out.")
+
+
 def natural_order(values: pd.Series) -> list[int]:
     """Positions that sort ``values`` as people read numbered ids: "q2" before "q10"."""
     def key(text: Any) -> list[Any]:
@@ -945,7 +959,7 @@ __all__ = [
     "next_compaction", "offline_prompt_note", "opening_sentence", "page_count", "page_slice", "pareto_points",
     "pair_conversations", "parse_values", "pass_steps", "probe_grid", "prompt_of", "shared_range", "summary_table", "text_diff",
     "run_name", "short_config", "status_text", "threshold_cells", "trace_attempts", "verdict",
-    "EXPERIMENTS_FIRST", "EXPERIMENTS_FORMATS", "SUMMARY_FIRST", "SUMMARY_FORMATS", "as_text", "natural_order", "run_findings", "run_settings", "text_widths", "unscored_sentence",
+    "EXPERIMENTS_FIRST", "EXPERIMENTS_FORMATS", "SUMMARY_FIRST", "SUMMARY_FORMATS", "as_text", "beats_history_note", "natural_order", "run_findings", "run_settings", "text_widths", "unscored_sentence",
     "experiments_numbers", "sortable", "summary_numbers", "already_swept", "key_first", "last_read_compression", "state_phrase",
     "sweep_skip_note", "unfinished_banner",
 ]

@@ -133,8 +133,12 @@ def thresholds_chart(steps: pd.DataFrame, observation: int, reflection: int, ste
         low_is_obs = observation < reflection
         line(observation, f"observation threshold {observation}", COLORS["window"], not (close and low_is_obs))
         line(reflection, f"reflection threshold {reflection}", COLORS["observe"], not (close and not low_is_obs))
+    # A pass at (nearly) every read, as when the observer falls behind on BEAM: full-size markers
+    # hid the backlog line they sit on, so dense ones are drawn small and see-through.
+    dense = len(observed) > 30
     fig.add_scatter(x=observed.step, y=observed.tokens, mode="markers", name="observe pass",
-                    marker=dict(symbol="triangle-down", size=10, color=COLORS["observe"]),
+                    marker=dict(symbol="triangle-down", size=6 if dense else 10, color=COLORS["observe"],
+                                opacity=0.55 if dense else 1.0),
                     hovertemplate="observe pass at step %{x}: backlog %{y} tokens before it<extra></extra>")
     fig.add_scatter(x=reflected.step, y=reflected.tokens, mode="markers", name="reflect pass",
                     marker=dict(symbol="diamond", size=11, color=COLORS["reflect"]),

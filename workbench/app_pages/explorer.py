@@ -216,6 +216,8 @@ if not probes.empty:
         st.caption(ui.plain(app_data.unscored_sentence(probes)))
     else:
         ui.table(per_category, key="ex_retention", scores=True)
+        if note := app_data.beats_history_note(per_category):
+            st.caption(note)
     with st.expander("Every probe"):
         every = probes[probes.method == "memory"][["probe_id", "category", "question", "gold", "score",
                                                    "evidence_in_window"]]

@@ -9,6 +9,7 @@ store = ui.get_store()
 run_id = ui.run_picker(store, "Run to present", "pres_run", default=st.session_state.get(ui.RUN_KEY),
                        container=st.sidebar)
 if run_id is None:
+    st.title("Observational memory, step by step")
     st.info("No runs yet: replay a conversation in the explorer first.")
     st.stop()
 
