@@ -1452,3 +1452,16 @@ def test_memory_above_the_full_history_is_explained_where_it_happens() -> None:
     table = pd.DataFrame({"memory": [0.936, 0.6], "full history": [0.820, 0.9]}, index=["temporal", "single-hop"])
     assert app_data.beats_history_note(table).startswith("Memory scores above the full history on temporal:")
     assert app_data.beats_history_note(table.loc[["single-hop"]]) is None
+
+
+def test_presentation_buttons_follow_autoplay(db: Path) -> None:
+    """At "Step 99 of 99" after Autoplay, "Next ▶" was still enabled: the buttons were drawn
+    before the autoplay fragment advanced the step."""
+    at = app("present")
+    run_id = at.sidebar.selectbox(key="pres_run").value
+    last = int(store(db).steps(run_id).step.max())
+    at.session_state[f"pres_step_{run_id}"] = last - 1
+    at.sidebar.toggle(key="pres_auto").set_value(True).run()  # this run's fragment advances to the last step
+    assert not at.exception, at.exception
+    assert at.session_state[f"pres_step_{run_id}"] == last
+    assert at.button(key="pres_next").disabled and not at.button(key="pres_back").disabled

@@ -64,15 +64,6 @@ def _move(target: int | None) -> None:
         st.session_state[key] = max(0, min(last, target))
 
 
-# One row that wraps: in columns of a 900 px page the labels were cut to "◀…", "Jump to …", "N…".
-nav = st.container(horizontal=True, vertical_alignment="center")
-nav.button("◀ Back", key="pres_back", disabled=st.session_state[key] <= 0,
-           on_click=lambda: _move(st.session_state[key] - 1))
-nav.button("Next ▶", key="pres_next", disabled=st.session_state[key] >= last,
-           on_click=lambda: _move(st.session_state[key] + 1))
-nav.button("Jump to next compaction »", key="pres_jump",
-           disabled=app_data.next_compaction(steps, st.session_state[key]) is None,
-           on_click=lambda: _move(app_data.next_compaction(steps, st.session_state[key])))
 total_messages = int(run["messages"])
 top = float(max(steps.history_tokens.max(), steps.context_tokens.max())) * 1.08 or 1.0
 
@@ -82,6 +73,15 @@ def walk() -> None:
     if autoplay and st.session_state[key] < last:
         st.session_state[key] += 1
     step = st.session_state[key]
+    # The buttons are drawn with the step they move from (outside the fragment, Autoplay left them
+    # as they were: "Next ▶" still enabled at the last step). One row that wraps: in columns of a
+    # 900 px page the labels were cut to "◀…", "Jump to …", "N…".
+    nav = st.container(horizontal=True, vertical_alignment="center")
+    nav.button("◀ Back", key="pres_back", disabled=step <= 0, on_click=lambda: _move(step - 1))
+    nav.button("Next ▶", key="pres_next", disabled=step >= last, on_click=lambda: _move(step + 1))
+    nav.button("Jump to next compaction »", key="pres_jump",
+               disabled=app_data.next_compaction(steps, step) is None,
+               on_click=lambda: _move(app_data.next_compaction(steps, step)))
     row = steps[steps.step == step].iloc[0]
     previous = steps[steps.step == step - 1].iloc[0] if step > 0 else None
     st.progress((step + 1) / (last + 1), text=f"Step {step} of {last}")
