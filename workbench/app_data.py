@@ -158,7 +158,8 @@ def text_widths(frame: pd.DataFrame, *, px_per_char: float = 7.5, padding: int =
     import unicodedata
 
     def chars(text: str) -> int:  # a wide character (CJK, most emoji) takes two columns
-        return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+        return len(text) if text.isascii() else sum(2 if unicodedata.east_asian_width(c) in "WF" else 1
+                                                    for c in text)
 
     widths = {}
     for i, name in enumerate(frame.columns):
