@@ -1465,3 +1465,20 @@ def test_presentation_buttons_follow_autoplay(db: Path) -> None:
     assert not at.exception, at.exception
     assert at.session_state[f"pres_step_{run_id}"] == last
     assert at.button(key="pres_next").disabled and not at.button(key="pres_back").disabled
+
+
+def test_a_new_experiment_on_questions_without_answers_is_warned_about(db: Path, tmp_path) -> None:
+    lines = [line for line in PROJECT_DEMO.read_text().splitlines() if json.loads(line)["type"] != "probe"]
+    first = json.loads(lines[0])
+    lines.append(json.dumps({"type": "probe", "conversation_id": first["conversation_id"], "id": "q1",
+                             "question": "Where?", "answer": None, "evidence": [first["id"]]}))
+    data = tmp_path / "questions.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    at = app("experiments")
+    from workbench.ui import BY_PATH
+
+    at.selectbox(key="xp_dataset").set_value(BY_PATH).run()
+    at.text_input(key="xp_path").set_value(str(data)).run()
+    assert not at.exception, at.exception
+    assert any("Retention cannot be scored on 1 conversation here" in w.value.replace("\\", "") for w in at.warning), \
+        [w.value for w in at.warning]
