@@ -29,6 +29,7 @@ from workbench.datasets import (
 from workbench.datasets.source import Source
 from workbench.retention import content_words, probe_score
 
+ROOT = Path(__file__).resolve().parents[1]
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
     path = tmp_path / name
@@ -762,3 +763,60 @@ def test_an_empty_file_reads_the_same_in_every_format(tmp_path, name) -> None:
         with pytest.raises(DatasetError) as caught:
             load_dataset(path, fmt)
         assert str(caught.value) == f"{path}: the file is empty"
+
+
+def test_an_empty_conversation_is_skipped_with_a_warning_not_the_whole_file(tmp_path) -> None:
+    """Real exports hold empty chats ("New chat" opened and left): one made every other
+    conversation of the file unloadable ("conversation 'b': has no messages")."""
+    path = write(tmp_path, "sg.json", json.dumps([{"id": "a", "conversations": [{"from": "human", "value": "hi"}]},
+                                                  {"id": "b", "conversations": []}]))
+    [only] = load_dataset(path)
+    assert only.id == "a" and only.warnings == ["1 conversation of this file with no messages was skipped (first: 'b')"]
+    assert [c.id for c in list_conversations(path)] == ["a"]
+    alone = write(tmp_path, "sg2.json", json.dumps([{"id": "b", "conversations": []}]))
+    with pytest.raises(DatasetError, match="has no conversations with messages"):
+        load_dataset(alone)
+
+
+def test_duplicate_ids_of_probes_and_of_conversations_are_refused_by_name(tmp_path) -> None:
+    """A duplicate probe id crashed the replay at its end (the probes table's key); a duplicate
+    conversation id left the second one impossible to choose."""
+    lines = (ROOT / "datasets" / "tiny.jsonl").read_text().splitlines()
+    probe = next(line for line in lines if '"probe"' in line)
+    path = write(tmp_path, "p.jsonl", "\n".join([*lines, probe]) + "\n")
+    with pytest.raises(DatasetError, match=r"probe \d+: field 'id': duplicate probe id 'q1' \(probe 1 has it too\)"):
+        load_conversation(path)
+    chats = write(tmp_path, "c.json", json.dumps([{"id": "x", "messages": [{"role": "user", "content": "a"}]},
+                                                  {"id": "x", "messages": [{"role": "user", "content": "b"}]}]))
+    for read in (load_dataset, list_conversations, lambda p: load_conversation(p, "x")):
+        with pytest.raises(DatasetError, match="conversation 2: field 'id': duplicate conversation id 'x'"):
+            read(chats)
+
+
+def test_a_json_lines_file_may_start_with_a_byte_order_mark(tmp_path) -> None:
+    text = (ROOT / "datasets" / "tiny.jsonl").read_text()
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode())
+    assert len(load_conversation(path).turns) == len(load_conversation(ROOT / "datasets" / "tiny.jsonl").turns)
+
+
+def test_content_without_plain_text_parts_is_kept(tmp_path) -> None:
+    """A voice message (its transcription), a code-interpreter turn and its output, a refusal, an
+    image: all read as empty and were dropped or kept blank."""
+    def node(key, parent, role, content):
+        return {"id": key, "parent": parent, "message": {"id": key, "author": {"role": role},
+                                                        "create_time": 1700000000, "content": content}}
+
+    mapping = {"root": {"id": "root", "parent": None, "message": None},
+               "v": node("v", "root", "user", {"content_type": "multimodal_text", "parts": [
+                   {"content_type": "audio_transcription", "text": "my sister lives in Oslo"},
+                   {"content_type": "audio_asset_pointer"}]}),
+               "c": node("c", "v", "assistant", {"content_type": "code", "language": "python", "text": "print(2)"}),
+               "o": node("o", "c", "tool", {"content_type": "execution_output", "text": "2"})}
+    path = write(tmp_path, "conversations.json", json.dumps([{"title": "t", "mapping": mapping, "current_node": "o"}]))
+    assert [t.content for t in load_conversation(path).turns] == ["my sister lives in Oslo\n[audio]", "print(2)", "2"]
+    chat = write(tmp_path, "o.json", json.dumps({"messages": [
+        {"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                     {"type": "image_url", "image_url": {"url": "data:..."}}]},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't help with that."}]}]}))
+    assert [t.content for t in load_conversation(chat).turns] == ["What is this?\n[image]", "I can't help with that."]

@@ -30,6 +30,21 @@ class DatasetError(WorkbenchError, ValueError):
         super().__init__(f"{where}: {problem}")
 
 
+class EmptyConversation(DatasetError):
+    """A conversation with no messages: a file of many skips it (with a warning); one asked for
+    by id, or a file of it alone, is this error."""
+
+
+def skip_empty(conversations: list[Conversation], empty: list[str]) -> list[Conversation]:
+    """A file's conversations once those with no messages (``empty``: their ids) are left out —
+    real exports hold empty chats ("New chat" opened and left) — the first one saying so."""
+    if empty and conversations:
+        conversations[0].warnings.append(
+            f"{len(empty)} conversation{'s' if len(empty) > 1 else ''} of this file with no messages "
+            f"{'were' if len(empty) > 1 else 'was'} skipped (first: {empty[0]!r})")
+    return conversations
+
+
 @dataclass(frozen=True, slots=True)
 class Turn:
     """One message of a dataset conversation."""
@@ -128,7 +143,7 @@ def finish(conversation: Conversation, file: Path) -> Conversation:
     """Check a loaded conversation: messages exist, ids are unique; evidence pointing nowhere is
     dropped, counted and reported in ``warnings``, as are messages dated before the one before them."""
     if not conversation.turns:
-        raise DatasetError(file, f"conversation {conversation.id!r}", None, "has no messages")
+        raise EmptyConversation(file, f"conversation {conversation.id!r}", None, "has no messages")
     if not conversation.id.strip():  # it names the thread, and a run; the library refuses a blank one
         raise DatasetError(file, f"conversation {conversation.id!r}", "conversation_id", "is blank")
     seen: dict[str, int] = {}
@@ -153,6 +168,12 @@ def finish(conversation: Conversation, file: Path) -> Conversation:
             f"file (first: {turn.id!r}, {turn.created_at.isoformat()}, after {before.id!r}, "
             f"{before.created_at.isoformat()}): memory orders messages by time, and a replay fails at such a "
             "message if the part of the conversation it is dated in has already been condensed")
+    probe_ids: dict[str, int] = {}
+    for number, probe in enumerate(conversation.probes, start=1):
+        if probe.id in probe_ids:  # (a replay's probe table is keyed by it: it failed at the end)
+            raise DatasetError(file, f"conversation {conversation.id!r} probe {number}", "id",
+                               f"duplicate probe id {probe.id!r} (probe {probe_ids[probe.id]} has it too)")
+        probe_ids[probe.id] = number
     probes = []
     for probe in conversation.probes:
         kept = tuple(e for e in probe.evidence if e in seen)

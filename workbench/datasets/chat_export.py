@@ -8,19 +8,42 @@ from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from .base import EPOCH, ROLES, Conversation, DatasetError, Turn, finish, require
+from .base import EPOCH, ROLES, Conversation, DatasetError, EmptyConversation, Turn, finish, require, skip_empty
 from .dates import parse_datetime, try_parse_datetime
 from .source import Source
 
 
+def _part_text(part: Any) -> str | None:
+    """One content part as text: its text (a voice message's transcription too), a refusal's
+    words, or a marker for what has no text (``[image]``, ``[audio]``) so that the message does
+    not read as empty or lose that something was shown."""
+    if isinstance(part, str):
+        return part
+    if not isinstance(part, dict):
+        return None
+    kind = str(part.get("type") or part.get("content_type") or "")
+    if kind == "refusal" and isinstance(part.get("refusal"), str):
+        return part["refusal"]
+    if isinstance(part.get("text"), str):
+        return part["text"]
+    if "image" in kind:
+        return "[image]"
+    if "audio" in kind:
+        return "[audio]"
+    return None
+
+
 def text_of(content: Any) -> str:
+    """A message's text from a string, OpenAI content parts, or a ChatGPT export's content (its
+    ``parts``, or the ``text`` of a code-interpreter turn and its output)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):  # OpenAI content parts
-        parts = [p.get("text") if isinstance(p, dict) else p for p in content]
-        return "\n".join(p for p in parts if isinstance(p, str)).strip()
+        return "\n".join(t for t in map(_part_text, content) if t).strip()
     if isinstance(content, dict) and isinstance(content.get("parts"), list):  # ChatGPT export
-        return "\n".join(p for p in content["parts"] if isinstance(p, str)).strip()
+        return "\n".join(t for t in map(_part_text, content["parts"]) if t).strip()
+    if isinstance(content, dict) and isinstance(content.get("text"), str):  # ChatGPT code / execution output
+        return content["text"].strip()
     return ""
 
 
@@ -168,14 +191,18 @@ def load_objects(source: Source, convert: Callable[[dict[str, Any], int, str], C
     else:
         document = source.document()
         items = ((i, v, f"conversation {i}") for i, v in enumerate(document if isinstance(document, list) else [document]))
-    conversations = []
+    conversations: list[Conversation] = []
+    empty: list[str] = []
     for index, obj, record in items:
         if not isinstance(obj, dict):
             raise DatasetError(file, record, None, "expected a JSON object")
-        conversations.append(convert(obj, index, record))
+        try:
+            conversations.append(convert(obj, index, record))
+        except EmptyConversation as exc:
+            empty.append(exc.record.removeprefix("conversation ").strip("'"))
     if not conversations:
-        raise DatasetError(file, "file", None, "has no conversations")
-    return conversations
+        raise DatasetError(file, "file", None, "has no conversations" + (" with messages" if empty else ""))
+    return skip_empty(conversations, empty)
 
 
 def conversation_id(obj: dict[str, Any], index: int) -> str:

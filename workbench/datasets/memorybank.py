@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from .base import Conversation, DatasetError, Probe, Turn, finish, require
+from .base import Conversation, DatasetError, EmptyConversation, Probe, Turn, finish, require, skip_empty
 from .dates import parse_datetime
 from .source import Source, json_lines, load_json
 
@@ -43,7 +43,8 @@ def load(source: Source) -> list[Conversation]:
                 for name, items in element.value.items():
                     if isinstance(items, list):
                         questions.setdefault(name.strip(), []).extend(q for q in items if isinstance(q, str))
-    conversations = []
+    conversations: list[Conversation] = []
+    empty: list[str] = []
     for raw_name, user in data.items():
         name = raw_name.strip()
         history = require(user, "history", file, f"user {name!r}", dict)
@@ -60,8 +61,10 @@ def load(source: Source) -> list[Conversation]:
                 turns.append(Turn(f"{day}-{index}-r", "assistant", require(exchange, "response", file, where),
                                   stamp + timedelta(minutes=1), "AI"))
         probes = [Probe(f"{name}-q{i}", q, None, "memorybank") for i, q in enumerate(questions.get(name, []))]
-        conversations.append(finish(
-            Conversation(f"memorybank-{name}", turns, probes, str(file), NAME), file))
+        try:
+            conversations.append(finish(Conversation(f"memorybank-{name}", turns, probes, str(file), NAME), file))
+        except EmptyConversation:
+            empty.append(f"memorybank-{name}")
     if not conversations:
-        raise DatasetError(file, "top level", None, "has no users")
-    return conversations
+        raise DatasetError(file, "top level", None, "has no users" + (" with messages" if empty else ""))
+    return skip_empty(conversations, empty)

@@ -131,7 +131,21 @@ def detect_format(path: str | Path) -> str:
 def load_dataset(path: str | Path, format: str | None = None) -> list[Conversation]:
     """Load every conversation of a dataset file or folder (detection and loading share one parse)."""
     source, fmt = _open(path, format)
-    return fmt.load(source)
+    conversations = fmt.load(source)
+    _unique_ids(source.path, [c.id for c in conversations])
+    return conversations
+
+
+def _unique_ids(path: Path, ids: list[str]) -> None:
+    """Two conversations of one file under one id: the second could never be chosen (an id picks
+    the first), so the file is refused, naming both."""
+    seen: dict[str, int] = {}
+    for number, conversation_id in enumerate(ids, start=1):
+        if conversation_id in seen:
+            raise DatasetError(path, f"conversation {number}", "id",
+                               f"duplicate conversation id {conversation_id!r} (conversation {seen[conversation_id]} "
+                               "has it too): give each a distinct id")
+        seen[conversation_id] = number
 
 
 def _entries(source: Source, fmt: DatasetFormat) -> list[index.Entry]:
@@ -150,6 +164,7 @@ def list_conversations(path: str | Path, format: str | None = None) -> list[Conv
     entries = _entries(source, fmt)
     if not entries:
         raise DatasetError(source.path, "top level", None, "has no conversations")
+    _unique_ids(source.path, [e.info.id for e in entries])
     return [e.info for e in entries]
 
 
@@ -165,6 +180,7 @@ def load_conversation(path: str | Path, conversation_id: str | None = None,
     source, fmt = _open(path, format)
     if fmt.stream is None or fmt.build is None:
         conversations = fmt.load(source)
+        _unique_ids(source.path, [c.id for c in conversations])
         if conversation_id is None:
             return conversations[0]
         for conversation in conversations:

@@ -71,6 +71,8 @@ def json_lines(file: Path) -> Iterator[Element]:
                 start, offset = offset, offset + len(raw)
                 try:
                     line = raw.decode("utf-8").strip()
+                    if number == 1:
+                        line = line.removeprefix("\ufeff").strip()  # a byte-order mark (Windows editors)
                 except UnicodeDecodeError as exc:
                     raise DatasetError(file, f"line {number}", None, "not valid UTF-8") from exc
                 if not line:
