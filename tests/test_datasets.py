@@ -820,3 +820,36 @@ def test_content_without_plain_text_parts_is_kept(tmp_path) -> None:
                                      {"type": "image_url", "image_url": {"url": "data:..."}}]},
         {"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't help with that."}]}]}))
     assert [t.content for t in load_conversation(chat).turns] == ["What is this?\n[image]", "I can't help with that."]
+
+
+def test_locomo_strangers_empty_turns_and_abstentions_references(tmp_path) -> None:
+    """A turn by "Mel" (the speakers are Caroline and Melanie) became the assistant's without a
+    word; an empty text said "missing"; a category-5 answer was dropped as reference although
+    datasets/README.md says it is kept."""
+    def sample(turns, qa=()):
+        return [{"sample_id": "s", "qa": list(qa), "conversation": {
+            "speaker_a": "Caroline", "speaker_b": "Melanie", "session_1_date_time": "1:56 pm on 8 May, 2023",
+            "session_1": turns}}]
+
+    ok = {"speaker": "Caroline", "dia_id": "D1:1", "text": "Hi"}
+    stranger = {"speaker": "Mel", "dia_id": "D1:2", "text": "Hey"}
+    qa = {"question": "Where?", "answer": "Not mentioned", "category": 5, "evidence": []}
+    conversation = load_conversation(write(tmp_path, "a.json", json.dumps(sample([ok, stranger], [qa]))), None, "locomo")
+    assert conversation.warnings == ["1 turn by a speaker who is neither 'Caroline' nor 'Melanie' (first: D1:2 ('Mel')) "
+                                     "is read as the assistant's"]
+    [probe] = conversation.probes
+    assert probe.abstention and probe.gold is None and probe.reference == "Not mentioned"
+    blank = {"speaker": "Melanie", "dia_id": "D1:2", "text": ""}
+    with pytest.raises(DatasetError, match="turn 1: field 'text': is empty"):
+        load_dataset(write(tmp_path, "b.json", json.dumps(sample([ok, blank]))), "locomo")
+
+
+def test_files_that_are_not_what_they_seem_get_a_hint(tmp_path) -> None:
+    lines = write(tmp_path, "ft.json", '{"messages": [{"role": "user", "content": "a"}]}\n'
+                                       '{"messages": [{"role": "user", "content": "b"}]}\n')
+    with pytest.raises(DatasetError, match=r"line 2 column 1: invalid JSON: Extra data \(one JSON value per line is "
+                                           r"JSON Lines: name the file \.jsonl\)"):
+        list_conversations(lines)
+    for text in ("[]", "null"):  # "the file is empty" although it is not
+        with pytest.raises(DatasetError, match=r"holds no conversations \(its JSON is empty"):
+            list_conversations(write(tmp_path, "e.json", text))

@@ -98,6 +98,7 @@ def _sample(sample: Any, index: int, source: Source, single: bool) -> Conversati
     where_part = f"{record} conversation" if part is not sample else record
     sessions = sorted((int(m.group(1)), key) for key in part if (m := _SESSION.fullmatch(key)))
     turns: list[Turn] = []
+    strangers: list[str] = []  # turns whose speaker is neither of the two named
     for _, key in sessions:
         where = f"{record} {key}"
         session = part[key]
@@ -117,7 +118,8 @@ def _sample(sample: Any, index: int, source: Source, single: bool) -> Conversati
             if caption:
                 text = f"{text} [shares an image: {caption}]".strip()
             if not text:
-                raise DatasetError(file, turn_where, "text", "missing")
+                raise DatasetError(file, turn_where, "text", "missing" if "text" not in turn and
+                                   "clean_text" not in turn else "is empty (and the turn shares no image)")
             if turn.get("date_time") is not None:
                 created = parse_datetime(turn["date_time"], file, turn_where, "date_time")
             elif start is not None:
@@ -126,6 +128,8 @@ def _sample(sample: Any, index: int, source: Source, single: bool) -> Conversati
                 raise DatasetError(file, where_part, f"{key}_date_time",
                                    "missing (and its turns have no date_time)")
             folded = speaker.strip().casefold()
+            if speaker_b is not None and folded not in canonical:
+                strangers.append(f"{turn.get('dia_id')} ({speaker!r})")
             turns.append(Turn(
                 id=require(turn, "dia_id", file, turn_where),
                 role="user" if folded == user else "assistant",
@@ -135,6 +139,10 @@ def _sample(sample: Any, index: int, source: Source, single: bool) -> Conversati
             ))
     probes = []
     warnings: list[str] = []
+    if strangers:
+        warnings.append(f"{len(strangers)} turn{'s' if len(strangers) > 1 else ''} by a speaker who is neither "
+                        f"{speaker_a!r} nor {speaker_b!r} (first: {strangers[0]}) "
+                        f"{'are' if len(strangers) > 1 else 'is'} read as the assistant's")
     qa_items = sample.get("qa") or []
     if not isinstance(qa_items, list):
         raise DatasetError(file, record, "qa", f"expected a list, got {type(qa_items).__name__}")
@@ -159,7 +167,7 @@ def _sample(sample: Any, index: int, source: Source, single: bool) -> Conversati
             category=category_name(code),
             evidence=tuple(evidence),
             abstention=adversarial,
-            reference=None if adversarial else text_or_none(qa.get("answer")),
+            reference=text_or_none(qa.get("answer")),  # (an abstention's too, as datasets/README.md says)
         ))
     return finish(Conversation(sample_id, turns, probes, str(file), NAME, warnings), file)
 

@@ -81,8 +81,8 @@ def _detect(source: Source) -> DatasetFormat:
         marks = ", ".join(f"{file} ({f.name})" for f in REGISTRY for file in f.folder_files)
         raise DatasetError(source.path, "folder", None,
                            f"format not recognised: holds none of {marks}{_inside(source.path)}")
-    if source.first() is None:
-        raise DatasetError(source.path, "file", None, "is empty")
+    if source.first() is None:  # (not blank: that was said before) ``null``, ``[]``, ``{}``
+        raise DatasetError(source.path, "file", None, "holds no conversations (its JSON is empty: null, [] or {})")
     raise DatasetError(source.path, "top level", None, f"format not recognised; choose its format (the app's Format picker, the CLI's --format): {', '.join(FORMATS)}")
 
 

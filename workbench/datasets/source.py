@@ -40,6 +40,9 @@ def _invalid_json(file: Path, exc: json.JSONDecodeError, line_base: int = 1, col
     """The error at ``exc``'s place, for text that starts at ``line_base``:``column_base`` of the file."""
     column = exc.colno + (column_base - 1 if exc.lineno == 1 else 0)
     reason = exc.msg + (f" column {column}" if exc.msg.endswith(" at") else "")  # "Unterminated string starting at"
+    if exc.msg == "Extra data" and exc.colno == 1 and file.suffix.lower() == ".json":
+        # a second value at the start of a line: JSON Lines (a fine-tuning file, say) named .json
+        reason += " (one JSON value per line is JSON Lines: name the file .jsonl)"
     return DatasetError(file, f"line {line_base + exc.lineno - 1} column {column}", None, f"invalid JSON: {reason}")
 
 
