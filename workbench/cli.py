@@ -748,14 +748,15 @@ def delete_command(run_ids: tuple[str, ...], yes: bool, db: str) -> None:
             click.echo(f"deleted run {run_id}")
 
 
-EXPORT_TABLES = ("experiments", "runs", "messages", "steps", "records", "model_calls", "probes", "probe_losses")
 OVERWRITE_OPTION = click.option("--overwrite", is_flag=True, help="Replace Parquet files already in the folder.")
 
 
 def _export_folder_free(folder: Path, overwrite: bool) -> None:
     """Refuse a folder that already holds an export (another run's, say), unless ``overwrite``:
     its files were replaced without a word."""
-    held = [f"{t}.parquet" for t in EXPORT_TABLES if (folder / f"{t}.parquet").exists()]
+    from .runstore import RUN_TABLES
+
+    held = [f"{t}.parquet" for t in ("experiments", *RUN_TABLES) if (folder / f"{t}.parquet").exists()]
     if held and not overwrite:
         raise click.ClickException(f"{folder} already holds {', '.join(held[:3])}{' …' if len(held) > 3 else ''} "
                                    "(an earlier export?): choose another folder, or pass --overwrite")

@@ -900,13 +900,15 @@ def export_parquet(store: Any, experiment_id: str, folder: str | Path) -> list[P
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from .runstore import RUN_TABLES
+
     store.experiment(experiment_id)
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     with store.session() as cur:
         tables = {"experiments": "SELECT * FROM experiments WHERE experiment_id = $1"}
-        for table in ("runs", "steps", "records", "model_calls", "probes", "probe_losses", "messages"):
+        for table in RUN_TABLES:
             tables[table] = (f"SELECT t.* FROM {table} t WHERE t.run_id IN "
                              "(SELECT run_id FROM runs WHERE experiment_id = $1)")
         for table, sql in tables.items():

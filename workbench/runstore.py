@@ -997,7 +997,7 @@ class RunStore:
             raise RunStoreError(f"cannot create the export folder {out}: {exc.strerror or exc}") from exc
         written = []
         with self.session() as cur:
-            for table in ("runs", "messages", "steps", "records", "model_calls", "probes", "probe_losses"):
+            for table in RUN_TABLES:
                 target = out / f"{table}.parquet"
                 rows = cur.sql(f"SELECT * FROM {table} WHERE run_id = $1", params=[run_id]).to_arrow_table()
                 try:
