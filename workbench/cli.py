@@ -756,7 +756,7 @@ def _export_folder_free(folder: Path, overwrite: bool) -> None:
     its files were replaced without a word."""
     from .runstore import RUN_TABLES
 
-    held = [f"{t}.parquet" for t in ("experiments", *RUN_TABLES) if (folder / f"{t}.parquet").exists()]
+    held = [f"{t}.parquet" for t in ("experiments", *reversed(RUN_TABLES)) if (folder / f"{t}.parquet").exists()]
     if held and not overwrite:
         raise click.ClickException(f"{folder} already holds {', '.join(held[:3])}{' …' if len(held) > 3 else ''} "
                                    "(an earlier export?): choose another folder, or pass --overwrite")
