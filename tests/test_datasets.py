@@ -853,3 +853,28 @@ def test_files_that_are_not_what_they_seem_get_a_hint(tmp_path) -> None:
     for text in ("[]", "null"):  # "the file is empty" although it is not
         with pytest.raises(DatasetError, match=r"holds no conversations \(its JSON is empty"):
             list_conversations(write(tmp_path, "e.json", text))
+
+
+def test_a_zip_given_as_a_dataset_is_named_as_one(tmp_path) -> None:
+    import zipfile
+
+    path = tmp_path / "beam1.zip"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("chat.json", "[]")
+    with pytest.raises(DatasetError, match="the file is a zip archive: unpack it"):  # it was "byte 11: not valid UTF-8"
+        list_conversations(path)
+
+
+def test_an_undated_turn_among_dated_ones_sits_at_the_turn_before_it(tmp_path) -> None:
+    """REALTALK: a turn with "date_time": null was placed 30 s × its position after the session's
+    start (18:01:30), before the turns around it (18:07)."""
+    turns = [{"speaker": "A", "dia_id": "D1:1", "text": "a", "date_time": "2023-05-08 18:06:00"},
+             {"speaker": "B", "dia_id": "D1:2", "text": "b", "date_time": "2023-05-08 18:07:00"},
+             {"speaker": "A", "dia_id": "D1:3", "text": "c", "date_time": None},
+             {"speaker": "B", "dia_id": "D1:4", "text": "d", "date_time": "2023-05-08 18:09:00"}]
+    sample = [{"sample_id": "s", "qa": [], "conversation": {"speaker_a": "A", "speaker_b": "B",
+                                                          "session_1_date_time": "2023-05-08 18:00:00",
+                                                          "session_1": turns}}]
+    conversation = load_conversation(write(tmp_path, "r.json", json.dumps(sample)), None, "locomo")
+    assert [t.created_at.strftime("%H:%M") for t in conversation.turns] == ["18:06", "18:07", "18:07", "18:09"]
+    assert not conversation.warnings  # (it was also reported as out of order)

@@ -107,6 +107,7 @@ def _sample(sample: Any, index: int, source: Source, single: bool) -> Conversati
         start: datetime | None = None
         if part.get(f"{key}_date_time") is not None:
             start = parse_datetime(part[f"{key}_date_time"], file, where_part, f"{key}_date_time")
+        dated: datetime | None = None  # the last turn of this session with its own date_time
         for position, turn in enumerate(session):
             turn_where = f"{where} turn {position}"
             speaker = require(turn, "speaker", file, turn_where)
@@ -122,6 +123,9 @@ def _sample(sample: Any, index: int, source: Source, single: bool) -> Conversati
                                    "clean_text" not in turn else "is empty (and the turn shares no image)")
             if turn.get("date_time") is not None:
                 created = parse_datetime(turn["date_time"], file, turn_where, "date_time")
+                dated = created
+            elif dated is not None:  # an undated turn among dated ones (REALTALK): at the one before it
+                created = dated
             elif start is not None:
                 created = start + timedelta(seconds=30 * position)
             else:

@@ -96,12 +96,23 @@ def _blank(path: Path) -> bool:
         return False  # the loader says what is wrong with reading it
 
 
+def _zipped(path: Path) -> bool:
+    try:
+        with path.open("rb") as handle:
+            return path.is_file() and handle.read(4) == b"PK\x03\x04"
+    except OSError:
+        return False  # (a folder, or unreadable: said elsewhere)
+
+
 def _open(path: str | Path | Source, format: str | None) -> tuple[Source, DatasetFormat]:
     source = path if isinstance(path, Source) else Source(path)
     if not source.path.exists():
         raise DatasetError(source.path, "file", None, "does not exist")
     if _blank(source.path):  # whatever its format (an empty .json read as "invalid JSON" at line 1)
         raise DatasetError(source.path, "file", None, "is empty")
+    if _zipped(source.path):  # (read as text it was "byte 11: not valid UTF-8")
+        raise DatasetError(source.path, "file", None, "is a zip archive: unpack it and give the file or folder "
+                           "(the app's upload takes a zip as it is)")
     if format is not None and format not in _BY_NAME:
         raise DatasetError(source.path, "--format", None, f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
     if format is None:
