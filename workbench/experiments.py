@@ -38,6 +38,7 @@ import pandas as pd
 from .datasets import load_conversation, list_conversations
 from .errors import WorkbenchError
 from .formatting import count
+from .formatting import missing as is_missing
 from .interrupts import ctrl_c_held_back, stopping
 from .losses import STAGES, funnel
 from .stats import bootstrap_ci, paired_difference
@@ -387,17 +388,8 @@ def _exit_with(scheduler_pid: int, scheduler_token: str | None, every_s: float =
 
     while True:
         time.sleep(every_s)
-        if not process_alive(scheduler_pid, scheduler_token) or _zombie(scheduler_pid):
+        if not process_alive(scheduler_pid, scheduler_token):
             os._exit(1)
-
-
-def _zombie(pid: int) -> bool:
-    """Whether ``pid`` has ended and waits to be reaped (Linux; elsewhere: never said)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[1].split()[0] == b"Z"
-    except (OSError, IndexError):
-        return False
 
 
 def _pool_context() -> Any:
@@ -840,10 +832,6 @@ def status_phrase(status: str) -> str:
             "running": "is running", "completed": "completed"}.get(status, f"is {status}")
 
 
-def _missing(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and value != value)
-
-
 def uneven_note(runs: Any) -> str | None:
     """When the configurations completed different sets of conversations (an interrupted grid,
     a run deleted), their pooled rows cover different probes and cannot be ranked against each
@@ -887,7 +875,7 @@ def report(store: Any, experiment_id: str) -> dict[str, Any]:
         "completed_conversations": int(done.conversation_id.nunique()),
         "dataset": experiment["dataset"], "conversations": experiment["conversations"],
         # (None: never measured — its process died before any part of it ended)
-        "elapsed_s": None if _missing(experiment["elapsed_s"]) else float(experiment["elapsed_s"]),
+        "elapsed_s": None if is_missing(experiment["elapsed_s"]) else float(experiment["elapsed_s"]),
         "configs": [{k: s.to_json()[k] for k in keys} | {"per_category": s.per_category, "funnel": s.funnel,
                                                           "judged_accuracy": s.judged_accuracy, "errors": s.errors}
                     for s in summaries],

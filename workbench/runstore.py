@@ -382,16 +382,24 @@ def _insert_losses(cur: duckdb.DuckDBPyConnection, run_id: str, rows: Sequence[d
                                  for c in _LOSS_COLUMNS]] for row in rows])
 
 
+def _stat(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (Linux; ``None`` elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def process_token(pid: int | None = None) -> str | None:
     """An identity for a live process that survives pid reuse: pid + its start time (Linux).
 
     ``None`` where the start time cannot be read (then only the pid is compared)."""
     pid = os.getpid() if pid is None else pid
+    fields = _stat(pid)
     try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            fields = handle.read().rsplit(b")", 1)[1].split()
-        return f"{pid}:{int(fields[19])}"  # field 22 of stat: start time in clock ticks
-    except (OSError, IndexError, ValueError):
+        return f"{pid}:{int(fields[19])}" if fields else None  # field 22 of stat: start time in clock ticks
+    except (IndexError, ValueError):
         return None
 
 
@@ -407,13 +415,17 @@ def _owner() -> list[Any]:
 
 
 def process_alive(pid: int, token: str | None) -> bool:
-    """Whether the process that wrote ``pid``/``token`` is still running on this host."""
+    """Whether the process that wrote ``pid``/``token`` is still running on this host (a zombie,
+    ended and not yet reaped by its parent, is not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         pass  # exists, owned by someone else
+    fields = _stat(pid)
+    if fields and fields[0] == b"Z":
+        return False
     current = process_token(pid)
     return token is None or current is None or current == token
 

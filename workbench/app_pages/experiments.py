@@ -128,7 +128,7 @@ with st.expander("New experiment", expanded=existing.empty):
         if warning := offline_prompt_warning(grid):
             st.warning(warning[:1].upper() + warning[1:].replace("--observer/--reflector", "observer/reflector"))
         if unscored := unscored_warning(conversations):
-            st.warning(ui.plain(unscored[:1].upper() + unscored[1:] + "."))
+            st.warning(ui.plain(app_data.as_sentence(unscored)))
         if len(blocked) == len(grid):
             problems.append("no configuration can run here: " + "; ".join(sorted(set(blocked.values()))))
             ui.error("**Nothing to start.** ", problems[-1])
