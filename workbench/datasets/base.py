@@ -34,6 +34,10 @@ class EmptyConversation(DatasetError):
     """A conversation with no messages: a file of many skips it (with a warning); one asked for
     by id, or a file of it alone, is this error."""
 
+    def __init__(self, file: str | Path, conversation_id: str) -> None:
+        self.conversation_id = conversation_id
+        super().__init__(file, f"conversation {conversation_id!r}", None, "has no messages")
+
 
 def skip_empty(conversations: list[Conversation], empty: list[str]) -> list[Conversation]:
     """A file's conversations once those with no messages (``empty``: their ids) are left out —
@@ -143,7 +147,7 @@ def finish(conversation: Conversation, file: Path) -> Conversation:
     """Check a loaded conversation: messages exist, ids are unique; evidence pointing nowhere is
     dropped, counted and reported in ``warnings``, as are messages dated before the one before them."""
     if not conversation.turns:
-        raise EmptyConversation(file, f"conversation {conversation.id!r}", None, "has no messages")
+        raise EmptyConversation(file, conversation.id)
     if not conversation.id.strip():  # it names the thread, and a run; the library refuses a blank one
         raise DatasetError(file, f"conversation {conversation.id!r}", "conversation_id", "is blank")
     seen: dict[str, int] = {}

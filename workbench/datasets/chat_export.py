@@ -199,7 +199,7 @@ def load_objects(source: Source, convert: Callable[[dict[str, Any], int, str], C
         try:
             conversations.append(convert(obj, index, record))
         except EmptyConversation as exc:
-            empty.append(exc.record.removeprefix("conversation ").strip("'"))
+            empty.append(exc.conversation_id)
     if not conversations:
         raise DatasetError(file, "file", None, "has no conversations" + (" with messages" if empty else ""))
     return skip_empty(conversations, empty)
