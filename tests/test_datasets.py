@@ -456,6 +456,7 @@ def test_longmemeval_sample_loads_by_detection() -> None:
     assert probe.evidence == ("sess-a2:0",) and "Clayworks" in next(t.text for t in pottery.turns if t.id == "sess-a2:0")
     assert [t.role for t in pottery.turns[:2]] == ["user", "assistant"] and pottery.turns[0].speaker is None
     assert pottery.turns[0].created_at.isoformat() == "2023-05-02T09:10:00+00:00"
+    assert probe.asked_at.isoformat() == "2023-06-12T20:15:00+00:00"  # question_date: when it is asked
     # sessions replay in date order even when the file lists them otherwise
     commute = conversations["omem-lme-002"]
     assert [t.id for t in commute.turns] == ["sess-b1:0", "sess-b1:1", "sess-b2:0", "sess-b2:1"]
@@ -486,6 +487,7 @@ def test_longmemeval_abstention_is_not_scored_by_words() -> None:
      "haystack_sessions", "expected a list of turns"),
     (lme_instance(question=...), "instance 0", "question", "missing"),
     (lme_instance(haystack_sessions=[[], []]), "instance 0", "haystack_sessions", "has no turns"),
+    (lme_instance(question_date="soon"), "instance 0", "question_date", "unrecognised date-time 'soon'"),
 ])
 def test_bad_longmemeval_instances_name_file_record_and_field(tmp_path, instance, record, field, problem) -> None:
     path = write(tmp_path, "lme.json", json.dumps([instance]))
@@ -501,6 +503,8 @@ def test_longmemeval_optional_fields_and_repeated_session_ids(tmp_path) -> None:
     path = write(tmp_path, "lme.json", json.dumps([bare, repeated]))
     first, second = load_dataset(path)
     assert first.probes[0].category == "uncategorised" and first.probes[0].gold is None
+    bare_date = load_dataset(write(tmp_path, "undated.json", json.dumps([lme_instance(question_date=...)])))
+    assert bare_date[0].probes[0].asked_at is None and first.probes[0].asked_at is not None
     assert [t.id for t in first.turns] == ["session-0:0", "session-0:1", "session-1:0"]
     assert second.id == "7" and len({t.id for t in second.turns}) == 3 and second.probes[0].evidence
 

@@ -412,6 +412,32 @@ def test_the_judge_grades_abstention_probes_by_declining() -> None:
     assert row["probe_id"] == probe.id and row["score"] == 1.0 and row["answer"] == "I don't know"
 
 
+def test_the_answerer_is_told_the_date_a_question_is_asked_on() -> None:
+    """LongMemEval's question_date was not read: "how many days ago did I…" was asked with no
+    date, so a temporal question had no answer however good the memory."""
+    from conftest import scripted_provider
+
+    from workbench.datasets import load_conversation
+    from workbench.judge import judge_probes
+
+    asked = []
+
+    def reply(messages):
+        prompt = messages[-1]["content"]
+        if not prompt.startswith("You grade answers"):
+            asked.append(prompt)
+        return "CORRECT"
+
+    dated = load_conversation(LONGMEMEVAL, "omem-lme-001").probes  # question_date 2023/06/12 (Mon) 20:15
+    undated = load_conversation(ROOT / "datasets" / "tiny.jsonl").probes[:1]
+    with scripted_provider() as scripted:
+        scripted.default = reply
+        asyncio.run(judge_probes(dated + undated, "memory", answerer="scripted/model", judge="scripted/model",
+                                 concurrency=1))
+    assert "Today's date: 2023-06-12 (Monday) 20:15\nQuestion: " + dated[0].question in asked[0]
+    assert "Today's date" not in asked[1] and "Question: " + undated[0].question in asked[1]
+
+
 def test_the_backlog_ceiling_is_a_grid_dimension(tmp_path) -> None:
     # one message observed per read while two arrive: without a ceiling the backlog keeps growing
     code, out, err = invoke("experiment", "run", "--dataset", str(DEMO), "--observation-threshold", "20",

@@ -22,8 +22,9 @@ from .datasets import Probe
 ANSWER_PROMPT = (
     "Answer the question using only the conversation memory and recent messages below. "
     "Answer in one short sentence. If the context does not contain the answer, say \"I don't know\".\n\n"
-    "<context>\n{context}\n</context>\n\nQuestion: {question}"
+    "<context>\n{context}\n</context>\n\n{asked}Question: {question}"
 )
+ASKED_LINE = "Today's date: {date}\n"
 ABSTENTION_GOLD = ("The conversation does not contain this; a correct answer says it does not know or that it was "
                    "never mentioned, without inventing one.")
 JUDGE_PROMPT = (
@@ -42,6 +43,14 @@ class Estimate:
     def describe(self) -> str:
         cost = f"~${self.cost_usd:.4f}" if self.cost_usd is not None else "unknown cost (model not in litellm's price map)"
         return f"{self.calls} model calls, ~{self.input_tokens:,} input tokens, {cost}"
+
+
+def answer_prompt(probe: Probe, context: str) -> str:
+    """What the answerer is asked: the context, the date the question is asked on (when the
+    dataset gives it: temporal questions such as "how many days ago…" need it) and the question."""
+    asked_at = getattr(probe, "asked_at", None)
+    asked = "" if asked_at is None else ASKED_LINE.format(date=asked_at.strftime("%Y-%m-%d (%A) %H:%M"))
+    return ANSWER_PROMPT.format(context=context, asked=asked, question=probe.question)
 
 
 def _cost(model: str, prompt_tokens: int, completion_tokens: int) -> float | None:
@@ -100,7 +109,7 @@ async def judge_probes(
     async def one(probe: Probe) -> dict:
         nonlocal done
         async with gate:
-            answer = await _ask(answerer, ANSWER_PROMPT.format(context=context, question=probe.question), **kwargs)
+            answer = await _ask(answerer, answer_prompt(probe, context), **kwargs)
             gold = probe.gold if probe.gold else ABSTENTION_GOLD
             verdict = await _ask(judge, JUDGE_PROMPT.format(question=probe.question, gold=gold, answer=answer),
                                  **kwargs)

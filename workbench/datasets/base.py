@@ -79,7 +79,9 @@ class Probe:
     ``category`` is a name (``"temporal"``, ``"knowledge-update"``, …) where the format has one.
     An ``abstention`` probe asks about something the conversation never says: the right answer
     is to decline, so it has no gold; its ``reference`` (the dataset's answer text, when there is
-    one) is kept for a judge model.
+    one) is kept for a judge model. ``asked_at`` is when the question is asked, where the format
+    says (LongMemEval's ``question_date``): a judge's answerer is told the date, so "how many days
+    ago…" has an answer.
     """
 
     id: str
@@ -89,6 +91,7 @@ class Probe:
     evidence: tuple[str, ...] = ()
     abstention: bool = False
     reference: str | None = None
+    asked_at: datetime | None = None
 
 
 @dataclass

@@ -5,7 +5,7 @@ haystack_session_ids, haystack_dates, haystack_sessions, answer_session_ids}``; 
 list of turns ``{"role": "user" | "assistant", "content": ..., "has_answer": true?}`` and its date
 looks like ``"2023/05/20 (Sat) 02:21"``. Each instance is one conversation named by its
 ``question_id``, with one probe: category = ``question_type``, evidence = the turns marked
-``has_answer``. An id ending in ``_abs`` is an abstention question: not scored by word retention
+``has_answer``, asked on ``question_date`` (its ``asked_at``). An id ending in ``_abs`` is an abstention question: not scored by word retention
 (its answer is kept as the probe's ``reference`` for a judge).
 
 Sessions are replayed in date order (stable for equal dates); a turn is its session's date plus
@@ -103,8 +103,10 @@ def conversation(instance: Any, index: int, source: Source) -> Conversation:
             turns.append(Turn(turn_id, role, text, created))
     answer = text_or_none(instance.get("answer"))
     abstention = question_id.endswith(ABSTENTION_SUFFIX)
+    asked = instance.get("question_date")
+    asked_at = None if asked is None else parse_datetime(asked, file, record, "question_date")
     probe = Probe(question_id, question, None if abstention else answer, category, tuple(evidence),
-                  abstention, answer)
+                  abstention, answer, asked_at)
     if not turns:
         raise DatasetError(file, record, "haystack_sessions", "has no turns")
     return finish(Conversation(question_id, turns, [probe], str(file), NAME), file)
