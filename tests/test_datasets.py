@@ -70,7 +70,8 @@ def test_project_datasets_load() -> None:
         (line(timestamp=True), "line 1", "timestamp", "expected str or int or float, got bool"),
         (line(timestamp="yesterday"), "line 1", "timestamp", "unrecognised date-time 'yesterday'"),
         (line(content=5), "line 1", "content", "expected str"),
-        (line() + line(), "conversation 'c' message 2", "id", "duplicate message id 'm1' (message 1 has it too)"),
+        (line() + line(), "conversation 'c', its 2nd message", "id",
+         "duplicate message id 'm1' (its 1st message has it too)"),
         (line(type="poll"), "line 1", "type", "unknown record type"),
         ("\n\n", "file", None, "the file is empty"),
         (json.dumps({"conversation_id": "c", "question": "q", "id": "p"}) + "\n", "conversation 'c'", None,
@@ -723,7 +724,7 @@ def test_a_blank_id_is_refused_when_the_file_is_read_not_as_a_failed_run(tmp_pat
     """The library now refuses a message with a blank id or thread (it names nothing); a dataset
     with one must say so when read, before a run is recorded, and say where."""
     line = {"conversation_id": "c", "id": "m1", "role": "user", "content": "hi", "timestamp": "2024-01-01T00:00:00Z"}
-    for field, value, said in (("id", " ", "message 1: field 'id': is blank"),
+    for field, value, said in (("id", " ", "its 1st message: field 'id': is blank"),
                                ("conversation_id", "", "field 'conversation_id': is blank")):
         path = tmp_path / f"blank-{field}.jsonl"
         path.write_text(json.dumps({**line, field: value}) + "\n")
@@ -788,13 +789,35 @@ def test_duplicate_ids_of_probes_and_of_conversations_are_refused_by_name(tmp_pa
     lines = (ROOT / "datasets" / "tiny.jsonl").read_text().splitlines()
     probe = next(line for line in lines if '"probe"' in line)
     path = write(tmp_path, "p.jsonl", "\n".join([*lines, probe]) + "\n")
-    with pytest.raises(DatasetError, match=r"probe \d+: field 'id': duplicate probe id 'q1' \(probe 1 has it too\)"):
+    with pytest.raises(DatasetError, match=r"its \d+th probe: field 'id': duplicate probe id 'q1' \(its 1st probe has it too\)"):
         load_conversation(path)
     chats = write(tmp_path, "c.json", json.dumps([{"id": "x", "messages": [{"role": "user", "content": "a"}]},
                                                   {"id": "x", "messages": [{"role": "user", "content": "b"}]}]))
     for read in (load_dataset, list_conversations, lambda p: load_conversation(p, "x")):
-        with pytest.raises(DatasetError, match="conversation 2: field 'id': duplicate conversation id 'x'"):
+        with pytest.raises(DatasetError, match="the 2nd conversation: field 'id': duplicate conversation id 'x' \\(the 1st"):
             read(chats)
+
+
+def test_positions_in_the_loaded_conversation_cannot_be_read_as_the_files_0_based_ones(tmp_path) -> None:
+    """Loaders name JSON positions from 0 ("conversation 0 message 0" is `.[0].messages[0]`), but
+    the checks after loading counted from 1 in the same words: "conversation 'c' message 2" was
+    the second message, "conversation 2" the second conversation. Those are ordinals now."""
+    from workbench.datasets.base import ordinal
+
+    assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101, 111, 112)] == [
+        "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st", "111th", "112th"]
+    chats = write(tmp_path, "c.json", json.dumps([
+        {"id": "a", "messages": [{"role": "user", "content": "hi"}]},
+        {"id": "b", "messages": [{"role": "user", "content": "a", "id": "m"}, {"role": "user", "content": "b", "id": "m"},
+                                 {"role": "narrator", "content": "c"}]}]))
+    with pytest.raises(DatasetError) as caught:
+        load_dataset(chats)
+    assert caught.value.record == "conversation 1 message 2"  # a 0-based JSON position: .[1].messages[2]
+    chats.write_text(json.dumps([{"id": "b", "messages": [{"role": "user", "content": "a", "id": "m"},
+                                                          {"role": "user", "content": "b", "id": "m"}]}]))
+    with pytest.raises(DatasetError) as caught:
+        load_dataset(chats)
+    assert caught.value.record == "conversation 'b', its 2nd message" and "its 1st message has it too" in str(caught.value)
 
 
 def test_a_json_lines_file_may_start_with_a_byte_order_mark(tmp_path) -> None:

@@ -30,6 +30,13 @@ class DatasetError(WorkbenchError, ValueError):
         super().__init__(f"{where}: {problem}")
 
 
+def ordinal(number: int) -> str:
+    """``1st``, ``2nd``, ``3rd``, ``11th``: a position counted in the loaded conversation, said
+    so that it cannot be read as one of the file's 0-based JSON positions (``sample 0``)."""
+    suffix = "th" if 10 <= number % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(number % 10, "th")
+    return f"{number}{suffix}"
+
+
 class EmptyConversation(DatasetError):
     """A conversation with no messages: a file of many skips it (with a warning); one asked for
     by id, or a file of it alone, is this error."""
@@ -156,15 +163,16 @@ def finish(conversation: Conversation, file: Path) -> Conversation:
     seen: dict[str, int] = {}
     previous: Turn | None = None
     early: list[tuple[Turn, Turn]] = []  # (a message, the one before it in the file, dated later)
-    for index, turn in enumerate(conversation.turns, start=1):  # counted from 1, as lines are
+    for index, turn in enumerate(conversation.turns, start=1):  # in replay order, not the file's
         if not turn.id.strip():
-            raise DatasetError(file, f"conversation {conversation.id!r} message {index}", "id", "is blank")
+            raise DatasetError(file, f"conversation {conversation.id!r}, its {ordinal(index)} message", "id",
+                               "is blank")
         if previous is not None and turn.created_at < previous.created_at:
             early.append((turn, previous))
         previous = turn
         if turn.id in seen:
-            raise DatasetError(file, f"conversation {conversation.id!r} message {index}", "id",
-                               f"duplicate message id {turn.id!r} (message {seen[turn.id]} has it too)")
+            raise DatasetError(file, f"conversation {conversation.id!r}, its {ordinal(index)} message", "id",
+                               f"duplicate message id {turn.id!r} (its {ordinal(seen[turn.id])} message has it too)")
         seen[turn.id] = index
     if early:
         # Said up front: a replay fails on such a message only once the part of the thread it is
@@ -178,8 +186,8 @@ def finish(conversation: Conversation, file: Path) -> Conversation:
     probe_ids: dict[str, int] = {}
     for number, probe in enumerate(conversation.probes, start=1):
         if probe.id in probe_ids:  # (a replay's probe table is keyed by it: it failed at the end)
-            raise DatasetError(file, f"conversation {conversation.id!r} probe {number}", "id",
-                               f"duplicate probe id {probe.id!r} (probe {probe_ids[probe.id]} has it too)")
+            raise DatasetError(file, f"conversation {conversation.id!r}, its {ordinal(number)} probe", "id",
+                               f"duplicate probe id {probe.id!r} (its {ordinal(probe_ids[probe.id])} probe has it too)")
         probe_ids[probe.id] = number
     probes = []
     for probe in conversation.probes:

@@ -17,7 +17,7 @@ from types import ModuleType
 from typing import Any
 
 from . import beam, index, locomo, longmemeval, memorybank, omem, openai_export, sharegpt
-from .base import Conversation, ConversationInfo, DatasetError
+from .base import Conversation, ConversationInfo, DatasetError, ordinal
 from .source import Element, Source, read_at
 
 
@@ -153,9 +153,9 @@ def _unique_ids(path: Path, ids: list[str]) -> None:
     seen: dict[str, int] = {}
     for number, conversation_id in enumerate(ids, start=1):
         if conversation_id in seen:
-            raise DatasetError(path, f"conversation {number}", "id",
-                               f"duplicate conversation id {conversation_id!r} (conversation {seen[conversation_id]} "
-                               "has it too): give each a distinct id")
+            raise DatasetError(path, f"the {ordinal(number)} conversation", "id",
+                               f"duplicate conversation id {conversation_id!r} (the {ordinal(seen[conversation_id])} "
+                               "conversation has it too): give each a distinct id")
         seen[conversation_id] = number
 
 
