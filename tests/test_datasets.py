@@ -269,7 +269,7 @@ def test_unrecognised_format_says_so(tmp_path) -> None:
 
 def test_a_folder_that_is_no_dataset_names_what_inside_could_be(tmp_path) -> None:
     """A folder given for the file inside it (LoCoMo ships as ``locomo-dev/locomo-dev.json``), or
-    for a folder of dataset folders (BEAM's ``1/``, ``2/``): the error names them."""
+    for a folder of datasets of different kinds: the error names them."""
     holder = tmp_path / "locomo"
     holder.mkdir()
     write(holder, "conv.json", json.dumps({"hello": 1}))
@@ -285,6 +285,32 @@ def test_a_folder_that_is_no_dataset_names_what_inside_could_be(tmp_path) -> Non
     with pytest.raises(DatasetError) as caught:
         load_dataset(holder)
     assert "instead" not in str(caught.value)  # nothing to suggest
+
+
+def test_a_folder_of_beam_chats_is_one_dataset_and_the_published_layout_loads(tmp_path) -> None:
+    """BEAM publishes ``chats/100K/<n>/chat.json`` with ``probing_questions/probing_questions.json``
+    in a folder: the folder of chats was "format not recognised" (an experiment over BEAM meant
+    one per chat, never pooled), and a chat in that layout loaded with no probes, silently."""
+    import shutil
+
+    sample = PROJECT_DATASETS / "samples" / "beam-sample"
+    chats = tmp_path / "chats" / "100K"
+    for name in ("2", "10", "1"):
+        shutil.copytree(sample, chats / name)
+    (chats / "1" / "probing_questions").mkdir()
+    (chats / "1" / "probing_questions.json").rename(chats / "1" / "probing_questions" / "probing_questions.json")
+    (chats / "10" / "probing_questions.json").unlink()
+    (chats / "notes").mkdir()  # a folder that is no chat is not one
+    assert detect_format(chats) == "beam"
+    loaded = load_dataset(chats)
+    assert [c.id for c in loaded] == ["beam-1", "beam-2", "beam-10"]  # number order, not text order
+    [alone] = load_dataset(sample)
+    assert [p.id for p in loaded[0].probes] == [p.id for p in alone.probes] and alone.probes
+    assert [t.text for t in loaded[1].turns] == [t.text for t in alone.turns]
+    assert not loaded[0].warnings and not loaded[1].warnings
+    assert loaded[2].probes == [] and "no probing questions" in loaded[2].warnings[0]
+    assert [c.id for c in list_conversations(chats)] == ["beam-1", "beam-2", "beam-10"]
+    assert load_conversation(chats, "beam-10").id == "beam-10"
 
 
 def test_locomo_errors_name_the_sample_and_field(tmp_path) -> None:
@@ -316,9 +342,12 @@ def test_locomo_dev(shared_datasets: Path) -> None:
 
 
 def test_beam_dev(shared_datasets: Path) -> None:
-    for chat in ("1", "2", "3"):
+    whole = load_dataset(shared_datasets / "beam-100k-dev")  # the folder of chats: one dataset
+    assert [c.id for c in whole] == ["beam-1", "beam-2", "beam-3"]
+    for chat, pooled in zip(("1", "2", "3"), whole):
         [conv] = load_dataset(shared_datasets / "beam-100k-dev" / chat)
         assert len(conv.turns) > 150 and len(conv.probes) == 20
+        assert (pooled.turns, pooled.probes) == (conv.turns, conv.probes)
         abstention = [p for p in conv.probes if p.category == "abstention"]
         assert len(abstention) == 2 and all(p.abstention and p.gold is None and p.reference for p in abstention)
         assert all(p.gold for p in conv.probes if p not in abstention)

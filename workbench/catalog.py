@@ -42,6 +42,7 @@ def known_datasets() -> list[DatasetEntry]:
     shared = shared_datasets_dir()
     candidates = [
         ("locomo-dev", shared / "locomo-dev" / "locomo-dev.json", "locomo"),
+        ("beam-100k", shared / "beam-100k-dev", "beam"),  # every chat: a dataset-wide experiment
         *[(f"beam-100k-{p.name}", p, "beam") for p in sorted((shared / "beam-100k-dev").glob("*")) if p.is_dir()],
         ("memorybank", shared / "memorybank", "memorybank"),
     ]

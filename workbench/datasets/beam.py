@@ -1,5 +1,7 @@
 """BEAM: a chat folder with ``chat.json`` (batches of turns with ``time_anchor``s) and
-``probing_questions.json`` (probes by category; the gold field varies by category).
+``probing_questions.json`` (probes by category; the gold field varies by category) beside it or,
+as BEAM publishes them, in a ``probing_questions/`` folder. A folder of chat folders (BEAM's
+``chats/100K/``: ``1/``, ``2/``, …) is a dataset of one conversation per chat.
 
 ``time_anchor``s set the clock (a minute per message after the newest anchor); ``source_chat_ids``
 may be ints, lists or dicts and point at message ids. Categories keep BEAM's names; the
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from .base import EPOCH, ROLES, Conversation, DatasetError, Probe, Turn, finish, require, text_or_none
@@ -18,7 +21,8 @@ from .dates import try_parse_datetime
 from .source import Source, load_json
 
 NAME = "beam"
-DESCRIPTION = "a BEAM chat folder: `chat.json` (batches of turns) + `probing_questions.json`"
+DESCRIPTION = ("a BEAM chat folder: `chat.json` (batches of turns) + `probing_questions.json`; or a folder of "
+               "them (BEAM's `chats/100K/`), one conversation each")
 FOLDER = True
 FOLDER_FILES = ("chat.json",)  # what marks a folder of this format
 
@@ -27,9 +31,28 @@ _SUFFIX = re.compile(r"\s*->->\s*\d+\s*,\s*\d+\s*$")
 _GOLD = ("answer", "ideal_answer", "ideal_response", "ideal_summary", "expected_compliance")
 
 
+def _number_first(path: Path) -> tuple[int, int | str]:
+    return (0, int(path.name)) if path.name.isdecimal() else (1, path.name)
+
+
+def chat_folders(folder: Path) -> list[Path]:
+    """The chats a folder holds: itself when it has a ``chat.json``, else each subfolder that has
+    one, in number order (``2/`` before ``10/``) — unless the folder has JSON files of its own:
+    then which dataset is meant is not clear (the registry's error names the candidates)."""
+    if (folder / "chat.json").is_file():
+        return [folder]
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return []
+    if any(p.is_file() and p.suffix.lower() in (".json", ".jsonl") for p in entries):
+        return []
+    return sorted((p for p in entries if p.is_dir() and (p / "chat.json").is_file()), key=_number_first)
+
+
 def sniff(source: Source) -> bool:
     if source.is_dir:
-        return (source.path / "chat.json").is_file()
+        return bool(chat_folders(source.path))
     if source.path.name == "chat.json":
         return True
     first = source.first() if not source.lines else None
@@ -49,11 +72,19 @@ def _flatten_ids(value: Any) -> list[str]:
     return []
 
 
+PROBE_FILES = ("probing_questions.json", "probing_questions/probing_questions.json")
+
+
 def load(source: Source) -> list[Conversation]:
-    path = source.path
-    folder = path if source.is_dir else path.parent
-    chat_file = folder / "chat.json" if source.is_dir else path
-    data = load_json(chat_file) if source.is_dir else source.document()
+    if source.is_dir:
+        folders = chat_folders(source.path)
+        if not folders:
+            raise DatasetError(source.path, "folder", None, "holds no chat.json, nor folders that do")
+        return [_chat(folder, folder / "chat.json", load_json(folder / "chat.json")) for folder in folders]
+    return [_chat(source.path.parent, source.path, source.document())]
+
+
+def _chat(folder: Path, chat_file: Path, data: Any) -> Conversation:
     if not isinstance(data, list):
         raise DatasetError(chat_file, "top level", None, "expected a list of batches")
     turns: list[Turn] = []
@@ -77,8 +108,8 @@ def load(source: Source) -> list[Conversation]:
                 turns.append(Turn(str(message_id), role,
                                   _SUFFIX.sub("", require(item, "content", chat_file, m_where)), clock))
     probes = []
-    probe_file = folder / "probing_questions.json"
-    if probe_file.exists():
+    probe_file = next((folder / name for name in PROBE_FILES if (folder / name).is_file()), None)
+    if probe_file is not None:
         questions = load_json(probe_file)
         if not isinstance(questions, dict):
             raise DatasetError(probe_file, "top level", None, "expected an object of categories")
@@ -98,4 +129,7 @@ def load(source: Source) -> list[Conversation]:
                     reference=text_or_none(gold),
                 ))
     conversation = Conversation(f"beam-{folder.name}", turns, probes, str(folder), NAME)
-    return [finish(conversation, chat_file)]
+    if probe_file is None:
+        conversation.warnings.append(f"no probing questions: neither {' nor '.join(PROBE_FILES)} is in {folder}, "
+                                     "so nothing can be scored")
+    return finish(conversation, chat_file)
