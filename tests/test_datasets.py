@@ -921,6 +921,55 @@ def test_a_zip_given_as_a_dataset_is_named_as_one(tmp_path) -> None:
         list_conversations(path)
 
 
+def test_a_chatgpt_export_folder_reads_its_conversations_file(tmp_path) -> None:
+    """A ChatGPT data export unpacks to conversations.json beside user.json, chat.html,
+    message_feedback.json…: the folder (and so the app's upload of the export's zip, which it
+    unpacks) was "format not recognised"; its one dataset file is read. A folder holding two
+    dataset files is still refused, naming them."""
+    import zipfile
+
+    from workbench import ui
+
+    node = {"id": "u1", "parent": "root", "message": {"id": "u1", "author": {"role": "user"}, "create_time": 1700000000,
+                                                       "content": {"content_type": "text", "parts": ["My flat is in Porto."]}}}
+    export = tmp_path / "export"
+    export.mkdir()
+    write(export, "conversations.json", json.dumps([{"title": "Flat", "id": "c1", "current_node": "u1", "mapping": {
+        "root": {"id": "root", "parent": None, "message": None}, "u1": node}}]))
+    write(export, "user.json", json.dumps({"id": "user-1", "email": "a@example.com", "chatgpt_plus_user": False}))
+    write(export, "message_feedback.json", "[]")
+    write(export, "shared_conversations.json", json.dumps([{"id": "s", "conversation_id": "c1", "title": "Flat"}]))
+    write(export, "chat.html", "<html></html>")
+    assert detect_format(export) == "openai" and detect_format(export / "conversations.json") == "openai"
+    [conversation] = load_dataset(export)
+    assert conversation.id == "c1" and conversation.turns[0].text == "My flat is in Porto."
+    assert [c.id for c in list_conversations(export)] == ["c1"] and load_conversation(export, "c1").turns
+    with pytest.raises(DatasetError, match="its conversations.json is not in the locomo format: its content is openai"):
+        load_dataset(export, "locomo")
+    (export / "conversations.json").rename(export / "conversations.txt")
+    with pytest.raises(DatasetError, match="is a folder, and a locomo dataset is a file; give one of these"):
+        load_dataset(export, "locomo")
+    (export / "conversations.txt").rename(export / "conversations.json")
+
+    class Upload:  # what the app's uploader hands over: the export's zip, as downloaded
+        name, _data = "chatgpt-export.zip", b""
+
+        def getvalue(self) -> bytes:
+            return self._data
+
+    buffer = tmp_path / "export.zip"
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for path in export.iterdir():
+            archive.write(path, path.name)
+    upload = Upload()
+    upload._data = buffer.read_bytes()
+    assert [c.id for c in load_dataset(ui._saved_upload(upload))] == ["c1"]
+
+    write(export, "more.jsonl", json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    with pytest.raises(DatasetError, match="format not recognised.*conversations.json.*more.jsonl"):
+        load_dataset(export)
+
+
 def test_an_undated_turn_among_dated_ones_sits_at_the_turn_before_it(tmp_path) -> None:
     """REALTALK: a turn with "date_time": null was placed 30 s × its position after the session's
     start (18:01:30), before the turns around it (18:07)."""

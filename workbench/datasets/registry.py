@@ -104,6 +104,33 @@ def _zipped(path: Path) -> bool:
         return False  # (a folder, or unreadable: said elsewhere)
 
 
+def _file_inside(folder: Source, format: str | None) -> tuple[Source, DatasetFormat] | None:
+    """The one dataset file of a folder that no folder format reads: a ChatGPT export unpacked
+    (``conversations.json`` beside ``user.json``, ``chat.html``, …), LoCoMo's ``locomo-dev/``
+    (beside its licence). ``None`` when the folder is a folder format's, or holds no such file or
+    several (the error then names them)."""
+    if format is not None and _BY_NAME[format].folder:
+        return None
+    if format is None and any(f.folder and f.sniff(folder) for f in REGISTRY):
+        return None
+    found: list[tuple[Source, DatasetFormat]] = []
+    try:
+        paths = sorted(folder.path.iterdir())
+    except OSError:
+        return None
+    for path in paths:
+        if not (path.is_file() and path.suffix.lower() in (".json", ".jsonl")) or _blank(path) or _zipped(path):
+            continue
+        inner = Source(path)
+        try:
+            fmt = next((f for f in REGISTRY if not f.folder and format in (None, f.name) and f.sniff(inner)), None)
+        except DatasetError:  # not JSON: not the dataset meant
+            continue
+        if fmt is not None:
+            found.append((inner, fmt))
+    return found[0] if len(found) == 1 else None
+
+
 def _open(path: str | Path | Source, format: str | None) -> tuple[Source, DatasetFormat]:
     source = path if isinstance(path, Source) else Source(path)
     if not source.path.exists():
@@ -115,6 +142,18 @@ def _open(path: str | Path | Source, format: str | None) -> tuple[Source, Datase
                            "(the app's upload takes a zip as it is)")
     if format is not None and format not in _BY_NAME:
         raise DatasetError(source.path, "--format", None, f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
+    if source.is_dir:
+        inside = _file_inside(source, format)
+        if inside is not None:
+            return inside
+        if format is not None and not _BY_NAME[format].folder:
+            other = _file_inside(source, None)
+            if other is not None:
+                raise DatasetError(source.path, "folder", None,
+                                   f"its {other[0].path.name} is not in the {format} format: its content is "
+                                   f"{other[1].name} (drop --format, or choose {other[1].name})")
+            raise DatasetError(source.path, "folder", None,
+                               f"is a folder, and a {format} dataset is a file{_inside(source.path)}")
     if format is None:
         return source, _detect(source)
     chosen = _BY_NAME[format]
