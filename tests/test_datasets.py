@@ -970,6 +970,31 @@ def test_a_chatgpt_export_folder_reads_its_conversations_file(tmp_path) -> None:
         load_dataset(export)
 
 
+def test_sharegpt_function_calling_sets_keep_their_system_prompt_tools_and_calls(tmp_path) -> None:
+    """Glaive/xLAM-style ShareGPT: the top-level system prompt and tools were dropped and a call
+    stayed raw JSON; they read as the OpenAI format's do."""
+    tools = [{"name": "get_weather", "description": "d", "parameters": {}},
+             {"type": "function", "function": {"name": "book_table", "parameters": {}}}]
+    record = {"id": "g1", "system": "You are a travel helper.", "tools": json.dumps(tools), "conversations": [
+        {"from": "human", "value": "Weather in Porto?"},
+        {"from": "function_call", "value": json.dumps({"name": "get_weather", "arguments": {"city": "Porto"}})},
+        {"from": "observation", "value": "{\"temp\": 21}"},
+        {"from": "function_call", "value": json.dumps([{"name": "book_table", "arguments": "{\"at\": \"8pm\"}"},
+                                                       {"name": "get_weather", "arguments": {"city": "Braga"}}])},
+        {"from": "function_call", "value": "I will look it up."},  # not JSON: kept as written
+        {"from": "gpt", "value": "21 degrees."}]}
+    plain = {"id": "p1", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}
+    first, second = load_dataset(write(tmp_path, "glaive.json", json.dumps([record, plain])))
+    assert [(t.id, t.role) for t in first.turns[:2]] == [("g1-system", "system"), ("g1-0", "user")]
+    assert first.turns[0].text == "You are a travel helper.\n[tools: get_weather, book_table]"
+    assert first.turns[2].text == '[tool call: get_weather({"city": "Porto"})]' and first.turns[2].role == "assistant"
+    assert first.turns[3].text == '{"temp": 21}' and first.turns[3].role == "tool"
+    assert first.turns[4].text == ('[tool call: book_table({"at": "8pm"})]\n'
+                                   '[tool call: get_weather({"city": "Braga"})]')
+    assert first.turns[5].text == "I will look it up."
+    assert [t.id for t in second.turns] == ["p1-0", "p1-1"]  # without a system prompt, nothing is added
+
+
 def test_an_undated_turn_among_dated_ones_sits_at_the_turn_before_it(tmp_path) -> None:
     """REALTALK: a turn with "date_time": null was placed 30 s × its position after the session's
     start (18:01:30), before the turns around it (18:07)."""

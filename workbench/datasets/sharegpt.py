@@ -1,9 +1,19 @@
 """ShareGPT: ``[{"conversations": [{"from": "human", "value": ...}, ...]}]``; ``human``/``gpt``
-(and the usual aliases) map to user/assistant."""
+(and the usual aliases) map to user/assistant.
+
+Function-calling sets (Glaive, xLAM, ToolACE) add a top-level ``system`` prompt and ``tools``
+(the functions the model may call) and write a call as JSON in a ``function_call`` turn: the
+system prompt is the conversation's first message (naming the tools), and a call reads as the
+OpenAI format's do, ``[tool call: get_weather({"city": "Porto"})]``.
+"""
 
 from __future__ import annotations
 
-from .base import Conversation, require
+import dataclasses
+import json
+from typing import Any
+
+from .base import Conversation, Turn, require
 from .chat_export import conversation_id, from_messages, load_objects
 from .source import Source
 
@@ -22,9 +32,64 @@ def sniff(source: Source) -> bool:
     return isinstance(first, dict) and "conversations" in first
 
 
+def _json(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _call(call: Any) -> str | None:
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return None
+    arguments = _json(call.get("arguments", call.get("parameters")))
+    if not isinstance(arguments, str):
+        arguments = "" if arguments is None else json.dumps(arguments, ensure_ascii=False)
+    return f"[tool call: {call['name']}({arguments.strip()})]"
+
+
+def calls_text(value: Any) -> str | None:
+    """A ``function_call`` turn's JSON (one call, or a list of them) as a line per call; ``None``
+    when it is not calls (then the text stays as written)."""
+    parsed = _json(value)
+    calls = parsed if isinstance(parsed, list) else [parsed]
+    lines = [_call(call) for call in calls]
+    return "\n".join(lines) if lines and all(lines) else None  # type: ignore[arg-type]
+
+
+def tool_names(tools: Any) -> list[str]:
+    """The names of a ``tools`` list (a JSON string or a list; OpenAI's ``{"function": {...}}``
+    wrapping too)."""
+    names = []
+    for tool in _json(tools) if isinstance(_json(tools), list) else []:
+        if isinstance(tool, dict) and isinstance(tool.get("function"), dict):
+            tool = tool["function"]
+        if isinstance(tool, dict) and isinstance(tool.get("name"), str):
+            names.append(tool["name"])
+    return names
+
+
 def load(source: Source) -> list[Conversation]:
     def convert(obj, index, record):
         messages = require(obj, "conversations", source.path, record, list)
-        return from_messages(conversation_id(obj, index), messages, source, record, NAME, "from", "value", ROLES)
+        conversation = from_messages(conversation_id(obj, index), messages, source, record, NAME, "from", "value",
+                                     ROLES)
+        turns = []
+        for item, turn in zip(messages, conversation.turns):
+            if str(item.get("from", "")).lower() == "function_call" and (text := calls_text(item.get("value"))):
+                turn = dataclasses.replace(turn, text=text)
+            turns.append(turn)
+        system = obj.get("system") if isinstance(obj.get("system"), str) else ""
+        names = tool_names(obj.get("tools"))
+        prompt = "\n".join(part for part in (system.strip(), f"[tools: {', '.join(names)}]" if names else "") if part)
+        if prompt and turns:
+            taken, name = {t.id for t in turns}, f"{conversation.id}-system"
+            while name in taken:
+                name += "~"
+            turns.insert(0, Turn(name, "system", prompt, turns[0].created_at))
+        conversation.turns = turns
+        return conversation
 
     return load_objects(source, convert)
