@@ -236,6 +236,28 @@ def test_a_dataset_is_given_by_the_name_datasets_lists(tmp_path, monkeypatch) ->
     assert code == 1 and "tiny: folder: format not recognised" in err
 
 
+def test_a_dataset_put_in_the_shared_folder_is_listed_and_usable_by_name(tmp_path, monkeypatch) -> None:
+    """`datasets` listed only the names written into the catalog: a LongMemEval file put beside
+    the others was not listed, nor usable by its name."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    sample = PROJECT_DATASETS / "samples" / "longmemeval-sample.json"
+    (shared / "lme-s.json").write_bytes(sample.read_bytes())
+    (shared / "notes.json").write_text('{"not": "a dataset"}')
+    (shared / "README.md").write_text("# about")
+    (shared / "locomo-dev").mkdir()  # a known name keeps its own entry (here: absent, so none)
+    monkeypatch.setenv("OMEM_SHARED_DATASETS", str(shared))
+    code, out, err = invoke("datasets")
+    assert code == 0, err
+    listed = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
+    assert listed["lme-s"][1:5] == ["shared", "4", "18", "4"] and "notes" not in listed and "README" not in listed
+    assert "locomo-dev" not in listed
+    code, out, err = invoke("replay", "--dataset", "lme-s", "--conversation", "omem-lme-002", "--json",
+                            "--db", str(tmp_path / "r.duckdb"))
+    assert code == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["status"] == "completed"
+
+
 def test_a_value_given_twice_in_a_list_option_is_one_configuration(tmp_path) -> None:
     code, out, err = invoke("experiment", "run", "--dataset", TINY, "--observation-threshold", "40,40",
                             "--observer", "omem/extractive,omem/extractive", "--concurrency", "1", "--json",

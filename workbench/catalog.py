@@ -47,4 +47,25 @@ def known_datasets() -> list[DatasetEntry]:
         ("memorybank", shared / "memorybank", "memorybank"),
     ]
     entries += [DatasetEntry(name, path, fmt, "shared") for name, path, fmt in candidates if path.exists()]
+    entries += _other_shared(shared, {path for _, path, _ in candidates}, {e.name for e in entries})
     return entries
+
+
+def _other_shared(shared: Path, known: set[Path], names: set[str]) -> list[DatasetEntry]:
+    """Whatever else in the shared folder is a dataset (a LongMemEval file put there, say), by its
+    name: listed, and usable by name, without a change here."""
+    try:
+        children = sorted(shared.iterdir())
+    except OSError:
+        return []
+    found = []
+    for child in children:
+        if child.name.startswith(".") or child in known or any(child in path.parents for path in known):
+            continue
+        if not (child.is_dir() or child.suffix.lower() in (".json", ".jsonl")):
+            continue
+        fmt = _detected(child)
+        if fmt is not None and child.stem not in names:
+            names.add(child.stem)
+            found.append(DatasetEntry(child.stem, child, fmt, "shared"))
+    return found
