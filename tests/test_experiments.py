@@ -410,6 +410,14 @@ def test_the_judge_grades_abstention_probes_by_declining() -> None:
         [row] = asyncio.run(judge_probes(conversation.probes, "no context", answerer="scripted/model",
                                          judge="scripted/model"))
     assert row["probe_id"] == probe.id and row["score"] == 1.0 and row["answer"] == "I don't know"
+    from workbench.judge import abstention_gold
+
+    assert probe.reference and abstention_gold(probe).endswith("The dataset's note: " + probe.reference)
+    graded = []
+    with scripted_provider() as scripted:
+        scripted.default = lambda messages: graded.append(messages[-1]["content"]) or "CORRECT"
+        asyncio.run(judge_probes(conversation.probes, "no context", answerer="scripted/model", judge="scripted/model"))
+    assert probe.reference in graded[-1]  # the judge reads the dataset's own note on what was never said
 
 
 def test_the_answerer_is_told_the_date_a_question_is_asked_on() -> None:

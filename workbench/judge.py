@@ -45,6 +45,14 @@ class Estimate:
         return f"{self.calls} model calls, ~{self.input_tokens:,} input tokens, {cost}"
 
 
+def abstention_gold(probe: Probe) -> str:
+    """What an abstention probe's answer is graded against: declining, with the dataset's own
+    note when it has one (LongMemEval: "You mentioned a cat, but not a dog"; BEAM's ideal
+    response), which tells the judge what a confused answer would mix up."""
+    reference = (getattr(probe, "reference", None) or "").strip()
+    return ABSTENTION_GOLD + (f" The dataset's note: {reference}" if reference else "")
+
+
 def answer_prompt(probe: Probe, context: str) -> str:
     """What the answerer is asked: the context, the date the question is asked on (when the
     dataset gives it: temporal questions such as "how many days ago…" need it) and the question."""
@@ -66,7 +74,7 @@ def estimate(probes: Sequence[Probe], context: str, answerer: str, judge: str) -
     scorable = [p for p in probes if p.gold or getattr(p, "abstention", False)]
     context_tokens = heuristic_count([context])[0]
     answer_in = sum(context_tokens + heuristic_count([p.question])[0] + 60 for p in scorable)
-    judge_in = sum(heuristic_count([p.question, p.gold or ""])[0] + 80 for p in scorable)
+    judge_in = sum(heuristic_count([p.question, p.gold or abstention_gold(p)])[0] + 80 for p in scorable)
     costs = [_cost(answerer, answer_in, 40 * len(scorable)), _cost(judge, judge_in, 3 * len(scorable))]
     total = None if any(c is None for c in costs) else sum(costs)  # type: ignore[arg-type]
     return Estimate(calls=2 * len(scorable), input_tokens=answer_in + judge_in, cost_usd=total)
@@ -110,7 +118,7 @@ async def judge_probes(
         nonlocal done
         async with gate:
             answer = await _ask(answerer, answer_prompt(probe, context), **kwargs)
-            gold = probe.gold if probe.gold else ABSTENTION_GOLD
+            gold = probe.gold if probe.gold else abstention_gold(probe)
             verdict = await _ask(judge, JUDGE_PROMPT.format(question=probe.question, gold=gold, answer=answer),
                                  **kwargs)
         done += 1
