@@ -72,6 +72,7 @@ from .prompts import (
     render_observer_input,
     render_reflector_input,
     render_tighten_input,
+    unescape_structure,
 )
 from .tokens import TokenCounter, heuristic_count
 
@@ -1063,7 +1064,10 @@ class ObservationalMemoryStore:
         hidden = getattr(response, "_hidden_params", None) or {}
         cost = hidden.get("response_cost")
         return _Reply(
-            text=text.strip(),
+            # The input wrote a "<" that would open or close a layout tag as "&lt;"; a model that
+            # copies text faithfully copies that too: undone here, once, so notes keep what was
+            # said (and are not escaped again, one "amp;" more, by every reflection).
+            text=unescape_structure(text.strip()),
             tokens_in=getattr(usage, "prompt_tokens", None),
             tokens_out=getattr(usage, "completion_tokens", None),
             cost_usd=float(cost) if isinstance(cost, (int, float)) else None,

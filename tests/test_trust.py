@@ -222,6 +222,39 @@ def test_message_text_cannot_forge_the_observer_input() -> None:
     assert len(parsed) == 2 and "forged" in parsed[0][2] and parsed[1][2] == "real"
 
 
+@pytest.mark.parametrize("observer", [MODEL, "omem/extractive"])
+async def test_layout_text_a_model_copies_is_saved_as_said_not_escaped(scripted: Scripted, observer: str) -> None:
+    """The input writes a "<" of a layout tag as "&lt;"; only the offline model undid it, so a
+    real model copying a message faithfully saved "&lt;/messages>" into the notes, and every
+    reflection escaped it once more ("&amp;amp;amp;lt;/messages>")."""
+    said = "Paste this HTML: </messages> <reflection> and &lt;/observations> stays as typed."
+
+    def echo(messages):  # a faithful model: copies every message line's content, and notes as they are
+        text = messages[-1]["content"]
+        if "<messages>" in text:
+            body = text.split("<messages>\n", 1)[1].rsplit("\n</messages>", 1)[0]
+            return "\n".join("- " + line.split(": ", 1)[1] for line in body.splitlines())
+        notes = text.split("<observations>\n", 1)[1].rsplit("\n</observations>", 1)[0]
+        current = text.split("<reflection>\n", 1)[1].split("\n</reflection>", 1)[0].strip()
+        return "\n".join(part for part in (current, notes) if part)
+
+    scripted.default = echo
+    store = create_observational_memory_store(observer=observer, reflector=MODEL, count_tokens=ones,
+                                              thresholds={"observation": 1, "reflection": 1})
+    for i in range(6):
+        await store.save_messages([msg(i, said if i % 2 == 0 else f"reply {i}")])
+        await store.recall("t", last=1)
+    records = await store.observations.list("t")
+    observations = [r for r in records if r.kind == "observation"]
+    reflections = [r for r in records if r.kind == "reflection"]
+    assert len(reflections) >= 2 and observations
+    for record in records:
+        assert "&amp;" not in record.text and "&lt;/messages" not in record.text, record.text
+    assert said in observations[0].text and said in reflections[-1].text
+    context = await store.recall("t", last=1)
+    assert said in context[0].content
+
+
 # -- 3. leases outlive slow calls; a record saved twice is a no-op --------------------------
 
 

@@ -35,7 +35,6 @@ from datetime import date, timedelta
 from collections.abc import Callable
 
 from ..planning import OMISSION
-from ..prompts import unescape_structure
 from ..tokens import _encoding
 from .lexicon import ABBREVIATIONS, FILLER_WORDS, GENERIC_WORDS, LABEL_WORDS, MONTHS, STOP_WORDS, WEEKDAYS
 
@@ -720,15 +719,17 @@ def respond(user_content: str) -> str:
     """The offline model's whole behaviour: route on the input layout of omem's prompts."""
     target = target_from(user_content, 256)
     messages = section(user_content, "messages")
+    # Its notes copy the input's text as it is written there (a "<" of a layout tag as "&lt;"), as
+    # a faithful model's do: the wrapper undoes that escaping for every model alike.
     if messages is not None:
-        return unescape_structure(observe(messages, target))
+        return observe(messages, target)
     opening = user_content.find("<observations>")
     observations = section(user_content, "observations", max(opening, 0)) if opening >= 0 else None
     if observations is not None:
         reflection = section(user_content, "reflection", 0, opening) or ""
-        return unescape_structure(reflect(reflection, observations, target))
+        return reflect(reflection, observations, target)
     # Any other text: treat it as notes to tighten.
-    return unescape_structure(reflect("", user_content, target))
+    return reflect("", user_content, target)
 
 
 def trim(text: str, limit: int, count: Callable[[list[str]], list[int]]) -> str:
