@@ -52,3 +52,17 @@ def redact_secrets(text: str, secrets: list[tuple[str, str]] | None = None) -> s
         if value in text:
             text = text.replace(value, f"[{name}]")
     return text
+
+
+_LITELLM_NOISE = ("\nTraceback (most recent call last):", "\n\nThis looks like a bug in LiteLLM")
+
+
+def error_text(exc: BaseException) -> str:
+    """A model call's error as one readable reason, ``Type: message``, cleaned of secrets: litellm
+    appends the provider's whole traceback and a prefilled bug-report link to the message of an
+    error raised inside a provider (a custom one, a local server's client), which is not a reason
+    a person reads in a table, a banner or a stored error."""
+    text = str(exc)
+    for marker in _LITELLM_NOISE:
+        text = text.split(marker, 1)[0]
+    return redact_secrets(f"{type(exc).__name__}: {text.strip()}")

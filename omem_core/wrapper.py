@@ -42,7 +42,7 @@ from typing import Any
 
 import litellm
 
-from ._env import redact_secrets
+from ._env import error_text, redact_secrets
 from .errors import CompactionError, Stage
 from .extractive import trim
 from .memory import InMemoryMemoryStore, MemoryStore, check_read, check_store
@@ -1050,7 +1050,7 @@ class ObservationalMemoryStore:
         except asyncio.TimeoutError as exc:
             raise failure(f"timed out after {self.timeout} s") from exc
         except Exception as exc:
-            error = failure(f"{type(exc).__name__}: {exc}")
+            error = failure(error_text(exc))
             # A cause that quotes a secret stays out of the chain (a logged traceback prints it).
             raise error from (exc if redact_secrets(str(exc)) == str(exc) else None)
         try:

@@ -311,6 +311,36 @@ def test_llm_judged_retention_through_litellm(scripted: Scripted, tmp_path) -> N
     assert judged[judged.score == 1.0].answer.iloc[0] == "The dog is Biscuit."
 
 
+def test_a_replays_judge_is_checked_before_the_replay_and_its_failure_is_said_cleanly(
+        scripted: Scripted, tmp_path, monkeypatch) -> None:
+    """A judge that could not be called was found only after the replay, and its failure ended
+    in a traceback printing the API key its provider quoted (under --json, no JSON line)."""
+    secret = "sk-test-SECRET1234567890"
+    monkeypatch.setenv("OPENAI_API_KEY", secret)
+    code, out, err = invoke("replay", "--dataset", TINY, *SMALL, "--answerer", "scripted/model", "--judge",
+                            "nosuchprovider/judge", "--yes", "--json")
+    assert code == 1 and "cannot judge here: nosuchprovider/judge" in err
+    assert json.loads(out.strip().splitlines()[-1])["status"] == "failed"
+    with RunStore(tmp_path / "cli.duckdb") as store:
+        assert store.runs().empty  # refused before the replay: nothing recorded
+
+    def answer(messages):
+        prompt = messages[-1]["content"]
+        if prompt.startswith("You grade answers"):
+            raise RuntimeError(f"401: bad key Bearer {secret}")
+        return "- noted" if "<messages>" in prompt else "The dog is Biscuit."
+
+    scripted.default = answer
+    code, out, err = invoke("replay", "--dataset", TINY, *SMALL, "--answerer", "scripted/model", "--judge",
+                            "scripted/model", "--yes", "--no-cache", "--json")
+    assert code == 1 and "the judge model scripted/model failed" in err and "Traceback" not in err
+    assert secret not in out + err and "[OPENAI_API_KEY]" in err
+    ending = json.loads(out.strip().splitlines()[-1])
+    with RunStore(tmp_path / "cli.duckdb") as store:
+        [run] = store.runs().to_dict("records")
+    assert ending["status"] == "failed" and ending["run_id"] == run["run_id"] and run["status"] == "completed"
+
+
 def test_ctrl_c_while_judging_says_what_was_kept_and_puts_the_handler_back(scripted: Scripted, tmp_path) -> None:
     """A Ctrl-C during the LLM judge (after the replay) ended in click's "Aborted!" with exit code 1,
     and left Ctrl-C ignored in the calling process (a notebook, a test) for good."""

@@ -446,6 +446,67 @@ def test_the_answerer_is_told_the_date_a_question_is_asked_on() -> None:
     assert "Today's date" not in asked[1] and "Question: " + undated[0].question in asked[1]
 
 
+@contextlib.contextmanager
+def priced_scripted_model():
+    """``scripted/priced``: the scripted provider at a price litellm knows ($1 / $2 per 1k tokens)."""
+    import litellm
+
+    litellm.register_model({"scripted/priced": {"input_cost_per_token": 1e-3, "output_cost_per_token": 2e-3,
+                                                "litellm_provider": "scripted", "mode": "chat"}})
+    try:
+        yield "scripted/priced"
+    finally:
+        litellm.model_cost.pop("scripted/priced", None)
+
+
+def test_judging_is_priced_asked_about_counted_cleaned_of_keys_and_a_failure_is_a_failure(
+        scripted, tmp_path, monkeypatch) -> None:
+    """An experiment's judge calls were left out of the estimate (a paid judge over an offline grid
+    read "free" and started unasked), out of the cost and the cost limit; the answerer's text was
+    stored with the API key it quoted; a judge that failed left a traceback and an experiment
+    marked "interrupted" with no reason."""
+    secret = "sk-test-SECRET1234567890"
+    monkeypatch.setenv("OPENAI_API_KEY", secret)
+    graded = []
+
+    def reply(messages):
+        prompt = messages[-1]["content"]
+        if not prompt.startswith("You grade answers"):
+            return f"Sent with Bearer {secret}: I don't know"
+        graded.append(prompt)
+        if len(graded) == 2:
+            raise RuntimeError(f"502 from the provider (Authorization: Bearer {secret})")
+        return "CORRECT"
+
+    scripted.default = reply
+    db = tmp_path / "x.duckdb"
+    with priced_scripted_model() as model:
+        args = ["experiment", "run", "--dataset", str(ROOT / "datasets" / "tiny.jsonl"), "--window", "2",
+                "--answerer", model, "--judge", model, "--concurrency", "1", "--json", "--db", str(db)]
+        declined = CliRunner().invoke(cli, args, input="n\n", catch_exceptions=False)
+        assert declined.exit_code == 1 and "judging included" in declined.stderr and "cost about $" in declined.stderr
+        assert json.loads(declined.stdout.strip().splitlines()[-1])["status"] == "failed" and not graded
+        code, out, err = invoke(*args, "--yes")
+        assert code == 1
+        ending = json.loads(out.strip().splitlines()[-1])
+        assert ending["status"] == "failed" and "judging failed: the judge model scripted/priced failed" in err
+        assert "[OPENAI_API_KEY]" in err and secret not in out + err
+        experiment_id = ending["experiment_id"]
+        with RunStore(str(db)) as store:
+            assert store.experiment(experiment_id)["status"] == "failed"
+        code, out, err = invoke("experiment", "resume", experiment_id, "--json", "--db", str(db))
+        assert code == 0, err
+        [config] = json.loads(out.strip().splitlines()[-1])["configs"]
+    with RunStore(str(db)) as store:
+        [run] = store.experiment_runs(experiment_id).itertuples()
+        answers = store.probes(run.run_id).query("method == 'llm_judge'")
+        assert len(answers) and all("[OPENAI_API_KEY]" in a and secret not in a for a in answers.answer)
+        assert run.judge_calls == 2 * len(answers) and run.judge_cost_usd > 0
+    assert config["judge_calls"] == run.judge_calls and config["cost_usd"] == pytest.approx(run.judge_cost_usd)
+    assert config["judged_accuracy"] == 1.0
+    assert secret.encode() not in db.read_bytes()
+
+
 def test_the_backlog_ceiling_is_a_grid_dimension(tmp_path) -> None:
     # one message observed per read while two arrive: without a ceiling the backlog keeps growing
     code, out, err = invoke("experiment", "run", "--dataset", str(DEMO), "--observation-threshold", "20",

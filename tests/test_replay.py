@@ -139,7 +139,7 @@ def test_a_version_1_store_is_upgraded_and_keeps_its_rows(tmp_path) -> None:
                 "messages) VALUES ('old', now(), now(), 'd', 'c', '{}', 'running', 3)")
     con.close()
     with RunStore(path) as s:
-        assert s.schema_version() == len(MIGRATIONS) == 4
+        assert s.schema_version() == len(MIGRATIONS) == 5
         [row] = s.model_calls("old").to_dict("records")
         assert row["stage"] == "reflect" and row["attempts"] == 1 and row["trimmed"] == False  # noqa: E712
         run = s.run("old")  # an old 'running' row names no owner: nothing says it died, so it stays

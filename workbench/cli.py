@@ -331,6 +331,11 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
 
     if bool(answerer) != bool(judge):
         raise click.UsageError("--answerer and --judge go together")
+    if answerer and judge:  # refused before the replay, not after it
+        from .judge import unusable
+
+        if trouble := unusable(answerer, judge):
+            raise click.ClickException(f"cannot judge here: {trouble}")
     if resume:
         _refuse_with_resume(click.get_current_context(), RESUME_FIXES)
     with _using_store(db, existing=bool(resume)) as store:
@@ -561,14 +566,23 @@ def _run_judge(store, result, conv, config, answerer, judge, yes, quiet) -> None
     click.echo(f"LLM-judged retention: {estimate.describe()}", err=True)
     if not yes and not click.confirm("Run it?", default=True, err=True):
         return
+    costs: list[float | None] = []
     try:
-        rows = _run_async(judging.judge_probes(probes, context, answerer=answerer, judge=judge))
+        rows = _run_async(judging.judge_probes(probes, context, answerer=answerer, judge=judge, spent=costs.append))
     except KeyboardInterrupt:
-        _exit_interrupted(f"\ninterrupted: no judged score was stored; run {result.run_id} is kept as replayed")
-    store.replace_probes(result.run_id, rows, ["llm_judge"])
+        _exit_interrupted(f"\ninterrupted: no judged score was stored; run {result.run_id} is kept as replayed",
+                          as_json=quiet, fields=lambda: {"run_id": result.run_id})
+    except judging.JudgeFailed as exc:
+        failure = click.ClickException(f"{exc}; no judged score was stored, run {result.run_id} is kept as replayed")
+        failure.json_fields = {"run_id": result.run_id, "error": str(exc)}  # type: ignore[attr-defined]
+        raise failure from None
+    total = None if any(c is None for c in costs) else float(sum(c for c in costs if c))
+    store.record_judging(result.run_id, rows, len(costs), total)
     scores = [r["score"] for r in rows]
     if scores and not quiet:
-        click.echo(f"LLM-judged accuracy: {sum(scores) / len(scores):.3f} over {count(len(scores), 'probe')}")
+        spent = "cost unknown (a model's price is not known)" if total is None else f"cost {money(total, 4)}"
+        click.echo(f"LLM-judged accuracy: {sum(scores) / len(scores):.3f} over {count(len(scores), 'probe')} "
+                   f"({count(len(costs), 'call')}, {spent})")
 
 
 @cli.command()
@@ -862,6 +876,11 @@ def _print_report(data: dict[str, Any]) -> None:
                    f"{money(c['cost_usd']):>7}")
         for error in c["errors"]:
             click.echo(f"    failed: {error}", err=True)
+    judged = [c for c in data["configs"] if c.get("judge_calls")]
+    if judged:  # (the cost column includes these calls)
+        _echo_wrapped("LLM-judged accuracy: " + "; ".join(
+            f"{c['label']} {display(c['judged_accuracy'])}" for c in judged)
+            + f" (the cost includes {count(sum(c['judge_calls'] for c in judged), 'answerer and judge call')})")
     if data.get("uneven_note"):
         _echo_wrapped(data["uneven_note"])
     for comparison in data["comparisons"]:
@@ -950,13 +969,26 @@ def experiment_run(dataset, fmt, conversations, observation, reflection, windows
         chosen = ex.choose_conversations(list(listed), conversations, dataset)  # before announcing the plan
         if unscored := ex.unscored_warning([listed[c] for c in chosen]):
             click.echo(f"warning: {unscored}", err=True)
+        if judge and answerer:  # (the judging comes after every replay: refused now, not then)
+            from .judge import unusable
+
+            if trouble := unusable(answerer, judge):
+                raise ex.ExperimentError(f"cannot judge here: {trouble}")
         runnable = [c for n, c in zip(names, grid) if not problems[n]]  # the others make no call: cost nothing
         estimate = ex.estimate_cost([listed[c].tokens for c in chosen if c in listed], runnable)
+        judging = (ex.estimate_judging([listed[c] for c in chosen], runnable, answerer, judge)
+                   if judge and answerer else 0.0)
+        estimate = None if estimate is None or judging is None else estimate + judging
         runs = len(chosen) * len(grid)
         cost = "free (offline model)" if estimate == 0 else (
             f"about {money(estimate, 4)} (an estimate meant to err high)" if estimate is not None else "unknown (a model's price is not known)")
+        if judge and answerer and judging != 0:
+            cost += f", judging included ({answerer} answers, {judge} grades: 2 calls per probe)"
         click.echo(f"{count(runs, 'run')}: {count(len(chosen), 'conversation')} × "
                    f"{count(len(grid), 'configuration')}; cost {cost}", err=True)
+        if estimate is None and max_cost is not None:
+            click.echo("warning: --max-cost counts only the calls whose price litellm knows: the others are not "
+                       "counted, so the limit may not stop this experiment", err=True)
         if estimate != 0 and not yes and not click.confirm("Start?", default=True, err=True):  # (None: unknown price)
             raise click.ClickException("not started (pass --yes to start a paid experiment without asking)")
         experiment_id = ex.create_experiment(store, dataset=dataset, grid=grid, options=options,

@@ -7,6 +7,7 @@
      ├── ConfigurationError       (a replay that cannot start: unknown model, missing key, a setting)
      ├── CacheUnavailable         (workbench.cache: the cache folder cannot be written)
      ├── ExperimentError          (workbench.experiments: an experiment that cannot start)
+     ├── JudgeFailed              (workbench.judge: an answerer or judge call failed, reason cleaned)
      └── ReplayFailed             (a compaction call failed mid-replay; carries the partial result)
 """
 

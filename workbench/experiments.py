@@ -189,6 +189,25 @@ def estimate_cost(conversation_tokens: Sequence[int], grid: Sequence[Any]) -> fl
     return total
 
 
+def estimate_judging(conversations: Sequence[Any], grid: Sequence[Any], answerer: str, judge: str) -> float | None:
+    """A rough estimate in USD of LLM-judged accuracy over ``conversations`` (``ConversationInfo``s)
+    for each configuration of ``grid`` (``None`` when a model's price is unknown), meant to err
+    high: every probe is asked (two calls), the answerer reading a final context as large as the
+    memory can be (both thresholds) plus the window, or the whole conversation when smaller."""
+    answering, grading = _price(answerer), _price(judge)
+    if answering is None or grading is None:
+        return None
+    total = 0.0
+    for config in grid:
+        for info in conversations:
+            per_message = info.tokens / max(info.messages, 1)
+            context = min(info.tokens, config.observation_threshold + config.reflection_threshold
+                          + per_message * config.last_messages)
+            total += info.probes * ((context + 150) * answering[0] + 40 * answering[1]
+                                    + 250 * grading[0] + 5 * grading[1])
+    return total
+
+
 # -- running ---------------------------------------------------------------------------------------
 
 @dataclass
@@ -539,7 +558,23 @@ async def run_experiment(store: Any, experiment_id: str, *, progress: Callable[[
                                     time.perf_counter() - started)
         raise
     if status == "completed" and options.judge and options.answerer:
-        await _judge_experiment(store, experiment_id, options)
+        from .judge import JudgeFailed
+
+        try:
+            await _judge_experiment(store, experiment_id, options, add_cost, stop)
+        except JudgeFailed as exc:
+            status, error = "failed", (f"judging failed: {exc}; the runs and the runs already judged are kept: "
+                                       f"finish with: python -m workbench experiment resume {experiment_id}")
+        except BaseException:
+            with ctrl_c_held_back(), stopping():
+                store.finish_experiment(experiment_id, "interrupted", "stopped while judging; finish it with: "
+                                        f"python -m workbench experiment resume {experiment_id}",
+                                        time.perf_counter() - started)
+            raise
+        if stop.is_set() and status == "completed":
+            status, error = "stopped", (f"the cost limit of ${options.max_cost:.4f} was reached while judging "
+                                        f"(${state['cost']:.4f} spent); finish it with: python -m workbench "
+                                        f"experiment resume {experiment_id}")
     elapsed = time.perf_counter() - started
     store.finish_experiment(experiment_id, status, error, elapsed)
     return ExperimentOutcome(experiment_id, status, error, elapsed, state["done"], state["failed"], state["cost"],
@@ -552,7 +587,9 @@ def _any_completed(store: Any, experiment_id: str) -> bool:
 
 def _spent(store: Any, experiment_id: str) -> float:
     runs = store.experiment_runs(experiment_id)
-    return float(runs.cost_usd.dropna().sum()) if not runs.empty else 0.0
+    if runs.empty:
+        return 0.0
+    return float(runs.cost_usd.dropna().sum() + runs.judge_cost_usd.dropna().sum())
 
 
 async def _run_in_processes(tasks: Sequence[Task], options: ExperimentOptions, dataset: str,
@@ -633,21 +670,35 @@ async def _run_in_tasks(tasks: Sequence[Task], options: ExperimentOptions, datas
                 task.cancel()
 
 
-async def _judge_experiment(store: Any, experiment_id: str, options: ExperimentOptions) -> None:
-    """LLM-judged accuracy for every completed run (answerer + judge over the final context)."""
+async def _judge_experiment(store: Any, experiment_id: str, options: ExperimentOptions,
+                            add_cost: Callable[[float], None], stop: asyncio.Event) -> None:
+    """LLM-judged accuracy for every completed run not judged yet (answerer + judge over the final
+    context), each run's calls and cost recorded with it and counted against the cost limit (which
+    stops the judging between runs)."""
     from . import judge as judging
     from .retention import render_context
 
     runs = store.experiment_runs(experiment_id)
     for run in runs[runs.status == "completed"].itertuples():
-        if not store.probes(run.run_id).query("method == 'llm_judge'").empty:
+        if stop.is_set():
+            return
+        if pd.notna(run.judge_calls) or not store.probes(run.run_id).query("method == 'llm_judge'").empty:
             continue
         conversation = load_conversation(run.dataset, run.conversation_id, run.dataset_format)
         context = _final_context(store, run.run_id)
         probes = judging.left_the_window(store, run.run_id, conversation.probes)
+        costs: list[float | None] = []
+
+        def spent(cost: float | None) -> None:
+            costs.append(cost)
+            if cost:
+                add_cost(cost)
+
         rows = await judging.judge_probes(probes, render_context(context), answerer=options.answerer,
-                                          judge=options.judge, completion_kwargs=options.completion_extra())
-        store.replace_probes(run.run_id, rows, ["llm_judge"])
+                                          judge=options.judge, completion_kwargs=options.completion_extra(),
+                                          spent=spent)
+        total = None if any(c is None for c in costs) else float(sum(c for c in costs if c))
+        store.record_judging(run.run_id, rows, len(costs), total)
 
 
 def _final_context(store: Any, run_id: str) -> list[Any]:
@@ -697,6 +748,7 @@ class ConfigSummary:
     per_category: dict[str, dict[str, Any]] = field(default_factory=dict)
     funnel: dict[str, int] = field(default_factory=dict)
     judged_accuracy: float | None = None
+    judge_calls: int = 0  # answerer + judge calls (their cost is in cost_usd)
     errors: list[str] = field(default_factory=list)
     missing: int = 0  # planned runs with no record: never started (an interrupted grid), or deleted
 
@@ -708,6 +760,16 @@ class ConfigSummary:
         out = asdict(self)
         out["retention_ci95"] = list(self.retention_ci95) if self.retention_ci95 else None
         return out
+
+
+def _total_cost(done: pd.DataFrame) -> float | None:
+    """What the completed runs' calls cost, judging included; ``None`` when a price is unknown."""
+    if not len(done) or done.cost_usd.isna().any():
+        return None
+    judged = done[done.judge_calls.fillna(0) > 0]
+    if judged.judge_cost_usd.isna().any():
+        return None
+    return float(done.cost_usd.sum() + judged.judge_cost_usd.sum())
 
 
 def _mean(values: pd.Series) -> float | None:
@@ -782,7 +844,8 @@ def summaries_of(experiment: dict, runs: pd.DataFrame, probes: pd.DataFrame, los
             observer_calls=int(done.observer_calls.fillna(0).sum()),
             reflector_calls=int(done.reflector_calls.fillna(0).sum()),
             input_tokens=int(done.input_tokens.fillna(0).sum()), output_tokens=int(done.output_tokens.fillna(0).sum()),
-            cost_usd=float(done.cost_usd.sum()) if len(done) and done.cost_usd.notna().all() else None,
+            cost_usd=_total_cost(done),
+            judge_calls=int(done.judge_calls.fillna(0).sum()),
             latency_ms_per_call=latency, per_category=per_category,
             funnel=funnel(losses[losses.config_label == label].to_dict("records")),
             judged_accuracy=_mean(judged.score),
@@ -877,7 +940,7 @@ def report(store: Any, experiment_id: str) -> dict[str, Any]:
         # (None: never measured — its process died before any part of it ended)
         "elapsed_s": None if is_missing(experiment["elapsed_s"]) else float(experiment["elapsed_s"]),
         "configs": [{k: s.to_json()[k] for k in keys} | {"per_category": s.per_category, "funnel": s.funnel,
-                                                          "judged_accuracy": s.judged_accuracy, "errors": s.errors}
+                                                          "judged_accuracy": s.judged_accuracy, "judge_calls": s.judge_calls, "errors": s.errors}
                     for s in summaries],
         "comparisons": comparisons, "uneven_note": uneven_note(runs),
     }
@@ -908,6 +971,7 @@ def export_parquet(store: Any, experiment_id: str, folder: str | Path) -> list[P
 
 
 __all__ = ["ConfigSummary", "ExperimentError", "ExperimentOptions", "ExperimentOutcome", "Progress", "STAGES",
-           "choose_conversations", "compare", "config_grid", "create_experiment", "estimate_cost", "export_parquet", "labels",
+           "choose_conversations", "compare", "config_grid", "create_experiment", "estimate_cost", "estimate_judging",
+           "export_parquet", "labels",
            "pending_tasks", "report", "resolve_label", "run_experiment", "status_phrase", "summarise",
            "uneven_note", "unscored_warning"]

@@ -15,9 +15,11 @@ from typing import Any
 
 import litellm
 
+from omem_core._env import error_text, redact_secrets
 from omem_core.tokens import heuristic_count
 
 from .datasets import Probe
+from .errors import WorkbenchError
 
 ANSWER_PROMPT = (
     "Answer the question using only the conversation memory and recent messages below. "
@@ -80,9 +82,31 @@ def estimate(probes: Sequence[Probe], context: str, answerer: str, judge: str) -
     return Estimate(calls=2 * len(scorable), input_tokens=answer_in + judge_in, cost_usd=total)
 
 
-async def _ask(model: str, prompt: str, **kwargs) -> str:
-    response = await litellm.acompletion(model=model, messages=[{"role": "user", "content": prompt}], **kwargs)
-    return (response.choices[0].message.content or "").strip()
+class JudgeFailed(WorkbenchError, RuntimeError):
+    """An answerer or judge call failed (the reason has any secret replaced by its name); nothing
+    judged of the run was stored."""
+
+
+def unusable(answerer: str, judge: str) -> str | None:
+    """Why the answerer or judge cannot be called here (an unknown model, a missing provider key),
+    asked of litellm without a call, or ``None``: a judged run is refused before it starts."""
+    from .models import unusable_models
+
+    bad = unusable_models([answerer, judge])
+    return "; ".join(f"{s.model}: {s.reason}" for s in bad) or None
+
+
+async def _ask(model: str, role: str, prompt: str, spent: Callable[[float | None], None] | None,
+               **kwargs) -> str:
+    try:
+        response = await litellm.acompletion(model=model, messages=[{"role": "user", "content": prompt}], **kwargs)
+        text = response.choices[0].message.content or ""
+    except Exception as exc:  # a provider's error may quote the key it was sent: never carried further
+        raise JudgeFailed(f"the {role} model {model} failed: {error_text(exc)}") from None
+    if spent is not None:
+        cost = (getattr(response, "_hidden_params", None) or {}).get("response_cost")
+        spent(float(cost) if isinstance(cost, (int, float)) else None)
+    return redact_secrets(text.strip())
 
 
 def verdict_word(verdict: str) -> str:
@@ -106,9 +130,15 @@ def left_the_window(store: Any, run_id: str, probes: Sequence[Probe]) -> list[Pr
 async def judge_probes(
     probes: Sequence[Probe], context: str, *, answerer: str, judge: str, concurrency: int = 4,
     progress: Callable[[int, int], None] | None = None, completion_kwargs: dict | None = None,
+    spent: Callable[[float | None], None] | None = None,
 ) -> list[dict]:
     """Answer and grade every probe with a gold answer, and every abstention probe (the right answer
-    to a question the conversation never answers is to decline); one row per probe."""
+    to a question the conversation never answers is to decline); one row per probe. ``spent`` is
+    told each call's cost (``None``: litellm does not know the model's price).
+
+    Raises:
+        JudgeFailed: a call failed (its reason cleaned of secrets); no row is returned.
+    """
     scorable = [p for p in probes if p.gold or getattr(p, "abstention", False)]
     gate = asyncio.Semaphore(concurrency)
     done = 0
@@ -117,10 +147,10 @@ async def judge_probes(
     async def one(probe: Probe) -> dict:
         nonlocal done
         async with gate:
-            answer = await _ask(answerer, answer_prompt(probe, context), **kwargs)
+            answer = await _ask(answerer, "answerer", answer_prompt(probe, context), spent, **kwargs)
             gold = probe.gold if probe.gold else abstention_gold(probe)
-            verdict = await _ask(judge, JUDGE_PROMPT.format(question=probe.question, gold=gold, answer=answer),
-                                 **kwargs)
+            verdict = await _ask(judge, "judge", JUDGE_PROMPT.format(question=probe.question, gold=gold,
+                                                                     answer=answer), spent, **kwargs)
         done += 1
         if progress is not None:
             progress(done, len(scorable))
@@ -130,4 +160,9 @@ async def judge_probes(
                 "evidence_in_window": None, "score": 1.0 if word == "CORRECT" else 0.0,
                 "answer": answer}
 
-    return list(await asyncio.gather(*(one(p) for p in scorable)))
+    tasks = [asyncio.ensure_future(one(p)) for p in scorable]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:  # one failed (or we were cancelled): the others stop now, not in the background
+        for task in tasks:
+            task.cancel()

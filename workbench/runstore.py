@@ -214,9 +214,15 @@ CREATE TABLE probe_losses (
 );
 """
 
+_M005 = """
+ALTER TABLE runs ADD COLUMN judge_calls INTEGER;       -- answerer + judge calls of LLM-judged accuracy
+ALTER TABLE runs ADD COLUMN judge_cost_usd DOUBLE;     -- their cost; NULL when a model's price is unknown
+"""
+
 MIGRATIONS: list[tuple[int, str, str]] = [(1, "initial", _M001), (2, "reflection tightening", _M002),
                                           (3, "run owners and planned steps", _M003),
-                                          (4, "experiments, loss attribution, traces", _M004)]
+                                          (4, "experiments, loss attribution, traces", _M004),
+                                          (5, "judging calls and cost", _M005)]
 
 RUN_TABLES = ("probe_losses", "probes", "model_calls", "records", "steps", "messages", "runs")
 
@@ -346,6 +352,11 @@ def _record_values(row: dict[str, Any]) -> list[Any]:
     record = row["record"]
     return [row["step"], record.id, record.thread_id, record.resource_id, record.kind,
             json.dumps(list(record.source_ids)), redact_secrets(record.text), row["tokens"], record.created_at]
+
+
+def _redacted_answer(row: dict[str, Any]) -> dict[str, Any]:
+    """A probe row with a model's answer cleaned of secrets (an answerer may quote its key)."""
+    return {**row, "answer": redact_secrets(row["answer"])} if row.get("answer") else row
 
 
 def redact_secrets(text: Any) -> Any:
@@ -779,7 +790,17 @@ class RunStore:
             _require_run(cur, run_id, self.path)
             for method in methods:
                 cur.execute("DELETE FROM probes WHERE run_id = ? AND method = ?", [run_id, method])
-            _insert_dicts(cur, "probes", run_id, rows)
+            _insert_dicts(cur, "probes", run_id, [_redacted_answer(row) for row in rows])
+
+    def record_judging(self, run_id: str, rows: list[dict[str, Any]], calls: int, cost_usd: float | None) -> None:
+        """A run's LLM-judged probes (method ``llm_judge``) with what judging them took: its
+        answerer and judge calls and their cost (``None``: a model's price is unknown)."""
+        with self._transaction() as cur:
+            _require_run(cur, run_id, self.path)
+            cur.execute("DELETE FROM probes WHERE run_id = ? AND method = 'llm_judge'", [run_id])
+            _insert_dicts(cur, "probes", run_id, [_redacted_answer(row) for row in rows])
+            cur.execute("UPDATE runs SET judge_calls = ?, judge_cost_usd = ?, updated_at = ? WHERE run_id = ?",
+                        [calls, cost_usd, _now(), run_id])
 
     def delete_run(self, run_id: str) -> None:
         """Delete a run and everything recorded of it (:class:`RunBusy` while another live process
