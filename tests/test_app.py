@@ -675,6 +675,18 @@ def test_resume_export_and_delete_an_experiment(db: Path) -> None:
     assert any("No experiments yet" in i.value for i in at.info)
 
 
+def test_a_cost_limit_over_a_model_of_unknown_price_is_said_not_to_hold(db: Path, scripted) -> None:
+    """The limit counts only priced calls: over a model litellm has no price for it never stops
+    the experiment, and the page said nothing of it."""
+    at = app("experiments")
+    at.multiselect(key="xp_observers").set_value(["scripted/model"])
+    at.multiselect(key="xp_reflectors").set_value(["none"]).run()
+    assert any("Estimated cost: unknown" in shown(i.value) for i in at.info)
+    assert not any("may not stop" in w.value for w in at.warning)
+    at.number_input(key="xp_max_cost").set_value(1.0).run()
+    assert any("the limit may not stop this experiment" in w.value for w in at.warning), [w.value for w in at.warning]
+
+
 def test_an_experiment_with_a_configuration_that_cannot_run_is_never_shown_as_a_plain_success(
         db: Path, monkeypatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)

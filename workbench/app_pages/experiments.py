@@ -125,6 +125,9 @@ with st.expander("New experiment", expanded=existing.empty):
         st.info(ui.plain(f"{fmt.count(len(conversations) * len(grid), 'run')}: "
                          f"{fmt.count(len(conversations), 'conversation')} × "
                          f"{fmt.count(len(grid), 'configuration')}. Estimated cost: {priced}."))
+        if cost is None and max_cost:
+            st.warning("The cost limit counts only the calls whose price litellm knows: a model here has an "
+                       "unknown price, so the limit may not stop this experiment.")
         if warning := offline_prompt_warning(grid):
             st.warning(warning[:1].upper() + warning[1:].replace("--observer/--reflector", "observer/reflector"))
         if unscored := unscored_warning(conversations):
