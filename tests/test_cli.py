@@ -258,6 +258,21 @@ def test_a_dataset_put_in_the_shared_folder_is_listed_and_usable_by_name(tmp_pat
     assert json.loads(out.strip().splitlines()[-1])["status"] == "completed"
 
 
+def test_without_a_reflector_the_reflection_thresholds_make_no_more_configurations(tmp_path) -> None:
+    """`sweep --reflector none` crossed the default reflection thresholds with the others: six runs
+    of two configurations, each replayed three times under different names (experiments too)."""
+    code, out, err = invoke("sweep", "--dataset", TINY, "--reflector", "none,omem/extractive",
+                            "--observation-threshold", "40,80", "--reflection-threshold", "60,120", "--json",
+                            "--db", str(tmp_path / "s.duckdb"))
+    assert code == 0, err
+    runs = json.loads(out.strip().splitlines()[-1])["runs"]
+    assert len(runs) == 2 + 4  # without a reflector: one per observation threshold; with one: 2 × 2
+    code, out, err = invoke("experiment", "run", "--dataset", TINY, "--reflector", "none",
+                            "--observation-threshold", "40,80", "--json", "--db", str(tmp_path / "e.duckdb"))
+    assert code == 0, err
+    assert len(json.loads(out.strip().splitlines()[-1])["configs"]) == 2
+
+
 def test_a_value_given_twice_in_a_list_option_is_one_configuration(tmp_path) -> None:
     code, out, err = invoke("experiment", "run", "--dataset", TINY, "--observation-threshold", "40,40",
                             "--observer", "omem/extractive,omem/extractive", "--concurrency", "1", "--json",

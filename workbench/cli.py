@@ -616,8 +616,6 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
 
     A configuration that fails (an unknown model, a missing key, a model error) is listed with
     its error; the others still run."""
-    import itertools
-
     from .datasets import load_conversation
     from .replay import ReplayConfig, run_sweep
 
@@ -626,16 +624,16 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
             conv = load_conversation(dataset, conversation, fmt)
             for warning in conv.warnings:
                 click.echo(f"warning: {warning}", err=True)
-            grid = [
-                ReplayConfig(observer=o, reflector=None if r.lower() == "none" else r, observation_threshold=ot,
-                             reflection_threshold=rt, last_messages=w, token_counter=token_counter,
-                             observer_prompt=_resolve_prompt(store, "observer", op),
-                             reflector_prompt=_resolve_prompt(store, "reflector", rp))
-                for o, r, ot, rt, w, op, rp in itertools.product(observers, reflectors, observation, reflection, windows,
-                                                                 observer_prompts or [None], reflector_prompts or [None])
-            ]
+            from .experiments import config_grid, labels, offline_prompt_warning
 
-            from .experiments import labels, offline_prompt_warning
+            # (as an experiment's grid: without a reflector, one configuration per other setting,
+            # not one per reflection threshold, each the same replay)
+            grid = config_grid(
+                observers=observers, reflectors=[None if r.lower() == "none" else r for r in reflectors],
+                observation=observation, reflection=reflection, windows=windows,
+                observer_prompts=[_resolve_prompt(store, "observer", v) for v in observer_prompts or [None]],
+                reflector_prompts=[_resolve_prompt(store, "reflector", v) for v in reflector_prompts or [None]],
+                token_counter=token_counter)
 
             if warning := offline_prompt_warning(grid):
                 click.echo(f"warning: {warning}", err=True)

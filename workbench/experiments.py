@@ -99,15 +99,24 @@ def config_grid(*, observers: Sequence[str], reflectors: Sequence[str | None], o
                 reflector_prompts: Sequence[Any], token_counter: str = "heuristic",
                 timeout: float | None = None, cache: bool = True,
                 max_backlogs: Sequence[int | None] = (None,)) -> list[Any]:
-    """Every combination, in a stable order (models, thresholds, window, prompts, backlog ceiling)."""
+    """Every combination, in a stable order (models, thresholds, window, prompts, backlog ceiling).
+    Without a reflector (``None``), the reflection thresholds and reflector prompts change nothing:
+    such a configuration is made once, with the first of each (not once per value, the same
+    replay run several times under different names)."""
     from .replay import ReplayConfig
 
-    grid = [ReplayConfig(observer=o, reflector=r, observation_threshold=ot, reflection_threshold=rt, last_messages=w,
-                         token_counter=token_counter, observer_prompt=op, reflector_prompt=rp, timeout=timeout,
-                         cache=cache, max_backlog=mb)
-            for o, r, ot, rt, w, op, rp, mb in itertools.product(observers, reflectors, observation, reflection,
-                                                                 windows, observer_prompts, reflector_prompts,
-                                                                 max_backlogs)]
+    grid, seen = [], set()
+    for o, r, ot, rt, w, op, rp, mb in itertools.product(observers, reflectors, observation, reflection, windows,
+                                                          observer_prompts, reflector_prompts, max_backlogs):
+        if r is None:
+            rt, rp = reflection[0], reflector_prompts[0]
+        config = ReplayConfig(observer=o, reflector=r, observation_threshold=ot, reflection_threshold=rt,
+                              last_messages=w, token_counter=token_counter, observer_prompt=op, reflector_prompt=rp,
+                              timeout=timeout, cache=cache, max_backlog=mb)
+        key = json.dumps(config.to_json(), sort_keys=True, default=str)
+        if key not in seen:
+            seen.add(key)
+            grid.append(config)
     if not grid:
         raise ExperimentError("the grid is empty: give at least one value for every setting")
     return grid
