@@ -282,11 +282,23 @@ def test_a_value_given_twice_in_a_list_option_is_one_configuration(tmp_path) -> 
     assert config["config"]["observation_threshold"] == 40
 
 
-def test_model_error_then_resume(scripted: Scripted) -> None:
+def test_model_error_then_resume(scripted: Scripted, tmp_path) -> None:
     scripted.replies = ["- a", RuntimeError("rate limited")]
-    code, out, err = invoke("replay", "--dataset", str(DEMO_DATASET), "--observer", "scripted/model",
-                            "--reflector", "none", "--observation-threshold", "300", "--no-cache", "--json")
-    assert code == 1 and "rate limited" in err and "--resume" in err
+    args = ["replay", "--dataset", str(DEMO_DATASET), "--observer", "scripted/model", "--reflector", "none",
+            "--observation-threshold", "300", "--no-cache", "--json"]
+    # A model that is not the offline one: asked before it starts (its price is unknown), as an
+    # experiment asks (a replay or a sweep on a paid model started unasked, its cost never shown).
+    declined = CliRunner().invoke(cli, args, input="n\n", catch_exceptions=False)
+    assert declined.exit_code == 1 and "cost unknown (a model's price is not known)" in declined.stderr
+    assert not scripted.calls and json.loads(declined.stdout.strip().splitlines()[-1])["status"] == "failed"
+    declined = CliRunner().invoke(cli, ["sweep", "--dataset", TINY, "--observer", "scripted/model", "--reflector",
+                                        "none", "--observation-threshold", "40,80"], input="n\n",
+                                  catch_exceptions=False)
+    assert declined.exit_code == 1 and "sweep of 2 configurations on tiny: cost unknown" in declined.stderr
+    with RunStore(tmp_path / "cli.duckdb") as store:
+        assert store.runs().empty and not scripted.calls
+    code, out, err = invoke(*args, "--yes")
+    assert code == 1 and "rate limited" in err and "--resume" in err and "Start?" not in err
     failed = json.loads(out.strip().splitlines()[-1])
     assert failed["status"] == "failed" and failed["steps"] > 0
     # options the resumed run would ignore (it keeps its recorded configuration) are refused, not dropped
@@ -295,7 +307,7 @@ def test_model_error_then_resume(scripted: Scripted) -> None:
     assert code == 2 and "--observer, --observation-threshold cannot be given with it" in err
     code, _, err = invoke("replay", "--resume", failed["run_id"], "--label", "renamed")
     assert code == 2 and "--label cannot be given with it" in err  # (it was dropped without a word)
-    code, out, _ = invoke("replay", "--resume", failed["run_id"], "--json")
+    code, out, _ = invoke("replay", "--resume", failed["run_id"], "--json", "--yes")
     resumed = json.loads(out.strip().splitlines()[-1])
     assert code == 0 and resumed["run_id"] == failed["run_id"] and resumed["status"] == "completed"
     code, out, err = invoke("replay", "--resume", failed["run_id"], "--json")  # nothing left to do: still JSON

@@ -111,10 +111,10 @@ def test_resume_reports_the_whole_run(tmp_path) -> None:
         scripted.replies = ["- a", "- b", RuntimeError("rate limited")]
         code, out, _ = invoke("replay", "--dataset", str(ROOT / "datasets" / "demo.jsonl"), "--observer",
                               "scripted/model", "--reflector", "none", "--observation-threshold", "300",
-                              "--no-cache", "--json", "--db", db)
+                              "--no-cache", "--json", "--yes", "--db", db)
         failed = json.loads(out.strip().splitlines()[-1])
         assert code == 1 and failed["partial"] and failed["observer_calls"] == 3  # two saved, one failed
-        code, out, _ = invoke("replay", "--resume", failed["run_id"], "--json", "--db", db)
+        code, out, _ = invoke("replay", "--resume", failed["run_id"], "--json", "--yes", "--db", db)
     resumed = json.loads(out.strip().splitlines()[-1])
     with RunStore(db) as store:
         run = store.run(failed["run_id"])

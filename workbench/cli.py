@@ -164,6 +164,24 @@ def _dataset_name(path: str) -> str:
     return names.get(str(Path(path).resolve()), short_path(path)) if path else "?"
 
 
+def _ask_before_paying(grid: list[Any], tokens: int, yes: bool, what: str) -> None:
+    """Say what a replay or sweep on paid models should cost (or that the price is unknown) and
+    ask before it starts, as an experiment does; the offline model is free and asks nothing.
+    Declined (or no answer): a ``ClickException`` (under ``--json``, its JSON line)."""
+    from .experiments import estimate_cost
+    from .replay import configuration_problem
+
+    runnable = [c for c in grid if not configuration_problem(c)]  # the others are refused without a call
+    estimate = estimate_cost([tokens], runnable)
+    if estimate == 0:  # the offline model, or nothing that can run here
+        return
+    cost = (f"about {money(estimate, 4)} (an estimate meant to err high)" if estimate is not None
+            else "unknown (a model's price is not known)")
+    click.echo(f"{what}: cost {cost}", err=True)
+    if not yes and not click.confirm("Start?", default=True, err=True):
+        raise click.ClickException("not started (pass --yes to start a paid replay without asking)")
+
+
 def _print_summary(result: ReplayResult, probes: int | None = None, source: str = "") -> None:
     """The run's figures, each line under 100 columns; ``probes``: the conversation's probes, so
     that those not scored (no gold answer, as abstention questions; or evidence still in the final
@@ -173,8 +191,9 @@ def _print_summary(result: ReplayResult, probes: int | None = None, source: str 
     if result.partial:
         state += f" at step {s['steps']} of {s['planned_steps']} (figures below are partial: that prefix only)"
     click.echo(f"run {s['run_id'] or '(not recorded)'}: {state}" + (f" · {source}" if source else ""))
+    spent = "cost unknown (a model's price is not known)" if s["cost_usd"] is None else f"cost {money(s['cost_usd'])}"
     click.echo(f"  messages {s['messages']}, reads {s['steps']}, observer calls {s['observer_calls']}, "
-               f"reflector calls {s['reflector_calls']}, cache hits {s['cache_hits']}")
+               f"reflector calls {s['reflector_calls']}, cache hits {s['cache_hits']}, {spent}")
     click.echo(f"  full history {s['full_history_tokens']:,} tokens -> final context {s['final_context_tokens']:,} "
                f"tokens: compression {ratio(s['compression'])}")
     waiting = s.get("probes_in_window", 0)
@@ -313,7 +332,7 @@ def cli() -> None:
 @click.option("--no-cache", is_flag=True, help="Do not serve repeated model calls from litellm's cache.")
 @click.option("--answerer", help="LLM-judged retention: model that answers probes.")
 @click.option("--judge", help="LLM-judged retention: model that grades answers.")
-@click.option("--yes", is_flag=True, help="Do not ask before paid judge calls.")
+@click.option("--yes", is_flag=True, help="Do not ask before a paid replay or paid judge calls.")
 @click.option("--resume", "resume", metavar="RUN_ID", help="Continue an interrupted or failed run.")
 @click.option("--label", "--name", "label", help="A name for the run.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line of stdout.")
@@ -360,6 +379,9 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
                 timeout=timeout, cache=not no_cache, max_backlog=max_backlog)
         for warning in conv.warnings:
             click.echo(f"warning: {warning}", err=True)
+        from .datasets.base import ConversationInfo
+
+        _ask_before_paying([config], ConversationInfo.of(conv).tokens, yes, f"replay of {conv.id}")
         known = set() if resume else set(store.runs().run_id)
         try:
             result = _run_async(replay(conv, config, store, resume=resume, label=label,
@@ -607,11 +629,12 @@ def _run_judge(store, result, conv, config, answerer, judge, yes, quiet) -> None
 @click.option("--token-counter", type=click.Choice(TOKEN_COUNTERS), default="heuristic", show_default=True,
               help="How tokens are counted for thresholds and figures.")
 @click.option("--concurrency", type=click.IntRange(1, 64), default=4, show_default=True, help="Runs at once.")
+@click.option("--yes", is_flag=True, help="Do not ask before a paid sweep starts.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line of stdout.")
 @DB_OPTION
 @json_errors
 def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflection, windows, observer_prompts,
-          reflector_prompts, token_counter, concurrency, as_json, db) -> None:
+          reflector_prompts, token_counter, concurrency, yes, as_json, db) -> None:
     """Replay a grid of configurations (bounded concurrency) into one run store.
 
     A configuration that fails (an unknown model, a missing key, a model error) is listed with
@@ -653,17 +676,22 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
                 name = names.get(id(config), config.label())
                 click.echo(f"[{finished}/{total}] {result.run_id or '-'} {name}: {figures}", err=True)
 
+            from .datasets.base import ConversationInfo
+
+            _ask_before_paying(grid, ConversationInfo.of(conv).tokens, yes,
+                               f"sweep of {count(len(grid), 'configuration')} on {conv.id}")
             results = _run_async(run_sweep(conv, grid, store, concurrency, on_done=report))
             table = [{**r.summary(), "config": config.label()} for config, r in zip(grid, results)]
             if as_json:
                 click.echo(json.dumps({"runs": table}))
             else:
-                click.echo(f"{'run':<24} {'compr':>7} {'retention':>9} {'status':>10}  configuration")
+                click.echo(f"{'run':<24} {'compr':>7} {'retention':>9} {'cost':>8} {'status':>10}  configuration")
                 for name, result in zip(short, results):
                     row = result.summary()
                     done = result.status == "completed"
                     click.echo(f"{row['run_id'] or '-':<24} {ratio(row['compression'] if done else None):>7} "
-                               f"{share(row.get('retention')):>9} {row['status']:>10}  {name}")
+                               f"{share(row.get('retention')):>9} {money(row['cost_usd']):>8} {row['status']:>10}  "
+                               f"{name}")
                 failed = [(c, r) for c, r in zip(grid, results) if r.status != "completed"]
                 for config, result in failed:
                     click.echo(f"failed: {names.get(id(config), config.label())}: {result.error}", err=True)
