@@ -507,6 +507,31 @@ def test_judging_is_priced_asked_about_counted_cleaned_of_keys_and_a_failure_is_
     assert secret.encode() not in db.read_bytes()
 
 
+def test_what_failed_and_replaced_runs_spent_stays_counted(scripted, tmp_path) -> None:
+    """A failed run's calls were paid for, but the totals counted completed runs only, and a resume
+    deleted the failed run with its cost: the money disappeared from the record."""
+    db = tmp_path / "x.duckdb"
+    scripted.replies = ["- a", "- b", RuntimeError("rate limited")]
+    with priced_scripted_model() as model:
+        args = ["--dataset", str(ROOT / "datasets" / "tiny.jsonl"), "--observer", model, "--reflector", "none",
+                "--observation-threshold", "30", "--window", "2", "--concurrency", "1", "--no-cache", "--json",
+                "--db", str(db)]
+        code, out, err = invoke("experiment", "run", *args, "--yes")
+        first = json.loads(out.strip().splitlines()[-1])
+        assert code == 1 and first["configs"][0]["failed"] == 1
+        with RunStore(str(db)) as store:
+            [failed] = store.experiment_runs(first["experiment_id"]).itertuples()
+        assert failed.status == "failed" and failed.cost_usd > 0
+        assert first["spent_usd"] == pytest.approx(failed.cost_usd)  # (the table's cost: completed runs only)
+        code, out, err = invoke("experiment", "resume", first["experiment_id"], "--json", "--db", str(db))
+        assert code == 0, err
+        again = json.loads(out.strip().splitlines()[-1])
+        code, shown, _ = invoke("experiment", "show", first["experiment_id"], "--db", str(db))
+    completed = again["configs"][0]["cost_usd"]
+    assert completed > 0 and again["spent_usd"] == pytest.approx(completed + failed.cost_usd)
+    assert "spent in all: $" in shown and "runs a resume replaced included" in " ".join(shown.split())
+
+
 def test_the_backlog_ceiling_is_a_grid_dimension(tmp_path) -> None:
     # one message observed per read while two arrive: without a ceiling the backlog keeps growing
     code, out, err = invoke("experiment", "run", "--dataset", str(DEMO), "--observation-threshold", "20",

@@ -902,6 +902,11 @@ def _print_report(data: dict[str, Any]) -> None:
                    f"{money(c['cost_usd']):>7}")
         for error in c["errors"]:
             click.echo(f"    failed: {error}", err=True)
+    shown = [c["cost_usd"] for c in data["configs"]]
+    spent = data.get("spent_usd") or 0.0
+    if spent and (None in shown or abs(spent - sum(shown)) > 1e-9):  # (the table counts completed runs only)
+        _echo_wrapped(f"spent in all: {money(spent)} (calls whose price litellm knows, failed runs and runs a resume "
+                      "replaced included; the cost column counts the completed runs)")
     judged = [c for c in data["configs"] if c.get("judge_calls")]
     if judged:  # (the cost column includes these calls)
         _echo_wrapped("LLM-judged accuracy: " + "; ".join(

@@ -323,10 +323,9 @@ def outcome_message(experiment_id: str, outcome: ExperimentOutcome) -> tuple[str
 
 
 def _clear_unfinished(store: Any, experiment_id: str) -> None:
-    """Runs of the experiment that did not complete are replaced by the resume's new runs."""
-    runs = store.experiment_runs(experiment_id)
-    for run_id in runs[runs.status != "completed"].run_id:
-        store.delete_run(run_id)
+    """Runs of the experiment that did not complete are replaced by the resume's new runs (what
+    they spent stays counted in the experiment's ``replaced_cost_usd``)."""
+    store.replace_unfinished_runs(experiment_id)
 
 
 def _replay_one(dataset: str, dataset_format: str | None, task: Task, extra: dict[str, Any],
@@ -595,10 +594,14 @@ def _any_completed(store: Any, experiment_id: str) -> bool:
 
 
 def _spent(store: Any, experiment_id: str) -> float:
+    """What the experiment's calls have cost so far: every run's (failed ones too), their judging,
+    and the runs a resume replaced."""
     runs = store.experiment_runs(experiment_id)
+    replaced = store.experiment(experiment_id).get("replaced_cost_usd")
+    replaced = 0.0 if is_missing(replaced) else float(replaced)
     if runs.empty:
-        return 0.0
-    return float(runs.cost_usd.dropna().sum() + runs.judge_cost_usd.dropna().sum())
+        return replaced
+    return float(runs.cost_usd.dropna().sum() + runs.judge_cost_usd.dropna().sum()) + replaced
 
 
 async def _run_in_processes(tasks: Sequence[Task], options: ExperimentOptions, dataset: str,
@@ -952,6 +955,8 @@ def report(store: Any, experiment_id: str) -> dict[str, Any]:
                                                           "judged_accuracy": s.judged_accuracy, "judge_calls": s.judge_calls, "errors": s.errors}
                     for s in summaries],
         "comparisons": comparisons, "uneven_note": uneven_note(runs),
+        # every call paid for: completed runs (the configurations' cost_usd), failed and replaced ones
+        "spent_usd": _spent(store, experiment_id),
     }
 
 

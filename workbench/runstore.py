@@ -217,6 +217,7 @@ CREATE TABLE probe_losses (
 _M005 = """
 ALTER TABLE runs ADD COLUMN judge_calls INTEGER;       -- answerer + judge calls of LLM-judged accuracy
 ALTER TABLE runs ADD COLUMN judge_cost_usd DOUBLE;     -- their cost; NULL when a model's price is unknown
+ALTER TABLE experiments ADD COLUMN replaced_cost_usd DOUBLE DEFAULT 0;  -- spent by runs a resume replaced
 """
 
 MIGRATIONS: list[tuple[int, str, str]] = [(1, "initial", _M001), (2, "reflection tightening", _M002),
@@ -801,6 +802,27 @@ class RunStore:
             _insert_dicts(cur, "probes", run_id, [_redacted_answer(row) for row in rows])
             cur.execute("UPDATE runs SET judge_calls = ?, judge_cost_usd = ?, updated_at = ? WHERE run_id = ?",
                         [calls, cost_usd, _now(), run_id])
+
+    def replace_unfinished_runs(self, experiment_id: str) -> None:
+        """Delete the experiment's runs that did not complete (a resume replays them), keeping what
+        their calls cost in the experiment's ``replaced_cost_usd``: that money was spent."""
+        with self._transaction() as cur:
+            rows = cur.execute("SELECT run_id, coalesce(cost_usd, 0) + coalesce(judge_cost_usd, 0) FROM runs "
+                               "WHERE experiment_id = ? AND status <> 'completed'", [experiment_id]).fetchall()
+            for run_id, _ in rows:
+                pid = _live_owner(cur, "runs", "run_id", run_id)
+                if pid is not None:
+                    raise RunBusy(f"run {run_id} is being replayed by process {pid} on this host: stop it (or let "
+                                  "it finish) first")
+            for run_id, _ in rows:
+                for table in RUN_TABLES:
+                    cur.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+            spent = sum(float(cost) for _, cost in rows if cost == cost)
+            if spent:
+                cur.execute("UPDATE experiments SET replaced_cost_usd = coalesce(replaced_cost_usd, 0) + ? "
+                            "WHERE experiment_id = ?", [spent, experiment_id])
+        deleted = {run_id for run_id, _ in rows}
+        self._seq = {k: v for k, v in self._seq.items() if k[1] not in deleted}
 
     def delete_run(self, run_id: str) -> None:
         """Delete a run and everything recorded of it (:class:`RunBusy` while another live process
