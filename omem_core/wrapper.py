@@ -519,7 +519,7 @@ class ObservationalMemoryStore:
         history behind the cursor for messages no observation covers (``late``), so its cost
         grows with the thread; reads do not do this."""
         check_read(thread_id, last)
-        plan = await self._plan(thread_id, last)
+        plan = await self._plan(thread_id, last, peek=True)
         records = await self.observations.list(thread_id)
         observe_due = self._observe_due(plan)
         segment: tuple[str, ...] = ()
@@ -573,13 +573,14 @@ class ObservationalMemoryStore:
         return guard
 
     async def _plan(self, thread_id: str, last: int, *, lease: _Lease | None = None,
-                    for_pass: bool = False) -> _Plan:
+                    for_pass: bool = False, peek: bool = False) -> _Plan:
         """What a read of ``last`` sees. For a pass, the delete guard and epoch are read first,
-        so that a delete after this point keeps the pass from saving."""
+        so that a delete after this point keeps the pass from saving. ``peek``: read an inner
+        wrapper without running its passes (:meth:`_peek`), for what must call no model."""
         guard = self._guard(thread_id) if for_pass else None
         deletes = guard.deletes if guard is not None else 0
         epoch = await self._epochs.delete_epoch(thread_id) if for_pass and self._epochs is not None else None
-        window = await self.inner.recall(thread_id, last=last)
+        window = await self._read_inner(thread_id, last, peek=peek)
         view = view_of(await self._recent_records(thread_id))
         backlog = await self._backlog(thread_id, window, view.cursor, last)
         return _Plan(
@@ -595,6 +596,20 @@ class ObservationalMemoryStore:
             epoch=epoch,
             lease=lease,
         )
+
+    async def _read_inner(self, thread_id: str, last: int, *, peek: bool = False) -> list[Message]:
+        """The inner store's cursorless read of ``last``; with ``peek``, an inner wrapper's without
+        its passes: saving and :meth:`inspect` call no model, whatever is stacked below."""
+        if peek and isinstance(self.inner, ObservationalMemoryStore):
+            return await self.inner._peek(thread_id, last)
+        return await self.inner.recall(thread_id, last=last)
+
+    async def _peek(self, thread_id: str, last: int) -> list[Message]:
+        """What :meth:`recall` would return if no pass were due: the memory as recorded now, then
+        the window. No model call, no write."""
+        plan = await self._plan(thread_id, last, peek=True)
+        memory = render_memory(plan.view, thread_id)
+        return ([memory] if memory is not None else []) + plan.window
 
     async def _backlog(
         self, thread_id: str, window: list[Message], cursor: str | None, last: int
@@ -699,7 +714,7 @@ class ObservationalMemoryStore:
             if message.thread_id not in oldest or message.created_at < oldest[message.thread_id].created_at:
                 oldest[message.thread_id] = message
         for thread_id, first in oldest.items():
-            newest = await self.inner.recall(thread_id, last=1)  # (an inner wrapper puts its memory first)
+            newest = await self._read_inner(thread_id, 1, peek=True)  # (an inner wrapper puts its memory first)
             if not newest or first.created_at >= newest[-1].created_at:
                 continue  # in time order: the usual case
             view = view_of(await self._recent_records(thread_id))

@@ -418,6 +418,24 @@ async def test_wrappers_compose_an_outer_memory_over_an_inner_one(scripted: Scri
     await outer.save_messages([msg(17)])  # (the late-message check reads the newest stored message)
 
 
+async def test_saving_and_inspecting_a_stacked_wrapper_call_no_model(scripted: Scripted) -> None:
+    """The outer's late-message check and inspect read the inner wrapper as the app would: its
+    passes ran inside them, so a save called the inner's model, failed when that model was down
+    (the message not saved), and inspect ("no model call, no write") wrote an inner record."""
+    inner = make(scripted, observation=4)
+    outer = make(scripted, observation=1000, inner=inner, observations=create_in_memory_observation_store())
+    for i in range(8):  # one at a time: the inner's backlog passes its threshold, the app never reads
+        await outer.save_messages([msg(i)])
+    scripted.replies = [RuntimeError("the inner model is down")] * 5
+    await outer.save_messages([msg(8)])
+    state = await outer.inspect("t", last=2)
+    assert scripted.calls == [] and await inner.observations.list("t") == []
+    assert [m.id for m in await inner.inner.recall("t", last=100)] == [f"m{i}" for i in range(9)]
+    assert [m.id for m in state.window] == ["m7", "m8"]
+    with pytest.raises(CompactionError, match="the inner model is down"):  # a read still runs the inner's pass
+        await outer.recall("t", last=2)
+
+
 class _Slow(InMemoryMemoryStore):
     """A store whose reads really suspend, as a database's do."""
 
