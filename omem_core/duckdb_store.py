@@ -98,8 +98,8 @@ class DuckDBObservationStore(SyncClosing):
         return uncovered + records[start:]
 
     def _save(self, record: ObservationRecord) -> None:
-        found = self._con.execute("SELECT thread_id, source_ids FROM omem_records WHERE thread_id = ? AND id = ?",
-                                  [record.thread_id, record.id]).fetchall()
+        found = self._con.execute("SELECT thread_id, source_ids FROM omem_records WHERE id = ?",  # (in any thread)
+                                  [record.id]).fetchall()
         if found:
             existing = ObservationRecord(id=record.id, thread_id=found[0][0], resource_id=None,
                                          created_at=record.created_at, kind=record.kind,

@@ -104,6 +104,9 @@ def already_saved(existing: ObservationRecord, record: ObservationRecord) -> boo
     """Whether saving ``record`` over ``existing`` (same id) is a no-op, or raise ``ValueError``."""
     if existing.thread_id == record.thread_id and existing.source_ids == record.source_ids:
         return True
+    if existing.thread_id != record.thread_id:
+        raise ValueError(f"record id {record.id!r} is already used by a record of thread {existing.thread_id!r}; "
+                         "give each record its own id")
     raise ValueError(f"record {record.id!r} is already saved with other sources; records are never edited")
 
 
@@ -166,6 +169,7 @@ class InMemoryObservationStore:
         self._threads: dict[str, _ThreadRecords] = {}
         self._epochs: dict[str, int] = {}
         self._serial = itertools.count(1)
+        self._owners: dict[str, str] = {}  # record id -> its thread: an id names one record, as in SQL stores
 
     async def list(self, thread_id: str) -> list[ObservationRecord]:
         thread = self._threads.get(thread_id)
@@ -184,10 +188,14 @@ class InMemoryObservationStore:
         self._save(check_record(record))
 
     def _save(self, record: ObservationRecord) -> None:
+        owner = self._owners.get(record.id)
+        if owner is not None and owner != record.thread_id:
+            already_saved(self._threads[owner].ids[record.id], record)  # raises: another thread's record
         thread = self._threads.setdefault(record.thread_id, _ThreadRecords())
         existing = thread.ids.get(record.id)
         if existing is not None and already_saved(existing, record):
             return
+        self._owners[record.id] = record.thread_id
         thread.ids[record.id] = record
         thread.records.append(record)
         index = len(thread.records) - 1
@@ -198,7 +206,9 @@ class InMemoryObservationStore:
             thread.newest_observation = index
 
     async def delete_by_thread(self, thread_id: str) -> None:
-        self._threads.pop(thread_id, None)
+        thread = self._threads.pop(thread_id, None)
+        for record_id in thread.ids if thread is not None else ():
+            self._owners.pop(record_id, None)
         self._epochs.pop(thread_id, None)
 
     async def delete_epoch(self, thread_id: str) -> int:

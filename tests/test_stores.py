@@ -188,8 +188,15 @@ async def test_observation_store_contract(make_observation_store) -> None:
     assert [r.id for r in await store.list("t")] == ["r999", "r998", "r997"]
     with pytest.raises(ValueError, match="never edited"):
         await store.save(record(1, sources=("m7",)))
+    # An id names one record in the store, whichever adapter: SQLite and PostgreSQL refused it in
+    # another thread ("with other sources", although they were the same), memory and DuckDB took it.
+    with pytest.raises(ValueError, match="record id 'r998' is already used by a record of thread 't'"):
+        await store.save(record(1, thread="u"))
+    assert await store.list("u") == []
     await store.delete_by_thread("t")
     assert await store.list("t") == []
+    await store.save(record(1, thread="u"))  # its thread deleted, the id is free
+    assert [r.id for r in await store.list("u")] == ["r998"]
 
 
 def random_records(rng: random.Random) -> list[ObservationRecord]:
