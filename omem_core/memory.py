@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
-from .messages import Message, check_message
+from .messages import Message, check_message, check_working_memory
 
 
 @runtime_checkable
@@ -197,6 +197,7 @@ class InMemoryMemoryStore:
         return self._working.get(thread_id)
 
     async def update_working_memory(self, thread_id: str, text: str) -> None:
+        check_working_memory(thread_id, text)
         self._working[thread_id] = text
 
 

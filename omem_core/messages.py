@@ -11,6 +11,14 @@ ROLES = frozenset({"user", "assistant", "system", "tool"})
 RecordKind = Literal["observation", "reflection"]
 
 
+def check_working_memory(thread_id: object, text: object) -> None:
+    """The working-memory capability's arguments checked as every adapter stores them: ``str``s of
+    valid Unicode (an int was stored as it was by one adapter and raised ``AttributeError`` in
+    another; a lone surrogate was stored or raised ``UnicodeEncodeError``)."""
+    check_text(thread_id, "working memory", "thread_id")
+    check_text(text, f"working memory of thread {thread_id!r}", "text")
+
+
 def check_text(value: object, what: str, field: str) -> str:
     """``value`` if it is a ``str`` that can be stored (valid Unicode: no lone surrogate), else a
     ``TypeError``/``ValueError`` naming ``what`` and ``field``. Every adapter applies it the same way."""

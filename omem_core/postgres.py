@@ -68,7 +68,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 logging.getLogger("psycopg.pool").addHandler(logging.NullHandler())
 
 from .memory import check_read
-from .messages import Message, ObservationRecord, check_message
+from .messages import Message, ObservationRecord, check_message, check_working_memory
 from .observations import ReflectionCache, already_saved, check_record
 
 __all__ = ["DatabaseUnavailableError", "PostgresMemoryStore", "PostgresObservationStore", "schema_version"]
@@ -703,6 +703,7 @@ class PostgresMemoryStore(_Store):
         return bytes(row[0]).decode() if row else None
 
     async def update_working_memory(self, thread_id: str, text: str) -> None:
+        check_working_memory(thread_id, text)
         _no_nul(thread_id, "working memory", "thread_id")
         async with self._db.connection() as con:
             await con.execute(self._db.q(

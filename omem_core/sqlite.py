@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .memory import SyncClosing, check_read
-from .messages import Message, ObservationRecord, check_message
+from .messages import Message, ObservationRecord, check_message, check_working_memory
 from .observations import ReflectionCache, already_saved, check_record
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -244,6 +244,7 @@ class SQLiteMemoryStore(SyncClosing):
         return row[0] if row else None
 
     async def update_working_memory(self, thread_id: str, text: str) -> None:
+        check_working_memory(thread_id, text)
         with self._db.lock:
             self._db.con.execute("INSERT INTO omem_working_memory VALUES (?, ?) "
                                  "ON CONFLICT (thread_id) DO UPDATE SET text = excluded.text", (thread_id, text))

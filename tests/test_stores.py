@@ -132,6 +132,20 @@ async def test_delete_thread_and_working_memory(make_memory_store) -> None:
     assert len(await store.recall("u", last=5)) == 1
 
 
+async def test_working_memory_is_checked_alike_in_every_store(make_memory_store) -> None:
+    """An int was stored as it was in memory and raised AttributeError in PostgreSQL; a lone
+    surrogate was stored in memory and raised UnicodeEncodeError in SQLite and PostgreSQL."""
+    store = make_memory_store()
+    await store.update_working_memory("t", "kept")
+    with pytest.raises(TypeError, match="working memory of thread 't': text must be a str, got int"):
+        await store.update_working_memory("t", 123)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="working memory of thread 't': text is not valid Unicode"):
+        await store.update_working_memory("t", "a\ud800")
+    with pytest.raises(TypeError, match="working memory: thread_id must be a str"):
+        await store.update_working_memory(7, "x")  # type: ignore[arg-type]
+    assert await store.get_working_memory("t") == "kept"  # what was there is untouched
+
+
 async def test_memory_facade_defaults_and_working_memory() -> None:
     memory = Memory(last_messages=2)
     await memory.save_messages([msg(i) for i in range(5)])
