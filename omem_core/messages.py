@@ -47,11 +47,18 @@ def check_message(message: object) -> Message:
     return message
 
 
-def _require_aware(value: datetime, what: str) -> None:
+def _require_aware(value: datetime, what: str) -> datetime:
+    """``value`` as a plain ``datetime`` (a subclass such as pandas' ``Timestamp``, which may hold
+    nanoseconds no store keeps, becomes one, to the microsecond: a message read back is then
+    the message saved), checked to be timezone-aware."""
     if not isinstance(value, datetime):
         raise TypeError(f"{what}: created_at must be a datetime, got {type(value).__name__}")
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValueError(f"{what}: created_at must be timezone-aware, got {value.isoformat()}")
+    if type(value) is not datetime:
+        value = datetime(value.year, value.month, value.day, value.hour, value.minute, value.second,
+                         value.microsecond, value.tzinfo, fold=value.fold)
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +88,7 @@ class Message:
             raise ValueError(
                 f"message {self.id!r}: role must be one of {sorted(ROLES)}, got {self.role!r}"
             )
-        _require_aware(self.created_at, f"message {self.id!r}")
+        object.__setattr__(self, "created_at", _require_aware(self.created_at, f"message {self.id!r}"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +110,6 @@ class ObservationRecord:
     def __post_init__(self) -> None:
         if self.kind not in ("observation", "reflection"):
             raise ValueError(f"record {self.id!r}: kind must be observation or reflection")
-        _require_aware(self.created_at, f"record {self.id!r}")
+        object.__setattr__(self, "created_at", _require_aware(self.created_at, f"record {self.id!r}"))
         if not isinstance(self.source_ids, tuple):
             object.__setattr__(self, "source_ids", tuple(self.source_ids))

@@ -146,6 +146,21 @@ async def test_working_memory_is_checked_alike_in_every_store(make_memory_store)
     assert await store.get_working_memory("t") == "kept"  # what was there is untouched
 
 
+async def test_a_message_dated_with_nanoseconds_is_saved_again_as_the_same_message(make_memory_store) -> None:
+    """A pandas Timestamp with nanoseconds was accepted, stored to the microsecond by SQLite and
+    PostgreSQL, and saving the same message again (a retry) was refused as "other fields"."""
+    import pandas as pd
+
+    stamp = pd.Timestamp("2024-03-01 09:00:00.000001999", tz="UTC")
+    message = Message(id="m1", thread_id="t", role="user", content="hi", created_at=stamp)
+    assert type(message.created_at) is datetime and message.created_at.microsecond == 1
+    store = make_memory_store()
+    await store.save_messages([message])
+    await store.save_messages([Message(id="m1", thread_id="t", role="user", content="hi", created_at=stamp)])
+    [back] = await store.recall("t", last=5)
+    assert back == message
+
+
 async def test_memory_facade_defaults_and_working_memory() -> None:
     memory = Memory(last_messages=2)
     await memory.save_messages([msg(i) for i in range(5)])
