@@ -71,6 +71,37 @@ def test_identical_concurrent_calls_reach_the_model_once_and_costs_and_traces_ar
     assert any(r.body["messages"] == sent for r in ok) and reply == note({"messages": sent})
 
 
+def test_a_key_in_the_server_address_is_never_written_and_a_resume_still_reaches_it(tmp_path, monkeypatch) -> None:
+    """A proxy taking its key in the address: the address was recorded whole in the experiment's
+    options and litellm's cache keys quoted it in the cache file."""
+    secret = "pk-SECRET1234567890abcd"
+    monkeypatch.setenv("PROXY_API_KEY", secret)
+    db = tmp_path / "x.duckdb"
+    with OpenAIServer(reply=note) as server:
+        keyed = server.url.replace("/v1", f"/{secret}/v1")
+        code, out, err = invoke("experiment", "run", "--dataset", str(TINY), "--observer", MODEL, "--reflector", "none",
+                                "--observation-threshold", "40", "--window", "2", "--api-base", keyed,
+                                "--json", "--yes", "--db", str(db))
+        assert code == 0, err
+        data = json.loads(out.strip().splitlines()[-1])
+        with RunStore(db) as store:
+            options = store.experiment(data["experiment_id"])["options"]
+            [run_id] = store.experiment_runs(data["experiment_id"]).run_id
+            store.delete_run(run_id)  # left to a resume, which must reach the same server
+        assert options["api_base"] == server.url.replace("/v1", "/[PROXY_API_KEY]/v1")
+        reached = len(server.ok())
+        code, out, err = invoke("experiment", "resume", data["experiment_id"], "--json", "--db", str(db))
+        assert code == 0, err
+        assert json.loads(out.strip().splitlines()[-1])["status"] == "completed"
+        # the same calls to the same server: served from the cache (an address read back with
+        # "[PROXY_API_KEY]" in it would be another server, asked again)
+        assert len(server.ok()) == reached
+    for path in [db, *(tmp_path / "cache").rglob("*")]:
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
+    assert reached > 0
+
+
 def test_a_cost_with_calls_at_no_known_price_is_unknown_not_the_priced_part(tmp_path) -> None:
     """A reflector litellm has no price for: the total summed the priced observer calls only and
     printed it as the cost ($0.0053 for 27 calls, 2 of them unpriced)."""

@@ -15,6 +15,7 @@ tests) with different cache directories never share answers, whatever ran before
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import sqlite3
@@ -42,6 +43,12 @@ def default_cache_dir() -> Path:
 
 def default_cache_path() -> Path:
     return default_cache_dir() / CACHE_FILE_NAME
+
+
+def _stored_key(key: str) -> str:
+    """The key a cache entry is written under: a digest of litellm's key, which can quote the
+    call's server address whole (and a key given in it, ``?key=…``) — never written to the file."""
+    return "sha256:" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -141,11 +148,12 @@ class SQLiteCache:
 
         ttl = kwargs.get("ttl")
         self._con(self._path(kwargs)).execute("INSERT OR REPLACE INTO cache VALUES (?, ?, ?, ?)",
-                                              [key, redact_secrets(json.dumps(value, default=str)), time.time(), ttl])
+                                              [_stored_key(key), redact_secrets(json.dumps(value, default=str)),
+                                               time.time(), ttl])
 
     def get_cache(self, key: str, **kwargs: Any) -> Any:
         row = self._con(self._path(kwargs)).execute(
-            "SELECT value, created, ttl FROM cache WHERE key = ?", [key]).fetchone()
+            "SELECT value, created, ttl FROM cache WHERE key = ?", [_stored_key(key)]).fetchone()
         if row is None:
             return None
         value, created, ttl = row

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -464,6 +465,23 @@ def choose_conversations(ids: Sequence[str], conversations: Sequence[str] | None
     return chosen
 
 
+def redact_secrets(text: str) -> str:
+    from .runstore import redact_secrets as redact  # (imports litellm's side only when there is text)
+
+    return redact(text)
+
+
+def restore_secrets(text: str) -> str:
+    """The inverse of ``redact_secrets`` for the environment of this process: each ``[NAME]`` of
+    a secret-looking variable that is set is its value again (a server address recorded with its
+    key as ``?key=[OPENAI_API_KEY]`` is usable by a resume, without the key ever being stored)."""
+    from omem_core._env import environment_secrets
+
+    for value, name in environment_secrets():
+        text = text.replace(f"[{name}]", value)
+    return text
+
+
 def create_experiment(store: Any, *, dataset: str | Path, grid: Sequence[Any], options: ExperimentOptions,
                       conversations: Sequence[str] | None = None, dataset_format: str | None = None,
                       name: str | None = None) -> str:
@@ -478,7 +496,8 @@ def create_experiment(store: Any, *, dataset: str | Path, grid: Sequence[Any], o
     return store.create_experiment(name=name, dataset=str(dataset), dataset_format=dataset_format,
                                    conversations=chosen,
                                    configs=[{"label": n, "config": c} for n, c in zip(names, configs)],
-                                   options=asdict(options))
+                                   options=asdict(dataclasses.replace(  # (a key in the address: its name)
+                                       options, api_base=options.api_base and redact_secrets(options.api_base))))
 
 
 async def run_experiment(store: Any, experiment_id: str, *, progress: Callable[[Progress], None] | None = None,
@@ -490,6 +509,8 @@ async def run_experiment(store: Any, experiment_id: str, *, progress: Callable[[
 
     experiment = store.experiment(experiment_id)
     options = ExperimentOptions(**experiment["options"])
+    if options.api_base:  # recorded with any key in it written as its variable's name
+        options = dataclasses.replace(options, api_base=restore_secrets(options.api_base))
     store.claim_experiment(experiment_id)
     _clear_unfinished(store, experiment_id)
     tasks = pending_tasks(store, experiment_id)
