@@ -490,10 +490,17 @@ def test_judging_is_priced_asked_about_counted_cleaned_of_keys_and_a_failure_is_
         assert code == 1
         ending = json.loads(out.strip().splitlines()[-1])
         assert ending["status"] == "failed" and "judging failed: the judge model scripted/priced failed" in err
+        assert ending["spent_usd"] > 0  # the judging's calls before the failure were paid for (offline replays: $0)
         assert "[OPENAI_API_KEY]" in err and secret not in out + err
         experiment_id = ending["experiment_id"]
         with RunStore(str(db)) as store:
             assert store.experiment(experiment_id)["status"] == "failed"
+        with RunStore(str(db)) as store:  # a judge that cannot be called here: refused before anything runs
+            store.update_experiment_options(experiment_id, judge="nosuchprovider/judge")
+        code, out, err = invoke("experiment", "resume", experiment_id, "--json", "--db", str(db))
+        assert code == 1 and "cannot judge here: nosuchprovider/judge" in err
+        with RunStore(str(db)) as store:
+            store.update_experiment_options(experiment_id, judge=model)
         code, out, err = invoke("experiment", "resume", experiment_id, "--json", "--db", str(db))
         assert code == 0, err
         [config] = json.loads(out.strip().splitlines()[-1])["configs"]
@@ -504,6 +511,7 @@ def test_judging_is_priced_asked_about_counted_cleaned_of_keys_and_a_failure_is_
         assert run.judge_calls == 2 * len(answers) and run.judge_cost_usd > 0
     assert config["judge_calls"] == run.judge_calls and config["cost_usd"] == pytest.approx(run.judge_cost_usd)
     assert config["judged_accuracy"] == 1.0
+    assert json.loads(out.strip().splitlines()[-1])["spent_usd"] == pytest.approx(config["cost_usd"] + ending["spent_usd"])
     assert secret.encode() not in db.read_bytes()
 
 
@@ -529,7 +537,26 @@ def test_what_failed_and_replaced_runs_spent_stays_counted(scripted, tmp_path) -
         code, shown, _ = invoke("experiment", "show", first["experiment_id"], "--db", str(db))
     completed = again["configs"][0]["cost_usd"]
     assert completed > 0 and again["spent_usd"] == pytest.approx(completed + failed.cost_usd)
+    code, out, err = invoke("experiment", "run", "--dataset", str(ROOT / "datasets" / "tiny.jsonl"), "--observer",
+                            "scripted/model", "--reflector", "none", "--observation-threshold", "30", "--window", "2",
+                            "--yes", "--json", "--db", str(db))
+    assert code == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["spent_usd"] is None  # a price unknown: not "$0"
     assert "spent in all: $" in shown and "runs a resume replaced included" in " ".join(shown.split())
+
+
+def test_the_judging_estimate_errs_high_without_a_reflector() -> None:
+    """Without a reflector the notes are not bounded by the thresholds: the estimate capped the
+    answerer's context at them anyway."""
+    from workbench.datasets.base import ConversationInfo
+
+    info = ConversationInfo("c", messages=400, probes=10, scored_probes=10, tokens=40_000, format="omem")
+    with priced_scripted_model() as model:
+        bounded = ex.estimate_judging([info], [ReplayConfig(observation_threshold=500, reflection_threshold=500)],
+                                      model, model)
+        unbounded = ex.estimate_judging([info], [ReplayConfig(observation_threshold=500, reflection_threshold=500,
+                                                              reflector=None)], model, model)
+    assert unbounded >= 10 * 40_000 * 1e-3 > bounded  # every probe may read the whole conversation
 
 
 def test_the_backlog_ceiling_is_a_grid_dimension(tmp_path) -> None:

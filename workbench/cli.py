@@ -595,7 +595,10 @@ def _run_judge(store, result, conv, config, answerer, judge, yes, quiet) -> None
         _exit_interrupted(f"\ninterrupted: no judged score was stored; run {result.run_id} is kept as replayed",
                           as_json=quiet, fields=lambda: {"run_id": result.run_id})
     except judging.JudgeFailed as exc:
-        failure = click.ClickException(f"{exc}; no judged score was stored, run {result.run_id} is kept as replayed")
+        made = (f" ({count(len(costs), 'call')} made before it, cost "
+                + ("unknown" if None in costs else money(sum(c for c in costs if c))) + ")") if costs else ""
+        failure = click.ClickException(f"{exc}; no judged score was stored{made}, run {result.run_id} is kept as "
+                                       "replayed")
         failure.json_fields = {"run_id": result.run_id, "error": str(exc)}  # type: ignore[attr-defined]
         raise failure from None
     total = None if any(c is None for c in costs) else float(sum(c for c in costs if c))
@@ -1078,6 +1081,12 @@ def experiment_resume(experiment_id: str, max_cost: float | None, as_json: bool,
             click.echo(f"every run of experiment {experiment_id} is already completed: nothing to resume "
                        f"(python -m workbench experiment show {experiment_id})", err=True)
             return
+        options = store.experiment(experiment_id)["options"]
+        if options.get("judge") and options.get("answerer"):  # checked before the start, as a new one's
+            from .judge import unusable
+
+            if trouble := unusable(options["answerer"], options["judge"]):
+                raise ex.ExperimentError(f"cannot judge here: {trouble}")
         if max_cost is not None:
             store.update_experiment_options(experiment_id, max_cost=max_cost)
         _finish_experiment(store, experiment_id, as_json)

@@ -203,7 +203,8 @@ def estimate_judging(conversations: Sequence[Any], grid: Sequence[Any], answerer
     """A rough estimate in USD of LLM-judged accuracy over ``conversations`` (``ConversationInfo``s)
     for each configuration of ``grid`` (``None`` when a model's price is unknown), meant to err
     high: every probe is asked (two calls), the answerer reading a final context as large as the
-    memory can be (both thresholds) plus the window, or the whole conversation when smaller."""
+    memory can be (both thresholds; without a reflector, the whole conversation) plus the window,
+    or the whole conversation when smaller."""
     answering, grading = _price(answerer), _price(judge)
     if answering is None or grading is None:
         return None
@@ -211,8 +212,10 @@ def estimate_judging(conversations: Sequence[Any], grid: Sequence[Any], answerer
     for config in grid:
         for info in conversations:
             per_message = info.tokens / max(info.messages, 1)
-            context = min(info.tokens, config.observation_threshold + config.reflection_threshold
-                          + per_message * config.last_messages)
+            # (without a reflector nothing bounds the notes: they can grow with the conversation)
+            context = info.tokens if config.reflector is None else min(
+                info.tokens, config.observation_threshold + config.reflection_threshold
+                + per_message * config.last_messages)
             total += info.probes * ((context + 150) * answering[0] + 40 * answering[1]
                                     + 250 * grading[0] + 5 * grading[1])
     return total
@@ -325,7 +328,7 @@ def outcome_message(experiment_id: str, outcome: ExperimentOutcome) -> tuple[str
 
 def _clear_unfinished(store: Any, experiment_id: str) -> None:
     """Runs of the experiment that did not complete are replaced by the resume's new runs (what
-    they spent stays counted in the experiment's ``replaced_cost_usd``)."""
+    they spent stays counted in the experiment's ``other_cost_usd``)."""
     store.replace_unfinished_runs(experiment_id)
 
 
@@ -615,14 +618,25 @@ def _any_completed(store: Any, experiment_id: str) -> bool:
 
 
 def _spent(store: Any, experiment_id: str) -> float:
-    """What the experiment's calls have cost so far: every run's (failed ones too), their judging,
-    and the runs a resume replaced."""
+    """What the experiment's priced calls have cost so far: every run's (failed ones too), their
+    judging, and calls no run records (runs a resume replaced, judging that failed part-way)."""
     runs = store.experiment_runs(experiment_id)
-    replaced = store.experiment(experiment_id).get("replaced_cost_usd")
-    replaced = 0.0 if is_missing(replaced) else float(replaced)
+    other = store.experiment(experiment_id).get("other_cost_usd")
+    other = 0.0 if is_missing(other) else float(other)
     if runs.empty:
-        return replaced
-    return float(runs.cost_usd.dropna().sum() + runs.judge_cost_usd.dropna().sum()) + replaced
+        return other
+    return float(runs.cost_usd.dropna().sum() + runs.judge_cost_usd.dropna().sum()) + other
+
+
+def spent_usd(store: Any, experiment_id: str) -> float | None:
+    """:func:`_spent`, or ``None`` when some call's price is unknown (a partial sum would read
+    as the whole)."""
+    runs = store.experiment_runs(experiment_id)
+    experiment = store.experiment(experiment_id)
+    calls = runs.observer_calls.fillna(0) + runs.reflector_calls.fillna(0)
+    unknown = (bool(experiment.get("other_cost_unknown")) or bool((runs.cost_usd.isna() & (calls > 0)).any())
+               or bool((runs.judge_cost_usd.isna() & (runs.judge_calls.fillna(0) > 0)).any()))
+    return None if unknown else _spent(store, experiment_id)
 
 
 async def _run_in_processes(tasks: Sequence[Task], options: ExperimentOptions, dataset: str,
@@ -727,9 +741,15 @@ async def _judge_experiment(store: Any, experiment_id: str, options: ExperimentO
             if cost:
                 add_cost(cost)
 
-        rows = await judging.judge_probes(probes, render_context(context), answerer=options.answerer,
-                                          judge=options.judge, completion_kwargs=options.completion_extra(),
-                                          spent=spent)
+        try:
+            rows = await judging.judge_probes(probes, render_context(context), answerer=options.answerer,
+                                              judge=options.judge, completion_kwargs=options.completion_extra(),
+                                              spent=spent)
+        except BaseException:  # the calls made were paid for: counted, though no run records them
+            if costs:
+                with ctrl_c_held_back():
+                    store.add_other_cost(experiment_id, float(sum(c for c in costs if c)), None in costs)
+            raise
         total = None if any(c is None for c in costs) else float(sum(c for c in costs if c))
         store.record_judging(run.run_id, rows, len(costs), total)
 
@@ -977,7 +997,7 @@ def report(store: Any, experiment_id: str) -> dict[str, Any]:
                     for s in summaries],
         "comparisons": comparisons, "uneven_note": uneven_note(runs),
         # every call paid for: completed runs (the configurations' cost_usd), failed and replaced ones
-        "spent_usd": _spent(store, experiment_id),
+        "spent_usd": spent_usd(store, experiment_id),
     }
 
 

@@ -217,7 +217,8 @@ CREATE TABLE probe_losses (
 _M005 = """
 ALTER TABLE runs ADD COLUMN judge_calls INTEGER;       -- answerer + judge calls of LLM-judged accuracy
 ALTER TABLE runs ADD COLUMN judge_cost_usd DOUBLE;     -- their cost; NULL when a model's price is unknown
-ALTER TABLE experiments ADD COLUMN replaced_cost_usd DOUBLE DEFAULT 0;  -- spent by runs a resume replaced
+ALTER TABLE experiments ADD COLUMN other_cost_usd DOUBLE DEFAULT 0;  -- spent by calls no run records: ...
+ALTER TABLE experiments ADD COLUMN other_cost_unknown BOOLEAN DEFAULT false;  -- ... (replaced runs, failed judging)
 """
 
 MIGRATIONS: list[tuple[int, str, str]] = [(1, "initial", _M001), (2, "reflection tightening", _M002),
@@ -353,6 +354,12 @@ def _record_values(row: dict[str, Any]) -> list[Any]:
     record = row["record"]
     return [row["step"], record.id, record.thread_id, record.resource_id, record.kind,
             json.dumps(list(record.source_ids)), redact_secrets(record.text), row["tokens"], record.created_at]
+
+
+def _add_other_cost(cur: duckdb.DuckDBPyConnection, experiment_id: str, cost_usd: float, unknown: bool) -> None:
+    cur.execute("UPDATE experiments SET other_cost_usd = coalesce(other_cost_usd, 0) + ?, "
+                "other_cost_unknown = coalesce(other_cost_unknown, false) OR ? WHERE experiment_id = ?",
+                [cost_usd, unknown, experiment_id])
 
 
 def _redacted_answer(row: dict[str, Any]) -> dict[str, Any]:
@@ -805,36 +812,41 @@ class RunStore:
 
     def replace_unfinished_runs(self, experiment_id: str) -> None:
         """Delete the experiment's runs that did not complete (a resume replays them), keeping what
-        their calls cost in the experiment's ``replaced_cost_usd``: that money was spent."""
+        their calls cost in the experiment's ``other_cost_usd``: that money was spent."""
         with self._transaction() as cur:
-            rows = cur.execute("SELECT run_id, coalesce(cost_usd, 0) + coalesce(judge_cost_usd, 0) FROM runs "
-                               "WHERE experiment_id = ? AND status <> 'completed'", [experiment_id]).fetchall()
-            for run_id, _ in rows:
-                pid = _live_owner(cur, "runs", "run_id", run_id)
-                if pid is not None:
-                    raise RunBusy(f"run {run_id} is being replayed by process {pid} on this host: stop it (or let "
-                                  "it finish) first")
-            for run_id, _ in rows:
-                for table in RUN_TABLES:
-                    cur.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
-            spent = sum(float(cost) for _, cost in rows if cost == cost)
-            if spent:
-                cur.execute("UPDATE experiments SET replaced_cost_usd = coalesce(replaced_cost_usd, 0) + ? "
-                            "WHERE experiment_id = ?", [spent, experiment_id])
-        deleted = {run_id for run_id, _ in rows}
-        self._seq = {k: v for k, v in self._seq.items() if k[1] not in deleted}
+            rows = cur.execute(
+                "SELECT run_id, coalesce(cost_usd, 0) + coalesce(judge_cost_usd, 0), "
+                "(cost_usd IS NULL AND coalesce(observer_calls, 0) + coalesce(reflector_calls, 0) > 0) "
+                "OR (judge_cost_usd IS NULL AND coalesce(judge_calls, 0) > 0) "
+                "FROM runs WHERE experiment_id = ? AND status <> 'completed'", [experiment_id]).fetchall()
+            self._delete_runs(cur, [run_id for run_id, _, _ in rows], "replacing it")
+            if rows:
+                _add_other_cost(cur, experiment_id, sum(float(cost) for _, cost, _ in rows),
+                                any(unknown for _, _, unknown in rows))
+
+    def add_other_cost(self, experiment_id: str, cost_usd: float, unknown: bool = False) -> None:
+        """Count calls that no run records (judging that failed part-way) in the experiment's
+        ``other_cost_usd``; ``unknown``: some of them had no known price."""
+        with self._transaction() as cur:
+            _add_other_cost(cur, experiment_id, cost_usd, unknown)
 
     def delete_run(self, run_id: str) -> None:
         """Delete a run and everything recorded of it (:class:`RunBusy` while another live process
         replays it: stop that process first)."""
         with self._transaction() as cur:
+            self._delete_runs(cur, [run_id], "deleting it")
+
+    def _delete_runs(self, cur: duckdb.DuckDBPyConnection, run_ids: Sequence[str], doing: str) -> None:
+        for run_id in run_ids:  # all checked before any is deleted
             pid = _live_owner(cur, "runs", "run_id", run_id)
             if pid is not None:
                 raise RunBusy(f"run {run_id} is being replayed by process {pid} on this host: stop it (or let it "
-                              "finish) before deleting it")
+                              f"finish) before {doing}")
+        for run_id in run_ids:
             for table in RUN_TABLES:
                 cur.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
-        self._seq = {k: v for k, v in self._seq.items() if k[1] != run_id}
+        gone = set(run_ids)
+        self._seq = {k: v for k, v in self._seq.items() if k[1] not in gone}
 
     def save_prompt(self, prompt: Prompt) -> None:
         """Save a prompt version; a version name already used with other text — a built-in one
