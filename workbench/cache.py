@@ -47,7 +47,9 @@ def default_cache_path() -> Path:
 
 def _stored_key(key: str) -> str:
     """The key a cache entry is written under: a digest of litellm's key, which can quote the
-    call's server address whole (and a key given in it, ``?key=…``) — never written to the file."""
+    call's server address whole (and a key given in it, ``?key=…``) — never written to the file.
+    (Entries written under the raw keys before are not read: among them, offline-model replies
+    that were un-escaped by the model, where the wrapper now does it for every model.)"""
     return "sha256:" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
 
 
