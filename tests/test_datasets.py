@@ -280,6 +280,9 @@ def test_a_folder_that_is_no_dataset_names_what_inside_could_be(tmp_path) -> Non
     with pytest.raises(DatasetError) as caught:
         load_dataset(holder)
     assert str(caught.value).endswith("give one of these as the dataset instead: chat1/, conv.json")
+    assert "holds BEAM chat folders (chat1/) and JSON files of its own (conv.json)" in str(caught.value)
+    with pytest.raises(DatasetError, match=r"move the JSON files out to read the chats as one dataset\)$"):
+        load_dataset(holder, "beam")  # (it said "holds no chat.json, nor folders that do")
     (holder / "conv.json").unlink()
     (holder / "chat1" / "chat.json").unlink()
     with pytest.raises(DatasetError) as caught:

@@ -45,9 +45,29 @@ def chat_folders(folder: Path) -> list[Path]:
         entries = list(folder.iterdir())
     except OSError:
         return []
-    if any(p.is_file() and p.suffix.lower() in (".json", ".jsonl") for p in entries):
+    if _own_json(entries):
         return []
     return sorted((p for p in entries if p.is_dir() and (p / "chat.json").is_file()), key=_number_first)
+
+
+def _own_json(entries: list[Path]) -> list[Path]:
+    return sorted(p for p in entries if p.is_file() and p.suffix.lower() in (".json", ".jsonl"))
+
+
+def mixed_folder(folder: Path) -> str | None:
+    """Why a folder of chat folders is not read as one dataset (it also holds JSON files of its
+    own), or ``None``."""
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return None
+    own = _own_json(entries)
+    chats = sorted((p for p in entries if p.is_dir() and (p / "chat.json").is_file()), key=_number_first)
+    if not (own and chats) or (folder / "chat.json").is_file():
+        return None
+    return (f"holds BEAM chat folders ({', '.join(p.name + '/' for p in chats[:3])}{', …' if len(chats) > 3 else ''}) "
+            f"and JSON files of its own ({', '.join(p.name for p in own[:3])}{', …' if len(own) > 3 else ''}), so "
+            "which dataset is meant is not clear (move the JSON files out to read the chats as one dataset)")
 
 
 def sniff(source: Source) -> bool:
@@ -79,7 +99,8 @@ def load(source: Source) -> list[Conversation]:
     if source.is_dir:
         folders = chat_folders(source.path)
         if not folders:
-            raise DatasetError(source.path, "folder", None, "holds no chat.json, nor folders that do")
+            raise DatasetError(source.path, "folder", None,
+                               mixed_folder(source.path) or "holds no chat.json, nor folders that do")
         return [_chat(folder, folder / "chat.json", load_json(folder / "chat.json")) for folder in folders]
     return [_chat(source.path.parent, source.path, source.document())]
 

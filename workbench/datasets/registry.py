@@ -78,6 +78,8 @@ def _detect(source: Source) -> DatasetFormat:
         if fmt.sniff(source):
             return fmt
     if source.is_dir:
+        if mixed := beam.mixed_folder(source.path):
+            raise DatasetError(source.path, "folder", None, mixed + _inside(source.path))
         marks = ", ".join(f"{file} ({f.name})" for f in REGISTRY for file in f.folder_files)
         raise DatasetError(source.path, "folder", None,
                            f"format not recognised: holds none of {marks}{_inside(source.path)}")
