@@ -246,12 +246,18 @@ def test_a_dataset_put_in_the_shared_folder_is_listed_and_usable_by_name(tmp_pat
     (shared / "notes.json").write_text('{"not": "a dataset"}')
     (shared / "README.md").write_text("# about")
     (shared / "locomo-dev").mkdir()  # a known name keeps its own entry (here: absent, so none)
+    (shared / "tiny.jsonl").write_bytes((PROJECT_DATASETS / "tiny.jsonl").read_bytes())  # the project has "tiny"
+    (shared / "lme").mkdir()  # LongMemEval's layout: several files in one folder
+    for name in ("longmemeval_s.json", "longmemeval_oracle.json"):
+        (shared / "lme" / name).write_bytes(sample.read_bytes())
     monkeypatch.setenv("OMEM_SHARED_DATASETS", str(shared))
     code, out, err = invoke("datasets")
     assert code == 0, err
     listed = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
     assert listed["lme-s"][1:5] == ["shared", "4", "18", "4"] and "notes" not in listed and "README" not in listed
     assert "locomo-dev" not in listed
+    assert listed["shared/tiny"][1] == "shared" and listed["tiny"][1] == "project"  # told apart, not hidden
+    assert listed["lme/longmemeval_s"][1:3] == ["shared", "4"] and "lme/longmemeval_oracle" in listed
     code, out, err = invoke("replay", "--dataset", "lme-s", "--conversation", "omem-lme-002", "--json",
                             "--db", str(tmp_path / "r.duckdb"))
     assert code == 0, err

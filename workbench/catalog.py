@@ -59,13 +59,24 @@ def _other_shared(shared: Path, known: set[Path], names: set[str]) -> list[Datas
     except OSError:
         return []
     found = []
+
+    def add(name: str, path: Path, fmt: str) -> None:
+        if name in names:  # (a project dataset, or a known one, has it: this one is told apart)
+            name = f"shared/{name}"
+        if name not in names:
+            names.add(name)
+            found.append(DatasetEntry(name, path, fmt, "shared"))
+
     for child in children:
         if child.name.startswith(".") or child in known or any(child in path.parents for path in known):
             continue
         if not (child.is_dir() or child.suffix.lower() in (".json", ".jsonl")):
             continue
         fmt = _detected(child)
-        if fmt is not None and child.stem not in names:
-            names.add(child.stem)
-            found.append(DatasetEntry(child.stem, child, fmt, "shared"))
+        if fmt is not None:
+            add(child.stem, child, fmt)
+        elif child.is_dir():  # a folder of several dataset files (LongMemEval's s, m and oracle): each
+            for inner in sorted(child.glob("*.json*")):
+                if inner.suffix.lower() in (".json", ".jsonl") and (inner_fmt := _detected(inner)) is not None:
+                    add(f"{child.name}/{inner.stem}", inner, inner_fmt)
     return found
