@@ -59,11 +59,16 @@ def calls_text(item: dict[str, Any]) -> str:
         function = call.get("function")
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             continue
-        arguments = function.get("arguments")
-        if not isinstance(arguments, str):
-            arguments = "" if arguments is None else json.dumps(arguments, ensure_ascii=False)
-        lines.append(f"[tool call: {function['name']}({arguments.strip()})]")
+        lines.append(call_line(function["name"], function.get("arguments")))
     return "\n".join(lines)
+
+
+def call_line(name: str, arguments: Any) -> str:
+    """One tool call as text, ``[tool call: get_weather({"city": "Porto"})]`` (arguments as given
+    when text, else as JSON)."""
+    if not isinstance(arguments, str):
+        arguments = "" if arguments is None else json.dumps(arguments, ensure_ascii=False)
+    return f"[tool call: {name}({arguments.strip()})]"
 
 
 def from_messages(conv_id: str, messages: list[Any], source: Source, record: str, fmt: str,

@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from .base import Conversation, Turn, require
-from .chat_export import conversation_id, from_messages, load_objects
+from .chat_export import call_line, conversation_id, from_messages, load_objects
 from .source import Source
 
 NAME = "sharegpt"
@@ -44,13 +44,10 @@ def _json(value: Any) -> Any:
 def _call(call: Any) -> str | None:
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         return None
-    arguments = _json(call.get("arguments", call.get("parameters")))
-    if not isinstance(arguments, str):
-        arguments = "" if arguments is None else json.dumps(arguments, ensure_ascii=False)
-    return f"[tool call: {call['name']}({arguments.strip()})]"
+    return call_line(call["name"], _json(call.get("arguments", call.get("parameters"))))
 
 
-def calls_text(value: Any) -> str | None:
+def function_call_text(value: Any) -> str | None:
     """A ``function_call`` turn's JSON (one call, or a list of them) as a line per call; ``None``
     when it is not calls (then the text stays as written)."""
     parsed = _json(value)
@@ -78,7 +75,7 @@ def load(source: Source) -> list[Conversation]:
                                      ROLES)
         turns = []
         for item, turn in zip(messages, conversation.turns):
-            if str(item.get("from", "")).lower() == "function_call" and (text := calls_text(item.get("value"))):
+            if str(item.get("from", "")).lower() == "function_call" and (text := function_call_text(item.get("value"))):
                 turn = dataclasses.replace(turn, text=text)
             turns.append(turn)
         system = obj.get("system") if isinstance(obj.get("system"), str) else ""
