@@ -12,6 +12,8 @@
 2. Saving one message at the 1,000th vs the 100,000th position. Target: <= 2x.
 3. 100 concurrent same-thread reads with a 50 ms model: exactly one call, < 2x one call.
 4. 1000 threads read in parallel with a 50 ms model (one pass each): < 5x one call.
+5. Trimming a runaway reply (a megabyte where 2,000 tokens were asked) against a reply 8x the
+   limit: the time to cut it must not grow with the reply. Target: <= 2x.
 """
 
 from __future__ import annotations
@@ -218,6 +220,26 @@ async def main(quick: bool) -> None:
           f"{'OK' if threads < 5 * LATENCY else 'MISSED'}")
     print(f"   the same 1000 calls straight through litellm.acompletion, no omem: {direct * 1000:.0f} ms "
           f"= {direct / LATENCY:.1f}x; omem adds {max(0.0, threads - direct) * 1000:.0f} ms")
+
+    small_trim, huge_trim = bench_trim()
+    print("\n5. trim a runaway reply to a 2,000-token limit (no model)")
+    print(f"   8x the limit: {small_trim * 1000:.0f} ms   1 MB: {huge_trim * 1000:.0f} ms   ratio "
+          f"{huge_trim / small_trim:.2f}x (target <= 2x) {'OK' if huge_trim <= 2 * small_trim else 'MISSED'}")
+
+
+def bench_trim() -> tuple[float, float]:
+    """Seconds to trim a reply 8x over a 2,000-token limit, and one of a megabyte."""
+    from omem_core.extractive.algorithm import trim
+    from omem_core.tokens import heuristic_count
+
+    line = "- (1 Mar 2024) User said the number {} is their favourite of the week, in Lisbon."
+    times = []
+    for lines in (750, 12_000):  # about 16k tokens (8x the limit); about 1 MB
+        text = "\n".join(line.format(i) for i in range(lines))
+        started = time.perf_counter()
+        trim(text, 2000, heuristic_count)
+        times.append(time.perf_counter() - started)
+    return times[0], times[1]
 
 
 if __name__ == "__main__":

@@ -456,6 +456,21 @@ async def test_a_runaway_observation_is_trimmed_to_its_target(scripted: Scripted
     assert all(line in scripted_lines(400) for line in record.text.splitlines())
 
 
+def test_a_runaway_text_is_trimmed_from_its_start_only() -> None:
+    """Trimming chose among every sentence of a runaway reply: a megabyte took over a minute of
+    CPU on the event loop (bench/bench_core.py measures it). Only its start is read: what is kept
+    comes from there, and fits."""
+    from omem_core.extractive.algorithm import TRIM_READS, trim
+    from omem_core.tokens import heuristic_count
+
+    lines = [f"- Fact {i}: Ann paid {i} dollars in Oslo on a sunny day." for i in range(30_000)]
+    limit = 200
+    kept = trim("\n".join(lines), limit, heuristic_count)
+    assert 0 < heuristic_count([kept])[0] <= limit
+    start = set(lines[: limit * TRIM_READS // len(lines[0])])
+    assert kept.splitlines() and all(line in start for line in kept.splitlines())
+
+
 def scripted_lines(n: int) -> set[str]:
     return {f"- Fact {i}: Ann paid {i} dollars in Oslo." for i in range(n)}
 

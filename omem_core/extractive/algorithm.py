@@ -732,11 +732,23 @@ def respond(user_content: str) -> str:
     return reflect("", user_content, target)
 
 
+TRIM_READS = 32  # characters read per token of the limit: about 8 times what is kept
+
+
 def trim(text: str, limit: int, count: Callable[[list[str]], list[int]]) -> str:
     """``text`` cut to at most ``limit`` tokens by ``count``, with no model: the reflector's
     sentence selection (the least informative sentences go); if no whole sentence fits, the
     longest prefix of words that does. Deterministic. Used by the wrapper to keep an over-long
-    reflection (or a runaway observation) within its limit."""
+    reflection (or a runaway observation) within its limit.
+
+    Only the start of a runaway text is read (:data:`TRIM_READS` characters per token of the
+    limit, cut at a line): choosing among a megabyte of sentences took more than a minute of CPU,
+    holding the event loop and every read waiting on it, to keep a few thousand tokens."""
+    budget = max(limit, 1) * TRIM_READS
+    if len(text) > budget:
+        head = text[:budget]
+        line = head.rfind("\n")
+        text = head[:line] if line > budget // 2 else head
     target = limit
     while target >= 1:
         trimmed = reflect("", text, target)
