@@ -372,6 +372,7 @@ def test_a_replays_judge_is_checked_before_the_replay_and_its_failure_is_said_cl
     with RunStore(tmp_path / "cli.duckdb") as store:
         [run] = store.runs().to_dict("records")
     assert ending["status"] == "failed" and ending["run_id"] == run["run_id"] and run["status"] == "completed"
+    assert ending["run"]["status"] == "completed" and ending["run"]["compression"] > 0  # its figures, not lost
 
 
 def test_ctrl_c_while_judging_says_what_was_kept_and_puts_the_handler_back(scripted: Scripted, tmp_path) -> None:
