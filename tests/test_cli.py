@@ -375,6 +375,15 @@ def test_a_replays_judge_is_checked_before_the_replay_and_its_failure_is_said_cl
     assert ending["run"]["status"] == "completed" and ending["run"]["compression"] > 0  # its figures, not lost
 
 
+def test_an_offline_judge_is_free_and_asks_nothing(tmp_path) -> None:
+    """It asked "Run it?" after the replay, and without a terminal ended failed (the run completed)."""
+    code, out, err = invoke("replay", "--dataset", str(PROJECT_DATASETS / "samples" / "longmemeval-sample.json"),
+                            "--last-messages", "1", "--judge", "omem/extractive", "--answerer", "omem/extractive",
+                            "--json")
+    assert code == 0 and "Run it?" not in err, err
+    assert json.loads(out.strip().splitlines()[-1])["status"] == "completed"
+
+
 def test_ctrl_c_while_judging_says_what_was_kept_and_puts_the_handler_back(scripted: Scripted, tmp_path) -> None:
     """A Ctrl-C during the LLM judge (after the replay) ended in click's "Aborted!" with exit code 1,
     and left Ctrl-C ignored in the calling process (a notebook, a test) for good."""

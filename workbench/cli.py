@@ -586,7 +586,7 @@ def _run_judge(store, result, conv, config, answerer, judge, yes, quiet) -> None
     probes = judging.left_the_window(store, result.run_id, conv.probes)
     estimate = judging.estimate(probes, context, answerer, judge)
     click.echo(f"LLM-judged retention: {estimate.describe()}", err=True)
-    if not yes and not click.confirm("Run it?", default=True, err=True):
+    if estimate.cost_usd != 0 and not yes and not click.confirm("Run it?", default=True, err=True):  # (free: offline)
         return
     costs: list[float | None] = []
     try:
