@@ -596,14 +596,14 @@ def _run_judge(store, result, conv, config, answerer, judge, yes, quiet) -> None
                           as_json=quiet, fields=lambda: {"run_id": result.run_id})
     except judging.JudgeFailed as exc:
         made = (f" ({count(len(costs), 'call')} made before it, cost "
-                + ("unknown" if None in costs else money(sum(c for c in costs if c))) + ")") if costs else ""
+                + ("unknown" if None in costs else money(judging.known_cost(costs))) + ")") if costs else ""
         failure = click.ClickException(f"{exc}; no judged score was stored{made}, run {result.run_id} is kept as "
                                        "replayed")
         # (the replay completed: its figures go with the failure, under "run")
         failure.json_fields = {"run_id": result.run_id, "error": str(exc),  # type: ignore[attr-defined]
                                "run": result.summary()}
         raise failure from None
-    total = None if any(c is None for c in costs) else float(sum(c for c in costs if c))
+    total = judging.total_cost(costs)
     store.record_judging(result.run_id, rows, len(costs), total)
     scores = [r["score"] for r in rows]
     if scores and not quiet:

@@ -205,6 +205,8 @@ def estimate_judging(conversations: Sequence[Any], grid: Sequence[Any], answerer
     high: every probe is asked (two calls), the answerer reading a final context as large as the
     memory can be (both thresholds; without a reflector, the whole conversation) plus the window,
     or the whole conversation when smaller."""
+    from .judge import probe_tokens
+
     answering, grading = _price(answerer), _price(judge)
     if answering is None or grading is None:
         return None
@@ -216,8 +218,9 @@ def estimate_judging(conversations: Sequence[Any], grid: Sequence[Any], answerer
             context = info.tokens if config.reflector is None else min(
                 info.tokens, config.observation_threshold + config.reflection_threshold
                 + per_message * config.last_messages)
-            total += info.probes * ((context + 150) * answering[0] + 40 * answering[1]
-                                    + 250 * grading[0] + 5 * grading[1])
+            answer_in, answer_out, judge_in, judge_out = probe_tokens(int(context))
+            total += info.probes * (answer_in * answering[0] + answer_out * answering[1]
+                                    + judge_in * grading[0] + judge_out * grading[1])
     return total
 
 
@@ -748,10 +751,9 @@ async def _judge_experiment(store: Any, experiment_id: str, options: ExperimentO
         except BaseException:  # the calls made were paid for: counted, though no run records them
             if costs:
                 with ctrl_c_held_back():
-                    store.add_other_cost(experiment_id, float(sum(c for c in costs if c)), None in costs)
+                    store.add_other_cost(experiment_id, judging.known_cost(costs), None in costs)
             raise
-        total = None if any(c is None for c in costs) else float(sum(c for c in costs if c))
-        store.record_judging(run.run_id, rows, len(costs), total)
+        store.record_judging(run.run_id, rows, len(costs), judging.total_cost(costs))
 
 
 def _final_context(store: Any, run_id: str) -> list[Any]:

@@ -72,13 +72,40 @@ def _cost(model: str, prompt_tokens: int, completion_tokens: int) -> float | Non
         return None
 
 
+# One probe's two calls in tokens, for both estimates (a replay's here, an experiment's in
+# ``experiments.estimate_judging``), meant to err high: the prompts' own text (about 60 and 70
+# tokens, plus the date line), the answer as long as it is asked to be at most, a one-word grade.
+ANSWER_OVERHEAD, ANSWER_OUT = 75, 40
+JUDGE_OVERHEAD, JUDGE_OUT = 80, 5
+# when the probes' own text is not at hand (an experiment's estimate reads only their number)
+TYPICAL_QUESTION, TYPICAL_GOLD = 40, 60
+
+
+def probe_tokens(context: int, question: int = TYPICAL_QUESTION, gold: int = TYPICAL_GOLD) -> tuple[int, int, int, int]:
+    """Tokens of one probe's calls: (answerer in, answerer out, judge in, judge out). The judge
+    reads the question, the gold answer and the answer."""
+    return (context + question + ANSWER_OVERHEAD, ANSWER_OUT,
+            question + gold + ANSWER_OUT + JUDGE_OVERHEAD, JUDGE_OUT)
+
+
+def total_cost(costs: Sequence[float | None]) -> float | None:
+    """The sum of calls' costs, or ``None`` when any is unknown (litellm does not know the
+    model's price): an unknown cost is never counted as $0."""
+    return None if None in costs else known_cost(costs)
+
+
+def known_cost(costs: Sequence[float | None]) -> float:
+    """The sum of the calls' costs that are known."""
+    return float(sum(c for c in costs if c))
+
+
 def estimate(probes: Sequence[Probe], context: str, answerer: str, judge: str) -> Estimate:
     scorable = [p for p in probes if p.gold or getattr(p, "abstention", False)]
     context_tokens = heuristic_count([context])[0]
-    answer_in = sum(context_tokens + heuristic_count([p.question])[0] + 60 for p in scorable)
-    judge_in = sum(heuristic_count([p.question, p.gold or abstention_gold(p)])[0] + 80 for p in scorable)
-    costs = [_cost(answerer, answer_in, 40 * len(scorable)), _cost(judge, judge_in, 3 * len(scorable))]
-    total = None if any(c is None for c in costs) else sum(costs)  # type: ignore[arg-type]
+    calls = [probe_tokens(context_tokens, *heuristic_count([p.question, p.gold or abstention_gold(p)]))
+             for p in scorable]
+    answer_in, answer_out, judge_in, judge_out = (sum(column) for column in zip(*calls)) if calls else (0, 0, 0, 0)
+    total = total_cost([_cost(answerer, answer_in, answer_out), _cost(judge, judge_in, judge_out)])
     return Estimate(calls=2 * len(scorable), input_tokens=answer_in + judge_in, cost_usd=total)
 
 
