@@ -254,7 +254,9 @@ def test_a_dataset_put_in_the_shared_folder_is_listed_and_usable_by_name(tmp_pat
     code, out, err = invoke("datasets")
     assert code == 0, err
     listed = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
-    assert listed["lme-s"][1:5] == ["shared", "4", "18", "4"] and "notes" not in listed and "README" not in listed
+    assert listed["lme-s"][1:5] == ["shared", "4", "18", "4"] and "README" not in listed
+    # JSON that no format reads is listed as such, with why (it was left out, unexplained)
+    assert listed["notes"][1:3] == ["shared", "unreadable"] and "format not recognised" in out
     assert "locomo-dev" not in listed
     assert listed["shared/tiny"][1] == "shared" and listed["tiny"][1] == "project"  # told apart, not hidden
     assert listed["lme/longmemeval_s"][1:3] == ["shared", "4"] and "lme/longmemeval_oracle" in listed
@@ -262,6 +264,32 @@ def test_a_dataset_put_in_the_shared_folder_is_listed_and_usable_by_name(tmp_pat
                             "--db", str(tmp_path / "r.duckdb"))
     assert code == 0, err
     assert json.loads(out.strip().splitlines()[-1])["status"] == "completed"
+
+
+def test_the_listing_says_why_a_shared_dataset_cannot_be_read(tmp_path, monkeypatch) -> None:
+    """A cut-off download, or a folder of JSON the workbench cannot read, was left out of
+    `datasets` without a word: the user saw their dataset missing and no reason."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    whole = (PROJECT_DATASETS / "samples" / "longmemeval-sample.json").read_bytes()
+    (shared / "cut-off-longmemeval-download.json").write_bytes(whole[: len(whole) // 2])
+    (shared / "export").mkdir()
+    (shared / "export" / "user.json").write_text('{"id": "user-1"}')
+    (shared / "docs").mkdir()  # no JSON in it: nothing to list
+    (shared / "docs" / "about.txt").write_text("about")
+    monkeypatch.setenv("OMEM_SHARED_DATASETS", str(shared))
+    code, out, err = invoke("datasets")
+    assert code == 0, err
+    header, *rows = out.splitlines()
+    listed = {row.split()[0]: row for row in rows}
+    assert "docs" not in listed
+    cut = listed["cut-off-longmemeval-download"]
+    assert cut.split()[1:3] == ["shared", "unreadable"] and "invalid JSON" in cut
+    assert cut.count("cut-off-longmemeval-download.json") == 1  # the path once, not twice
+    assert "its JSON files (user.json) are in none of the formats read" in listed["export"]
+    # a name longer than the column pushes the columns, for every row alike
+    assert {row.index(" shared ") if " shared " in row else row.index(" project ") for row in rows} \
+        == {header.index(" origin ")}
 
 
 def test_without_a_reflector_the_reflection_thresholds_make_no_more_configurations(tmp_path) -> None:

@@ -272,22 +272,25 @@ def test_a_folder_that_is_no_dataset_names_what_inside_could_be(tmp_path) -> Non
     for a folder of datasets of different kinds: the error names them."""
     holder = tmp_path / "locomo"
     holder.mkdir()
-    write(holder, "conv.json", json.dumps({"hello": 1}))
+    write(holder, "conv.jsonl", line())
+    write(holder, "user.json", json.dumps({"hello": 1}))  # JSON, but no dataset: never offered
     write(holder, "notes.txt", "not data")
     (holder / "chat1").mkdir()
     write(holder / "chat1", "chat.json", "[]")
     (holder / "empty").mkdir()
     with pytest.raises(DatasetError) as caught:
         load_dataset(holder)
-    assert str(caught.value).endswith("give one of these as the dataset instead: chat1/, conv.json")
-    assert "holds BEAM chat folders (chat1/) and JSON files of its own (conv.json)" in str(caught.value)
-    with pytest.raises(DatasetError, match=r"move the JSON files out to read the chats as one dataset\)$"):
+    assert str(caught.value).endswith("give one of these as the dataset instead: chat1/, conv.jsonl")
+    assert "holds BEAM chat folders (chat1/) and dataset files of its own (conv.jsonl)" in str(caught.value)
+    with pytest.raises(DatasetError, match=r"move those files out to read the chats as one dataset\)$"):
         load_dataset(holder, "beam")  # (it said "holds no chat.json, nor folders that do")
-    (holder / "conv.json").unlink()
+    (holder / "conv.jsonl").unlink()
     (holder / "chat1" / "chat.json").unlink()
     with pytest.raises(DatasetError) as caught:
         load_dataset(holder)
     assert "instead" not in str(caught.value)  # nothing to suggest
+    assert str(caught.value).endswith("its JSON files (user.json) are in none of the formats read: "
+                                      + ", ".join(FORMATS))
 
 
 def test_a_folder_of_beam_chats_is_one_dataset_and_the_published_layout_loads(tmp_path) -> None:
@@ -304,6 +307,7 @@ def test_a_folder_of_beam_chats_is_one_dataset_and_the_published_layout_loads(tm
     (chats / "1" / "probing_questions.json").rename(chats / "1" / "probing_questions" / "probing_questions.json")
     (chats / "10" / "probing_questions.json").unlink()
     (chats / "notes").mkdir()  # a folder that is no chat is not one
+    write(chats, "meta.json", json.dumps({"size": "100K", "chats": 3}))  # JSON beside them, no dataset
     assert detect_format(chats) == "beam"
     loaded = load_dataset(chats)
     assert [c.id for c in loaded] == ["beam-1", "beam-2", "beam-10"]  # number order, not text order
@@ -950,8 +954,10 @@ def test_a_chatgpt_export_folder_reads_its_conversations_file(tmp_path) -> None:
     with pytest.raises(DatasetError, match="its conversations.json is not in the locomo format: its content is openai"):
         load_dataset(export, "locomo")
     (export / "conversations.json").rename(export / "conversations.txt")
-    with pytest.raises(DatasetError, match="is a folder, and a locomo dataset is a file; give one of these"):
+    with pytest.raises(DatasetError) as caught:  # (its other JSON files are no datasets: not offered)
         load_dataset(export, "locomo")
+    assert "is a folder, and the locomo format reads a file; its JSON files (message_feedback.json, " \
+           "shared_conversations.json, user.json) are in none of the formats read" in str(caught.value)
     (export / "conversations.txt").rename(export / "conversations.json")
 
     class Upload:  # what the app's uploader hands over: the export's zip, as downloaded

@@ -75,8 +75,14 @@ def _other_shared(shared: Path, known: set[Path], names: set[str]) -> list[Datas
         fmt = _detected(child)
         if fmt is not None:
             add(child.stem, child, fmt)
-        elif child.is_dir():  # a folder of several dataset files (LongMemEval's s, m and oracle): each
-            for inner in sorted(child.glob("*.json*")):
-                if inner.suffix.lower() in (".json", ".jsonl") and (inner_fmt := _detected(inner)) is not None:
-                    add(f"{child.name}/{inner.stem}", inner, inner_fmt)
+            continue
+        inner = sorted(p for p in child.glob("*.json*") if p.suffix.lower() in (".json", ".jsonl")) \
+            if child.is_dir() else []
+        datasets = [(p, f) for p in inner if (f := _detected(p)) is not None]
+        for path, inner_fmt in datasets:  # a folder of several dataset files (LongMemEval's s, m and oracle)
+            add(f"{child.name}/{path.stem}", path, inner_fmt)
+        if not datasets and (child.is_file() or inner or any(child.glob("*/*.json*"))):
+            # JSON that is no dataset the workbench can read (cut off, a folder it cannot tell how
+            # to read): listed with no format, so the listing says why rather than leave it out
+            add(child.stem, child, None)
     return found

@@ -830,15 +830,19 @@ def datasets() -> None:
 
     if not shared_datasets_dir().is_dir():
         click.echo(f"(no shared datasets at {shared_datasets_dir()}; set OMEM_SHARED_DATASETS to add them)", err=True)
-    click.echo(f"{'name':<20} {'origin':<8} {'conversations':>13} {'messages':>8} {'probes':>6}  path")
-    for entry in known_datasets():
+    entries = known_datasets()
+    width = max([20, *(len(e.name) for e in entries)])
+    click.echo(f"{'name':<{width}} {'origin':<8} {'conversations':>13} {'messages':>8} {'probes':>6}  path")
+    for entry in entries:
         try:
             listed = list_conversations(entry.path, entry.format)
             detail = (f"{len(listed):>13,} {sum(c.messages for c in listed):>8,} "
                       f"{sum(c.probes for c in listed):>6,}  {short_path(entry.path)}")
         except DatasetError as exc:
-            detail = f"{'unreadable':>29}  {short_path(entry.path)}: {exc}"
-        click.echo(f"{entry.name:<20} {entry.origin:<8} {detail}")
+            said = str(exc)  # (it names the file: once is enough)
+            said = said[len(exc.file):].lstrip(": ") if said.startswith(exc.file) and Path(exc.file) == entry.path else said
+            detail = f"{'unreadable':>29}  {short_path(entry.path)}: {said}"
+        click.echo(f"{entry.name:<{width}} {entry.origin:<8} {detail}")
 
 
 @cli.group()

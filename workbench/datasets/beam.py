@@ -37,7 +37,7 @@ def _number_first(path: Path) -> tuple[int, int | str]:
 
 def chat_folders(folder: Path) -> list[Path]:
     """The chats a folder holds: itself when it has a ``chat.json``, else each subfolder that has
-    one, in number order (``2/`` before ``10/``) — unless the folder has JSON files of its own:
+    one, in number order (``2/`` before ``10/``) — unless the folder has dataset files of its own:
     then which dataset is meant is not clear (the registry's error names the candidates)."""
     if (folder / "chat.json").is_file():
         return [folder]
@@ -51,11 +51,15 @@ def chat_folders(folder: Path) -> list[Path]:
 
 
 def _own_json(entries: list[Path]) -> list[Path]:
-    return sorted(p for p in entries if p.is_file() and p.suffix.lower() in (".json", ".jsonl"))
+    """The folder's own JSON files that are datasets (one a format recognises by its content): a
+    ``meta.json`` or a download's manifest beside the chat folders leaves them one dataset."""
+    from .registry import sniffed  # (the registry imports this module)
+
+    return sorted(p for p in entries if p.is_file() and p.suffix.lower() in (".json", ".jsonl") and sniffed(p))
 
 
 def mixed_folder(folder: Path) -> str | None:
-    """Why a folder of chat folders is not read as one dataset (it also holds JSON files of its
+    """Why a folder of chat folders is not read as one dataset (it also holds dataset files of its
     own), or ``None``."""
     try:
         entries = list(folder.iterdir())
@@ -66,8 +70,8 @@ def mixed_folder(folder: Path) -> str | None:
     if not (own and chats) or (folder / "chat.json").is_file():
         return None
     return (f"holds BEAM chat folders ({', '.join(p.name + '/' for p in chats[:3])}{', …' if len(chats) > 3 else ''}) "
-            f"and JSON files of its own ({', '.join(p.name for p in own[:3])}{', …' if len(own) > 3 else ''}), so "
-            "which dataset is meant is not clear (move the JSON files out to read the chats as one dataset)")
+            f"and dataset files of its own ({', '.join(p.name for p in own[:3])}{', …' if len(own) > 3 else ''}), so "
+            "which dataset is meant is not clear (move those files out to read the chats as one dataset)")
 
 
 def sniff(source: Source) -> bool:

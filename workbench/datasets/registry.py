@@ -58,19 +58,37 @@ def get_format(name: str) -> DatasetFormat:
         raise KeyError(f"unknown format {name!r}; choose one of {', '.join(FORMATS)}") from None
 
 
+def sniffed(path: Path) -> str | None:
+    """The format a file's content is in, by its start (``None``: none, or not JSON)."""
+    if _blank(path) or _zipped(path):
+        return None
+    source = Source(path)
+    try:
+        return next((f.name for f in REGISTRY if not f.folder and f.sniff(source)), None)
+    except DatasetError:
+        return None
+
+
 def _inside(folder: Path) -> str:
-    """What in an unrecognised folder could be the dataset meant: its JSON files, and its
-    subfolders that one of the folder formats recognises (``; give one of them: …``)."""
-    found = []
+    """What in an unrecognised folder could be the dataset meant (``; give one of these as the
+    dataset instead: …``): its JSON files whose content a format recognises, and its subfolders
+    that a folder format recognises. JSON files that are no dataset (an export's ``user.json``, a
+    ``meta.json``) are not offered; when nothing else is, they are said to be none."""
+    found, others = [], []
     for path in sorted(folder.iterdir()):
         if path.is_file() and path.suffix.lower() in (".json", ".jsonl"):
-            found.append(path.name)
+            (found if sniffed(path) else others).append(path.name)
         elif path.is_dir() and any((path / file).is_file() for f in REGISTRY for file in f.folder_files):
             found.append(path.name + "/")
-    if not found:
-        return ""
-    shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
-    return f"; give one of these as the dataset instead: {shown}"
+
+    def listed(names: list[str]) -> str:
+        return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+    if found:
+        return f"; give one of these as the dataset instead: {listed(found)}"
+    if others:
+        return f"; its JSON files ({listed(others)}) are in none of the formats read: {', '.join(FORMATS)}"
+    return ""
 
 
 def _detect(source: Source) -> DatasetFormat:
@@ -115,6 +133,8 @@ def _file_inside(folder: Source, format: str | None) -> tuple[Source, DatasetFor
         return None
     if format is None and any(f.folder and f.sniff(folder) for f in REGISTRY):
         return None
+    if beam.mixed_folder(folder.path):  # beside chat folders, a dataset file is not plainly the one meant
+        return None
     found: list[tuple[Source, DatasetFormat]] = []
     try:
         paths = sorted(folder.path.iterdir())
@@ -155,7 +175,7 @@ def _open(path: str | Path | Source, format: str | None) -> tuple[Source, Datase
                                    f"its {other[0].path.name} is not in the {format} format: its content is "
                                    f"{other[1].name} (drop --format, or choose {other[1].name})")
             raise DatasetError(source.path, "folder", None,
-                               f"is a folder, and a {format} dataset is a file{_inside(source.path)}")
+                               f"is a folder, and the {format} format reads a file{_inside(source.path)}")
     if format is None:
         return source, _detect(source)
     chosen = _BY_NAME[format]
