@@ -333,6 +333,17 @@ def test_experiment_list_show_compare_and_export(tmp_path) -> None:
     assert code == 0 and "obs 150" in out and "obs 600" in out and "95% CI" in out and "nan" not in out.lower()
     assert max(len(line) for line in out.splitlines()) <= 100  # fits a 100-column terminal with short labels
     assert "obs 150 vs obs 600 (obs 600 minus obs 150):" in " ".join(out.split())  # as `compare` words it
+    # the per-category figures and the loss funnel, in the text as in --json (docs list them there)
+    code, raw, _ = invoke("experiment", "show", experiment_id, "--json", "--db", db)
+    first = json.loads(raw.strip().splitlines()[-1])["configs"][0]
+    shown = " ".join(out.split())
+    for category, figures in first["per_category"].items():
+        if figures["probes"]:
+            assert f"{category} {figures['retention']:.3f}" in shown
+    funnel = first["funnel"]
+    assert funnel["said"] and (f"evidence said {funnel['said']} → observed with the answer {funnel['observed']} → "
+                               f"survived reflection {funnel['reflected']} → visible at the end {funnel['visible']}"
+                               in shown)
     code, out, _ = invoke("experiment", "compare", experiment_id, "--a", "obs 600", "--b", "obs 150", "--db", db)
     assert code == 0 and "obs 600 vs obs 150 on 22 shared probes (obs 150 minus obs 600):" in out
     # a verdict naming the better one gives an unsigned size: no "b minus a" beside it to contradict

@@ -923,6 +923,7 @@ def _print_report(data: dict[str, Any]) -> None:
             + f" (the cost includes {count(sum(c['judge_calls'] for c in judged), 'answerer and judge call')})")
     if data.get("uneven_note"):
         _echo_wrapped(data["uneven_note"])
+    _print_breakdown(data["configs"])
     for comparison in data["comparisons"]:
         _echo_wrapped(_comparison_line(comparison["a"], comparison["b"], comparison["verdict"],
                                        bool(comparison["ci95"]) and not comparison["detectable"]))
@@ -931,6 +932,32 @@ def _print_report(data: dict[str, Any]) -> None:
                    f"{data['experiment_id']}", err=True)
     elif data["status"] in ("interrupted", "stopped", "failed") and data["completed_runs"] < data["planned_runs"]:
         click.echo(f"finish it with: python -m workbench experiment resume {data['experiment_id']}", err=True)
+
+
+def _print_breakdown(configs: list[dict[str, Any]]) -> None:
+    """Per configuration, its retention per probe category (with intervals) and its loss funnel:
+    in ``--json`` only, they were missing from the text that docs/experiments.md lists them in."""
+    from .formatting import display
+    from .losses import STAGE_NAMES, STAGES
+
+    for c in configs:
+        categories = {name: figures for name, figures in (c.get("per_category") or {}).items() if figures["probes"]}
+        funnel = c.get("funnel") or {}
+        if not categories and not funnel.get("said"):
+            continue
+        click.echo(f"{c['label']}:")
+        if categories:
+            _echo_wrapped("by category: " + "; ".join(
+                f"{name} {display(f['retention'])}"
+                + (f" [{share(f['retention_ci95'][0], 3)}, {share(f['retention_ci95'][1], 3)}]"
+                   if f.get("retention_ci95") else "")
+                + f" ({count(f['probes'], 'probe')})" for name, f in categories.items()), first="  ")
+        if funnel.get("said"):
+            elsewhere = funnel.get("visible_elsewhere") or 0
+            _echo_wrapped("loss funnel (probes): " + " → ".join(f"{STAGE_NAMES[stage]} {funnel[stage]}"
+                                                                for stage in STAGES)
+                          + (f" (and {elsewhere} visible from other messages or common words)" if elsewhere else ""),
+                          first="  ")
 
 
 @experiment.command("run")
