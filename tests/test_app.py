@@ -727,6 +727,12 @@ def test_experiment_pages_list_failed_configurations_and_show_no_nan(db: Path, m
     assert header and "· completed; 1 of 2 runs failed ·" in header[0]  # not a bare "completed"
     assert "1 run did not complete and is left out of the figures (Resume retries it):" in [w.value for w in at.warning]
     assert at.button(key="xp_resume").label == "Resume (1 left)" and not at.button(key="xp_resume").disabled
+    # with the key set, the run left is paid work: its estimated cost is on the button (as the CLI asks)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-never-sent-0000000000")
+    at.run()
+    assert at.button(key="xp_resume").label.startswith("Resume (1 left, about $0.0")
+    monkeypatch.delenv("OPENAI_API_KEY")
+    at.run()
     texts = []
     for page in ("experiments", "tune", "compare"):
         at.switch_page(PAGES.format(page)).run()

@@ -512,7 +512,11 @@ def test_judging_is_priced_asked_about_counted_cleaned_of_keys_and_a_failure_is_
         assert code == 1 and "cannot judge here: nosuchprovider/judge" in err
         with RunStore(str(db)) as store:
             store.update_experiment_options(experiment_id, judge=model)
-        code, out, err = invoke("experiment", "resume", experiment_id, "--json", "--db", str(db))
+        # the judging still owed is paid work: estimated and asked about (a resume started unasked)
+        declined = CliRunner().invoke(cli, ["experiment", "resume", experiment_id, "--db", str(db)], input="n\n")
+        assert declined.exit_code == 1 and "not resumed" in declined.stderr
+        assert "0 runs left to replay and judging still owed; cost about $" in declined.stderr
+        code, out, err = invoke("experiment", "resume", experiment_id, "--yes", "--json", "--db", str(db))
         assert code == 0, err
         [config] = json.loads(out.strip().splitlines()[-1])["configs"]
     with RunStore(str(db)) as store:
@@ -542,7 +546,7 @@ def test_what_failed_and_replaced_runs_spent_stays_counted(scripted, tmp_path) -
             [failed] = store.experiment_runs(first["experiment_id"]).itertuples()
         assert failed.status == "failed" and failed.cost_usd > 0
         assert first["spent_usd"] == pytest.approx(failed.cost_usd)  # (the table's cost: completed runs only)
-        code, out, err = invoke("experiment", "resume", first["experiment_id"], "--json", "--db", str(db))
+        code, out, err = invoke("experiment", "resume", first["experiment_id"], "--yes", "--json", "--db", str(db))
         assert code == 0, err
         again = json.loads(out.strip().splitlines()[-1])
         code, shown, _ = invoke("experiment", "show", first["experiment_id"], "--db", str(db))
@@ -801,8 +805,9 @@ def test_an_experiment_with_a_deleted_run_says_it_is_missing_and_resume_replays_
     assert [(c["label"], c["runs"], c["missing"]) for c in data["configs"]] == [("obs 150", 1, 0), ("obs 600", 0, 1)]
     code, out, err = invoke("experiment", "show", experiment_id, "--db", db)
     assert "(completed; 1 of 2 runs missing)" in out and "experiment resume" in err
-    assert [line.split()[2] for line in out.splitlines() if line.startswith("obs ") and " vs " not in line] == \
-        ["1/1", "0/1"]  # done, of the runs planned
+    assert [line.split()[2] for line in out.splitlines()
+            if line.startswith("obs ") and " vs " not in line and not line.endswith(":")] == \
+        ["1/1", "0/1"]  # done, of the runs planned (a line "obs 150:" heads its breakdown)
     with RunStore(db) as store:
         table = summary_table(ex.summarise(store, experiment_id))
     assert table["not completed"].tolist() == [0, 1]  # the app's table

@@ -90,7 +90,7 @@ def test_a_key_in_the_server_address_is_never_written_and_a_resume_still_reaches
             store.delete_run(run_id)  # left to a resume, which must reach the same server
         assert options["api_base"] == server.url.replace("/v1", "/[PROXY_API_KEY]/v1")
         reached = len(server.ok())
-        code, out, err = invoke("experiment", "resume", data["experiment_id"], "--json", "--db", str(db))
+        code, out, err = invoke("experiment", "resume", data["experiment_id"], "--yes", "--json", "--db", str(db))
         assert code == 0, err
         assert json.loads(out.strip().splitlines()[-1])["status"] == "completed"
         # the same calls to the same server: served from the cache (an address read back with
@@ -162,8 +162,16 @@ def test_the_cost_limit_stops_cleanly_and_resume_finishes(tmp_path) -> None:
             runs = store.experiment_runs(data["experiment_id"])
         assert len(runs) < 3  # stopped before the end; no half-written run
         assert set(runs.status) <= {"completed"}
-        code, out, err = invoke("experiment", "resume", data["experiment_id"], "--max-cost", "100", "--json",
-                                "--db", str(db))
+        # what is left is estimated and asked about, as a new experiment is (a resume started unasked)
+        declined = CliRunner().invoke(cli, ["experiment", "resume", data["experiment_id"], "--max-cost", "100",
+                                            "--db", str(db)], input="n\n")
+        assert declined.exit_code == 1 and "not resumed" in declined.stderr
+        assert f"{3 - len(runs)} run{'s' if 3 - len(runs) > 1 else ''} left to replay; cost about $" in declined.stderr
+        with RunStore(db) as store:
+            assert len(store.experiment_runs(data["experiment_id"])) == len(runs)  # nothing replayed
+            assert store.experiment(data["experiment_id"])["options"]["max_cost"] == 0.05  # nor changed
+        code, out, err = invoke("experiment", "resume", data["experiment_id"], "--max-cost", "100", "--yes",
+                                "--json", "--db", str(db))
     assert code == 0, err
     finished = json.loads(out.strip().splitlines()[-1])
     assert finished["status"] == "completed" and [c["runs"] for c in finished["configs"]] == [1, 1, 1]

@@ -1102,10 +1102,11 @@ def _finish_experiment(store, experiment_id: str, as_json: bool) -> None:
 @click.argument("experiment_id")
 @click.option("--max-cost", type=click.FloatRange(min=0, min_open=True),
               help="A new cost limit in USD (an experiment stopped by its limit needs a higher one).")
+@click.option("--yes", is_flag=True, help="Do not ask before paid work resumes.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @DB_OPTION
 @json_errors
-def experiment_resume(experiment_id: str, max_cost: float | None, as_json: bool, db: str) -> None:
+def experiment_resume(experiment_id: str, max_cost: float | None, yes: bool, as_json: bool, db: str) -> None:
     """Finish what an interrupted or stopped experiment left undone (same grid, same options)."""
     with _using_store(db, existing=True) as store:
         from . import experiments as ex
@@ -1120,6 +1121,17 @@ def experiment_resume(experiment_id: str, max_cost: float | None, as_json: bool,
 
             if trouble := unusable(options["answerer"], options["judge"]):
                 raise ex.ExperimentError(f"cannot judge here: {trouble}")
+        # what is left, and what it should cost, asked as a new experiment asks (a resume of a paid
+        # one started unasked: the spend of the rest of a grid, or of the judging still owed)
+        runs, estimate = ex.estimate_resume(store, experiment_id)
+        cost = "free (offline model)" if estimate == 0 else (
+            f"about {money(estimate, 4)} (an estimate meant to err high)" if estimate is not None
+            else "unknown (a model's price is not known)")
+        click.echo(f"{count(runs, 'run')} left to replay"
+                   + (" and judging still owed" if options.get("judge") and options.get("answerer") else "")
+                   + f"; cost {cost}", err=True)
+        if estimate != 0 and not yes and not click.confirm("Resume?", default=True, err=True):
+            raise click.ClickException("not resumed (pass --yes to resume a paid experiment without asking)")
         if max_cost is not None:
             store.update_experiment_options(experiment_id, max_cost=max_cost)
         _finish_experiment(store, experiment_id, as_json)

@@ -224,6 +224,39 @@ def estimate_judging(conversations: Sequence[Any], grid: Sequence[Any], answerer
     return total
 
 
+def estimate_resume(store: Any, experiment_id: str) -> tuple[int, float | None]:
+    """What a resume has left to do: the runs to replay (``pending_tasks``) and a rough estimate
+    in USD of their calls and of the judging still owed (every run to replay, and the completed
+    runs not yet judged), as :func:`estimate_cost` and :func:`estimate_judging` err high;
+    ``None`` when a model's price is unknown."""
+    from .replay import ReplayConfig, configuration_problem
+
+    experiment = store.experiment(experiment_id)
+    options = experiment["options"]
+    tasks = pending_tasks(store, experiment_id)
+    listed = {c.id: c for c in list_conversations(experiment["dataset"], experiment["dataset_format"])}
+    total: float | None = 0.0
+    for task in tasks:
+        info = listed.get(task.conversation_id)
+        config = ReplayConfig.from_json(task.config)
+        if info is None or configuration_problem(config):  # (refused without a call, or said by the resume)
+            continue
+        part = estimate_cost([info.tokens], [config])
+        total = None if total is None or part is None else total + part
+    judge, answerer = options.get("judge"), options.get("answerer")
+    if judge and answerer:
+        runs = store.experiment_runs(experiment_id)
+        unjudged = runs[(runs.status == "completed") & runs.judge_calls.isna()]
+        owed = [(t.conversation_id, t.config) for t in tasks] + [
+            (r.conversation_id, next(e["config"] for e in experiment["configs"] if e["label"] == r.config_label))
+            for r in unjudged.itertuples() if any(e["label"] == r.config_label for e in experiment["configs"])]
+        for conversation_id, config in owed:
+            if conversation_id in listed:
+                part = estimate_judging([listed[conversation_id]], [ReplayConfig.from_json(config)], answerer, judge)
+                total = None if total is None or part is None else total + part
+    return len(tasks), total
+
+
 # -- running ---------------------------------------------------------------------------------------
 
 @dataclass

@@ -14,6 +14,7 @@ from workbench.experiments import (
     config_grid,
     create_experiment,
     estimate_cost,
+    estimate_resume,
     labels,
     offline_prompt_warning,
     outcome_message,
@@ -199,8 +200,16 @@ if actions.button("Compare", key="xp_open_compare", help="Two configurations, pr
     st.switch_page("workbench/app_pages/compare.py")
 running = experiment["status"] == "running"
 unfinished = experiment["status"] != "completed" and not running  # (stopped after its last run: resume ends it)
-resume = actions.button(f"Resume ({pending} left)" if pending else "Resume (to finish)", key="xp_resume",
-                           disabled=running or not (pending or unfinished) or store.read_only)
+priced = ""  # what resuming should cost, on the button, as the CLI asks before paid work resumes
+if (pending or unfinished) and not running:
+    try:
+        cost = estimate_resume(store, experiment_id)[1]
+    except DatasetError:
+        cost = 0.0  # (the dataset moved: the resume says so)
+    priced = "" if cost == 0 else ", cost unknown" if cost is None else f", about {fmt.money(cost, 2)}"
+resume = actions.button(f"Resume ({pending} left{priced})" if pending else f"Resume (to finish{priced})",
+                        key="xp_resume", disabled=running or not (pending or unfinished) or store.read_only,
+                        help="Paid models: the cost is an estimate meant to err high" if priced else None)
 if actions.button("Prepare HTML export", key="xp_prepare"):
     st.session_state["xp_html"] = (experiment_id, export_html.experiment_html(store, experiment_id))
 prepared = st.session_state.get("xp_html")
