@@ -119,6 +119,19 @@ def scripted() -> Iterator[Scripted]:
 
 
 @contextlib.contextmanager
+def priced_scripted_model():
+    """``scripted/priced``: the scripted provider at a price litellm knows ($1 / $2 per 1k tokens)."""
+    import litellm
+
+    litellm.register_model({"scripted/priced": {"input_cost_per_token": 1e-3, "output_cost_per_token": 2e-3,
+                                                "litellm_provider": "scripted", "mode": "chat"}})
+    try:
+        yield "scripted/priced"
+    finally:
+        litellm.model_cost.pop("scripted/priced", None)
+
+
+@contextlib.contextmanager
 def held_by_another_process(path: Path) -> Iterator[None]:
     """Keep the DuckDB file ``path`` open read-write in a separate process while inside."""
     holder = subprocess.Popen([sys.executable, "-c", f"import duckdb, time; c = duckdb.connect({str(path)!r}); "

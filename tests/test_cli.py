@@ -12,7 +12,7 @@ import time
 
 import pytest
 from click.testing import CliRunner
-from conftest import Scripted, held_by_another_process
+from conftest import Scripted, held_by_another_process, priced_scripted_model
 
 from workbench.catalog import DEMO_DATASET, PROJECT_DATASETS
 from workbench.cli import cli
@@ -348,6 +348,28 @@ def test_model_error_then_resume(scripted: Scripted, tmp_path) -> None:
     assert code == 0 and "already completed" in err
     assert json.loads(out.strip().splitlines()[-1]) == {"run_id": failed["run_id"], "status": "completed",
                                                         "resumed": False}
+
+
+def test_a_resumed_replay_quotes_the_cost_of_what_is_left(scripted: Scripted, tmp_path) -> None:
+    """`replay --resume` asked before paying with the cost of the whole conversation, however
+    little of it was left."""
+    scripted.replies = ["- a", "- b", "- c", RuntimeError("rate limited")]
+    with priced_scripted_model() as model:
+        args = ["replay", "--dataset", str(DEMO_DATASET), "--observer", model, "--reflector", "none",
+                "--observation-threshold", "300", "--no-cache", "--json"]
+        declined = CliRunner().invoke(cli, args, input="n\n", catch_exceptions=False)
+        whole = float(re.search(r"cost about \$([\d.]+)", declined.stderr).group(1))
+        code, out, err = invoke(*args, "--yes")
+        failed = json.loads(out.strip().splitlines()[-1])
+        assert code == 1 and failed["status"] == "failed"
+        with RunStore(tmp_path / "cli.duckdb") as store:
+            observed = int(store.steps(failed["run_id"]).cursor_index.max())
+        declined = CliRunner().invoke(cli, ["replay", "--resume", failed["run_id"]], input="n\n",
+                                      catch_exceptions=False)
+    assert declined.exit_code == 1 and "not started" in declined.stderr
+    assert f"rest of run {failed['run_id']} ({200 - observed - 1} messages not yet observed)" in declined.stderr
+    left = float(re.search(r"cost about \$([\d.]+)", declined.stderr).group(1))
+    assert 0 < left < whole * (200 - observed) / 200 + 0.01  # the part left, not the whole conversation
 
 
 def test_llm_judged_retention_through_litellm(scripted: Scripted, tmp_path) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from conftest import priced_scripted_model
 from workbench import experiments as ex
 from workbench.cli import cli
 from workbench.replay import ReplayConfig
@@ -455,19 +456,6 @@ def test_the_answerer_is_told_the_date_a_question_is_asked_on() -> None:
                                  concurrency=1))
     assert "Today's date: 2023-06-12 (Monday) 20:15\nQuestion: " + dated[0].question in asked[0]
     assert "Today's date" not in asked[1] and "Question: " + undated[0].question in asked[1]
-
-
-@contextlib.contextmanager
-def priced_scripted_model():
-    """``scripted/priced``: the scripted provider at a price litellm knows ($1 / $2 per 1k tokens)."""
-    import litellm
-
-    litellm.register_model({"scripted/priced": {"input_cost_per_token": 1e-3, "output_cost_per_token": 2e-3,
-                                                "litellm_provider": "scripted", "mode": "chat"}})
-    try:
-        yield "scripted/priced"
-    finally:
-        litellm.model_cost.pop("scripted/priced", None)
 
 
 def test_judging_is_priced_asked_about_counted_cleaned_of_keys_and_a_failure_is_a_failure(
