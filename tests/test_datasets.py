@@ -1002,6 +1002,25 @@ def test_sharegpt_function_calling_sets_keep_their_system_prompt_tools_and_calls
                                    '[tool call: get_weather({"city": "Braga"})]')
     assert first.turns[5].text == "I will look it up."
     assert [t.id for t in second.turns] == ["p1-0", "p1-1"]  # without a system prompt, nothing is added
+    assert not first.warnings and not second.warnings
+
+
+def test_sharegpt_tools_that_cannot_be_read_are_said_and_a_system_prompt_comes_once(tmp_path) -> None:
+    """A malformed ``tools`` string was dropped without a word; a system prompt given at the top
+    and as the first turn too was shown twice."""
+    chat = [{"from": "system", "value": "You are a travel helper. "}, {"from": "human", "value": "Porto?"}]
+    records = [{"id": "cut", "tools": '[{"name": "get_weather", "parame', "conversations": chat},
+               {"id": "odd", "tools": {"name": "get_weather"}, "conversations": chat},
+               {"id": "nameless", "tools": [{"description": "d"}], "conversations": chat},
+               {"id": "twice", "system": "You are a travel helper.", "tools": [{"name": "get_weather"}],
+                "conversations": chat}]
+    cut, odd, nameless, twice = load_dataset(write(tmp_path, "tools.json", json.dumps(records)))
+    assert cut.warnings == ["its 'tools' is not valid JSON ('[{\"name\": \"get_weather\", \"parame'): the tools "
+                            "the model could call are not shown"]
+    assert odd.warnings == ["its 'tools' is not a list (got dict): the tools the model could call are not shown"]
+    assert "names no tool" in nameless.warnings[0]
+    assert not twice.warnings
+    assert [t.text for t in twice.turns] == ["[tools: get_weather]", "You are a travel helper. ", "Porto?"]
 
 
 def test_an_undated_turn_among_dated_ones_sits_at_the_turn_before_it(tmp_path) -> None:

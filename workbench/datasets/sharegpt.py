@@ -68,6 +68,22 @@ def tool_names(tools: Any) -> list[str]:
     return names
 
 
+def tools_problem(tools: Any) -> str | None:
+    """Why a ``tools`` value given (not absent, not empty) names no tool: not JSON, not a list, or
+    no entry with a name. Said as a warning, not dropped silently."""
+    if tools in (None, "", []):
+        return None
+    parsed = _json(tools)
+    if isinstance(tools, str) and parsed is tools:
+        return f"its 'tools' is not valid JSON ({tools[:40]!r}…)" if len(tools) > 40 else \
+            f"its 'tools' is not valid JSON ({tools!r})"
+    if not isinstance(parsed, list):
+        return f"its 'tools' is not a list (got {type(parsed).__name__})"
+    if parsed and not tool_names(parsed):
+        return "its 'tools' names no tool (no entry has a 'name')"
+    return None
+
+
 def load(source: Source) -> list[Conversation]:
     def convert(obj, index, record):
         messages = require(obj, "conversations", source.path, record, list)
@@ -78,9 +94,13 @@ def load(source: Source) -> list[Conversation]:
             if str(item.get("from", "")).lower() == "function_call" and (text := function_call_text(item.get("value"))):
                 turn = dataclasses.replace(turn, text=text)
             turns.append(turn)
-        system = obj.get("system") if isinstance(obj.get("system"), str) else ""
+        system = obj.get("system").strip() if isinstance(obj.get("system"), str) else ""
+        if any(t.role == "system" and t.text.strip() == system for t in turns):
+            system = ""  # given at the top and as a turn too: once is enough
         names = tool_names(obj.get("tools"))
-        prompt = "\n".join(part for part in (system.strip(), f"[tools: {', '.join(names)}]" if names else "") if part)
+        if problem := tools_problem(obj.get("tools")):
+            conversation.warnings.append(f"{problem}: the tools the model could call are not shown")
+        prompt = "\n".join(part for part in (system, f"[tools: {', '.join(names)}]" if names else "") if part)
         if prompt and turns:
             taken, name = {t.id for t in turns}, f"{conversation.id}-system"
             while name in taken:
