@@ -350,6 +350,17 @@ def test_model_error_then_resume(scripted: Scripted, tmp_path) -> None:
                                                         "resumed": False}
 
 
+def test_a_replay_whose_only_probe_is_an_abstention_says_why_nothing_is_scored(tmp_path) -> None:
+    """A conversation whose one probe asks about something never said: the summary said nothing
+    of it (neither a score nor why there was none)."""
+    code, out, err = invoke("replay", "--dataset", str(PROJECT_DATASETS / "samples" / "longmemeval-sample.json"),
+                            "--conversation", "omem-lme-004_abs", "--last-messages", "1",
+                            "--observation-threshold", "20")
+    assert code == 0, err
+    assert "retention not scored: 1 probe, and it is about something never said (abstention), which only an " \
+           "LLM judge grades (--judge and --answerer)" in " ".join(out.split())
+
+
 def test_a_resumed_replay_quotes_the_cost_of_what_is_left(scripted: Scripted, tmp_path) -> None:
     """`replay --resume` asked before paying with the cost of the whole conversation, however
     little of it was left."""
