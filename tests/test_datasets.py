@@ -542,6 +542,11 @@ def test_longmemeval_optional_fields_and_repeated_session_ids(tmp_path) -> None:
     assert first.probes[0].category == "uncategorised" and first.probes[0].gold is None
     bare_date = load_dataset(write(tmp_path, "undated.json", json.dumps([lme_instance(question_date=...)])))
     assert bare_date[0].probes[0].asked_at is None and first.probes[0].asked_at is not None
+    assert not bare_date[0].warnings and not load_dataset(write(tmp_path, "ok.json", json.dumps([lme_instance()])))[0].warnings
+    # asked before what it is about was said: the answerer would be told a date before what it read
+    [early] = load_dataset(write(tmp_path, "early.json", json.dumps([lme_instance(question_date="2023/05/01 (Mon) 12:00")])))
+    assert early.warnings == ["its question_date (2023/05/01 (Mon) 12:00) is before its latest session "
+                              "(2023/05/02 (Tue) 09:00): the answerer is told it is asked on a day before what it read"]
     assert [t.id for t in first.turns] == ["session-0:0", "session-0:1", "session-1:0"]
     assert second.id == "7" and len({t.id for t in second.turns}) == 3 and second.probes[0].evidence
 

@@ -109,7 +109,12 @@ def conversation(instance: Any, index: int, source: Source) -> Conversation:
                   abstention, answer, asked_at)
     if not turns:
         raise DatasetError(file, record, "haystack_sessions", "has no turns")
-    return finish(Conversation(question_id, turns, [probe], str(file), NAME), file)
+    loaded = finish(Conversation(question_id, turns, [probe], str(file), NAME), file)
+    if asked_at is not None and dates is not None and starts and asked_at < max(starts):
+        latest = dates[starts.index(max(starts))]
+        loaded.warnings.append(f"its question_date ({asked}) is before its latest session ({latest}): the "
+                               "answerer is told it is asked on a day before what it read")
+    return loaded
 
 
 def conversations(source: Source) -> Iterator[tuple[Element, Conversation]]:
