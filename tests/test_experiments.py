@@ -376,6 +376,11 @@ def test_labels_name_only_what_varies() -> None:
     from workbench.app_data import short_config
 
     assert short_config({"config": alone}) == "obs 300 · no reflector · win 10"
+    # nor in a grid that mixes it with configurations that have one (it read "ref model none · obs
+    # 300 · ref 2000", a threshold it never used)
+    mixed = [alone, *(ReplayConfig(observation_threshold=300, reflection_threshold=r).to_json() for r in (1000, 2000))]
+    assert ex.labels(mixed) == ["ref model none", "ref model omem/extractive · ref 1000",
+                                "ref model omem/extractive · ref 2000"]
     # Only the built-in model goes unnamed: a typo of it shows.
     typo = ReplayConfig(observer="omem/extractivX").to_json()
     assert short_config({"config": typo}).startswith("omem/extractivX · obs 1000 · ref 2000 · win 10")

@@ -143,10 +143,19 @@ def other_settings(configs: Sequence[dict[str, Any]], leave_out: Sequence[str] =
     return _naming(configs, [(name, get, fmt) for name, get, fmt in _LABEL_PARTS if name not in leave_out])
 
 
+_REFLECTOR_ONLY = ("reflection", "reflector_prompt")  # settings a configuration without a reflector has no use for
+
+
 def _naming(configs: Sequence[dict[str, Any]], parts: Sequence[tuple], *, every: bool = False) -> list[str]:
-    """Each configuration named by ``parts`` that vary across ``configs`` (all of them: ``every``)."""
-    shown = [(get, fmt) for _, get, fmt in parts if every or len({str(get(c)) for c in configs}) > 1]
-    return [" · ".join(fmt.format(get(c)) for get, fmt in shown) for c in configs]
+    """Each configuration named by ``parts`` that vary across ``configs`` (all of them: ``every``).
+    A configuration without a reflector is not named by a reflection threshold or reflector
+    prompt, which change nothing for it ("ref model none · obs 500", not "… · ref 2000")."""
+    def used(name: str, config: dict[str, Any]) -> bool:
+        return name not in _REFLECTOR_ONLY or config.get("reflector") is not None
+
+    shown = [(name, get, fmt) for name, get, fmt in parts
+             if every or len({str(get(c)) for c in configs if used(name, c)}) > 1]
+    return [" · ".join(fmt.format(get(c)) for name, get, fmt in shown if used(name, c)) for c in configs]
 
 
 def labels(configs: Sequence[dict[str, Any]]) -> list[str]:
