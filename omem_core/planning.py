@@ -166,14 +166,24 @@ def memory_text(view: MemoryView) -> str:
     return "\n\n".join(parts)
 
 
-def render_memory(view: MemoryView, thread_id: str) -> Message | None:
-    """One ``system`` message carrying the memory, or ``None`` when the thread has no records."""
+def render_memory(view: MemoryView, thread_id: str, window: Sequence[Message] = ()) -> Message | None:
+    """One ``system`` message carrying the memory, or ``None`` when the thread has no records.
+
+    Its id is ``omem-memory:`` and the newest record's id, unless a message of ``window`` has that
+    id already: wrappers stacked on one another that observed the same segment render records of
+    the same id, and the inner one's memory message is in the outer one's window. The outer one's
+    then takes ``#2`` (``#3``…) after it, so no read returns two messages under one id."""
     records = ([view.reflection] if view.reflection is not None else []) + list(view.unreflected)
     if not records:
         return None
     newest = max(records, key=lambda record: record.created_at)
+    base, taken, number = f"{MEMORY_MESSAGE_PREFIX}{newest.id}", {m.id for m in window}, 1
+    memory_id = base
+    while memory_id in taken:
+        number += 1
+        memory_id = f"{base}#{number}"
     return Message(
-        id=f"{MEMORY_MESSAGE_PREFIX}{newest.id}",
+        id=memory_id,
         thread_id=thread_id,
         role="system",
         content=memory_text(view),

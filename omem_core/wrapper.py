@@ -484,7 +484,7 @@ class ObservationalMemoryStore:
         if self._observe_due(plan) or self._reflect_due(plan):
             await self._run_shared(thread_id, last)
             view = view_of(await self._recent_records(thread_id))
-        memory = render_memory(view, thread_id)
+        memory = render_memory(view, thread_id, plan.window)
         return ([memory] if memory is not None else []) + plan.window
 
     async def delete_thread(self, thread_id: str) -> None:
@@ -526,7 +526,7 @@ class ObservationalMemoryStore:
         if observe_due:
             count = segment_length(plan.backlog_counts, self._segment_budget(plan))
             segment = tuple(message.id for message in plan.backlog[:count])
-        memory = render_memory(plan.view, thread_id)
+        memory = render_memory(plan.view, thread_id, plan.window)
         window_volume = sum(self._count([m.content for m in plan.window])) if plan.window else 0
         memory_volume = self._count([memory.content])[0] if memory is not None else 0
         late: tuple[Message, ...] = ()
@@ -608,7 +608,7 @@ class ObservationalMemoryStore:
         """What :meth:`recall` would return if no pass were due: the memory as recorded now, then
         the window. No model call, no write."""
         plan = await self._plan(thread_id, last, peek=True)
-        memory = render_memory(plan.view, thread_id)
+        memory = render_memory(plan.view, thread_id, plan.window)
         return ([memory] if memory is not None else []) + plan.window
 
     async def _backlog(

@@ -418,6 +418,20 @@ async def test_wrappers_compose_an_outer_memory_over_an_inner_one(scripted: Scri
     await outer.save_messages([msg(17)])  # (the late-message check reads the newest stored message)
 
 
+async def test_stacked_wrappers_that_observed_the_same_segment_return_distinct_ids(scripted: Scripted) -> None:
+    """Two wrappers with the same threshold observe the same messages into records of the same id
+    (ids derive from the segment): the read returned two memory messages under one id."""
+    inner = make(scripted, observation=4)
+    outer = make(scripted, observation=4, inner=inner, observations=create_in_memory_observation_store())
+    await fill(outer, 10)
+    got = await outer.recall("t", last=2)
+    [outer_record, *_] = await outer.observations.list("t")
+    assert outer_record.id in {r.id for r in await inner.observations.list("t")}  # the same record id
+    ids = [m.id for m in got]
+    assert len(set(ids)) == len(ids) and ids[0].startswith("omem-memory:") and "#2" in ids[0]
+    assert ids[0] == (await outer.inspect("t", last=2)).memory_message.id  # inspect names it as the read does
+
+
 async def test_saving_and_inspecting_a_stacked_wrapper_call_no_model(scripted: Scripted) -> None:
     """The outer's late-message check and inspect read the inner wrapper as the app would: its
     passes ran inside them, so a save called the inner's model, failed when that model was down
