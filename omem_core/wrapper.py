@@ -184,6 +184,21 @@ EventCallback = Callable[[CompactionEvent], Awaitable[None] | None]
 CURSOR_LEASE_TTL = 30.0  # seconds: a cursor lease covers one check and one write, never a model call
 
 
+_RESERVED = "\u0001"  # starts every lease key that is not a thread id itself
+
+
+def _pass_key(thread_id: str) -> str:
+    """The key of a thread's pass lease: its id (as stores have always held it), unless the id
+    starts with U+0001, which the keys below start with: then one no cursor key can equal."""
+    return f"{_RESERVED}pass{_RESERVED}{thread_id}" if thread_id.startswith(_RESERVED) else thread_id
+
+
+def _cursor_key(thread_id: str) -> str:
+    """The key of a thread's cursor lease: one no thread's pass key can equal (it was the id and
+    ``\x01cursor``, which a thread named that way held as its pass lease)."""
+    return f"{_RESERVED}cursor{_RESERVED}{thread_id}"
+
+
 async def _try_lease(leases: Leases, key: str, holder: str, ttl: float) -> bool:
     """``leases.try_lease``, safe under cancellation: an attempt cancelled mid-way is let finish
     and, if it took the lease, gives it back (else the lease would block every process until it
@@ -795,20 +810,20 @@ class ObservationalMemoryStore:
         assert leases is not None
         # A holder per pass: a pass started after a delete, while the stale one still runs, must
         # not renew (and then lose, when the stale one releases it) that pass's lease.
-        holder, delay = f"{self._holder}:{uuid.uuid4().hex[:8]}", 0.02
-        while not await _try_lease(leases, thread_id, holder, self.lease_ttl):
+        key, holder, delay = _pass_key(thread_id), f"{self._holder}:{uuid.uuid4().hex[:8]}", 0.02
+        while not await _try_lease(leases, key, holder, self.lease_ttl):
             if self.on_busy == "render":
                 yield None
                 return
             await asyncio.sleep(delay)  # "wait": poll until the holder finishes or its lease expires
             delay = min(delay * 2, 0.5)
         lease = _Lease()
-        renewer = asyncio.ensure_future(self._renew(leases, thread_id, holder, lease))
+        renewer = asyncio.ensure_future(self._renew(leases, key, holder, lease))
         try:
             yield lease
         finally:
             renewer.cancel()
-            await asyncio.shield(leases.release_lease(thread_id, holder))
+            await asyncio.shield(leases.release_lease(key, holder))
 
     @contextlib.asynccontextmanager
     async def _cursor_lease(self, thread_id: str) -> AsyncIterator[None]:
@@ -817,7 +832,7 @@ class ObservationalMemoryStore:
         renewal), apart from the pass's own lease, and a holder of its own each time."""
         leases = self._leases
         assert leases is not None
-        key, holder, delay = f"{thread_id}\u0001cursor", f"{self._holder}:{uuid.uuid4().hex[:8]}", 0.02
+        key, holder, delay = _cursor_key(thread_id), f"{self._holder}:{uuid.uuid4().hex[:8]}", 0.02
         while not await _try_lease(leases, key, holder, CURSOR_LEASE_TTL):
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5)
@@ -826,13 +841,13 @@ class ObservationalMemoryStore:
         finally:
             await asyncio.shield(leases.release_lease(key, holder))
 
-    async def _renew(self, leases: Leases, thread_id: str, holder: str, lease: _Lease) -> None:
+    async def _renew(self, leases: Leases, key: str, holder: str, lease: _Lease) -> None:
         while True:
             await asyncio.sleep(self.lease_ttl / 3)
             try:
-                renewed = await leases.try_lease(thread_id, holder, self.lease_ttl)
+                renewed = await leases.try_lease(key, holder, self.lease_ttl)
             except Exception:  # a failed renewal is a lost lease, never a crashed read
-                logger.exception("omem: renewing the lease of thread %r failed", thread_id)
+                logger.exception("omem: renewing the pass lease %r failed", key)
                 renewed = False
             if not renewed:
                 lease.lost = True

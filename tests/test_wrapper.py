@@ -387,6 +387,23 @@ async def test_cancelling_the_only_reader_cancels_the_model_call(scripted: Scrip
     assert got[0].role == "system" and scripted.started == 2
 
 
+async def test_a_pass_on_one_thread_never_holds_up_a_save_to_another(scripted: Scripted) -> None:
+    """The cursor lease of thread "a" was keyed "a\x01cursor", the pass lease of a thread of that
+    name: while that thread's pass waited on its model, every save to "a" waited too."""
+    store = make(scripted, observation=3)
+    odd = "a\u0001cursor"
+    scripted.gate = asyncio.Event()
+    await store.save_messages([msg(i, thread=odd) for i in range(10)])
+    reader = asyncio.create_task(store.recall(odd, last=2))
+    await until_started(scripted)  # its pass holds its lease while the model runs
+    try:
+        await asyncio.wait_for(store.save_messages([msg(i, thread="a") for i in range(3)]), timeout=10)
+    finally:
+        scripted.gate.set()
+        await reader
+    assert [m.id for m in await store.inner.recall("a", last=5)] == ["m0", "m1", "m2"]
+
+
 async def test_delete_during_an_inflight_pass_saves_nothing(scripted: Scripted) -> None:
     events: list[CompactionEvent] = []
     store = make(scripted, observation=3, on_event=events.append)
