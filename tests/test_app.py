@@ -503,6 +503,21 @@ def run_experiment_in(db: Path, observation=(150, 600), observers=("omem/extract
     return experiment_id
 
 
+def test_compare_forgets_a_probe_picked_in_another_experiment(db: Path) -> None:
+    """The probe picker kept a row number across a switch of experiment: it showed the old
+    experiment's probe and its Open run opened another probe's run."""
+    tiny = run_experiment_in(db, observation=(20, 40), dataset=PROJECT_DEMO.parent / "tiny.jsonl", window=2)
+    demo = run_experiment_in(db, observation=(150, 600))
+    at = app("compare")
+    at.sidebar.selectbox(key="cmp_xp").set_value(tiny).run()
+    at.selectbox(key=f"cmp_xp_probe_{tiny}").set_value("tiny · q2").run()
+    at.sidebar.selectbox(key="cmp_xp").set_value(demo).run()
+    assert not at.exception, at.exception
+    probe = at.selectbox(key=f"cmp_xp_probe_{demo}")  # a picker of its own: nothing of tiny's kept
+    assert probe.value == "priya-lisbon · p01" and probe.options[0].startswith("priya-lisbon · p01 · ")
+    assert all(o.startswith("priya-lisbon · ") for o in probe.options)
+
+
 def test_compare_sets_two_configurations_side_by_side_on_the_conversations_both_completed(db: Path) -> None:
     """One configuration failed on a conversation: A's figures pooled over 3 conversations beside
     B's over 4 (and a B − A that was paired over 3) compared nothing; every figure is now on the
@@ -627,7 +642,7 @@ def test_launch_an_experiment_then_tune_compare_grid_and_a_trace(db: Path) -> No
                      if not app_data.missing(full.at[i, f"{lost}|step"]) and full.at[i, f"{lost}|score"] < 0.5)
     run_id, step = full.at[row, f"{lost}|run"], int(full.at[row, f"{lost}|step"])
     at.toggle(key="cmp_xp_differs").set_value(False).run()  # every probe again, not only the differing ones
-    at.selectbox(key="cmp_xp_probe").set_value(row)
+    at.selectbox(key=f"cmp_xp_probe_{experiment_id}").set_value(f"{full.at[row, 'conversation']} · {full.at[row, 'probe']}")
     at.selectbox(key="cmp_xp_cell_config").set_value(lost).run()
     at.button(key="cmp_xp_open").click().run()
     assert not at.exception, at.exception

@@ -154,8 +154,16 @@ def experiment_comparison() -> None:
                     st.switch_page("workbench/app_pages/explorer.py")
         if not view.empty:
             left, middle = st.columns([3, 2])
-            probe_keys = {i: f"{r.conversation} · {r.probe} · {r.question}" for i, r in view.iterrows()}
-            row = left.selectbox("Probe", list(probe_keys), format_func=probe_keys.get, key="cmp_xp_probe")
+            # A picker per experiment, whose options name the probe itself (conversation and id),
+            # never a row number: after a switch of experiment the browser kept showing the old
+            # experiment's probe while the row number it kept opened another probe's run.
+            rows = {f"{r.conversation} · {r.probe}": i for i, r in view.iterrows()}
+            questions = {key: f"{key} · {view.at[i, 'question']}" for key, i in rows.items()}
+            probe_key = f"cmp_xp_probe_{experiment_id}"
+            for key, options in ((probe_key, list(rows)), ("cmp_xp_cell_config", ordered)):
+                if key in st.session_state and st.session_state[key] not in options:
+                    del st.session_state[key]  # (a probe the "differ" toggle hid, a label of another grid)
+            row = rows[left.selectbox("Probe", list(rows), format_func=questions.get, key=probe_key)]
             label = middle.selectbox("Configuration", ordered, key="cmp_xp_cell_config")
             target = app_data.grid_target(grid, row, label)
             where = "at the step its evidence was lost" if target and target[1] is not None else "at its last step"
