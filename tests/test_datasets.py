@@ -293,6 +293,23 @@ def test_a_folder_that_is_no_dataset_names_what_inside_could_be(tmp_path) -> Non
                                       + ", ".join(FORMATS))
 
 
+def test_a_folder_of_dataset_folders_names_each_of_them(tmp_path) -> None:
+    """``../shared/datasets`` given by path: only ``memorybank/`` was offered, not ``locomo-dev/``
+    (one dataset file beside its licence) nor ``beam-100k-dev/`` (a folder of chat folders)."""
+    import shutil
+
+    top = tmp_path / "datasets"
+    shutil.copytree(PROJECT_DATASETS / "samples" / "beam-sample", top / "beam-dev" / "1")
+    (top / "lme").mkdir()
+    write(top / "lme", "lme.json", (SAMPLES / "longmemeval-sample.json").read_text())
+    write(top / "lme", "LICENSE.txt", "terms")
+    (top / "docs").mkdir()
+    write(top / "docs", "about.json", json.dumps({"not": "a dataset"}))
+    with pytest.raises(DatasetError) as caught:
+        load_dataset(top)
+    assert str(caught.value).endswith("give one of these as the dataset instead: beam-dev/, lme/")
+
+
 def test_a_folder_of_beam_chats_is_one_dataset_and_the_published_layout_loads(tmp_path) -> None:
     """BEAM publishes ``chats/100K/<n>/chat.json`` with ``probing_questions/probing_questions.json``
     in a folder: the folder of chats was "format not recognised" (an experiment over BEAM meant

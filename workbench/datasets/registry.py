@@ -69,6 +69,14 @@ def sniffed(path: Path) -> str | None:
         return None
 
 
+def _a_dataset_folder(path: Path) -> bool:
+    """A folder that reads as a dataset: a folder format's (a BEAM chat, a folder of them,
+    MemoryBank's), or one holding a single dataset file (``locomo-dev/`` beside its licence)."""
+    if any((path / file).is_file() for f in REGISTRY for file in f.folder_files) or beam.chat_folders(path):
+        return True
+    return _file_inside(Source(path), None) is not None
+
+
 def _inside(folder: Path) -> str:
     """What in an unrecognised folder could be the dataset meant (``; give one of these as the
     dataset instead: …``): its JSON files whose content a format recognises, and its subfolders
@@ -78,7 +86,7 @@ def _inside(folder: Path) -> str:
     for path in sorted(folder.iterdir()):
         if path.is_file() and path.suffix.lower() in (".json", ".jsonl"):
             (found if sniffed(path) else others).append(path.name)
-        elif path.is_dir() and any((path / file).is_file() for f in REGISTRY for file in f.folder_files):
+        elif path.is_dir() and _a_dataset_folder(path):
             found.append(path.name + "/")
 
     def listed(names: list[str]) -> str:
