@@ -422,6 +422,13 @@ def test_a_dataset_warning_is_shown_beside_it(db: Path, tmp_path) -> None:
     assert not at.exception
     assert any("1 message is dated before the message before it in the file (first: 'm2'" in shown(w.value)
                for w in at.sidebar.warning)
+    # probes none of which has a gold answer: said before a replay (it was said only after one)
+    sample = json.loads((PROJECT_DEMO.parent / "samples" / "longmemeval-sample.json").read_text())
+    abstention = tmp_path / "abstention.json"
+    abstention.write_text(json.dumps([i for i in sample if i["question_id"].endswith("_abs")]))
+    at.sidebar.text_input(key="ex_path").set_value(str(abstention)).run()
+    assert any("Its probe has no gold answer, so retention cannot be scored" in shown(w.value)
+               and "an LLM judge" in w.value for w in at.sidebar.warning)
 
 
 def test_failed_configurations_are_listed_never_silently_dropped(db: Path, monkeypatch) -> None:

@@ -305,6 +305,13 @@ def dataset_picker(prefix: str) -> Conversation | None:
     if not conversation.probes:
         st.sidebar.info("This conversation has no probes: replays show compression and the timeline, "
                         "but no retention.")
+    elif all(p.gold is None for p in conversation.probes):  # (MemoryBank's: said before a replay, not after)
+        held = ("Its probe has no gold answer" if len(conversation.probes) == 1
+                else f"None of its {len(conversation.probes)} probes has a gold answer")
+        st.sidebar.warning(
+            f"{held}, so retention cannot be scored: replays show compression and the timeline"
+            + (" (an LLM judge grades questions about something never said: the CLI's replay --judge)."
+               if any(p.abstention for p in conversation.probes) else "."))
     return conversation
 
 
