@@ -512,11 +512,20 @@ def run_experiment_in(db: Path, observation=(150, 600), observers=("omem/extract
 
 def test_compare_forgets_a_probe_picked_in_another_experiment(db: Path) -> None:
     """The probe picker kept a row number across a switch of experiment: it showed the old
-    experiment's probe and its Open run opened another probe's run."""
+    experiment's probe and its Open run opened another probe's run. (Also: the charts' "1.1x
+    compression at step 5" beside the figures' 1.2x was left unexplained.)"""
     tiny = run_experiment_in(db, observation=(20, 40), dataset=PROJECT_DEMO.parent / "tiny.jsonl", window=2)
     demo = run_experiment_in(db, observation=(150, 600))
     at = app("compare")
     at.sidebar.selectbox(key="cmp_xp").set_value(tiny).run()
+    # (and the charts' compression at the last read is explained beside the figures' whole-run one)
+    runs = store(db).experiment_runs(tiny)
+    notes = [app_data.compression_note(store(db).run(r.run_id), store(db).steps(r.run_id)) for r in runs.itertuples()]
+    assert any(notes)
+    captions = " ".join(c.value for c in at.caption)
+    for label, side in (("obs 20", "A"), ("obs 40", "B")):
+        [note] = [n for n, r in zip(notes, runs.itertuples()) if r.config_label == label]
+        assert note is None or f"{side}: {note}" in shown(captions)
     at.selectbox(key=f"cmp_xp_probe_{tiny}").set_value("tiny · q2").run()
     at.sidebar.selectbox(key="cmp_xp").set_value(demo).run()
     assert not at.exception, at.exception
