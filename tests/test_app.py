@@ -704,6 +704,9 @@ def test_resume_export_and_delete_an_experiment(db: Path) -> None:
     assert not at.exception
     assert s.experiments().empty and s.runs().query("experiment_id == @experiment_id").empty
     assert any("No experiments yet" in i.value for i in at.info)
+    # above the form: under it, the line stayed on screen below the first experiment's progress
+    body = [type(e).__name__ + ":" + str(getattr(e, "value", getattr(e, "label", ""))) for e in at.main.children.values()]
+    assert [i for i, e in enumerate(body) if "No experiments yet" in e] < [i for i, e in enumerate(body) if e.startswith("Expander")]
 
 
 def test_a_cost_limit_over_a_model_of_unknown_price_is_said_not_to_hold(db: Path, scripted) -> None:

@@ -32,6 +32,10 @@ st.caption("An experiment replays every conversation of a dataset under every co
            "pools the figures per configuration. Tune and Compare read them.")
 
 existing = store.experiments()
+if existing.empty and not st.session_state.get("xp_start"):
+    # Above the form, not under it: under it, the line from before a click stayed on screen below
+    # the first experiment's progress until that experiment ended.
+    st.info("No experiments yet: start one below, or with `python -m workbench experiment run`.")
 
 with st.expander("New experiment", expanded=existing.empty):
     entries = known_datasets()
@@ -158,7 +162,6 @@ with st.expander("New experiment", expanded=existing.empty):
 
 existing = store.experiments()
 if existing.empty:
-    st.info("No experiments yet: start one above, or with `python -m workbench experiment run`.")
     st.stop()
 if st.session_state.get("xp_done"):
     kind, text = st.session_state.pop("xp_done")
