@@ -1025,6 +1025,9 @@ def test_two_stored_runs_compared_first_are_of_one_conversation_and_tables_read_
                          "status": ["completed", "completed", "failed", "completed"]})
     assert app_data.default_run_pair(runs) == ("r1", "r4")  # not r3 (another conversation) nor the failed r2
     assert app_data.default_run_pair(runs.iloc[:2]) == ("r3", "r4")  # no other run of x: the next one
+    # the newest run alone of its conversation (an upload's): the newest pair of one conversation
+    upload = pd.concat([pd.DataFrame({"run_id": ["r5"], "conversation_id": ["upload"], "status": ["completed"]}), runs])
+    assert app_data.default_run_pair(upload) == ("r1", "r4")
     probes = pd.DataFrame([{"method": m, "category": c, "score": 1.0, "probe_id": f"p{c}"}
                            for m in ("memory", "recent_tokens", "full_history") for c in ("2", "4")])
     table = analysis.retention_table(probes)

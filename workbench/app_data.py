@@ -502,14 +502,18 @@ def figures_comparison(summaries: Sequence[Any], probes: pd.DataFrame, a: str, b
 
 
 def default_run_pair(runs: pd.DataFrame) -> tuple[str, str]:
-    """Two stored runs to compare first (``runs`` newest first): the newest completed one as B and,
-    as A, the newest other completed run of the same conversation; failing that, the next run."""
+    """Two stored runs to compare first (``runs`` newest first): the newest completed run that has
+    another completed run of its conversation as B, and the newest such other run as A (runs of
+    two conversations are "not directly comparable": the newest run alone, say an upload's, made
+    that the first thing shown); failing that, the newest run and the next."""
     done = runs[runs.status == "completed"] if "status" in runs else runs
     pool = done if len(done) >= 2 else runs
+    for b in pool.itertuples():
+        same = pool[(pool.conversation_id == b.conversation_id) & (pool.run_id != b.run_id)]
+        if not same.empty:
+            return str(same.iloc[0].run_id), str(b.run_id)
     b = pool.iloc[0]
-    same = pool[(pool.conversation_id == b.conversation_id) & (pool.run_id != b.run_id)]
-    a = same.iloc[0] if not same.empty else pool[pool.run_id != b.run_id].iloc[0]
-    return str(a.run_id), str(b.run_id)
+    return str(pool[pool.run_id != b.run_id].iloc[0].run_id), str(b.run_id)
 
 
 def probe_counts(probes: pd.DataFrame, labels: Sequence[str]) -> tuple[int, int]:
