@@ -56,13 +56,15 @@ with st.expander("New experiment", expanded=existing.empty):
             ui.error("Cannot read the dataset: ", exc)
     ids = [c.id for c in listed]
     chosen = st.multiselect("Conversations (all when none is chosen)", ids, key="xp_conversations")
-    left, middle, right = st.columns(3)
+    # Rows of two for what holds chips (models, prompts: in a third of a 900 px page a model's
+    # chip read "o.. ×"), rows of three aligned at the bottom (a label that wraps to two lines
+    # left its box lower than its neighbours').
+    left, right = st.columns(2)
     models = usable_models()
     observers = left.multiselect("Observer models", models, default=models[:1], key="xp_observers",
                                  accept_new_options=True)
-    reflectors = middle.multiselect("Reflector models", [*models, "none"], default=models[:1], key="xp_reflectors",
-                                    accept_new_options=True)
-    counter = right.selectbox("Token counter", TOKEN_COUNTERS, key="xp_counter")
+    reflectors = right.multiselect("Reflector models", [*models, "none"], default=models[:1], key="xp_reflectors",
+                                   accept_new_options=True)
     is_demo = dataset is not None and Path(dataset) == DEMO_DATASET
     # Thresholds around the demo's scaled ones (300 / 600) or the library's defaults (1000 / 2000),
     # set again when the dataset switches between the two kinds (through the widgets' state: a
@@ -71,22 +73,27 @@ with st.expander("New experiment", expanded=existing.empty):
     if st.session_state.get("xp_defaults") != defaults or "xp_obs" not in st.session_state:
         st.session_state["xp_defaults"] = defaults
         st.session_state["xp_obs"], st.session_state["xp_ref"] = defaults
-    obs_text = left.text_input("Observation thresholds", key="xp_obs", help="Comma-separated token volumes")
-    ref_text = middle.text_input("Reflection thresholds", key="xp_ref")
-    win_text = right.text_input("Windows (last messages)", "10", key="xp_win")
+    first, second, third = st.columns(3, vertical_alignment="bottom")
+    obs_text = first.text_input("Observation thresholds", key="xp_obs", help="Comma-separated token volumes")
+    ref_text = second.text_input("Reflection thresholds", key="xp_ref")
+    win_text = third.text_input("Windows (last messages)", "10", key="xp_win")
     observer_prompts = ui.prompt_choices(store, "observer")
     reflector_prompts = ui.prompt_choices(store, "reflector")
+    left, right = st.columns(2)
     picked_op = left.multiselect("Observer prompts", list(observer_prompts), default=list(observer_prompts)[:1],
                                  key="xp_oprompts")
-    picked_rp = middle.multiselect("Reflector prompts", list(reflector_prompts),
-                                   default=list(reflector_prompts)[:1], key="xp_rprompts")
-    concurrency = right.number_input("Runs at once", 1, 16, 2, key="xp_concurrency",
+    picked_rp = right.multiselect("Reflector prompts", list(reflector_prompts),
+                                  default=list(reflector_prompts)[:1], key="xp_rprompts")
+    first, second, third = st.columns(3, vertical_alignment="bottom")
+    counter = first.selectbox("Token counter", TOKEN_COUNTERS, key="xp_counter")
+    backlog_text = second.text_input("Backlog ceilings (tokens, or off)", "off", key="xp_backlog",
+                                     help="Opt-in, comma-separated: past a ceiling the observer takes larger "
+                                          "segments until the backlog is under it again. 'off, 2000' compares both.")
+    concurrency = third.number_input("Runs at once", 1, 16, 2, key="xp_concurrency",
                                      help="Offline replays run in worker processes; remote ones as parallel calls")
+    left, right = st.columns(2, vertical_alignment="bottom")
     max_cost = left.number_input("Cost limit (USD, 0 for none)", 0.0, 10_000.0, 0.0, step=1.0, key="xp_max_cost")
-    name = middle.text_input("Name (optional)", key="xp_name")
-    backlog_text = right.text_input("Backlog ceilings (tokens, or off)", "off", key="xp_backlog",
-                                    help="Opt-in, comma-separated: past a ceiling the observer takes larger "
-                                         "segments until the backlog is under it again. 'off, 2000' compares both.")
+    name = right.text_input("Name (optional)", key="xp_name")
 
     problems, grid = [], []
     values = {}
