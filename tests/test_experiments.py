@@ -969,6 +969,8 @@ def test_the_apps_banner_after_an_experiment_mentions_the_datasets_warnings() ->
                                    {"tiny": ["evidence 'nope' of probe 'q9' points to no message"]})
     kind, sentence = ex.outcome_message("exp-1", outcome)
     assert kind == "warning" and "1 warning on 1 conversation" in sentence and "'nope'" in sentence
+    # an experiment given a name is called by it (it was named by its id alone)
+    assert ex.outcome_message("exp-1", outcome, "thresholds")[1].startswith("thresholds (exp-1) completed: ")
 
 
 def test_an_experiment_on_questions_without_answers_says_retention_cannot_be_scored(tmp_path) -> None:

@@ -351,9 +351,12 @@ def listed_status(row: Any) -> str:
     return status_text(str(row["status"]), failed, planned, max(0, planned - runs))
 
 
-def outcome_message(experiment_id: str, outcome: ExperimentOutcome) -> tuple[str, str]:
+def outcome_message(experiment_id: str, outcome: ExperimentOutcome, name: str | None = None) -> tuple[str, str]:
     """``(kind, sentence)`` for the app's banner after a start or a resume: ``success`` only when
-    every run replayed completed; ``warning`` when some failed; ``error`` when none did or it stopped."""
+    every run replayed completed; ``warning`` when some failed; ``error`` when none did or it stopped.
+    An experiment given a ``name`` is called by it (its id after it)."""
+    if name:
+        experiment_id = f"{name} ({experiment_id})"
     runs = f"{count(outcome.runs, 'run')} replayed in {outcome.elapsed_s:.1f} s"
     if outcome.warnings:
         noted = sum(len(w) for w in outcome.warnings.values())

@@ -164,7 +164,8 @@ with st.expander("New experiment", expanded=existing.empty):
             st.session_state[ui.EXPERIMENT_KEY] = experiment_id  # the picker shows it after the rerun
             outcome = ui.run_experiment_with_progress(store, experiment_id)
             if outcome is not None:
-                st.session_state["xp_done"] = outcome_message(experiment_id, outcome)
+                st.session_state["xp_done"] = outcome_message(experiment_id, outcome,
+                                                              store.experiment(experiment_id).get("name"))
             st.rerun()
 
 existing = store.experiments()
@@ -241,7 +242,8 @@ if actions.button("Delete experiment", key="xp_delete", disabled=not confirm or 
 if resume:
     outcome = ui.run_experiment_with_progress(store, experiment_id)
     if outcome is not None:
-        st.session_state["xp_done"] = outcome_message(experiment_id, outcome)
+        st.session_state["xp_done"] = outcome_message(experiment_id, outcome,
+                                                              store.experiment(experiment_id).get("name"))
     st.rerun()
 
 summaries = tables["summaries"]
