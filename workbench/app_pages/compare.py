@@ -83,7 +83,7 @@ def experiment_comparison() -> None:
                               f"B · {b}": st.column_config.Column(width=80, help=ui.plain(f"B · {b}"), **right),
                               "CI excludes 0": st.column_config.Column(width=100)})
     listed, scored = app_data.probe_counts(probes, [a, b])
-    unscored = (f"; the other {listed - scored:,} have no gold answer or their evidence still in the final window"
+    unscored = (f"; the other {listed - scored:,} have no gold answer or their evidence is still in the final window"
                 if listed > scored else "")
     st.caption(f"Retention pools the {fmt.count(scored, 'probe')} scored (they have a gold answer and their evidence "
                f"has left the window{unscored}). Highlighted: "
