@@ -7,20 +7,23 @@ import streamlit as st
 
 import omem_core  # noqa: F401  (sets litellm's offline environment first)
 
-st.set_page_config(page_title="omem workbench", page_icon="🧠", layout="wide")
+# Only when Streamlit runs this script (as "__main__"): a process pool's fork server, started from
+# the app, imports the running script as "__mp_main__", which ran the whole app there, headless.
+if __name__ == "__main__":
+    st.set_page_config(page_title="omem workbench", page_icon="🧠", layout="wide")
 
-pages = {
-    "Experiments": [
-        st.Page("workbench/app_pages/experiments.py", title="Experiments", icon=":material/science:"),
-        st.Page("workbench/app_pages/tune.py", title="Tune", icon=":material/tune:"),
-        st.Page("workbench/app_pages/compare.py", title="Compare", icon=":material/compare:"),
-    ],
-    "One run": [
-        st.Page("workbench/app_pages/explorer.py", title="Replay explorer", icon=":material/search:", default=True),
-        st.Page("workbench/app_pages/traces.py", title="Traces", icon=":material/receipt_long:"),
-        st.Page("workbench/app_pages/present.py", title="Presentation", icon=":material/slideshow:"),
-        st.Page("workbench/app_pages/runs.py", title="Runs", icon=":material/history:"),
-        st.Page("workbench/app_pages/prompts.py", title="Prompts", icon=":material/edit_note:"),
-    ],
-}
-st.navigation(pages).run()
+    pages = {
+        "Experiments": [
+            st.Page("workbench/app_pages/experiments.py", title="Experiments", icon=":material/science:"),
+            st.Page("workbench/app_pages/tune.py", title="Tune", icon=":material/tune:"),
+            st.Page("workbench/app_pages/compare.py", title="Compare", icon=":material/compare:"),
+        ],
+        "One run": [
+            st.Page("workbench/app_pages/explorer.py", title="Replay explorer", icon=":material/search:", default=True),
+            st.Page("workbench/app_pages/traces.py", title="Traces", icon=":material/receipt_long:"),
+            st.Page("workbench/app_pages/present.py", title="Presentation", icon=":material/slideshow:"),
+            st.Page("workbench/app_pages/runs.py", title="Runs", icon=":material/history:"),
+            st.Page("workbench/app_pages/prompts.py", title="Prompts", icon=":material/edit_note:"),
+        ],
+    }
+    st.navigation(pages).run()

@@ -162,3 +162,15 @@ def test_running_a_sweep_again_says_so_and_records_no_duplicate(db: Path) -> Non
     at.sidebar.button(key="tune_run").click().run()
     assert len(RunStore(db).runs()) == 2
 
+
+
+def test_the_app_script_imported_by_a_fork_server_runs_nothing(db: Path) -> None:
+    """Streamlit runs app.py as ``__main__``, and a process pool's fork server (an experiment
+    started from the app) imports ``__main__``'s file as ``__mp_main__``: the whole app ran there
+    headless, logging 22 "missing ScriptRunContext" warnings per experiment."""
+    import runpy
+
+    script = Path(__file__).resolve().parents[1] / "app.py"
+    imported = runpy.run_path(str(script), run_name="__mp_main__")
+    assert "pages" not in imported  # the body (page config, navigation) did not run
+    assert [t.value for t in app().title] == ["Replay explorer"]  # as Streamlit runs it, it does
