@@ -491,7 +491,7 @@ def test_no_page_shows_nan(db: Path, monkeypatch) -> None:
 # -- experiments ---------------------------------------------------------------------------------------
 
 def run_experiment_in(db: Path, observation=(150, 600), observers=("omem/extractive",), dataset=PROJECT_DEMO,
-                      status: str | None = None, backlogs=(None,), window: int = 10) -> str:
+                      status: str | None = None, backlogs=(None,), window: int = 10, name: str | None = None) -> str:
     """An experiment recorded through the engine (in-process, concurrency 1)."""
     import asyncio
 
@@ -502,7 +502,8 @@ def run_experiment_in(db: Path, observation=(150, 600), observers=("omem/extract
                        reflection=[600], windows=[window], observer_prompts=[BUILTIN_PROMPTS["observer"][0]],
                        reflector_prompts=[BUILTIN_PROMPTS["reflector"][0]], max_backlogs=list(backlogs))
     with RunStore(db) as s:
-        experiment_id = create_experiment(s, dataset=dataset, grid=grid, options=ExperimentOptions(concurrency=1))
+        experiment_id = create_experiment(s, dataset=dataset, grid=grid, options=ExperimentOptions(concurrency=1),
+                                          name=name)
         if status is None:
             asyncio.run(run_experiment(s, experiment_id))
         else:
@@ -707,6 +708,15 @@ def test_resume_export_and_delete_an_experiment(db: Path) -> None:
     # above the form: under it, the line stayed on screen below the first experiment's progress
     body = [type(e).__name__ + ":" + str(getattr(e, "value", getattr(e, "label", ""))) for e in at.main.children.values()]
     assert [i for i, e in enumerate(body) if "No experiments yet" in e] < [i for i, e in enumerate(body) if e.startswith("Expander")]
+
+
+def test_a_name_already_taken_is_warned_about_before_the_start(db: Path) -> None:
+    experiment_id = run_experiment_in(db, observation=(150,), name="baseline")
+    at = app("experiments")
+    at.text_input(key="xp_name").set_value("other").run()
+    assert not any("exists already" in w.value for w in at.warning)
+    at.text_input(key="xp_name").set_value("baseline").run()
+    assert any(f"An experiment named 'baseline' exists already ({experiment_id})" in shown(w.value) for w in at.warning)
 
 
 def test_a_cost_limit_over_a_model_of_unknown_price_is_said_not_to_hold(db: Path, scripted) -> None:

@@ -365,6 +365,18 @@ def test_experiment_list_show_compare_and_export(tmp_path) -> None:
     assert code == 1 and "no experiment exp-nope" in err
 
 
+def test_a_name_given_twice_is_warned_about(tmp_path) -> None:
+    """Two experiments under one name read the same in the list and the pickers: nothing said so."""
+    db = str(tmp_path / "x.duckdb")
+    args = ["experiment", "run", "--dataset", str(ROOT / "datasets" / "tiny.jsonl"), "--window", "2",
+            "--name", "baseline", "--json", "--db", db]
+    code, out, err = invoke(*args)
+    first = json.loads(out.strip().splitlines()[-1])["experiment_id"]
+    assert code == 0 and "exists already" not in err
+    code, out, err = invoke(*args)
+    assert code == 0 and f"warning: an experiment named 'baseline' exists already ({first})" in err
+
+
 def test_labels_name_only_what_varies() -> None:
     grid = [ReplayConfig(observation_threshold=o, reflection_threshold=r).to_json() for o in (500, 1000)
             for r in (1000, 2000)]

@@ -1071,6 +1071,8 @@ def experiment_run(dataset, fmt, conversations, observation, reflection, windows
                        "counted, so the limit may not stop this experiment", err=True)
         if estimate != 0 and not yes and not click.confirm("Start?", default=True, err=True):  # (None: unknown price)
             raise click.ClickException("not started (pass --yes to start a paid experiment without asking)")
+        if same_name := ex.name_warning(store, name):
+            click.echo(f"warning: {same_name}", err=True)
         experiment_id = ex.create_experiment(store, dataset=dataset, grid=grid, options=options,
                                              conversations=chosen, dataset_format=fmt, name=name)
         click.echo(f"experiment {experiment_id}", err=True)

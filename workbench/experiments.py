@@ -504,6 +504,19 @@ def unscored_warning(conversations: Sequence[Any]) -> str | None:
             "figures will be compression, blind spot, calls and cost")
 
 
+def name_warning(store: Any, name: str | None) -> str | None:
+    """When experiments already carry ``name``, the sentence that says so (the list and pickers
+    would show two experiments under one name), else ``None``."""
+    if not name or not name.strip():
+        return None
+    existing = store.experiments()
+    taken = [] if existing.empty else list(existing[existing.name == name.strip()].experiment_id)
+    if not taken:
+        return None
+    return (f"an experiment named {name.strip()!r} exists already ({', '.join(taken)}): both will be listed under "
+            "that name, told apart only by their ids")
+
+
 def choose_conversations(ids: Sequence[str], conversations: Sequence[str] | None, dataset: str | Path) -> list[str]:
     """The conversations an experiment replays: ``conversations`` (each once, in the order
     given; an id named twice would count its probes twice) or every id of the dataset; an

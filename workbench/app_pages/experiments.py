@@ -16,6 +16,7 @@ from workbench.experiments import (
     estimate_cost,
     estimate_resume,
     labels,
+    name_warning,
     offline_prompt_warning,
     outcome_message,
     status_text,
@@ -94,6 +95,8 @@ with st.expander("New experiment", expanded=existing.empty):
     left, right = st.columns(2, vertical_alignment="bottom")
     max_cost = left.number_input("Cost limit (USD, 0 for none)", 0.0, 10_000.0, 0.0, step=1.0, key="xp_max_cost")
     name = right.text_input("Name (optional)", key="xp_name")
+    if same_name := name_warning(store, name):
+        st.warning(ui.plain(app_data.as_sentence(same_name)))
 
     problems, grid = [], []
     values = {}
