@@ -710,6 +710,16 @@ def test_resume_export_and_delete_an_experiment(db: Path) -> None:
     assert [i for i, e in enumerate(body) if "No experiments yet" in e] < [i for i, e in enumerate(body) if e.startswith("Expander")]
 
 
+def test_a_paid_replay_shows_its_estimated_cost_before_the_click(db: Path, monkeypatch) -> None:
+    """The CLI asks before a paid replay; the explorer's Run replay said nothing of cost."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-never-sent-0000000000")  # (no call is made)
+    at = app()
+    assert not any("Estimated cost" in c.value for c in at.sidebar.caption)  # the offline model: free
+    at.sidebar.selectbox(key="ex_observer").set_value("gpt-4o-mini").run()
+    assert not at.exception, at.exception
+    assert any(c.value.startswith("Estimated cost: about $") for c in at.sidebar.caption)
+
+
 def test_a_name_already_taken_is_warned_about_before_the_start(db: Path) -> None:
     experiment_id = run_experiment_in(db, observation=(150,), name="baseline")
     at = app("experiments")

@@ -548,6 +548,22 @@ def funnel_table(summaries: Sequence[Any], labels: Sequence[str] | None = None) 
     return pd.DataFrame(data, index=[STAGE_NAMES[s] for s in STAGES])
 
 
+def replay_cost_text(conversation: Any, config: Any) -> str | None:
+    """What a replay of ``conversation`` under ``config`` should cost, for beside its Run button
+    (``None`` on the offline model, or when the configuration cannot run here: it makes no call)."""
+    from .datasets.base import ConversationInfo
+    from .experiments import estimate_cost
+    from .replay import configuration_problem
+
+    if configuration_problem(config):
+        return None
+    cost = estimate_cost([ConversationInfo.of(conversation).tokens], [config])
+    if cost == 0:
+        return None
+    return ("Estimated cost: unknown (a model's price is not known to litellm)." if cost is None
+            else f"Estimated cost: about {money(cost, 4)} (a rough estimate, meant to err high).")
+
+
 def compression_note(run: dict[str, Any], steps: pd.DataFrame) -> str | None:
     """Why the run's compression and the chart's at the last memory read differ, when they read
     differently: the run's counts the whole conversation after its last message, the chart's what

@@ -17,6 +17,8 @@ if mode == "Run a replay":
     config = ui.config_form(store, "ex", conversation)
     start = st.sidebar.button("Run replay", type="primary", key="ex_run",
                               disabled=conversation is None or store.read_only)
+    if conversation is not None and (priced := app_data.replay_cost_text(conversation, config)):
+        st.sidebar.caption(priced)  # before the click, as the CLI asks before a paid replay
     if store.read_only:
         st.sidebar.caption("Replays are off: the run store is a read-only snapshot.")
     if start and conversation is not None:
