@@ -524,7 +524,7 @@ def test_the_replay_summary_says_which_probes_were_not_scored_and_fits_a_termina
     assert code == 0
     assert "over 2 probes (not scored: 1 without a gold answer)" in out  # the dataset lists 3
     assert "the same questions on: full history" in out
-    assert out.splitlines()[0].endswith(" · conversation beam-sample of beam-sample")  # (not "beam-beam-sample")
+    assert out.splitlines()[0].endswith(" · conversation beam-beam-sample of beam-sample")  # what was replayed
     context = re.search(r"final context (\d+) tokens", out).group(1)
     assert f"newest {context} tokens" in out  # the recency baseline's size, not an unexplained "K"
     assert max(len(line) for line in out.splitlines()) <= 100

@@ -153,9 +153,7 @@ def _chat(folder: Path, chat_file: Path, data: Any) -> Conversation:
                     abstention=abstention,
                     reference=text_or_none(gold),
                 ))
-    # "beam-1" for BEAM's numbered chats; a folder already named for BEAM keeps its name (not "beam-beam-sample")
-    name = folder.name if folder.name.lower().startswith("beam") else f"beam-{folder.name}"
-    conversation = Conversation(name, turns, probes, str(folder), NAME)
+    conversation = Conversation(f"beam-{folder.name}", turns, probes, str(folder), NAME)
     if probe_file is None:
         conversation.warnings.append(f"no probing questions: neither {' nor '.join(PROBE_FILES)} is in {folder}, "
                                      "so nothing can be scored")
