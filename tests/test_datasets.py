@@ -310,6 +310,26 @@ def test_a_folder_of_dataset_folders_names_each_of_them(tmp_path) -> None:
     assert str(caught.value).endswith("give one of these as the dataset instead: beam-dev/, lme/")
 
 
+def test_files_of_folder_formats_are_offered_and_a_format_given_picks_the_file(tmp_path) -> None:
+    """Found in review: a file in a folder format's layout (a BEAM chat.json copied as another
+    name) was said to be "in none of the formats read"; and a folder of BEAM chats beside a
+    LongMemEval file no longer read that file when --format longmemeval named it."""
+    import shutil
+
+    holder = tmp_path / "holder"
+    holder.mkdir()
+    write(holder, "chat-copy.json", (PROJECT_DATASETS / "samples" / "beam-sample" / "chat.json").read_text())
+    with pytest.raises(DatasetError) as caught:
+        load_dataset(holder)
+    assert str(caught.value).endswith("give one of these as the dataset instead: chat-copy.json")
+    mixed = tmp_path / "mixed"
+    shutil.copytree(PROJECT_DATASETS / "samples" / "beam-sample", mixed / "1")
+    write(mixed, "lme.json", (SAMPLES / "longmemeval-sample.json").read_text())
+    with pytest.raises(DatasetError, match="holds BEAM chat folders"):
+        load_dataset(mixed)  # which one is meant is not clear…
+    assert [c.id for c in load_dataset(mixed, "longmemeval")][:1] == ["omem-lme-001"]  # …unless a format says
+
+
 def test_a_folder_of_beam_chats_is_one_dataset_and_the_published_layout_loads(tmp_path) -> None:
     """BEAM publishes ``chats/100K/<n>/chat.json`` with ``probing_questions/probing_questions.json``
     in a folder: the folder of chats was "format not recognised" (an experiment over BEAM meant

@@ -45,8 +45,12 @@ def chat_folders(folder: Path) -> list[Path]:
         entries = list(folder.iterdir())
     except OSError:
         return []
-    if _own_json(entries):
-        return []
+    chats = _chats(entries)
+    return [] if chats and _own_json(entries) else chats  # (its own files are read only beside chats)
+
+
+def _chats(entries: list[Path]) -> list[Path]:
+    """The subfolders that hold a ``chat.json``, in number order."""
     return sorted((p for p in entries if p.is_dir() and (p / "chat.json").is_file()), key=_number_first)
 
 
@@ -65,9 +69,11 @@ def mixed_folder(folder: Path) -> str | None:
         entries = list(folder.iterdir())
     except OSError:
         return None
+    chats = _chats(entries)
+    if not chats or (folder / "chat.json").is_file():
+        return None
     own = _own_json(entries)
-    chats = sorted((p for p in entries if p.is_dir() and (p / "chat.json").is_file()), key=_number_first)
-    if not (own and chats) or (folder / "chat.json").is_file():
+    if not own:
         return None
     return (f"holds BEAM chat folders ({', '.join(p.name + '/' for p in chats[:3])}{', …' if len(chats) > 3 else ''}) "
             f"and dataset files of its own ({', '.join(p.name for p in own[:3])}{', …' if len(own) > 3 else ''}), so "

@@ -10,6 +10,7 @@ source)`` and ``ID_KEY``: listing and single-conversation loads then go through 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,15 +59,37 @@ def get_format(name: str) -> DatasetFormat:
         raise KeyError(f"unknown format {name!r}; choose one of {', '.join(FORMATS)}") from None
 
 
-def sniffed(path: Path) -> str | None:
-    """The format a file's content is in, by its start (``None``: none, or not JSON)."""
-    if _blank(path) or _zipped(path):
-        return None
-    source = Source(path)
+_CONTENT: OrderedDict[tuple[str, int, int], tuple[str, ...]] = OrderedDict()  # a few hundred files' formats
+
+
+def content_formats(path: Path) -> tuple[str, ...]:
+    """The formats whose sniff recognises a file's content, in detection order (``()``: none, not
+    JSON, blank, a zip, unreadable). Kept per file (path, size, modification time): folder checks
+    ask about the same files again and again, and a large JSON object is parsed whole to sniff it."""
     try:
-        return next((f.name for f in REGISTRY if not f.folder and f.sniff(source)), None)
-    except DatasetError:
-        return None
+        stat = path.stat()
+    except OSError:
+        return ()
+    key = (str(path), stat.st_size, stat.st_mtime_ns)
+    if key in _CONTENT:
+        _CONTENT.move_to_end(key)
+        return _CONTENT[key]
+    found: tuple[str, ...] = ()
+    if path.is_file() and not _blank(path) and not _zipped(path):
+        source = Source(path)
+        try:
+            found = tuple(f.name for f in REGISTRY if f.sniff(source))
+        except DatasetError:  # not JSON: no dataset
+            found = ()
+    _CONTENT[key] = found
+    while len(_CONTENT) > 512:
+        _CONTENT.popitem(last=False)
+    return found
+
+
+def sniffed(path: Path) -> str | None:
+    """The format a file's content is in (``None``: none, or not JSON), as detection would say."""
+    return next(iter(content_formats(path)), None)
 
 
 def _a_dataset_folder(path: Path) -> bool:
@@ -141,7 +164,7 @@ def _file_inside(folder: Source, format: str | None) -> tuple[Source, DatasetFor
         return None
     if format is None and any(f.folder and f.sniff(folder) for f in REGISTRY):
         return None
-    if beam.mixed_folder(folder.path):  # beside chat folders, a dataset file is not plainly the one meant
+    if format is None and beam.mixed_folder(folder.path):  # beside chat folders, not plainly the one meant
         return None
     found: list[tuple[Source, DatasetFormat]] = []
     try:
@@ -149,15 +172,12 @@ def _file_inside(folder: Source, format: str | None) -> tuple[Source, DatasetFor
     except OSError:
         return None
     for path in paths:
-        if not (path.is_file() and path.suffix.lower() in (".json", ".jsonl")) or _blank(path) or _zipped(path):
+        if not (path.is_file() and path.suffix.lower() in (".json", ".jsonl")):
             continue
-        inner = Source(path)
-        try:
-            fmt = next((f for f in REGISTRY if not f.folder and format in (None, f.name) and f.sniff(inner)), None)
-        except DatasetError:  # not JSON: not the dataset meant
-            continue
+        fmt = next((_BY_NAME[name] for name in content_formats(path)
+                    if not _BY_NAME[name].folder and format in (None, name)), None)
         if fmt is not None:
-            found.append((inner, fmt))
+            found.append((Source(path), fmt))
     return found[0] if len(found) == 1 else None
 
 
