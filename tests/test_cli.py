@@ -361,6 +361,22 @@ def test_a_replay_whose_only_probe_is_an_abstention_says_why_nothing_is_scored(t
            "LLM judge grades (--judge and --answerer)" in " ".join(out.split())
 
 
+def test_gold_answers_of_no_readable_word_are_not_called_missing(tmp_path) -> None:
+    """Found in review: gold answers the word score cannot read ("はい" is a stop word) were
+    reported as "none has a gold answer"."""
+    lines = [json.loads(line) for line in (PROJECT_DATASETS / "tiny.jsonl").read_text().splitlines()]
+    for line in lines:
+        if line.get("type") == "probe":
+            line["answer"] = "はい"
+    path = tmp_path / "hai.jsonl"
+    path.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines), encoding="utf-8")
+    code, out, err = invoke("replay", "--dataset", str(path), "--last-messages", "2", "--observation-threshold", "30")
+    assert code == 0, err
+    said = " ".join(out.split())
+    assert "none has a gold answer" not in said
+    assert "retention not scored: 3 probes, and no gold answer has words the word-retention score can look for" in said
+
+
 def test_a_resumed_replay_quotes_the_cost_of_what_is_left(scripted: Scripted, tmp_path) -> None:
     """`replay --resume` asked before paying with the cost of the whole conversation, however
     little of it was left."""

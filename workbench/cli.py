@@ -182,7 +182,8 @@ def _ask_before_paying(grid: list[Any], tokens: int, yes: bool, what: str) -> No
         raise click.ClickException("not started (pass --yes to start a paid replay without asking)")
 
 
-def _print_summary(result: ReplayResult, probes: int | None = None, source: str = "", abstentions: int = 0) -> None:
+def _print_summary(result: ReplayResult, probes: int | None = None, source: str = "", abstentions: int = 0,
+                   no_gold: int | None = None) -> None:
     """The run's figures, each line under 100 columns; ``probes``: the conversation's probes, so
     that those not scored (no gold answer, as abstention questions; or evidence still in the final
     window, so nothing had to survive yet) are said, not silently dropped."""
@@ -217,10 +218,14 @@ def _print_summary(result: ReplayResult, probes: int | None = None, source: str 
         _echo_wrapped(f"retention not scored: the evidence of {count(waiting, 'probe')} is still in the final window, "
                       f"so nothing has had to survive yet (a smaller --last-messages, or a longer conversation)",
                       first="  ", rest="  ")
-    elif probes:  # (every probe without a gold answer: it said nothing of them)
-        why = (f"{'it is' if probes == 1 else 'they are'} about something never said (abstention), which only "
-               "an LLM judge grades (--judge and --answerer)" if abstentions == probes
-               else "none has a gold answer to look for")
+    elif probes:  # (no probe scored, none waiting: it said nothing of them)
+        if abstentions == probes:
+            why = (f"{'it is' if probes == 1 else 'they are'} about something never said (abstention), which only "
+                   "an LLM judge grades (--judge and --answerer)")
+        elif no_gold == probes:
+            why = "none has a gold answer to look for"
+        else:  # (a gold answer of no word the score reads: "はい", "42%"…)
+            why = "no gold answer has words the word-retention score can look for (an LLM judge can grade them)"
         _echo_wrapped(f"retention not scored: {count(probes, 'probe')}, and {why}", first="  ", rest="  ")
     click.echo(f"  elapsed {s['elapsed_s']:.2f} s")
 
@@ -426,7 +431,8 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
             from .analysis import findings
 
             _print_summary(result, len(conv.probes), f"conversation {conv.id} of {_dataset_name(conv.source)}",
-                           sum(1 for p in conv.probes if p.gold is None and p.abstention))
+                           sum(1 for p in conv.probes if p.gold is None and p.abstention),
+                           sum(1 for p in conv.probes if p.gold is None))
             calls = store.model_calls(result.run_id) if result.run_id else None
             for note in findings(pd.DataFrame(result.step_rows), config.observation_threshold, calls,
                                  config.max_backlog, config.reflection_threshold if config.reflector else None,
