@@ -727,6 +727,12 @@ def test_a_name_already_taken_is_warned_about_before_the_start(db: Path) -> None
     assert not any("exists already" in w.value for w in at.warning)
     at.text_input(key="xp_name").set_value("baseline").run()
     assert any(f"An experiment named 'baseline' exists already ({experiment_id})" in shown(w.value) for w in at.warning)
+    # started under a new name: not then warned about as taken by the experiment just started
+    at.text_input(key="xp_name").set_value("second").run()
+    at.button(key="xp_start").click().run()
+    assert not at.exception, at.exception
+    assert "second" in set(store(db).experiments().name) and at.text_input(key="xp_name").value == ""
+    assert not any("exists already" in w.value for w in at.warning)
 
 
 def test_a_cost_limit_over_a_model_of_unknown_price_is_said_not_to_hold(db: Path, scripted) -> None:

@@ -32,6 +32,15 @@ st.title("Experiments")
 st.caption("An experiment replays every conversation of a dataset under every configuration of a grid and "
            "pools the figures per configuration. Tune and Compare read them.")
 
+
+def run_and_report(experiment_id: str) -> None:
+    """Run (or resume) the experiment with a progress bar, then rerun with its outcome's banner."""
+    outcome = ui.run_experiment_with_progress(store, experiment_id)
+    if outcome is not None:
+        st.session_state["xp_done"] = outcome_message(experiment_id, outcome, store.experiment(experiment_id).get("name"))
+    st.rerun()
+
+
 existing = store.experiments()
 if existing.empty and not st.session_state.get("xp_start"):
     # Above the form, not under it: under it, the line from before a click stayed on screen below
@@ -94,6 +103,8 @@ with st.expander("New experiment", expanded=existing.empty):
                                      help="Offline replays run in worker processes; remote ones as parallel calls")
     left, right = st.columns(2, vertical_alignment="bottom")
     max_cost = left.number_input("Cost limit (USD, 0 for none)", 0.0, 10_000.0, 0.0, step=1.0, key="xp_max_cost")
+    if st.session_state.pop("xp_clear_name", False):  # (started: the name is the new experiment's now)
+        st.session_state["xp_name"] = ""
     name = right.text_input("Name (optional)", key="xp_name")
     if same_name := name_warning(store, name):
         st.warning(ui.plain(app_data.as_sentence(same_name)))
@@ -165,11 +176,9 @@ with st.expander("New experiment", expanded=existing.empty):
             ui.error("The experiment cannot start: ", exc)
         else:
             st.session_state[ui.EXPERIMENT_KEY] = experiment_id  # the picker shows it after the rerun
-            outcome = ui.run_experiment_with_progress(store, experiment_id)
-            if outcome is not None:
-                st.session_state["xp_done"] = outcome_message(experiment_id, outcome,
-                                                              store.experiment(experiment_id).get("name"))
-            st.rerun()
+            # (kept, the name would be warned about as taken: by the experiment just started)
+            st.session_state["xp_clear_name"] = True
+            run_and_report(experiment_id)
 
 existing = store.experiments()
 if existing.empty:
@@ -243,11 +252,7 @@ if actions.button("Delete experiment", key="xp_delete", disabled=not confirm or 
         st.session_state["xp_done"] = ("success", f"Deleted {experiment_id} and its {fmt.count(len(runs), 'run')}.")
         st.rerun()
 if resume:
-    outcome = ui.run_experiment_with_progress(store, experiment_id)
-    if outcome is not None:
-        st.session_state["xp_done"] = outcome_message(experiment_id, outcome,
-                                                              store.experiment(experiment_id).get("name"))
-    st.rerun()
+    run_and_report(experiment_id)
 
 summaries = tables["summaries"]
 st.subheader("Figures per configuration")
