@@ -526,7 +526,7 @@ def test_compare_forgets_a_probe_picked_in_another_experiment(db: Path) -> None:
     captions = " ".join(c.value for c in at.caption)
     for label, side in (("obs 20", "A"), ("obs 40", "B")):
         [note] = [n for n, r in zip(notes, runs.itertuples()) if r.config_label == label]
-        assert note is None or f"{side}: {note}" in shown(captions)
+        assert note is None or f"{side} on tiny: {note}" in shown(captions)
     at.selectbox(key=f"cmp_xp_probe_{tiny}").set_value("tiny · q2").run()
     at.sidebar.selectbox(key="cmp_xp").set_value(demo).run()
     assert not at.exception, at.exception

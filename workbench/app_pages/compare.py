@@ -123,9 +123,11 @@ def experiment_comparison() -> None:
                 figures[n].update_layout(title=dict(text=f"{n} · {app_data.html_text(label)}: {title}",
                                                     font=dict(size=14)))
                 row.plotly_chart(figures[n], key=f"cmp_xp_{title}_{n}", width=charts.SIDE_BY_SIDE_WIDTH)
-        # The charts' "compression at step N" (what the agent saw at its last read) beside the
-        # figures' (the whole conversation after its last message) read as two answers unexplained.
-        notes = [f"{n}: {note}" for n in ("A", "B") if (note := app_data.compression_note(info[n], steps[n]))]
+        # The charts' "compression at step N" (what the agent saw at its last read) beside the run's
+        # (the whole conversation after its last message) read as two answers unexplained. (The
+        # figures above pool every conversation: the note names the one charted.)
+        notes = [f"{n} on {conversation}: {note}" for n in ("A", "B")
+                 if (note := app_data.compression_note(info[n], steps[n]))]
         if notes:
             st.caption(ui.plain(" ".join(notes)))
 
