@@ -520,7 +520,7 @@ def test_judging_is_priced_asked_about_counted_cleaned_of_keys_and_a_failure_is_
         # the judging still owed is paid work: estimated and asked about (a resume started unasked)
         declined = CliRunner().invoke(cli, ["experiment", "resume", experiment_id, "--db", str(db)], input="n\n")
         assert declined.exit_code == 1 and "not resumed" in declined.stderr
-        assert "0 runs left to replay and judging still owed; cost about $" in declined.stderr
+        assert "0 runs left to replay, 1 run to judge; cost about $" in declined.stderr
         code, out, err = invoke("experiment", "resume", experiment_id, "--yes", "--json", "--db", str(db))
         assert code == 0, err
         [config] = json.loads(out.strip().splitlines()[-1])["configs"]

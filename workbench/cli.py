@@ -164,6 +164,14 @@ def _dataset_name(path: str) -> str:
     return names.get(str(Path(path).resolve()), short_path(path)) if path else "?"
 
 
+def _cost_text(estimate: float | None, free: str = "free (offline model)") -> str:
+    """An estimate as the questions before paid work word it (``None``: a price unknown)."""
+    if estimate == 0:
+        return free
+    return (f"about {money(estimate, 4)} (an estimate meant to err high)" if estimate is not None
+            else "unknown (a model's price is not known)")
+
+
 def _ask_before_paying(grid: list[Any], tokens: int, yes: bool, what: str) -> None:
     """Say what a replay or sweep on paid models should cost (or that the price is unknown) and
     ask before it starts, as an experiment does; the offline model is free and asks nothing.
@@ -175,9 +183,7 @@ def _ask_before_paying(grid: list[Any], tokens: int, yes: bool, what: str) -> No
     estimate = estimate_cost([tokens], runnable)
     if estimate == 0:  # the offline model, or nothing that can run here
         return
-    cost = (f"about {money(estimate, 4)} (an estimate meant to err high)" if estimate is not None
-            else "unknown (a model's price is not known)")
-    click.echo(f"{what}: cost {cost}", err=True)
+    click.echo(f"{what}: cost {_cost_text(estimate)}", err=True)
     if not yes and not click.confirm("Start?", default=True, err=True):
         raise click.ClickException("not started (pass --yes to start a paid replay without asking)")
 
@@ -1066,8 +1072,7 @@ def experiment_run(dataset, fmt, conversations, observation, reflection, windows
                    if judge and answerer else 0.0)
         estimate = None if estimate is None or judging is None else estimate + judging
         runs = len(chosen) * len(grid)
-        cost = "free (offline model)" if estimate == 0 else (
-            f"about {money(estimate, 4)} (an estimate meant to err high)" if estimate is not None else "unknown (a model's price is not known)")
+        cost = _cost_text(estimate)
         if judge and answerer and judging != 0:
             cost += f", judging included ({answerer} answers, {judge} grades: 2 calls per probe)"
         click.echo(f"{count(runs, 'run')}: {count(len(chosen), 'conversation')} × "
@@ -1144,13 +1149,9 @@ def experiment_resume(experiment_id: str, max_cost: float | None, yes: bool, as_
                 raise ex.ExperimentError(f"cannot judge here: {trouble}")
         # what is left, and what it should cost, asked as a new experiment asks (a resume of a paid
         # one started unasked: the spend of the rest of a grid, or of the judging still owed)
-        runs, estimate = ex.estimate_resume(store, experiment_id)
-        cost = "free (offline model)" if estimate == 0 else (
-            f"about {money(estimate, 4)} (an estimate meant to err high)" if estimate is not None
-            else "unknown (a model's price is not known)")
-        click.echo(f"{count(runs, 'run')} left to replay"
-                   + (" and judging still owed" if options.get("judge") and options.get("answerer") else "")
-                   + f"; cost {cost}", err=True)
+        runs, judged, estimate = ex.estimate_resume(store, experiment_id)
+        click.echo(f"{count(runs, 'run')} left to replay" + (f", {count(judged, 'run')} to judge" if judged else "")
+                   + f"; cost {_cost_text(estimate, free='free')}", err=True)
         if estimate != 0 and not yes and not click.confirm("Resume?", default=True, err=True):
             raise click.ClickException("not resumed (pass --yes to resume a paid experiment without asking)")
         if max_cost is not None:

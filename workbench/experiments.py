@@ -233,11 +233,16 @@ def estimate_judging(conversations: Sequence[Any], grid: Sequence[Any], answerer
     return total
 
 
-def estimate_resume(store: Any, experiment_id: str) -> tuple[int, float | None]:
-    """What a resume has left to do: the runs to replay (``pending_tasks``) and a rough estimate
-    in USD of their calls and of the judging still owed (every run to replay, and the completed
-    runs not yet judged), as :func:`estimate_cost` and :func:`estimate_judging` err high;
-    ``None`` when a model's price is unknown."""
+def _plus(total: float | None, part: float | None) -> float | None:
+    """A sum of estimates in which an unknown one (``None``) makes the whole unknown."""
+    return None if total is None or part is None else total + part
+
+
+def estimate_resume(store: Any, experiment_id: str) -> tuple[int, int, float | None]:
+    """What a resume has left to do: the runs to replay (``pending_tasks``), the runs to judge
+    (those, and the completed runs not yet judged, when the experiment has a judge) and a rough
+    estimate in USD of all those calls, as :func:`estimate_cost` and :func:`estimate_judging` err
+    high; ``None`` when a model's price is unknown."""
     from .replay import ReplayConfig, configuration_problem
 
     experiment = store.experiment(experiment_id)
@@ -250,20 +255,20 @@ def estimate_resume(store: Any, experiment_id: str) -> tuple[int, float | None]:
         config = ReplayConfig.from_json(task.config)
         if info is None or configuration_problem(config):  # (refused without a call, or said by the resume)
             continue
-        part = estimate_cost([info.tokens], [config])
-        total = None if total is None or part is None else total + part
+        total = _plus(total, estimate_cost([info.tokens], [config]))
+    owed: list[tuple[str, dict[str, Any]]] = []
     judge, answerer = options.get("judge"), options.get("answerer")
     if judge and answerer:
         runs = store.experiment_runs(experiment_id)
         unjudged = runs[(runs.status == "completed") & runs.judge_calls.isna()]
+        configs = {entry["label"]: entry["config"] for entry in experiment["configs"]}
         owed = [(t.conversation_id, t.config) for t in tasks] + [
-            (r.conversation_id, next(e["config"] for e in experiment["configs"] if e["label"] == r.config_label))
-            for r in unjudged.itertuples() if any(e["label"] == r.config_label for e in experiment["configs"])]
+            (r.conversation_id, configs[r.config_label]) for r in unjudged.itertuples() if r.config_label in configs]
         for conversation_id, config in owed:
             if conversation_id in listed:
-                part = estimate_judging([listed[conversation_id]], [ReplayConfig.from_json(config)], answerer, judge)
-                total = None if total is None or part is None else total + part
-    return len(tasks), total
+                total = _plus(total, estimate_judging([listed[conversation_id]], [ReplayConfig.from_json(config)],
+                                                      answerer, judge))
+    return len(tasks), len(owed), total
 
 
 # -- running ---------------------------------------------------------------------------------------

@@ -226,7 +226,7 @@ unfinished = experiment["status"] != "completed" and not running  # (stopped aft
 priced = ""  # what resuming should cost, on the button, as the CLI asks before paid work resumes
 if (pending or unfinished) and not running:
     try:
-        cost = estimate_resume(store, experiment_id)[1]
+        cost = estimate_resume(store, experiment_id)[2]
     except DatasetError:
         cost = 0.0  # (the dataset moved: the resume says so)
     priced = "" if cost == 0 else ", cost unknown" if cost is None else f", about {fmt.money(cost, 2)}"
