@@ -1055,8 +1055,10 @@ def test_sharegpt_tools_that_cannot_be_read_are_said_and_a_system_prompt_comes_o
                {"id": "odd", "tools": {"name": "get_weather"}, "conversations": chat},
                {"id": "nameless", "tools": [{"description": "d"}], "conversations": chat},
                {"id": "twice", "system": "You are a travel helper.", "tools": [{"name": "get_weather"}],
-                "conversations": chat}]
-    cut, odd, nameless, twice = load_dataset(write(tmp_path, "tools.json", json.dumps(records)))
+                "conversations": chat},
+               {"id": "none1", "tools": "null", "conversations": chat}, {"id": "none2", "tools": {}, "conversations": chat}]
+    cut, odd, nameless, twice, *empty = load_dataset(write(tmp_path, "tools.json", json.dumps(records)))
+    assert [c.warnings for c in empty] == [[], []]  # given empty: nothing to say
     assert cut.warnings == ["its 'tools' is not valid JSON ('[{\"name\": \"get_weather\", \"parame'): the tools "
                             "the model could call are not shown"]
     assert odd.warnings == ["its 'tools' is not a list (got dict): the tools the model could call are not shown"]

@@ -508,10 +508,12 @@ def default_run_pair(runs: pd.DataFrame) -> tuple[str, str]:
     that the first thing shown); failing that, the newest run and the next."""
     done = runs[runs.status == "completed"] if "status" in runs else runs
     pool = done if len(done) >= 2 else runs
-    for b in pool.itertuples():
-        same = pool[(pool.conversation_id == b.conversation_id) & (pool.run_id != b.run_id)]
-        if not same.empty:
-            return str(same.iloc[0].run_id), str(b.run_id)
+    # (in one pass: a loop over the runs filtering all of them took 1.5 s on 3,000 runs, each render)
+    shared = pool[pool.conversation_id.duplicated(keep=False)]
+    if not shared.empty:  # newest first: B, then the newest other run of its conversation
+        b = shared.iloc[0]
+        same = shared[(shared.conversation_id == b.conversation_id) & (shared.run_id != b.run_id)]
+        return str(same.iloc[0].run_id), str(b.run_id)
     b = pool.iloc[0]
     return str(pool[pool.run_id != b.run_id].iloc[0].run_id), str(b.run_id)
 

@@ -71,9 +71,9 @@ def tool_names(tools: Any) -> list[str]:
 def tools_problem(tools: Any) -> str | None:
     """Why a ``tools`` value given (not absent, not empty) names no tool: not JSON, not a list, or
     no entry with a name. Said as a warning, not dropped silently."""
-    if tools in (None, "", []):
-        return None
     parsed = _json(tools)
+    if tools in (None, "") or parsed in (None, [], {}):  # absent, or given empty ("null", "[]", {})
+        return None
     if isinstance(tools, str) and parsed is tools:
         return f"its 'tools' is not valid JSON ({tools[:40]!r}…)" if len(tools) > 40 else \
             f"its 'tools' is not valid JSON ({tools!r})"
