@@ -395,14 +395,14 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
                 timeout=timeout, cache=not no_cache, max_backlog=max_backlog)
         for warning in conv.warnings:
             click.echo(f"warning: {warning}", err=True)
-        from .datasets.base import ConversationInfo
+        from .datasets.base import ConversationInfo, rough_tokens
 
         tokens, what = ConversationInfo.of(conv).tokens, f"replay of {conv.id}"
         if resume:  # what is left: the messages past the recorded cursor (not the whole conversation)
             steps = store.steps(resume)
             cursor = steps.cursor_index.dropna()
             left = conv.turns[int(cursor.iloc[-1]) + 1:] if not cursor.empty else conv.turns
-            tokens = sum(len(t.content) for t in left) // 4  # (as ConversationInfo counts them)
+            tokens = rough_tokens(left)
             what = f"rest of run {resume} ({count(len(left), 'message')} not yet observed)"
         _ask_before_paying([config], tokens, yes, what)
         known = set() if resume else set(store.runs().run_id)
