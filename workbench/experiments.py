@@ -783,13 +783,46 @@ async def _run_in_tasks(tasks: Sequence[Task], options: ExperimentOptions, datas
                 task.cancel()
 
 
+def judging_inputs(store: Any, run_id: str) -> tuple[list[Any], str]:
+    """What judging a completed stored run asks about: the probes whose evidence left the window,
+    and the final context as text (memory + the last N messages, as word retention scores it)."""
+    from . import judge as judging
+    from .retention import render_context
+
+    run = store.run(run_id)
+    conversation = load_conversation(run["dataset"], run["conversation_id"], run["dataset_format"])
+    return judging.left_the_window(store, run_id, conversation.probes), render_context(_final_context(store, run_id))
+
+
+async def judge_stored_run(store: Any, run_id: str, *, answerer: str, judge: str,
+                           completion_kwargs: dict[str, Any] | None = None,
+                           spent: Callable[[float | None], None] | None = None) -> list[dict[str, Any]]:
+    """LLM-judged accuracy of a completed stored run (``answerer`` answers each probe from the
+    final context, ``judge`` grades it), recorded with the run with its calls and cost; ``spent``
+    is told each call's cost as it is paid (``None``: a price unknown). Raises ``JudgeFailed``
+    when a call fails: nothing judged is recorded (the calls made were paid for all the same)."""
+    from . import judge as judging
+
+    probes, context = judging_inputs(store, run_id)
+    costs: list[float | None] = []
+
+    def paid(cost: float | None) -> None:
+        costs.append(cost)
+        if spent is not None:
+            spent(cost)
+
+    rows = await judging.judge_probes(probes, context, answerer=answerer, judge=judge,
+                                      completion_kwargs=completion_kwargs, spent=paid)
+    store.record_judging(run_id, rows, len(costs), judging.total_cost(costs))
+    return rows
+
+
 async def _judge_experiment(store: Any, experiment_id: str, options: ExperimentOptions,
                             add_cost: Callable[[float], None], stop: asyncio.Event) -> None:
     """LLM-judged accuracy for every completed run not judged yet (answerer + judge over the final
     context), each run's calls and cost recorded with it and counted against the cost limit (which
     stops the judging between runs)."""
     from . import judge as judging
-    from .retention import render_context
 
     runs = store.experiment_runs(experiment_id)
     for run in runs[runs.status == "completed"].itertuples():
@@ -797,9 +830,6 @@ async def _judge_experiment(store: Any, experiment_id: str, options: ExperimentO
             return
         if pd.notna(run.judge_calls) or not store.probes(run.run_id).query("method == 'llm_judge'").empty:
             continue
-        conversation = load_conversation(run.dataset, run.conversation_id, run.dataset_format)
-        context = _final_context(store, run.run_id)
-        probes = judging.left_the_window(store, run.run_id, conversation.probes)
         costs: list[float | None] = []
 
         def spent(cost: float | None) -> None:
@@ -808,15 +838,13 @@ async def _judge_experiment(store: Any, experiment_id: str, options: ExperimentO
                 add_cost(cost)
 
         try:
-            rows = await judging.judge_probes(probes, render_context(context), answerer=options.answerer,
-                                              judge=options.judge, completion_kwargs=options.completion_extra(),
-                                              spent=spent)
+            await judge_stored_run(store, run.run_id, answerer=options.answerer, judge=options.judge,
+                                   completion_kwargs=options.completion_extra(), spent=spent)
         except BaseException:  # the calls made were paid for: counted, though no run records them
             if costs:
                 with ctrl_c_held_back():
                     store.add_other_cost(experiment_id, judging.known_cost(costs), None in costs)
             raise
-        store.record_judging(run.run_id, rows, len(costs), judging.total_cost(costs))
 
 
 def _final_context(store: Any, run_id: str) -> list[Any]:
