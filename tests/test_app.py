@@ -710,6 +710,33 @@ def test_resume_export_and_delete_an_experiment(db: Path) -> None:
     assert [i for i, e in enumerate(body) if "No experiments yet" in e] < [i for i, e in enumerate(body) if e.startswith("Expander")]
 
 
+def test_the_explorer_judges_the_opened_run(db: Path, scripted, monkeypatch) -> None:
+    """LLM-judged accuracy was CLI-only (replay --judge): the app could show a judged run's column
+    but not judge one. Here on the offline model, through litellm as any model."""
+    monkeypatch.setenv("OMEM_MODELS", "scripted/model")
+    at = app()
+    [run_id] = list(store(db).runs().run_id)
+    assert any(re.fullmatch(r"To judge: \d+ model calls, ~[\d,]+ input tokens, free \(offline model\)\.",
+                            shown(c.value)) for c in at.caption)  # the estimate, before the click
+    at.button(key="ex_judge_run").click().run()
+    assert not at.exception, at.exception
+    judged = store(db).probes(run_id).query("method == 'llm_judge'")
+    asked, _ = ex.judging_inputs(store(db), run_id)
+    assert len(judged) == len(asked) > 0 and judged.score.notna().all()
+    assert store(db).run(run_id)["judge_calls"] == 2 * len(judged)
+    table = next(d.value for d in at.dataframe if "LLM judge" in d.value.columns)  # beside the word scores
+    assert "memory" in table.columns
+    assert any(e.label.startswith("LLM-judged accuracy: ") for e in at.expander)
+    # a judge that fails: said, and the verdicts already stored stay as they were
+    scripted.default = lambda messages: (_ for _ in ()).throw(RuntimeError("judge is down"))
+    at.selectbox(key="ex_judge").set_value("scripted/model").run()
+    at.button(key="ex_judge_run").click().run()
+    assert not at.exception, at.exception
+    assert any("Judging failed (nothing judged was stored)" in e.value and "judge is down" in shown(e.value)
+               for e in at.error)
+    assert store(db).probes(run_id).query("method == 'llm_judge'").score.tolist() == judged.score.tolist()
+
+
 def test_a_paid_replay_shows_its_estimated_cost_before_the_click(db: Path, monkeypatch) -> None:
     """The CLI asks before a paid replay; the explorer's Run replay said nothing of cost."""
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-never-sent-0000000000")  # (no call is made)

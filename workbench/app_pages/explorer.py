@@ -5,6 +5,7 @@ import json
 import streamlit as st
 
 from workbench import analysis, app_data, charts, ui
+from workbench.datasets import DatasetError
 from workbench import formatting as fmt
 
 store = ui.get_store()
@@ -210,6 +211,54 @@ with seen:
         st.text(f"{message.role} · {message.message_id}")
         ui.text_block(message.content)
 
+
+
+def judged_section(run: dict, run_id: str, probes) -> None:
+    """LLM-judged accuracy of the opened run (the CLI's replay --judge, from the app): an answerer
+    answers each probe from the final context, a judge grades the answer; the estimate shows
+    before the click, and the verdicts join the table above as its "LLM judge" column."""
+    import asyncio
+
+    from workbench.experiments import judge_stored_run, judging_inputs
+    from workbench.judge import JudgeFailed, estimate, unusable
+    from workbench.models import usable_models
+
+    judged = probes[probes.method == "llm_judge"]
+    title = "LLM-judged accuracy" + (f": {fmt.share(judged.score.mean())}" if judged.score.notna().any() else "")
+    with st.expander(title, expanded=False):
+        if not judged.empty:
+            spent = run.get("judge_cost_usd")
+            st.caption(ui.plain(f"Judged: {fmt.count(len(judged), 'probe')}, "
+                                f"{fmt.count(int(run.get('judge_calls') or 0), 'call')}, cost "
+                                f"{'unknown' if fmt.missing(spent) else fmt.money(spent, 4)}. Judging again "
+                                "replaces these verdicts."))
+        models = usable_models()
+        left, right = st.columns(2)
+        answerer = left.selectbox("Answerer model", models, key="ex_answerer", accept_new_options=True)
+        judge = right.selectbox("Judge model", models, key="ex_judge", accept_new_options=True)
+        if trouble := unusable(answerer, judge):
+            ui.error("Cannot judge here: ", trouble)
+            return
+        try:
+            asked, context = judging_inputs(store, run_id)
+        except DatasetError as exc:  # (the dataset moved or changed since the run)
+            ui.error("Cannot read the run's conversation: ", exc)
+            return
+        if not asked:
+            st.caption("No probe can be judged: none has left the window with a gold answer or as an "
+                       "abstention question.")
+            return
+        st.caption(ui.plain(f"To judge: {estimate(asked, context, answerer, judge).describe()}."))
+        if st.button("Judge this run", key="ex_judge_run"):
+            with st.spinner(f"Judging {fmt.count(len(asked), 'probe')}…"):
+                try:
+                    asyncio.run(judge_stored_run(store, run_id, answerer=answerer, judge=judge))
+                except JudgeFailed as exc:
+                    ui.error("Judging failed (nothing judged was stored): ", exc)
+                    return
+            st.rerun()
+
+
 probes = store.probes(run_id)
 if not probes.empty:
     st.subheader("Retention per probe category")
@@ -220,6 +269,8 @@ if not probes.empty:
         ui.table(per_category, key="ex_retention", scores=True)
         if note := app_data.beats_history_note(per_category):
             st.caption(note)
+    if done and not store.read_only:
+        judged_section(run, run_id, probes)
     with st.expander("Every probe"):
         every = probes[probes.method == "memory"][["probe_id", "category", "question", "gold", "score",
                                                    "evidence_in_window"]]
