@@ -712,24 +712,30 @@ def test_resume_export_and_delete_an_experiment(db: Path) -> None:
 
 def test_the_explorer_judges_the_opened_run(db: Path, scripted, monkeypatch) -> None:
     """LLM-judged accuracy was CLI-only (replay --judge): the app could show a judged run's column
-    but not judge one. Here on the offline model, through litellm as any model."""
+    but not judge one. Models through litellm (a custom provider here); the offline summariser,
+    which can neither answer nor grade, is refused."""
     monkeypatch.setenv("OMEM_MODELS", "scripted/model")
     at = app()
     [run_id] = list(store(db).runs().run_id)
-    assert any(re.fullmatch(r"To judge: \d+ model calls, ~[\d,]+ input tokens, free \(offline model\)\.",
-                            shown(c.value)) for c in at.caption)  # the estimate, before the click
+    assert any("offline model summarises: it cannot answer or grade" in i.value for i in at.info)  # the default
+    assert "ex_judge_run" not in [b.key for b in at.button]
+    scripted.default = lambda messages: ("CORRECT" if messages[-1]["content"].startswith("You grade answers")
+                                         else "Lisbon.")
+    at.selectbox(key="ex_answerer").set_value("scripted/model")
+    at.selectbox(key="ex_judge").set_value("scripted/model").run()
+    assert any(re.fullmatch(r"To judge: \d+ model calls, ~[\d,]+ input tokens, unknown cost \(.*\)\.", shown(c.value))
+               for c in at.caption)  # the estimate, before the click (this model has no price)
     at.button(key="ex_judge_run").click().run()
     assert not at.exception, at.exception
     judged = store(db).probes(run_id).query("method == 'llm_judge'")
     asked, _ = ex.judging_inputs(store(db), run_id)
-    assert len(judged) == len(asked) > 0 and judged.score.notna().all()
+    assert len(judged) == len(asked) > 0 and judged.score.tolist() == [1.0] * len(judged)
     assert store(db).run(run_id)["judge_calls"] == 2 * len(judged)
     table = next(d.value for d in at.dataframe if "LLM judge" in d.value.columns)  # beside the word scores
     assert "memory" in table.columns
-    assert any(e.label.startswith("LLM-judged accuracy: ") for e in at.expander)
+    assert any(e.label == "LLM-judged accuracy: 1.000" for e in at.expander)
     # a judge that fails: said, and the verdicts already stored stay as they were
     scripted.default = lambda messages: (_ for _ in ()).throw(RuntimeError("judge is down"))
-    at.selectbox(key="ex_judge").set_value("scripted/model").run()
     at.button(key="ex_judge_run").click().run()
     assert not at.exception, at.exception
     assert any("Judging failed (nothing judged was stored)" in e.value and "judge is down" in shown(e.value)

@@ -452,13 +452,17 @@ def test_a_replays_judge_is_checked_before_the_replay_and_its_failure_is_said_cl
     assert ending["run"]["status"] == "completed" and ending["run"]["compression"] > 0  # its figures, not lost
 
 
-def test_an_offline_judge_is_free_and_asks_nothing(tmp_path) -> None:
-    """It asked "Run it?" after the replay, and without a terminal ended failed (the run completed)."""
+def test_the_offline_model_is_refused_as_answerer_or_judge(tmp_path) -> None:
+    """It summarises: as answerer it answered every question with notes, as judge it graded nothing
+    correct, and the run read "LLM-judged accuracy: 0.000" (it also asked "Run it?" after the
+    replay, and without a terminal ended failed). Refused before anything runs."""
     code, out, err = invoke("replay", "--dataset", str(PROJECT_DATASETS / "samples" / "longmemeval-sample.json"),
                             "--last-messages", "1", "--judge", "omem/extractive", "--answerer", "omem/extractive",
                             "--json")
-    assert code == 0 and "Run it?" not in err, err
-    assert json.loads(out.strip().splitlines()[-1])["status"] == "completed"
+    assert code == 1 and "omem/extractive is the built-in offline summariser: it cannot answer or grade" in err
+    assert "Run it?" not in err
+    with RunStore(tmp_path / "cli.duckdb") as store:
+        assert store.runs().empty  # refused before the replay
 
 
 def test_ctrl_c_while_judging_says_what_was_kept_and_puts_the_handler_back(scripted: Scripted, tmp_path) -> None:

@@ -120,6 +120,10 @@ def unusable(answerer: str, judge: str) -> str | None:
     asked of litellm without a call, or ``None``: a judged run is refused before it starts."""
     from .models import unusable_models
 
+    offline = [m for m in dict.fromkeys([answerer, judge]) if m.startswith("omem/")]
+    if offline:  # (it would answer every question with notes, and grade nothing correct: a 0 that means nothing)
+        return (f"{offline[0]} is the built-in offline summariser: it cannot answer or grade questions, so "
+                "the answerer and the judge must be LLMs")
     bad = unusable_models([answerer, judge])
     return "; ".join(f"{s.model}: {s.reason}" for s in bad) or None
 

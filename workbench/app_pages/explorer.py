@@ -236,6 +236,10 @@ def judged_section(run: dict, run_id: str, probes) -> None:
         left, right = st.columns(2)
         answerer = left.selectbox("Answerer model", models, key="ex_answerer", accept_new_options=True)
         judge = right.selectbox("Judge model", models, key="ex_judge", accept_new_options=True)
+        if answerer.startswith("omem/") or judge.startswith("omem/"):  # (the default: said, not an error)
+            st.info("The built-in offline model summarises: it cannot answer or grade questions. Choose LLMs "
+                    "as answerer and judge (models whose provider key is set, or listed in `$OMEM_MODELS`).")
+            return
         if trouble := unusable(answerer, judge):
             ui.error("Cannot judge here: ", trouble)
             return
