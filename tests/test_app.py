@@ -891,7 +891,8 @@ def test_presentation_names_the_configuration_jumps_and_exports(db: Path) -> Non
     s = store(db)
     run_id = s.runs().run_id[0]
     steps = s.steps(run_id)
-    assert at.subheader[0].value.startswith("Step 0: the conversation begins")
+    assert at.subheader[0].value == "Step 0: the conversation begins."  # the rest below it, as text
+    assert any(m.value.startswith("The agent is about to answer") for m in at.markdown)
     assert any("observation threshold 300" in t.value and "window 10" in t.value for t in at.text)
     volumes = spec(at, 0)
     assert volumes["layout"]["xaxis"]["range"] == [-0.5, int(steps.step.max()) + 0.5]  # stable from step 0

@@ -831,6 +831,13 @@ def next_compaction(steps: pd.DataFrame, step: int) -> int | None:
     return neighbour(pass_steps(steps), step, +1)
 
 
+def headline(text: str) -> tuple[str, str]:
+    """``text`` split after its first sentence (``("Step 0: the conversation begins.", "The
+    agent…")``); the rest is ``""`` when there is one sentence."""
+    match = re.search(r"(?<=[.!?])\s+(?=[A-Z0-9])", text)
+    return (text, "") if match is None else (text[:match.start()], text[match.end():])
+
+
 def opening_sentence(row: Any, total_messages: int) -> str:
     """What step 0 means: the first memory read, before anything could be compacted."""
     seen = int(row["message_index"])

@@ -85,8 +85,13 @@ def walk() -> None:
     row = steps[steps.step == step].iloc[0]
     previous = steps[steps.step == step - 1].iloc[0] if step > 0 else None
     st.progress((step + 1) / (last + 1), text=f"Step {step} of {last}")
-    st.subheader(app_data.opening_sentence(row, total_messages) if step == 0 else
-                 analysis.narrate(row, previous, records))
+    # The step's first sentence as the heading, the rest as text: whole, as a heading, it filled a
+    # 900 px screen with seven lines of large type above the chart.
+    headline, rest = app_data.headline(app_data.opening_sentence(row, total_messages) if step == 0 else
+                                       analysis.narrate(row, previous, records))
+    st.subheader(headline)
+    if rest:
+        st.markdown(ui.plain(rest))
     figure = charts.volumes_chart(steps[steps.step <= step], step)
     figure.update_xaxes(range=[-0.5, last + 0.5])  # a stable axis: the whole run's width from step 0
     figure.update_yaxes(range=[0, top])
