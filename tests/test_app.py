@@ -819,11 +819,14 @@ def test_experiment_pages_list_failed_configurations_and_show_no_nan(db: Path, m
     header = [t.value for t in at.text if t.value.startswith("exp-")]
     assert header and "· completed; 1 of 2 runs failed ·" in header[0]  # not a bare "completed"
     assert "1 run did not complete and is left out of the figures (Resume retries it):" in [w.value for w in at.warning]
-    assert at.button(key="xp_resume").label == "Resume (1 left)" and not at.button(key="xp_resume").disabled
+    # the key is still unset: the run left can only fail again, so Resume is off and says why
+    resume = at.button(key="xp_resume")
+    assert resume.label == "Resume (1 left)" and resume.disabled and "OPENAI_API_KEY" in resume.help
     # with the key set, the run left is paid work: its estimated cost is on the button (as the CLI asks)
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-never-sent-0000000000")
     at.run()
     assert at.button(key="xp_resume").label.startswith("Resume (1 left, about $0.0")
+    assert not at.button(key="xp_resume").disabled
     monkeypatch.delenv("OPENAI_API_KEY")
     at.run()
     texts = []

@@ -377,6 +377,18 @@ def test_gold_answers_of_no_readable_word_are_not_called_missing(tmp_path) -> No
     assert "retention not scored: 3 probes, and no gold answer has words the word-retention score can look for" in said
 
 
+def test_paid_work_starts_only_on_a_yes(scripted: Scripted, tmp_path) -> None:
+    """A bare Enter at "Start? [Y/n]" started a paid run; a closed input printed only "Aborted!"."""
+    args = ["replay", "--dataset", TINY, "--observer", "scripted/model", "--reflector", "none"]
+    for answer in ("\n", ""):
+        result = CliRunner().invoke(cli, args, input=answer, catch_exceptions=False)
+        assert result.exit_code == 1 and "Start? [y/N]" in result.stderr
+        assert "not started (pass --yes to start a paid replay without asking)" in result.stderr
+    assert not scripted.calls
+    with RunStore(tmp_path / "cli.duckdb") as store:
+        assert store.runs().empty
+
+
 def test_a_resumed_replay_quotes_the_cost_of_what_is_left(scripted: Scripted, tmp_path) -> None:
     """`replay --resume` asked before paying with the cost of the whole conversation, however
     little of it was left."""

@@ -294,14 +294,14 @@ def test_an_experiment_that_finished_with_failed_runs_says_so_and_resume_retries
     assert f"replay the runs that did not complete with: python -m workbench experiment resume {experiment_id}" in err
     with RunStore(db) as store:
         [failed_before] = store.experiment_runs(experiment_id).query("status != 'completed'").run_id
-    # The key is still missing, so the retry fails again; but it is a retry, not "nothing to resume".
+    # The key is still missing: the resume says why nothing can run (not "nothing to resume", nor
+    # a retry that fails again and replaces the run's recorded error).
     code, out, err = invoke("experiment", "resume", experiment_id, "--db", db)
-    assert code == 1 and "nothing to resume" not in err and "missing OPENAI_API_KEY" in err
-    # Still completed with one failed run: the run completed before the resume has not gone away.
-    assert f"experiment {experiment_id} (completed; 1 of 2 runs failed)" in out and "no run completed" not in err
+    assert code == 1 and "nothing to resume" not in err and "no run left can replay here" in err
+    assert "missing OPENAI_API_KEY" in err
     with RunStore(db) as store:
         runs = store.experiment_runs(experiment_id)
-        assert len(runs) == 2 and failed_before not in set(runs.run_id)  # replaced, never piled up
+        assert len(runs) == 2 and failed_before in set(runs.run_id)  # kept as it was
         assert store.experiment(experiment_id)["status"] == "completed"
     # `runs` with that failed run (a long status and configuration) still fits 100 columns: the
     # configuration goes on a line of its own, indented.
@@ -363,6 +363,24 @@ def test_experiment_list_show_compare_and_export(tmp_path) -> None:
     assert len(pd.read_parquet(tmp_path / "out" / "probe_losses.parquet")) > 0
     code, _, err = invoke("experiment", "show", "exp-nope", "--db", db)
     assert code == 1 and "no experiment exp-nope" in err
+
+
+def test_a_resume_whose_runs_cannot_run_here_is_refused_not_called_free(tmp_path, monkeypatch) -> None:
+    """Found by a walkthrough: resuming a paid experiment without its key said "cost free", asked
+    nothing, replayed the runs into failures and replaced their recorded errors."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    db = str(tmp_path / "x.duckdb")
+    code, out, err = invoke("experiment", "run", "--dataset", str(ROOT / "datasets" / "tiny.jsonl"), "--observer",
+                            "omem/extractive,gpt-4o-mini", "--reflector", "none", "--window", "2", "--json", "--db", db)
+    experiment_id = json.loads(out.strip().splitlines()[-1])["experiment_id"]
+    with RunStore(db) as store:
+        before = store.experiment_runs(experiment_id)[["run_id", "status", "error"]].to_dict("records")
+    assert code == 1 and [r["status"] for r in before].count("failed") == 1
+    code, out, err = invoke("experiment", "resume", experiment_id, "--db", db)
+    assert code == 1 and "no run left can replay here: " in err and "OPENAI_API_KEY" in err
+    assert "cost free" not in err
+    with RunStore(db) as store:  # nothing replayed, nothing replaced
+        assert store.experiment_runs(experiment_id)[["run_id", "status", "error"]].to_dict("records") == before
 
 
 def test_a_name_given_twice_is_warned_about(tmp_path) -> None:

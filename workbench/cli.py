@@ -164,6 +164,16 @@ def _dataset_name(path: str) -> str:
     return names.get(str(Path(path).resolve()), short_path(path)) if path else "?"
 
 
+def _agree(question: str) -> bool:
+    """Ask before paid work: ``No`` unless answered yes (Enter, or no terminal at all, is no: a
+    paid run started on a bare Enter, and a closed input printed only click's "Aborted!")."""
+    try:
+        return click.confirm(question, default=False, err=True)
+    except click.Abort:
+        click.echo("", err=True)
+        return False
+
+
 def _cost_text(estimate: float | None, free: str = "free (offline model)") -> str:
     """An estimate as the questions before paid work word it (``None``: a price unknown)."""
     if estimate == 0:
@@ -184,7 +194,7 @@ def _ask_before_paying(grid: list[Any], tokens: int, yes: bool, what: str) -> No
     if estimate == 0:  # the offline model, or nothing that can run here
         return
     click.echo(f"{what}: cost {_cost_text(estimate)}", err=True)
-    if not yes and not click.confirm("Start?", default=True, err=True):
+    if not yes and not _agree("Start?"):
         raise click.ClickException("not started (pass --yes to start a paid replay without asking)")
 
 
@@ -611,7 +621,7 @@ def _run_judge(store, result, conv, config, answerer, judge, yes, quiet) -> None
     probes = judging.left_the_window(store, result.run_id, conv.probes)
     estimate = judging.estimate(probes, context, answerer, judge)
     click.echo(f"LLM-judged retention: {estimate.describe()}", err=True)
-    if estimate.cost_usd != 0 and not yes and not click.confirm("Run it?", default=True, err=True):  # (free: offline)
+    if estimate.cost_usd != 0 and not yes and not _agree("Run it?"):  # (free: offline)
         return
     costs: list[float | None] = []
     try:
@@ -1080,7 +1090,7 @@ def experiment_run(dataset, fmt, conversations, observation, reflection, windows
         if estimate is None and max_cost is not None:
             click.echo("warning: --max-cost counts only the calls whose price litellm knows: the others are not "
                        "counted, so the limit may not stop this experiment", err=True)
-        if estimate != 0 and not yes and not click.confirm("Start?", default=True, err=True):  # (None: unknown price)
+        if estimate != 0 and not yes and not _agree("Start?"):  # (None: unknown price)
             raise click.ClickException("not started (pass --yes to start a paid experiment without asking)")
         if same_name := ex.name_warning(store, name):
             click.echo(f"warning: {same_name}", err=True)
@@ -1149,10 +1159,17 @@ def experiment_resume(experiment_id: str, max_cost: float | None, yes: bool, as_
                 raise ex.ExperimentError(f"cannot judge here: {trouble}")
         # what is left, and what it should cost, asked as a new experiment asks (a resume of a paid
         # one started unasked: the spend of the rest of a grid, or of the judging still owed)
+        # runs whose configuration cannot run here (a key unset since): refused when nothing else is
+        # left, as a new experiment is (a paid model without its key read "cost free" and failed)
+        blocked, every = ex.blocked_runs(store, experiment_id)
+        if every:
+            raise ex.ExperimentError("no run left can replay here: " + "; ".join(sorted(set(blocked.values()))))
+        for label, problem in blocked.items():
+            click.echo(f"warning: {label} cannot run here and will be recorded as failed: {problem}", err=True)
         runs, judged, estimate = ex.estimate_resume(store, experiment_id)
         click.echo(f"{count(runs, 'run')} left to replay" + (f", {count(judged, 'run')} to judge" if judged else "")
                    + f"; cost {_cost_text(estimate, free='free')}", err=True)
-        if estimate != 0 and not yes and not click.confirm("Resume?", default=True, err=True):
+        if estimate != 0 and not yes and not _agree("Resume?"):
             raise click.ClickException("not resumed (pass --yes to resume a paid experiment without asking)")
         if max_cost is not None:
             store.update_experiment_options(experiment_id, max_cost=max_cost)

@@ -233,6 +233,18 @@ def estimate_judging(conversations: Sequence[Any], grid: Sequence[Any], answerer
     return total
 
 
+def blocked_runs(store: Any, experiment_id: str) -> tuple[dict[str, str], bool]:
+    """Per configuration label of the runs a resume would replay, why it cannot run here (a
+    provider key unset since, a model unknown), and whether that is every one of them: such a
+    resume is refused, since it would only replay them into failures."""
+    from .replay import ReplayConfig, configuration_problem
+
+    problems = {t.label: configuration_problem(ReplayConfig.from_json(t.config))
+                for t in pending_tasks(store, experiment_id)}
+    blocked = {label: problem for label, problem in problems.items() if problem}
+    return blocked, bool(problems) and len(blocked) == len(problems)
+
+
 def _plus(total: float | None, part: float | None) -> float | None:
     """A sum of estimates in which an unknown one (``None``) makes the whole unknown."""
     return None if total is None or part is None else total + part

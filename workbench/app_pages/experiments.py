@@ -11,6 +11,7 @@ from workbench.datasets import DatasetError
 from workbench.errors import WorkbenchError
 from workbench.experiments import (
     ExperimentOptions,
+    blocked_runs,
     config_grid,
     create_experiment,
     estimate_cost,
@@ -223,7 +224,10 @@ if actions.button("Compare", key="xp_open_compare", help="Two configurations, pr
     st.switch_page("workbench/app_pages/compare.py")
 running = experiment["status"] == "running"
 unfinished = experiment["status"] != "completed" and not running  # (stopped after its last run: resume ends it)
-priced = ""  # what resuming should cost, on the button, as the CLI asks before paid work resumes
+priced, stuck = "", ""  # what resuming should cost, on the button, as the CLI asks before paid work resumes
+if pending and not running:
+    blocked, every = blocked_runs(store, experiment_id)
+    stuck = ("Nothing left can run here: " + "; ".join(sorted(set(blocked.values())))) if every else ""
 if (pending or unfinished) and not running:
     try:
         cost = estimate_resume(store, experiment_id)[2]
@@ -231,8 +235,8 @@ if (pending or unfinished) and not running:
         cost = 0.0  # (the dataset moved: the resume says so)
     priced = "" if cost == 0 else ", cost unknown" if cost is None else f", about {fmt.money(cost, 2)}"
 resume = actions.button(f"Resume ({pending} left{priced})" if pending else f"Resume (to finish{priced})",
-                        key="xp_resume", disabled=running or not (pending or unfinished) or store.read_only,
-                        help="Paid models: the cost is an estimate meant to err high" if priced else None)
+                        key="xp_resume", disabled=running or not (pending or unfinished) or store.read_only or bool(stuck),
+                        help=stuck or ("Paid models: the cost is an estimate meant to err high" if priced else None))
 if actions.button("Prepare HTML export", key="xp_prepare"):
     st.session_state["xp_html"] = (experiment_id, export_html.experiment_html(store, experiment_id))
 prepared = st.session_state.get("xp_html")
