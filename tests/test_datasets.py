@@ -717,11 +717,16 @@ def test_an_unwritable_cache_folder_is_no_error(tmp_path, monkeypatch) -> None:
 
 def test_one_instance_loads_without_reading_past_it(tmp_path) -> None:
     good = json.dumps([lme_instance(question_id="first"), lme_instance(question_id="second")])
-    path = write(tmp_path, "cut.json", good[:-1] + ", {broken")
+    path = write(tmp_path, "bad-later.json", good[:-1] + ", {broken}]")
     assert load_conversation(path, "first").id == "first" and load_conversation(path).id == "first"
     assert detect_format(path) == "longmemeval"  # detection reads the first instance only
     with pytest.raises(DatasetError, match=r"line 1 column \d+: invalid JSON"):
         load_dataset(path)
+    # a download cut off (no closing "]"): refused, as the listing refuses it (found by a walkthrough:
+    # the first instance replayed as if the file were whole); its end is read, not the whole file
+    cut = write(tmp_path, "cut.json", good[: len(good) * 3 // 4])
+    with pytest.raises(DatasetError, match=r"cut\.json: the file is cut off: it ends before the list's closing"):
+        load_conversation(cut, "first")
 
 
 @settings(max_examples=80, deadline=None)

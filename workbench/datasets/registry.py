@@ -273,6 +273,17 @@ def _not_found(path: Path, conversation_id: str, ids: list[str]) -> DatasetError
     return DatasetError(path, f"conversation {conversation_id!r}", None, f"not found; available: {shown}")
 
 
+def _closed(path: Path) -> bool:
+    """Whether a file's last character past white space is ``]`` (read from its end only)."""
+    try:
+        with path.open("rb") as handle:
+            size = handle.seek(0, 2)
+            handle.seek(max(0, size - 256))
+            return handle.read().rstrip(b" \t\r\n").endswith(b"]")
+    except OSError:
+        return True  # (reading it will say what is wrong)
+
+
 def load_conversation(path: str | Path, conversation_id: str | None = None,
                       format: str | None = None) -> Conversation:
     """One conversation (the first when ``conversation_id`` is None). From a LongMemEval file,
@@ -288,6 +299,11 @@ def load_conversation(path: str | Path, conversation_id: str | None = None,
                 return conversation
         raise _not_found(source.path, conversation_id, [c.id for c in conversations])
     entries = index.lookup(source.path, fmt.name)
+    if entries is None and not source.lines and source.top() == "[" and not _closed(source.path):
+        # (read without an index, one instance is found without reading past it: a download cut
+        # off later was read as whole) A JSON list must end with its "]": checked at the file's end.
+        raise DatasetError(source.path, "file", None, "is cut off: it ends before the list's closing ']' "
+                           "(an interrupted download?)")
     if entries is not None and all(e.offset >= 0 for e in entries):
         if not entries:
             raise DatasetError(source.path, "top level", None, "has no conversations")
