@@ -377,6 +377,17 @@ def test_gold_answers_of_no_readable_word_are_not_called_missing(tmp_path) -> No
     assert "retention not scored: 3 probes, and no gold answer has words the word-retention score can look for" in said
 
 
+def test_a_replays_dataset_warnings_name_their_conversation(tmp_path) -> None:
+    """`replay` printed "warning: its question_date …" with no subject; `experiment run` names
+    the conversation."""
+    [instance] = json.loads((PROJECT_DATASETS / "samples" / "longmemeval-sample.json").read_text())[:1]
+    instance["question_date"] = "2020/01/01 (Wed) 10:00"
+    path = tmp_path / "early.json"
+    path.write_text(json.dumps([instance]))
+    code, out, err = invoke("replay", "--dataset", str(path), "--last-messages", "2")
+    assert code == 0 and f"warning: {instance['question_id']}: its question_date (2020/01/01 (Wed) 10:00)" in err
+
+
 def test_paid_work_starts_only_on_a_yes(scripted: Scripted, tmp_path) -> None:
     """A bare Enter at "Start? [Y/n]" started a paid run; a closed input printed only "Aborted!"."""
     args = ["replay", "--dataset", TINY, "--observer", "scripted/model", "--reflector", "none"]

@@ -403,8 +403,8 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
                 observer_prompt=_resolve_prompt(store, "observer", observer_prompt),
                 reflector_prompt=_resolve_prompt(store, "reflector", reflector_prompt),
                 timeout=timeout, cache=not no_cache, max_backlog=max_backlog)
-        for warning in conv.warnings:
-            click.echo(f"warning: {warning}", err=True)
+        for warning in conv.warnings:  # (named by conversation, as an experiment's are)
+            click.echo(f"warning: {conv.id}: {warning}", err=True)
         from .datasets.base import ConversationInfo, rough_tokens
 
         tokens, what = ConversationInfo.of(conv).tokens, f"replay of {conv.id}"
@@ -686,7 +686,7 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
         try:
             conv = load_conversation(dataset, conversation, fmt)
             for warning in conv.warnings:
-                click.echo(f"warning: {warning}", err=True)
+                click.echo(f"warning: {conv.id}: {warning}", err=True)
             from .experiments import config_grid, labels, offline_prompt_warning
 
             # (as an experiment's grid: without a reflector, one configuration per other setting,
