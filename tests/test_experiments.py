@@ -400,6 +400,8 @@ def test_labels_name_only_what_varies() -> None:
             for r in (1000, 2000)]
     assert ex.labels(grid) == ["obs 500 · ref 1000", "obs 500 · ref 2000", "obs 1000 · ref 1000", "obs 1000 · ref 2000"]
     assert ex.labels(grid[:1]) == ["obs 500 · ref 1000 · window 10"]  # one configuration: what it is
+    paid = ReplayConfig(observer="gpt-4o-mini", reflector="gpt-4o").to_json()  # and a model not the offline one
+    assert ex.labels([paid]) == ["obs model gpt-4o-mini · ref model gpt-4o · obs 1000 · ref 2000 · window 10"]
     # No reflector, no reflection threshold named as if it applied (the runs table says it too).
     alone = ReplayConfig(reflector=None, observation_threshold=300).to_json()
     assert ex.labels([alone]) == ["obs 300 · window 10"]

@@ -42,6 +42,7 @@ from .formatting import count
 from .formatting import missing as is_missing
 from .interrupts import ctrl_c_held_back, stopping
 from .losses import STAGES, funnel
+from .models import OFFLINE_MODEL
 from .stats import bootstrap_ci, paired_difference
 
 OFFLINE_PREFIX = "omem/"
@@ -162,8 +163,13 @@ def labels(configs: Sequence[dict[str, Any]]) -> list[str]:
     """Short labels naming only what varies across the grid ("obs 500 · ref 1000"); a grid of one
     configuration is named by its thresholds and window ("obs 1000 · ref 2000 · window 10")."""
     if len(configs) == 1:  # (no reflector: no reflection threshold to name)
-        names = ("observation", "window") if configs[0].get("reflector") is None else \
-            ("observation", "reflection", "window")
+        config = configs[0]
+        names = ["observation", "window"] if config.get("reflector") is None else ["observation", "reflection", "window"]
+        # a model other than the offline one is named too: a paid experiment's runs read as offline ones
+        if config["observer"] != OFFLINE_MODEL:
+            names.append("observer")
+        if config.get("reflector") not in (None, OFFLINE_MODEL, config["observer"]):
+            names.append("reflector")
         return _naming(configs, [p for p in _LABEL_PARTS if p[0] in names], every=True)
     named = other_settings(configs, leave_out=())
     return named if any(named) else [f"config {i + 1}" for i in range(len(configs))]
