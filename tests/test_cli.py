@@ -254,7 +254,7 @@ def test_a_dataset_put_in_the_shared_folder_is_listed_and_usable_by_name(tmp_pat
     code, out, err = invoke("datasets")
     assert code == 0, err
     listed = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
-    assert listed["lme-s"][1:5] == ["shared", "4", "18", "4"] and "README" not in listed
+    assert listed["lme-s"][1:6] == ["shared", "4", "18", "4", "3"] and "README" not in listed  # 3 with gold answers
     # JSON that no format reads is listed as such, with why (it was left out, unexplained)
     assert listed["notes"][1:3] == ["shared", "unreadable"] and "format not recognised" in out
     assert "locomo-dev" not in listed

@@ -383,6 +383,18 @@ def test_a_resume_whose_runs_cannot_run_here_is_refused_not_called_free(tmp_path
         assert store.experiment_runs(experiment_id)[["run_id", "status", "error"]].to_dict("records") == before
 
 
+def test_show_says_what_the_probes_column_counts(tmp_path) -> None:
+    """Found by a walkthrough: "152" probes for a conversation of 199 questions, with nothing saying
+    the others have no gold answer (or evidence still in the window)."""
+    db = str(tmp_path / "x.duckdb")
+    code, out, err = invoke("experiment", "run", "--dataset", str(ROOT / "datasets" / "samples" / "longmemeval-sample.json"),
+                            "--observation-threshold", "20", "--window", "2", "--json", "--db", db)
+    data = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and data["configs"][0]["probes"] == 3
+    code, out, err = invoke("experiment", "show", data["experiment_id"], "--db", db)
+    assert "probes: those scored, of 4 probes the conversations ask (1 without a gold answer" in " ".join(out.split())
+
+
 def test_a_name_given_twice_is_warned_about(tmp_path) -> None:
     """Two experiments under one name read the same in the list and the pickers: nothing said so."""
     db = str(tmp_path / "x.duckdb")

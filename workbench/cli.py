@@ -867,16 +867,18 @@ def datasets() -> None:
         click.echo(f"(no shared datasets at {shared_datasets_dir()}; set OMEM_SHARED_DATASETS to add them)", err=True)
     entries = known_datasets()
     width = max([20, *(len(e.name) for e in entries)])
-    click.echo(f"{'name':<{width}} {'origin':<8} {'conversations':>13} {'messages':>8} {'probes':>6}  path")
+    # (gold: the probes with a gold answer, which word retention can score; MemoryBank's have none)
+    click.echo(f"{'name':<{width}} {'origin':<8} {'conversations':>13} {'messages':>8} {'probes':>6} {'gold':>6}  path")
     for entry in entries:
         try:
             listed = list_conversations(entry.path, entry.format)
             detail = (f"{len(listed):>13,} {sum(c.messages for c in listed):>8,} "
-                      f"{sum(c.probes for c in listed):>6,}  {short_path(entry.path)}")
+                      f"{sum(c.probes for c in listed):>6,} {sum(c.scored_probes for c in listed):>6,}  "
+                      f"{short_path(entry.path)}")
         except DatasetError as exc:
             said = str(exc)  # (it names the file: once is enough)
             said = said[len(exc.file):].lstrip(": ") if said.startswith(exc.file) and Path(exc.file) == entry.path else said
-            detail = f"{'unreadable':>29}  {short_path(entry.path)}: {said}"
+            detail = f"{'unreadable':>36}  {short_path(entry.path)}: {said}"
         click.echo(f"{entry.name:<{width}} {entry.origin:<8} {detail}")
 
 
@@ -958,6 +960,8 @@ def _print_report(data: dict[str, Any]) -> None:
             + f" (the cost includes {count(sum(c['judge_calls'] for c in judged), 'answerer and judge call')})")
     if data.get("uneven_note"):
         _echo_wrapped(data["uneven_note"])
+    if asked := _probes_asked(data):
+        _echo_wrapped(asked)
     _print_breakdown(data["configs"])
     for comparison in data["comparisons"]:
         _echo_wrapped(_comparison_line(comparison["a"], comparison["b"], comparison["verdict"],
@@ -967,6 +971,25 @@ def _print_report(data: dict[str, Any]) -> None:
                    f"{data['experiment_id']}", err=True)
     elif data["status"] in ("interrupted", "stopped", "failed") and data["completed_runs"] < data["planned_runs"]:
         click.echo(f"finish it with: python -m workbench experiment resume {data['experiment_id']}", err=True)
+
+
+def _probes_asked(data: dict[str, Any]) -> str | None:
+    """What the probes column counts, when fewer than the conversations ask: "152 probes" of 199
+    questions read as probes lost. ``None`` when all are scored or the dataset cannot be read."""
+    from .datasets import DatasetError, list_conversations
+
+    try:
+        listed = [c for c in list_conversations(data["dataset"], data.get("dataset_format"))
+                  if c.id in set(data["conversations"])]
+    except DatasetError:
+        return None
+    asked, with_gold = sum(c.probes for c in listed), sum(c.scored_probes for c in listed)
+    scored = max((c["probes"] for c in data["configs"]), default=0)
+    if not asked or scored >= asked:
+        return None
+    return (f"probes: those scored, of {count(asked, 'probe')} the conversations ask ({asked - with_gold:,} without a "
+            "gold answer, e.g. abstention questions; the others' evidence was still in the final window or their "
+            "answer has no word to look for)")
 
 
 def _print_breakdown(configs: list[dict[str, Any]]) -> None:
