@@ -276,7 +276,8 @@ def test_paths_are_shown_as_short_as_still_works_from_here(tmp_path, monkeypatch
     assert _shown_path(ROOT.parent / "elsewhere.jsonl") == "../elsewhere.jsonl"
     code, out, _ = invoke("datasets")
     [line] = [row for row in out.splitlines() if row.startswith("demo ")]
-    assert line.split()[2:] == ["1", "200", "22", "datasets/demo.jsonl"]  # conversations, messages, probes, path
+    assert line.split()[2:] == ["1", "200", "22", "22", "datasets/demo.jsonl"]  # conversations, messages,
+    # probes, those with a gold answer, path
     deep = tmp_path / "a" / "b"
     deep.mkdir(parents=True)
     monkeypatch.chdir(deep)
