@@ -277,6 +277,10 @@ def test_the_listing_says_why_a_shared_dataset_cannot_be_read(tmp_path, monkeypa
     (shared / "export" / "user.json").write_text('{"id": "user-1"}')
     (shared / "docs").mkdir()  # no JSON in it: nothing to list
     (shared / "docs" / "about.txt").write_text("about")
+    import shutil  # BEAM chats beside a dataset file: not one dataset, but each chat is one, listed
+
+    shutil.copytree(PROJECT_DATASETS / "samples" / "beam-sample", shared / "mixbeam" / "1")
+    (shared / "mixbeam" / "extra.json").write_bytes(whole)
     monkeypatch.setenv("OMEM_SHARED_DATASETS", str(shared))
     code, out, err = invoke("datasets")
     assert code == 0, err
@@ -287,6 +291,7 @@ def test_the_listing_says_why_a_shared_dataset_cannot_be_read(tmp_path, monkeypa
     assert cut.split()[1:3] == ["shared", "unreadable"] and "invalid JSON" in cut
     assert cut.count("cut-off-longmemeval-download.json") == 1  # the path once, not twice
     assert "its JSON files (user.json) are in none of the formats read" in listed["export"]
+    assert {"mixbeam/1", "mixbeam/extra"} <= set(listed) and "mixbeam" not in listed
     # a name longer than the column pushes the columns, for every row alike
     assert {row.index(" shared ") if " shared " in row else row.index(" project ") for row in rows} \
         == {header.index(" origin ")}
