@@ -1180,15 +1180,15 @@ def experiment_resume(experiment_id: str, max_cost: float | None, yes: bool, as_
 
             if trouble := unusable(options["answerer"], options["judge"]):
                 raise ex.ExperimentError(f"cannot judge here: {trouble}")
-        # what is left, and what it should cost, asked as a new experiment asks (a resume of a paid
-        # one started unasked: the spend of the rest of a grid, or of the judging still owed)
-        # runs whose configuration cannot run here (a key unset since): refused when nothing else is
-        # left, as a new experiment is (a paid model without its key read "cost free" and failed)
+        # Runs whose configuration cannot run here (a key unset since): refused when nothing else is
+        # left, as a new experiment is (a paid model without its key read "cost free" and failed).
         blocked, every = ex.blocked_runs(store, experiment_id)
         if every:
             raise ex.ExperimentError("no run left can replay here: " + "; ".join(sorted(set(blocked.values()))))
         for label, problem in blocked.items():
             click.echo(f"warning: {label} cannot run here and will be recorded as failed: {problem}", err=True)
+        # What is left, and what it should cost, asked as a new experiment asks (a resume of a paid
+        # one started unasked: the spend of the rest of a grid, or of the judging still owed).
         runs, judged, estimate = ex.estimate_resume(store, experiment_id)
         click.echo(f"{count(runs, 'run')} left to replay" + (f", {count(judged, 'run')} to judge" if judged else "")
                    + f"; cost {_cost_text(estimate, free='free')}", err=True)

@@ -43,7 +43,7 @@ class Estimate:
     cost_usd: float | None
 
     def describe(self) -> str:
-        cost = ("free (offline model)" if self.cost_usd == 0 else f"~${self.cost_usd:.4f}"
+        cost = ("free" if self.cost_usd == 0 else f"~${self.cost_usd:.4f}"
                 if self.cost_usd is not None else "unknown cost (model not in litellm's price map)")
         return f"{self.calls} model calls, ~{self.input_tokens:,} input tokens, {cost}"
 

@@ -5,8 +5,8 @@ import json
 import streamlit as st
 
 from workbench import analysis, app_data, charts, ui
-from workbench.datasets import DatasetError
 from workbench import formatting as fmt
+from workbench.datasets import DatasetError
 
 store = ui.get_store()
 
@@ -210,7 +210,6 @@ with seen:
     for _, message in window.iterrows():
         st.text(f"{message.role} · {message.message_id}")
         ui.text_block(message.content)
-
 
 
 def judged_section(run: dict, run_id: str, probes) -> None:
