@@ -560,10 +560,13 @@ def replay_cost_text(conversation: Any, config: Any) -> str | None:
     if configuration_problem(config):
         return None
     cost = estimate_cost([ConversationInfo.of(conversation).tokens], [config])
-    if cost == 0:
-        return None
-    return ("Estimated cost: unknown (a model's price is not known to litellm)." if cost is None
-            else f"Estimated cost: about {money(cost, 4)} (a rough estimate, meant to err high).")
+    return None if cost == 0 else f"Estimated cost: {estimate_text(cost, 4)}."
+
+
+def estimate_text(cost: float | None, digits: int = 2) -> str:
+    """A cost estimate as the app words it before paid work (``None``: a price unknown)."""
+    return ("unknown (a model's price is not known to litellm)" if cost is None
+            else f"about {money(cost, digits)} (a rough estimate, meant to err high)")
 
 
 def compression_note(run: dict[str, Any], steps: pd.DataFrame) -> str | None:

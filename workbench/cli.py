@@ -978,9 +978,9 @@ def _probes_asked(data: dict[str, Any]) -> str | None:
     questions read as probes lost. ``None`` when all are scored or the dataset cannot be read."""
     from .datasets import DatasetError, list_conversations
 
+    chosen = set(data["conversations"])
     try:
-        listed = [c for c in list_conversations(data["dataset"], data.get("dataset_format"))
-                  if c.id in set(data["conversations"])]
+        listed = [c for c in list_conversations(data["dataset"], data.get("dataset_format")) if c.id in chosen]
     except DatasetError:
         return None
     asked, with_gold = sum(c.probes for c in listed), sum(c.scored_probes for c in listed)

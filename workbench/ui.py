@@ -541,6 +541,23 @@ def _experiment_tables(path: str, experiment_id: str, stamp: tuple) -> dict:
                 "losses": store.experiment_losses(experiment_id)}
 
 
+@st.cache_data(show_spinner=False, max_entries=4)
+def _judging_inputs(path: str, run_id: str, stamp: tuple) -> tuple[list, str]:
+    from .experiments import judging_inputs as inputs
+
+    return inputs(_open_store(path)[0], run_id)
+
+
+def judging_inputs(store: RunStore, run: dict) -> tuple[list, str]:
+    """``experiments.judging_inputs`` of a completed run, kept per run and version of its dataset
+    file: the Explorer reruns at each step of its slider, and read the conversation each time."""
+    if store.snapshot_of or store.path == ":memory:":
+        from .experiments import judging_inputs as inputs
+
+        return inputs(store, run["run_id"])
+    return _judging_inputs(db_path(), run["run_id"], _stamp(Path(run["dataset"])))
+
+
 def experiment_tables(store: RunStore, experiment_id: str) -> dict:
     """``experiment``, ``summaries``, ``runs``, ``probes`` and ``losses`` of an experiment (cached
     until it changes: a run written or deleted, a resume, a status change)."""

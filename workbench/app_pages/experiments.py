@@ -146,9 +146,7 @@ with st.expander("New experiment", expanded=existing.empty):
         cost = estimate_cost([c.tokens for c in conversations], runnable)
         offline = all(c.observer.startswith("omem/") and (c.reflector or "omem/").startswith("omem/")
                       for c in runnable)
-        priced = ("free (built-in offline model)" if offline else
-                  "unknown (a model's price is not known to litellm)" if cost is None else
-                  f"about {fmt.money(cost, 2)} (a rough estimate, meant to err high)")
+        priced = "free (built-in offline model)" if offline else app_data.estimate_text(cost)
         st.info(ui.plain(f"{fmt.count(len(conversations) * len(grid), 'run')}: "
                          f"{fmt.count(len(conversations), 'conversation')} × "
                          f"{fmt.count(len(grid), 'configuration')}. Estimated cost: {priced}."))

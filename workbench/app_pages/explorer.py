@@ -218,7 +218,7 @@ def judged_section(run: dict, run_id: str, probes) -> None:
     before the click, and the verdicts join the table above as its "LLM judge" column."""
     import asyncio
 
-    from workbench.experiments import judge_stored_run, judging_inputs
+    from workbench.experiments import judge_stored_run
     from workbench.judge import JudgeFailed, estimate, unusable
     from workbench.models import usable_models
 
@@ -243,7 +243,7 @@ def judged_section(run: dict, run_id: str, probes) -> None:
             ui.error("Cannot judge here: ", trouble)
             return
         try:
-            asked, context = judging_inputs(store, run_id)
+            asked, context = ui.judging_inputs(store, run)
         except DatasetError as exc:  # (the dataset moved or changed since the run)
             ui.error("Cannot read the run's conversation: ", exc)
             return
