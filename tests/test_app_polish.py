@@ -4,6 +4,7 @@ run told as one (grammatical, not an error, its compression the chart's)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -170,3 +171,22 @@ def test_an_unfinished_run_is_told_in_a_sentence_with_its_last_read_compression(
     assert last_read_compression({**run, "compression": 2.0}, steps) is None  # a stored figure stands
     assert last_read_compression({**run, "status": "completed"}, steps) is None
     assert state_phrase({**run, "status": "failed"}).startswith("failed at step 11")
+
+
+def test_addresses_in_banners_copy_as_written_and_never_link() -> None:
+    """A web or e-mail address in text shown through ui.plain is a code span (GFM links nothing
+    there), so what a reader copies is the address itself, with no invisible word joiner in it."""
+    from workbench.ui import WORD_JOINER, plain
+
+    text = "cannot reach http://localhost:8000/v1/chat?x=a_b*c; write to ops@example.org or see www.example.org."
+    out = plain(text)
+    assert "`http://localhost:8000/v1/chat?x=a_b*c`" in out  # the address whole, unescaped
+    assert "`ops@example.org`" in out and "`www.example.org`" in out  # (the final full stop is not in it)
+    assert WORD_JOINER not in out
+    outside = re.sub(r"`[^`]*`", "", out)
+    assert "\\;" in outside and "\\." in outside  # the rest still escaped
+    # a backtick inside an address: the fence is longer than any run of backticks inside
+    assert plain("http://x.example/`a``b") == "```http://x.example/`a``b```"
+    # what is no address still cannot become one: a word joiner breaks GFM's match
+    bare = plain("http:// and user@localhost")
+    assert "`" not in bare and bare.count(WORD_JOINER) == 2

@@ -157,9 +157,12 @@ def test_dataset_and_model_text_is_inert(server) -> None:
         settle(page)
         page.locator('[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(dataset))
         settle(page)
-        page.get_by_text(re.compile(r"No run of hostile<b>x</b> http:.?//evil\.example yet")).wait_for(timeout=30_000)
-        # Escaped Markdown still made a live link of a URL or an e-mail address (GFM finds them after escapes)
+        notice = page.get_by_text(re.compile(r"No run of hostile<b>x</b> http://evil\.example yet"))
+        notice.wait_for(timeout=30_000)
+        # Escaped Markdown still made a live link of a URL or an e-mail address (GFM finds them after
+        # escapes); shown as code, the address is copied as written (no invisible word joiner in it)
         assert page.locator('a[href*="evil.example"]').count() == 0
+        assert "http://evil.example" in notice.inner_text() and "\u2060" not in notice.inner_text()
         page.get_by_label("Observation threshold (tokens)").fill("20")
         page.get_by_label("Observation threshold (tokens)").press("Enter")
         settle(page)

@@ -87,17 +87,35 @@ _MARKDOWN_SPECIAL = re.compile(r"([!-/:-@\[-`{-~])")
 
 # Where Streamlit's Markdown (GFM) would turn plain text into a link whatever its escapes, since
 # it finds URLs and e-mail addresses in the text *after* escapes are read: "http://…", "www.…",
-# "name@host". An invisible WORD JOINER there breaks the match.
+# "name@host". Those are shown as code (GFM links nothing in a code span, and what is copied from
+# it is the address as written); an invisible WORD JOINER breaks any other such match.
+_ADDRESS = re.compile(r"(?:\b[a-z][a-z0-9+.-]*://|\bwww\.)[^\s<>]*[^\s<>.,;:!?'\")\]}]"
+                      r"|[\w.+-]+@[\w-]+(?:\.[\w-]+)+", re.IGNORECASE)
 _AUTOLINK = re.compile(r"(?<=:)(?=//)|(?<=\bwww)(?=\.)|(?<=@)", re.IGNORECASE)
 WORD_JOINER = "\u2060"
 
 
+def _escaped(text: str) -> str:
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", _AUTOLINK.sub(WORD_JOINER, text))
+
+
+def _code(text: str) -> str:
+    """``text`` as a Markdown code span, fenced by more backticks than any run of them inside."""
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def plain(text: object) -> str:
     """``text`` escaped so Streamlit's Markdown shows it literally: no links, images, emphasis or
-    HTML from dataset values or error messages (every ASCII punctuation mark backslash-escaped,
-    and an invisible word joiner after the ``:`` of ``http://…``, ``www`` and ``@``, which GFM
-    would link however escaped)."""
-    return _MARKDOWN_SPECIAL.sub(r"\\\1", _AUTOLINK.sub(WORD_JOINER, str(text)))
+    HTML from dataset values or error messages. Every ASCII punctuation mark is backslash-escaped;
+    web addresses and e-mail addresses, which GFM would link however escaped, are shown as code
+    (copied as written), and any other ``://``, ``www.`` or ``@`` gets an invisible word joiner."""
+    text, parts, start = str(text), [], 0
+    for match in _ADDRESS.finditer(text):
+        parts += [_escaped(text[start:match.start()]), _code(match.group())]
+        start = match.end()
+    return "".join(parts) + _escaped(text[start:])
 
 
 def error(prefix: str, detail: object = "") -> None:
