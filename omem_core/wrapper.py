@@ -131,7 +131,8 @@ class CompactionEvent:
     observation covers, which the agent sees nowhere."""
     skipped: str | None = None
     """Why a pass whose model call succeeded saved nothing: the thread was deleted meanwhile, the
-    pass lost its lease, or a message was saved inside its segment. ``None`` otherwise."""
+    pass lost its lease (noticed by its renewal, or at the save when another pass saved a record
+    meanwhile), or a message was saved inside its segment. ``None`` otherwise."""
     calls: tuple[CallTrace, ...] = ()
     """Every model call the pass made, in order: the exact messages sent and the raw reply."""
 
@@ -261,6 +262,7 @@ class _Plan:
     deletes: int = 0
     epoch: int | None = None  # the store's delete epoch, read before the messages
     lease: _Lease | None = None
+    newest: str | None = None  # the id of the thread's newest record when planned (then of this pass's)
 
     @property
     def backlog_volume(self) -> int:
@@ -596,7 +598,8 @@ class ObservationalMemoryStore:
         deletes = guard.deletes if guard is not None else 0
         epoch = await self._epochs.delete_epoch(thread_id) if for_pass and self._epochs is not None else None
         window = await self._read_inner(thread_id, last, peek=peek)
-        view = view_of(await self._recent_records(thread_id))
+        records = await self._recent_records(thread_id)
+        view = view_of(records)
         backlog = await self._backlog(thread_id, window, view.cursor, last)
         return _Plan(
             thread_id=thread_id,
@@ -610,6 +613,7 @@ class ObservationalMemoryStore:
             deletes=deletes,
             epoch=epoch,
             lease=lease,
+            newest=records[-1].id if records else None,
         )
 
     async def _read_inner(self, thread_id: str, last: int, *, peek: bool = False) -> list[Message]:
@@ -1034,6 +1038,16 @@ class ObservationalMemoryStore:
                 return "the thread was deleted during the pass"
             if plan.lease is not None and plan.lease.lost:
                 return "the pass lost its lease (another process may run it)"
+            if plan.lease is not None:
+                # A lease that lapsed while this process was stalled (the renewer had no chance to
+                # notice): another process may have taken it, run the pass on another segment and
+                # saved. Saving this one after it would move the cursor back. Checked here, under
+                # the cursor lease every save takes, so no record can land between check and save.
+                records = await self._recent_records(plan.thread_id)
+                if not records and plan.newest is not None:
+                    return "the thread was deleted during the pass"
+                if (records[-1].id if records else None) != plan.newest:
+                    return "the pass lost its lease, and another pass saved a record meanwhile"
             if verify is not None and not await verify():
                 return "a message was saved inside the segment during the pass; the next read observes it"
             if plan.epoch is not None:
@@ -1042,6 +1056,7 @@ class ObservationalMemoryStore:
                     return "the thread was deleted during the pass"
             else:
                 await self.observations.save(record)
+        plan.newest = record.id  # (what a reflection after it in this pass expects to find)
         return None
 
     async def _report(self, event: CompactionEvent) -> None:

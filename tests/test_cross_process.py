@@ -230,3 +230,72 @@ def test_processes_opening_one_new_file_at_once_all_open_it(tmp_path) -> None:
         path = str(tmp_path / f"{trial}.db")
         outcomes = run_together(lambda: open_both(path))
         assert outcomes == ["ok"] * 8, outcomes
+
+
+STALLED_WORKER = textwrap.dedent('''
+    import asyncio, json, sys, time
+    from pathlib import Path
+    import omem_core, litellm
+    from litellm import CustomLLM, ModelResponse
+    kind, where, schema = sys.argv[1:4]
+    started, release = Path(sys.argv[4]), Path(sys.argv[5])
+
+    class Stalled(CustomLLM):
+        async def acompletion(self, model, messages, *args, **kwargs):
+            started.touch()
+            while not release.exists():  # the whole event loop stalls: no lease renewal meanwhile
+                time.sleep(0.01)
+            r = ModelResponse(choices=[{"message": {"role": "assistant", "content": "- the stalled note"}}])
+            r.usage = litellm.Usage(prompt_tokens=1, completion_tokens=1, total_tokens=2)
+            return r
+
+    litellm.custom_provider_map.append({"provider": "stalled", "custom_handler": Stalled()})
+
+    async def main():
+        inner, observations = open_stores(kind, where, schema)
+        events = []
+        store = omem_core.create_observational_memory_store(
+            inner, observer="stalled/model", thresholds={"observation": 5}, lease_ttl=0.6,
+            count_tokens=lambda texts: [1] * len(texts), observations=observations, on_event=events.append)
+        await store.recall("t", last=2)
+        print(json.dumps({"skipped": [e.skipped for e in events]}), flush=True)
+
+    asyncio.run(main())
+''')
+
+
+async def test_a_pass_whose_lease_lapsed_does_not_save_after_another_pass(tmp_path, scripted, shared) -> None:
+    """A process whose event loop stalled past ``lease_ttl`` while its model ran (so its renewal
+    never noticed) must not save once another process took the lapsed lease and saved a pass of
+    its own on a segment cut otherwise: the late record moved the cursor back, and the messages
+    between were observed twice."""
+    started, release = tmp_path / "started", tmp_path / "release"
+    script = tmp_path / "stalled_worker.py"
+    script.write_text(STALLED_WORKER.replace("async def main", OPEN + "\nasync def main", 1))
+    inner, observations = shared.stores()
+    here = create_observational_memory_store(inner, observer="scripted/model",
+                                             thresholds={"observation": 8}, count_tokens=ones,
+                                             observations=observations)
+    await here.save_messages([msg(i) for i in range(12)])
+    worker = subprocess.Popen([sys.executable, str(script), *shared.argv, str(started), str(release)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parents[1])
+    try:
+        deadline = time.time() + 60
+        while not started.exists():  # the other process holds the lease and waits for its model
+            assert worker.poll() is None and time.time() < deadline, worker.stderr.read() if worker.stderr else ""
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(1.0)  # past its lease_ttl: the lease lapses unrenewed
+        await here.recall("t", last=2)  # takes the lapsed lease: observes m0..m7 (threshold 8)
+        release.touch()
+        out, err = worker.communicate(timeout=60)
+        assert worker.returncode == 0, err[-2000:]
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    records = await here.observations.list("t")
+    assert [r.source_ids for r in records] == [tuple(f"m{i}" for i in range(8))]  # nothing observed twice
+    [skipped] = json.loads(out.strip().splitlines()[-1])["skipped"]
+    assert skipped == "the pass lost its lease, and another pass saved a record meanwhile"
+    got = await here.recall("t", last=2)
+    assert [m.id for m in got[1:]] == ["m10", "m11"] and "the stalled note" not in got[0].content
