@@ -455,6 +455,9 @@ class ObservationalMemoryStore:
         self._clock = clock
         self._inflight: dict[str, _Inflight] = {}
         self._guards: weakref.WeakValueDictionary[str, _Guard] = weakref.WeakValueDictionary()
+        # Leases this process holds but could not give back (the database was away): given back at
+        # the next lease taken, so a short outage does not block the thread until they expire.
+        self._unreleased: dict[str, str] = {}
 
     # -- the MemoryStore port ---------------------------------------------------------------
 
@@ -815,6 +818,7 @@ class ObservationalMemoryStore:
         # A holder per pass: a pass started after a delete, while the stale one still runs, must
         # not renew (and then lose, when the stale one releases it) that pass's lease.
         key, holder, delay = _pass_key(thread_id), f"{self._holder}:{uuid.uuid4().hex[:8]}", 0.02
+        await self._release_unreleased()
         while not await _try_lease(leases, key, holder, self.lease_ttl):
             if self.on_busy == "render":
                 yield None
@@ -827,7 +831,7 @@ class ObservationalMemoryStore:
             yield lease
         finally:
             renewer.cancel()
-            await asyncio.shield(leases.release_lease(key, holder))
+            await asyncio.shield(self._release(key, holder))
 
     @contextlib.asynccontextmanager
     async def _cursor_lease(self, thread_id: str) -> AsyncIterator[None]:
@@ -837,13 +841,37 @@ class ObservationalMemoryStore:
         leases = self._leases
         assert leases is not None
         key, holder, delay = _cursor_key(thread_id), f"{self._holder}:{uuid.uuid4().hex[:8]}", 0.02
+        await self._release_unreleased()
         while not await _try_lease(leases, key, holder, CURSOR_LEASE_TTL):
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5)
         try:
             yield
         finally:
-            await asyncio.shield(leases.release_lease(key, holder))
+            await asyncio.shield(self._release(key, holder))
+
+    async def _release(self, key: str, holder: str) -> None:
+        """Give a lease back. When that fails (the database is away), the failure is logged, never
+        raised over the outcome of the work done under the lease, and the release is retried
+        before this store takes its next lease (:meth:`_release_unreleased`)."""
+        assert self._leases is not None
+        try:
+            await self._leases.release_lease(key, holder)
+        except Exception as exc:
+            logger.warning("omem: giving back the lease %r failed (%s: %s); retried at the next read",
+                           key, type(exc).__name__, exc)
+            self._unreleased[key] = holder
+
+    async def _release_unreleased(self) -> None:
+        """Retry the releases that failed (in order; stop at the first that fails again)."""
+        assert self._leases is not None
+        for key, holder in list(self._unreleased.items()):
+            try:
+                await self._leases.release_lease(key, holder)
+            except Exception:
+                return  # still away: this read's own lease attempt reports it
+            if self._unreleased.get(key) == holder:
+                del self._unreleased[key]
 
     async def _renew(self, leases: Leases, key: str, holder: str, lease: _Lease) -> None:
         while True:

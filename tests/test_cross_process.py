@@ -299,3 +299,35 @@ async def test_a_pass_whose_lease_lapsed_does_not_save_after_another_pass(tmp_pa
     assert skipped == "the pass lost its lease, and another pass saved a record meanwhile"
     got = await here.recall("t", last=2)
     assert [m.id for m in got[1:]] == ["m10", "m11"] and "the stalled note" not in got[0].content
+
+
+class Flaky(SQLiteObservationStore):
+    """A store whose database goes away for the next ``failures`` lease releases (a PostgreSQL
+    server restarting while a pass ends: its save went through, its release did not)."""
+
+    failures = 0
+
+    async def release_lease(self, thread_id: str, holder: str) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("the database is unreachable")
+        await super().release_lease(thread_id, holder)
+
+
+async def test_a_lease_not_given_back_during_an_outage_is_given_back_at_the_next_read(tmp_path, scripted) -> None:
+    """The release at the end of a pass failed: it raised over a pass that had saved, and the lease
+    stayed until it expired, so every read of the thread on every host waited up to ``lease_ttl``
+    (120 s by default) after a database blip of a second."""
+    observations = Flaky(tmp_path / "s.db")
+    store = create_observational_memory_store(SQLiteMemoryStore(tmp_path / "s.db"), observer="scripted/model",
+                                              thresholds={"observation": 5}, count_tokens=ones,
+                                              observations=observations, on_busy="render")
+    await store.save_messages([msg(i) for i in range(8)])
+    observations.failures = 1  # the pass's own release
+    got = await store.recall("t", last=2)  # saved its note: no error for the release that failed
+    assert got[0].content == "- noted" and scripted.started == 1
+    await store.save_messages([msg(i) for i in range(8, 14)])  # another pass due
+    await store.recall("t", last=2)
+    # it ran (on_busy="render" would have rendered without it while the old lease was held)
+    assert scripted.started == 2 and len(await observations.list("t")) == 2
+    assert await observations.try_lease("t", "another host", ttl=1)  # and the thread is free for others
