@@ -20,7 +20,8 @@ Stage = Literal["observe", "reflect"]
 
 
 class CompactionError(Exception):
-    """A compaction pass failed: model error, timeout, or empty output.
+    """A compaction pass failed: model error, timeout, empty output (or invisible characters only),
+    or output that is not valid Unicode.
 
     The pass saved nothing and no message was lost; the next cursorless read retries it.
     The original exception, if any, is chained as ``__cause__``.

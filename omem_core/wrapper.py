@@ -33,6 +33,7 @@ import numbers
 import os
 import socket
 import time
+import unicodedata
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -1130,8 +1131,15 @@ class ObservationalMemoryStore:
             text = response.choices[0].message.content
         except (AttributeError, IndexError) as exc:
             raise failure("the response has no message content") from exc
-        if not isinstance(text, str) or not text.strip():
-            raise failure("the model returned empty output", text if isinstance(text, str) else None)
+        if text is not None and not isinstance(text, str):
+            raise failure(f"the response's message content is not text (a {type(text).__name__})")
+        if text is None or _blank(text):
+            raise failure("the model returned empty output", text)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # (a provider that cut an emoji's UTF-16 pair in two)
+            raise failure(f"the model's output is not valid Unicode (a lone surrogate at position {exc.start}); "
+                          "nothing was saved", text.encode("utf-8", "backslashreplace").decode()) from None
         trace.append(CallTrace(tuple(messages), text))
         usage = getattr(response, "usage", None)
         hidden = getattr(response, "_hidden_params", None) or {}
@@ -1146,6 +1154,12 @@ class ObservationalMemoryStore:
             cost_usd=float(cost) if isinstance(cost, (int, float)) else None,
             cache_hit=bool(hidden.get("cache_hit")),
         )
+
+
+def _blank(text: str) -> bool:
+    """Whether ``text`` shows nothing: whitespace and invisible format characters (zero-width
+    spaces and joiners, a byte-order mark) only."""
+    return all(ch.isspace() or unicodedata.category(ch) == "Cf" for ch in text)
 
 
 def create_observational_memory_store(
