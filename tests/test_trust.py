@@ -471,6 +471,33 @@ def test_a_runaway_text_is_trimmed_from_its_start_only() -> None:
     assert kept.splitlines() and all(line in start for line in kept.splitlines())
 
 
+@pytest.mark.parametrize("reply", ["ユーザーは東京に住んでいて猫が好きです。" * 1000, "x" * 5000, "日本語" * 2000])
+async def test_text_without_spaces_is_trimmed_within_the_limit_too(scripted: Scripted, reply: str) -> None:
+    """The last resort kept "the longest prefix of words", at least one: a reply with no space
+    (Japanese, Chinese, a URL, base64) is one word, so it came back whole and a reflection of 1,200
+    tokens was saved against a limit of 150. Now its longest prefix of characters that fits, ended
+    at its last full stop ("。") when one is in it."""
+    from omem_core.tokens import token_counter
+
+    count = token_counter("o200k_base")
+    events: list[CompactionEvent] = []
+    scripted.default = reply  # every observation, reflection and tightening request
+    store = create_observational_memory_store(observer=MODEL, reflector=MODEL, count_tokens=count,
+                                              thresholds={"observation": 100, "reflection": 150},
+                                              on_event=events.append)
+    await store.save_messages([msg(i, "word " * 40) for i in range(14)])
+    for _ in range(6):
+        await store.recall("t", last=2)
+    records = await store.observations.list("t")
+    observed = [r for r in records if r.kind == "observation"]
+    reflected = [r for r in records if r.kind == "reflection"]
+    assert observed and all(0 < count([r.text])[0] <= 48 and reply.startswith(r.text) for r in observed)  # its target
+    assert reflected and all(0 < count([r.text])[0] <= 150 and reply.startswith(r.text) for r in reflected)
+    assert any(e.trimmed for e in events if e.stage == "reflect")
+    if "。" in reply:
+        assert all(r.text.endswith("。") for r in observed + reflected)
+
+
 def scripted_lines(n: int) -> set[str]:
     return {f"- Fact {i}: Ann paid {i} dollars in Oslo." for i in range(n)}
 

@@ -735,10 +735,14 @@ def respond(user_content: str) -> str:
 TRIM_READS = 32  # characters read per token of the limit: about 8 times what is kept
 
 
+SENTENCE_MARKS = ("。", "！", "？", ".", "!", "?", "\n")  # where a prefix of unspaced text may end
+
+
 def trim(text: str, limit: int, count: Callable[[list[str]], list[int]]) -> str:
     """``text`` cut to at most ``limit`` tokens by ``count``, with no model: the reflector's
     sentence selection (the least informative sentences go); if no whole sentence fits, the
-    longest prefix of words that does. Deterministic. Used by the wrapper to keep an over-long
+    longest prefix of words that does, or for text with no spaces (Japanese, a URL) of characters,
+    so the result never exceeds ``limit``. Deterministic. Used by the wrapper to keep an over-long
     reflection (or a runaway observation) within its limit.
 
     Only the start of a runaway text is read (:data:`TRIM_READS` characters per token of the
@@ -763,4 +767,19 @@ def trim(text: str, limit: int, count: Callable[[list[str]], list[int]]) -> str:
             low = middle
         else:
             high = middle - 1
-    return " ".join(words[:low])
+    kept = " ".join(words[:low])
+    if count([kept])[0] <= limit:
+        return kept
+    # One "word" over the limit: text with no spaces (Chinese, Japanese, a URL, base64). Its
+    # longest prefix of characters that fits, ended at its last sentence mark when there is one
+    # in the second half ("。" too), so the limit holds for any text.
+    low, high = 1, len(kept)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if count([kept[:middle]])[0] <= limit:
+            low = middle
+        else:
+            high = middle - 1
+    kept = kept[:low]
+    end = max(kept.rfind(mark, low // 2) for mark in SENTENCE_MARKS)
+    return kept[: end + 1] if end >= 0 else kept
