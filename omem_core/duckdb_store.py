@@ -53,6 +53,16 @@ class DuckDBObservationStore(SyncClosing):
         import duckdb  # (the optional driver: only when this store is used)
 
         self.path = str(path)
+        try:
+            with open(self.path, "rb") as handle:
+                head = handle.read(12)
+        except OSError:  # (absent, or a folder: DuckDB's own error says so)
+            head = b""
+        if head and head[8:12] != b"DUCK":
+            # DuckDB 2 opens a JSON, CSV or Parquet file as a database of views over it: the
+            # records would be written to memory and lost when the store closes.
+            raise ValueError(f"cannot open {self.path}: it is not a DuckDB database (every DuckDB file has "
+                             "'DUCK' at byte 8); give a new or a DuckDB file. The file was not changed.")
         # No extension is ever fetched from the network (this store needs none).
         try:
             self._con = duckdb.connect(self.path, config={"autoinstall_known_extensions": False,

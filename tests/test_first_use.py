@@ -140,6 +140,34 @@ def test_a_corrupt_or_truncated_store_is_a_clear_error_and_left_untouched(tmp_pa
         assert path.read_bytes() == before  # nothing written to it
 
 
+@pytest.mark.parametrize("name, content, kind", [
+    ("conversation.json", '[{"id": "m1", "role": "user", "content": "hi"}]\n', "a JSON file"),
+    ("chat.jsonl", '{"id": "m1", "role": "user", "content": "hi"}\n', "a JSON Lines file"),
+    ("table.csv", "a,b\n1,2\n", "a CSV file"),
+])
+def test_a_dataset_file_given_as_db_is_refused_untouched(tmp_path, name, content, kind) -> None:
+    """DuckDB 2 opens a JSON, CSV or Parquet file as a database of views over it, where the run
+    store's tables were made in memory: the command failed later with a traceback ("Table with name
+    runs does not exist"). Mixing up --dataset and --db is an easy slip."""
+    path = tmp_path / name
+    path.write_text(content)
+    for args in (["runs"], ["experiment", "list"], ["replay", "--dataset", str(TINY)]):
+        code, _, err = invoke(*args, "--db", str(path))
+        assert code == 1 and "Traceback" not in err, err
+        assert f"cannot open {path}: it is {kind}, not a DuckDB run store (a dataset is given with --dataset)" in err
+        assert path.read_text() == content and sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
+def test_a_parquet_file_given_as_db_is_refused_untouched(tmp_path) -> None:
+    import pandas as pd
+
+    path = tmp_path / "runs.pq"
+    pd.DataFrame({"a": [1]}).to_parquet(path)
+    before = path.read_bytes()
+    code, _, err = invoke("runs", "--db", str(path))
+    assert code == 1 and "it is a Parquet file, not a DuckDB run store" in err and path.read_bytes() == before
+
+
 def test_a_sqlite_file_given_as_db_never_makes_duckdb_fetch_an_extension(tmp_path) -> None:
     path = tmp_path / "memory.sqlite"
     con = sqlite3.connect(path)

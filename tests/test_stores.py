@@ -455,6 +455,18 @@ async def test_the_duckdb_observation_store_keeps_records_across_reopen(tmp_path
         assert await store.list("t") == written and {r.kind for r in written} >= {"observation"}
 
 
+async def test_the_duckdb_observation_store_refuses_a_file_that_is_no_duckdb_database(tmp_path) -> None:
+    """DuckDB 2 opens a JSON or CSV file as a database of views over it: the store took such a
+    path, wrote its records to memory and lost them at close."""
+    from omem_core.duckdb_store import DuckDBObservationStore
+
+    path = tmp_path / "notes.json"
+    path.write_text('[{"a": 1}]\n')
+    with pytest.raises(ValueError, match="notes.json: it is not a DuckDB database"):
+        DuckDBObservationStore(path)
+    assert path.read_text() == '[{"a": 1}]\n' and [p.name for p in tmp_path.iterdir()] == ["notes.json"]
+
+
 def test_a_path_or_other_object_where_a_store_goes_is_refused_up_front(tmp_path) -> None:
     """A path given as the store was accepted, then failed at the first save with
     "AttributeError: 'str' object has no attribute 'recall'"."""

@@ -321,19 +321,43 @@ def default_wait_s() -> float:
         raise RunStoreError(f"OMEM_DB_WAIT must be a number of seconds, got {os.environ['OMEM_DB_WAIT']!r}") from None
 
 
-def _describe_unreadable(path: str, exc: Exception) -> str:
+def _head(path: str) -> bytes:
     try:
         with open(path, "rb") as handle:
-            head = handle.read(16)
+            return handle.read(16)
     except OSError:
-        head = b""
+        return b""
+
+
+# Files DuckDB (2.x) opens as a database of views over their content, where writes then go to
+# memory and vanish: a dataset given as --db ran and failed later with "Table runs does not exist".
+_DATA_FILES = {b"PAR1": "a Parquet file"}
+_DATA_SUFFIXES = {".json": "a JSON file", ".jsonl": "a JSON Lines file", ".ndjson": "a JSON Lines file",
+                  ".csv": "a CSV file", ".tsv": "a TSV file", ".parquet": "a Parquet file", ".txt": "a text file"}
+
+
+def not_a_run_store(path: str) -> str | None:
+    """Why the existing, non-empty file ``path`` is no DuckDB database (read from its first bytes:
+    every DuckDB file has ``DUCK`` at byte 8), or ``None`` when it may be one."""
+    head = _head(path)
+    if not head or head[8:12] == b"DUCK":
+        return None
+    return _describe_unreadable(path, None)
+
+
+def _describe_unreadable(path: str, exc: Exception | None) -> str:
+    head = _head(path)
     advice = "Pass --db with another file (or set OMEM_DB); the file was not changed"
     if head.startswith(b"SQLite format 3"):  # DuckDB's own message would suggest installing an extension
         return f"cannot open {path}: it is a SQLite database, not a DuckDB run store. {advice}."
     if head[8:12] == b"DUCK" or head.startswith(b"DUCK"):
         what = "a DuckDB file that is truncated or corrupt"
     else:
-        what = "not a DuckDB run store (or a truncated or corrupt one)"
+        kind = _DATA_FILES.get(head[:4]) or _DATA_SUFFIXES.get(Path(path).suffix.lower())
+        what = (f"{kind}, not a DuckDB run store (a dataset is given with --dataset)" if kind else
+                "not a DuckDB run store (or a truncated or corrupt one)")
+    if exc is None:
+        return f"cannot open {path}: it is {what}. {advice}."
     first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return f"cannot open {path}: it is {what}. {advice}. (DuckDB: {first_line})"
 
@@ -475,6 +499,8 @@ class RunStore:
         self._file_key = f":memory:{id(self)}" if self.path == ":memory:" else os.path.realpath(self.path)
         if self.path == ":memory:":
             self._keep = self._open()
+        elif os.path.isfile(self.path) and (problem := not_a_run_store(self.path)):
+            raise RunStoreError(problem)  # (never opened: DuckDB would read a dataset file as views)
         elif not read_only:
             try:
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
