@@ -713,7 +713,7 @@ def test_ctrl_c_names_the_run_to_resume_and_leaves_no_warning_noise(tmp_path) ->
     with RunStore(db) as store:
         [run] = store.runs().to_dict("records")  # the run's last write was not stopped half-way
     assert run["status"] == "interrupted"
-    assert f"resume with: python -m workbench replay --resume {run['run_id']}" in err
+    assert f"resume with: python -m workbench replay --resume {run['run_id']} --db {db}\n" in err
     assert "never awaited" not in err and "Traceback" not in err and "KeyboardInterrupt" not in err, err
 
 

@@ -252,7 +252,9 @@ def test_a_killed_experiment_is_resumed_without_redoing_finished_runs(tmp_path) 
     code, out, err = invoke("experiment", "show", experiment_id, "--db", str(db))
     assert code == 0 and "the figures below come from the 1 of 3 planned runs that completed" in " ".join(out.split())
     assert "elapsed time not recorded" in " ".join(out.split())  # it read "– s"
-    assert f"finish it with: python -m workbench experiment resume {experiment_id}" in err
+    # the hint names the run store given: pasted as printed, it resumes this experiment
+    assert f"finish it with: python -m workbench experiment resume {experiment_id} --db {db}\n" in err
+    assert f"finish it with: python -m workbench experiment resume {experiment_id} --db {db}" in experiment["error"]
     code, out, err = invoke("experiment", "resume", experiment_id, "--json", "--db", str(db))
     assert code == 0, err
     assert json.loads(out.strip().splitlines()[-1])["elapsed_s"] > 0  # the resume's own time

@@ -197,7 +197,9 @@ def test_export_to_a_path_with_quotes(tmp_path) -> None:
 def test_resume_of_an_unknown_id_says_so_plainly(tmp_path) -> None:
     RunStore(tmp_path / "r.duckdb").close()  # (a store that is not there is said so: test_cli)
     code, _, err = invoke("replay", "--resume", "no-such-run", "--db", str(tmp_path / "r.duckdb"))
-    assert code == 1 and err.strip() == f"Error: no run no-such-run in {tmp_path / 'r.duckdb'} (python -m workbench runs lists them)"
+    db = tmp_path / "r.duckdb"
+    # (the listing command names the file: pasted as it is, it lists that store's runs)
+    assert code == 1 and err.strip() == f"Error: no run no-such-run in {db} (python -m workbench runs --db {db} lists them)"
 
 
 def test_a_busy_store_makes_the_cli_wait_then_work(tmp_path) -> None:

@@ -25,7 +25,7 @@ import click
 from .catalog import DEMO_DATASET, ROOT, known_datasets
 from .datasets import FORMATS  # the format registry (imports no model library)
 from .errors import WorkbenchError
-from .formatting import count, money, ratio, share, short_path, split_list
+from .formatting import DEFAULT_DB, cli_command, count, money, ratio, share, short_path, split_list
 from .models import OFFLINE_MODEL
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 TOKEN_COUNTERS = ("heuristic", "o200k_base", "cl100k_base")
 
-DB_OPTION = click.option("--db", default=lambda: os.environ.get("OMEM_DB", "runs.duckdb"), show_default="runs.duckdb",
+DB_OPTION = click.option("--db", default=lambda: os.environ.get("OMEM_DB", DEFAULT_DB), show_default=DEFAULT_DB,
                          help="DuckDB run store (env OMEM_DB).")
 
 
@@ -388,7 +388,7 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
             run = store.run(resume)
             if run["status"] == "completed":
                 click.echo(f"run {resume} is already completed: nothing to resume "
-                           f"(python -m workbench runs lists its figures)", err=True)
+                           f"({cli_command('runs', store.path)} lists its figures)", err=True)
                 if as_json:  # (the last stdout line is JSON, as promised)
                     click.echo(json.dumps({"run_id": resume, "status": "completed", "resumed": False}))
                 return
@@ -427,7 +427,7 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
             partial = exc.result
             click.echo(f"error: {exc}", err=True)
             click.echo(f"the run {partial.run_id} failed at step {partial.steps} of {partial.planned_steps} and "
-                       f"kept its recorded steps; resume with: python -m workbench replay --resume {partial.run_id}",
+                       f"kept its recorded steps; resume with: {cli_command(f'replay --resume {partial.run_id}', store.path)}",
                        err=True)
             if as_json:
                 click.echo(json.dumps(partial.summary()))
@@ -435,7 +435,7 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
         except KeyboardInterrupt:
             interrupted_run = functools.cache(lambda: resume or _new_run(store, known))  # (read once)
             _exit_interrupted(lambda: _replay_interrupted(store, interrupted_run()),
-                              "\ninterrupted: what was recorded is kept; python -m workbench runs lists the run",
+                              f"\ninterrupted: what was recorded is kept; {cli_command('runs', db)} lists the run",
                               as_json=as_json, fields=lambda: {"run_id": interrupted_run()})
         if answerer and judge and conv.probes:
             _run_judge(store, result, conv, config, answerer, judge, yes, as_json)
@@ -608,9 +608,11 @@ def _replay_interrupted(store: RunStore, run_id: str | None) -> str:
     it said "resume with" a run there was nothing left to resume of."""
     status = store.run(run_id)["status"] if run_id else None
     if status == "completed":
-        return f"\ninterrupted after run {run_id} had completed: it is kept whole (python -m workbench runs)"
-    return ("\ninterrupted: what was recorded is kept; resume with: python -m workbench replay --resume "
-            + (run_id or "RUN_ID (python -m workbench runs lists it)"))
+        return f"\ninterrupted after run {run_id} had completed: it is kept whole ({cli_command('runs', store.path)})"
+    if run_id is None:
+        return ("\ninterrupted: what was recorded is kept; resume with: python -m workbench replay --resume RUN_ID "
+                f"({cli_command('runs', store.path)} lists it)")
+    return f"\ninterrupted: what was recorded is kept; resume with: {cli_command(f'replay --resume {run_id}', store.path)}"
 
 
 def _run_judge(store, result, conv, config, answerer, judge, yes, quiet) -> None:
@@ -915,7 +917,7 @@ def _comparison_line(a: str, b: str, verdict: str, signed: bool, where: str = ""
     return f"{a} vs {b}{where}{signed_as}: {verdict}"
 
 
-def _print_report(data: dict[str, Any]) -> None:
+def _print_report(data: dict[str, Any], db: str) -> None:
     from .formatting import MISSING, display, tokens
 
     def ci(pair) -> str:
@@ -967,10 +969,10 @@ def _print_report(data: dict[str, Any]) -> None:
         _echo_wrapped(_comparison_line(comparison["a"], comparison["b"], comparison["verdict"],
                                        bool(comparison["ci95"]) and not comparison["detectable"]))
     if (data["failed_runs"] or data.get("missing_runs")) and data["status"] == "completed":
-        click.echo(f"replay the runs that did not complete with: python -m workbench experiment resume "
-                   f"{data['experiment_id']}", err=True)
+        click.echo("replay the runs that did not complete with: "
+                   + cli_command(f"experiment resume {data['experiment_id']}", db), err=True)
     elif data["status"] in ("interrupted", "stopped", "failed") and data["completed_runs"] < data["planned_runs"]:
-        click.echo(f"finish it with: python -m workbench experiment resume {data['experiment_id']}", err=True)
+        click.echo("finish it with: " + cli_command(f"experiment resume {data['experiment_id']}", db), err=True)
 
 
 def _probes_asked(data: dict[str, Any]) -> str | None:
@@ -1140,17 +1142,17 @@ def _finish_experiment(store, experiment_id: str, as_json: bool) -> None:
     except KeyboardInterrupt:
         def message() -> str:  # (a Ctrl-C just as the last run was collected: it had completed)
             if store.experiment(experiment_id)["status"] == "completed":
-                return (f"\ninterrupted after experiment {experiment_id} had completed: python -m workbench "
-                        f"experiment show {experiment_id}")
-            return (f"\ninterrupted: finished runs are kept; finish with: python -m workbench experiment resume "
-                    f"{experiment_id}")
+                return (f"\ninterrupted after experiment {experiment_id} had completed: "
+                        + cli_command(f"experiment show {experiment_id}", store.path))
+            return ("\ninterrupted: finished runs are kept; finish with: "
+                    + cli_command(f"experiment resume {experiment_id}", store.path))
 
         _exit_interrupted(message, as_json=as_json, fields=lambda: {"experiment_id": experiment_id})
     data = ex.report(store, experiment_id)
     if as_json:
         click.echo(json.dumps(data))
     else:
-        _print_report(data)
+        _print_report(data, store.path)
     if outcome.error:
         click.echo(f"{outcome.status}: {outcome.error}", err=True)
     if outcome.status != "completed" or outcome.failed:
@@ -1172,7 +1174,7 @@ def experiment_resume(experiment_id: str, max_cost: float | None, yes: bool, as_
 
         if store.experiment(experiment_id)["status"] == "completed" and not ex.pending_tasks(store, experiment_id):
             click.echo(f"every run of experiment {experiment_id} is already completed: nothing to resume "
-                       f"(python -m workbench experiment show {experiment_id})", err=True)
+                       f"({cli_command(f'experiment show {experiment_id}', db)})", err=True)
             return
         options = store.experiment(experiment_id)["options"]
         if options.get("judge") and options.get("answerer"):  # checked before the start, as a new one's
@@ -1242,7 +1244,7 @@ def experiment_show(experiment_id: str, as_json: bool, db: str) -> None:
 
     with _using_store(db, existing=True) as store:
         data = ex.report(store, experiment_id)
-    click.echo(json.dumps(data)) if as_json else _print_report(data)
+    click.echo(json.dumps(data)) if as_json else _print_report(data, db)
 
 
 @experiment.command("compare")

@@ -38,7 +38,7 @@ import pandas as pd
 
 from .datasets import load_conversation, list_conversations
 from .errors import WorkbenchError
-from .formatting import count
+from .formatting import cli_command, count
 from .formatting import missing as is_missing
 from .interrupts import ctrl_c_held_back, stopping
 from .losses import STAGES, funnel
@@ -660,8 +660,8 @@ async def run_experiment(store: Any, experiment_id: str, *, progress: Callable[[
             status, error = "failed", "no run completed (each configuration's error is listed with it)"
         if stop.is_set():
             status, error = "stopped", (f"the cost limit of ${options.max_cost:.4f} was reached "
-                                        f"(${state['cost']:.4f} spent); finish it with: python -m workbench "
-                                        f"experiment resume {experiment_id}")
+                                        f"(${state['cost']:.4f} spent); finish it with: "
+                                        + cli_command(f"experiment resume {experiment_id}", store.path))
     except BaseException as exc:
         # Ctrl-C, a cancelled task, Streamlit stopping the script (its StopException when the
         # tab closes is a BaseException too): interrupted, as a replay reads them
@@ -670,7 +670,7 @@ async def run_experiment(store: Any, experiment_id: str, *, progress: Callable[[
             # (a second Ctrl-C left the experiment 'running'; a held run store is waited for briefly)
             store.finish_experiment(experiment_id, "interrupted" if interrupted else "failed",
                                     ("stopped before the end" if interrupted else f"{type(exc).__name__}: {exc}")
-                                    + f"; finish it with: python -m workbench experiment resume {experiment_id}",
+                                    + "; finish it with: " + cli_command(f"experiment resume {experiment_id}", store.path),
                                     time.perf_counter() - started)
         raise
     if status == "completed" and options.judge and options.answerer:
@@ -680,17 +680,17 @@ async def run_experiment(store: Any, experiment_id: str, *, progress: Callable[[
             await _judge_experiment(store, experiment_id, options, add_cost, stop)
         except JudgeFailed as exc:
             status, error = "failed", (f"judging failed: {exc}; the runs and the runs already judged are kept: "
-                                       f"finish with: python -m workbench experiment resume {experiment_id}")
+                                       "finish with: " + cli_command(f"experiment resume {experiment_id}", store.path))
         except BaseException:
             with ctrl_c_held_back(), stopping():
                 store.finish_experiment(experiment_id, "interrupted", "stopped while judging; finish it with: "
-                                        f"python -m workbench experiment resume {experiment_id}",
+                                        + cli_command(f"experiment resume {experiment_id}", store.path),
                                         time.perf_counter() - started)
             raise
         if stop.is_set() and status == "completed":
             status, error = "stopped", (f"the cost limit of ${options.max_cost:.4f} was reached while judging "
-                                        f"(${state['cost']:.4f} spent); finish it with: python -m workbench "
-                                        f"experiment resume {experiment_id}")
+                                        f"(${state['cost']:.4f} spent); finish it with: "
+                                        + cli_command(f"experiment resume {experiment_id}", store.path))
     elapsed = time.perf_counter() - started
     store.finish_experiment(experiment_id, status, error, elapsed)
     return ExperimentOutcome(experiment_id, status, error, elapsed, state["done"], state["failed"], state["cost"],

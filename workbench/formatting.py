@@ -166,3 +166,14 @@ def runs_table(frame: Any) -> Any:
 
 __all__ = ["MISSING", "count", "display", "fixed", "missing", "money", "tokens", "number", "progress", "ratio",
            "runs_table", "share", "short_path", "split_list"]
+
+
+DEFAULT_DB = "runs.duckdb"  # the CLI's run store when neither --db nor $OMEM_DB names one
+
+
+def cli_command(words: str, db: object) -> str:
+    """``python -m workbench <words>``, with ``--db`` when the run store is not the default one, so
+    a hint printed by a command run on another file works when pasted as it is."""
+    import shlex
+
+    return f"python -m workbench {words}" + ("" if str(db) == DEFAULT_DB else f" --db {shlex.quote(str(db))}")

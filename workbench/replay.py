@@ -39,7 +39,7 @@ from omem_core.wrapper import DEFAULT_MAX_INPUT_TOKENS as OBSERVER_INPUT_CAP
 from .cache import completion_kwargs, enable_litellm_cache, prepare_cache
 from .datasets import Conversation
 from .errors import ConfigurationError, WorkbenchError
-from .formatting import default_run_label
+from .formatting import cli_command, default_run_label
 from .interrupts import ctrl_c_held_back, stopping
 from .retention import RetentionSummary, score_retention
 from .losses import attribute_losses
@@ -364,7 +364,8 @@ async def replay(
     except BaseException:  # Ctrl-C, a cancelled task, Streamlit stopping the script
         with stopping():  # (a held run store is waited for briefly: the key is ignored meanwhile)
             _finish_quietly(recorder, "interrupted", "stopped before the end; resume with: "
-                                                     f"python -m workbench replay --resume {recorder.run_id}")
+                                                     + cli_command(f"replay --resume {recorder.run_id}",
+                                                                   store.path if store is not None else "runs.duckdb"))
         raise
 
     try:

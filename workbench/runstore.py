@@ -35,6 +35,7 @@ import duckdb
 import pandas as pd
 
 from .errors import WorkbenchError
+from .formatting import DEFAULT_DB, cli_command
 from .interrupts import wait_cap
 
 if TYPE_CHECKING:  # omem_core imports litellm (seconds): quick CLI paths never load it
@@ -654,7 +655,7 @@ class RunStore:
                     done = f" after {int(steps or 0)} recorded steps"
                 cur.execute(f"UPDATE {table} SET status = 'interrupted', error = ?, updated_at = ? WHERE {key} = ?",
                             [f"the process that ran it (pid {pid}) stopped{done}; finish it with: "
-                             f"python -m workbench {resume.format(value)}", _now(), value])
+                             + cli_command(resume.format(value), self.path), _now(), value])
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -1109,7 +1110,8 @@ class UnknownRun(WorkbenchError, KeyError):
         super().__init__(run_id)
         self.run_id = run_id
         listing = "runs" if kind == "run" else "experiment list"
-        self.message = f"no {kind} {run_id} in {path} (python -m workbench {listing} lists them)"
+        self.message = (f"no {kind} {run_id} in {path} ({cli_command(listing, path)} lists them"
+                        + ("; --db chooses another run store)" if path == DEFAULT_DB else ")"))
 
     def __str__(self) -> str:
         return self.message
