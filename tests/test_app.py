@@ -1605,3 +1605,33 @@ def test_a_new_experiment_on_questions_without_answers_is_warned_about(db: Path,
     assert not at.exception, at.exception
     assert any("Retention cannot be scored on 1 conversation here" in w.value.replace("\\", "") for w in at.warning), \
         [w.value for w in at.warning]
+
+
+def test_the_experiments_page_shows_retention_per_conversation(db: Path) -> None:
+    """The pooled interval resamples probes: the spread between conversations, which decides
+    whether a configuration's lead holds on a dataset, was shown nowhere in the app."""
+    from workbench.datasets import list_conversations
+
+    dataset = Path(__file__).resolve().parents[1] / "datasets" / "samples" / "longmemeval-sample.json"
+    experiment_id = run_experiment_in(db, observation=(20, 40), dataset=dataset, window=2)
+    at = app("experiments")
+    assert not at.exception, at.exception
+    assert any(h.value == "Retention per conversation" for h in at.subheader)
+    table = dataframe(at, "conversation", "probes", "obs 20", "obs 40")
+    assert table.conversation.tolist() == [c.id for c in list_conversations(dataset)]
+    with RunStore(db) as s:
+        probes = s.experiment_probes(experiment_id)
+    memory = probes[(probes.method == "memory") & probes.score.notna()]
+    assert memory.conversation_id.nunique() >= 2
+    for row in table.itertuples(index=False):
+        for label in ("obs 20", "obs 40"):
+            mine = memory[(memory.config_label == label) & (memory.conversation_id == row.conversation)]
+            cell = table.set_index("conversation").loc[row.conversation, label]
+            if not len(mine):
+                assert cell == "–", cell  # (then the column is text: Streamlit draws a gap in a number as "None")
+            elif isinstance(cell, str):
+                assert cell == f"{mine.score.mean():.3f}"
+            else:
+                assert cell == pytest.approx(mine.score.mean())
+    assert pd.api.types.is_numeric_dtype(table["probes"])
+    assert table.isna().sum().sum() == 0

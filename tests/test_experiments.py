@@ -1106,3 +1106,43 @@ def test_the_unscored_warning_reads_right_for_several_conversations() -> None:
     assert ex.unscored_warning(infos).startswith("retention cannot be scored on 2 conversations here: their 4 "
                                                  "probes have no gold answer")
     assert ex.unscored_warning([ConversationInfo("c", 10, 2, 1, 100, "omem"), *infos]) is None
+
+
+def test_figures_per_conversation_show_the_spread_the_pooled_interval_does_not(tmp_path) -> None:
+    """The pooled interval resamples probes, so with few conversations it is narrower than the
+    spread between them (LoCoMo dev: 0.704 [0.676, 0.733] pooled, 0.658 to 0.836 by conversation):
+    `experiment show` printed no figure per conversation, in text or JSON, although the stats
+    module pointed readers to them."""
+    db = str(tmp_path / "x.duckdb")
+    code, out, err = invoke("experiment", "run", "--dataset", str(LONGMEMEVAL), "--observation-threshold", "20,40",
+                            "--reflection-threshold", "60", "--window", "2", "--json", "--db", db)
+    assert code == 0, err
+    data = json.loads(out.strip().splitlines()[-1])
+    rows = data["per_conversation"]
+    assert [(r["label"], r["conversation_id"]) for r in rows] == [
+        (c["label"], conversation) for c in data["configs"] for conversation in data["conversations"]]
+    with RunStore(db) as store:
+        probes = store.experiment_probes(data["experiment_id"])
+        runs = store.experiment_runs(data["experiment_id"])
+    memory = probes[(probes.method == "memory") & probes.score.notna()]
+    for row in rows:
+        mine = memory[(memory.config_label == row["label"]) & (memory.conversation_id == row["conversation_id"])]
+        [run] = runs[(runs.config_label == row["label"]) & (runs.conversation_id == row["conversation_id"])].itertuples()
+        assert row["status"] == "completed" and row["probes"] == len(mine)
+        assert row["retention"] == (pytest.approx(mine.score.mean()) if len(mine) else None)
+        assert row["compression"] == pytest.approx(run.full_history_tokens / run.final_context_tokens)
+    for c in data["configs"]:  # the conversations' probes are the pooled ones
+        assert sum(r["probes"] for r in rows if r["label"] == c["label"]) == c["probes"]
+    [comparison] = data["comparisons"]
+    by = {(r["label"], r["conversation_id"]): r["retention"] for r in rows}
+    scored = [c for c in data["conversations"] if by[("obs 20", c)] is not None and by[("obs 40", c)] is not None]
+    assert sum(comparison["conversations"].values()) == len(scored) >= 2
+    assert comparison["conversations"]["a_higher"] == sum(by[("obs 20", c)] > by[("obs 40", c)] + 0.0005 for c in scored)
+    code, out, _ = invoke("experiment", "show", data["experiment_id"], "--db", db)
+    text = " ".join(out.split())
+    assert code == 0 and text.count("by conversation") == 3  # each configuration, and the comparison
+    first = next(r for r in rows if r["label"] == "obs 20" and r["retention"] is not None)
+    assert f"{first['conversation_id']} {first['retention']:.3f} ({first['probes']} probe" in text
+    assert f"by conversation ({len(scored)} scored by both)" in text
+    code, out, _ = invoke("experiment", "compare", data["experiment_id"], "--db", db)
+    assert code == 0 and f"by conversation ({len(scored)} scored by both)" in " ".join(out.split())

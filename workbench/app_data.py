@@ -325,6 +325,26 @@ def summary_numbers(summaries: Sequence[Any]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
+def conversation_numbers(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """Retention per conversation (rows) and configuration (columns), from
+    :func:`experiments.per_conversation`, plus each conversation's scored probes: the spread
+    between conversations that the pooled interval does not show. ``None`` where a run did not
+    complete or scored no probe."""
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    conversations = list(dict.fromkeys(r["conversation_id"] for r in rows))
+    cell = {(r["label"], r["conversation_id"]): r for r in rows}
+    table = {"conversation": conversations,
+             "probes": [max((cell[(label, c)]["probes"] for label in labels), default=0) for c in conversations]}
+    for label in labels:
+        table[label] = [cell[(label, c)]["retention"] for c in conversations]
+    return pd.DataFrame(table, columns=["conversation", "probes", *labels])
+
+
+def conversation_formats(frame: pd.DataFrame) -> dict[str, Any]:
+    """How :func:`conversation_numbers`'s columns read: probes whole, retention as a share."""
+    return {"probes": _whole} | {name: share for name in frame.columns[2:]}
+
+
 def summary_table(summaries: Sequence[Any]) -> pd.DataFrame:
     """One row per configuration: the experiment's pooled figures as people read them (text)."""
     return as_text(summary_numbers(summaries), SUMMARY_FORMATS)

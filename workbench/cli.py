@@ -917,6 +917,19 @@ def _comparison_line(a: str, b: str, verdict: str, signed: bool, where: str = ""
     return f"{a} vs {b}{where}{signed_as}: {verdict}"
 
 
+def _tally_text(a: str, b: str, tally: dict[str, int] | None) -> str:
+    """"; by conversation (4 scored by both): obs 500 higher on 3, obs 2000 higher on 1": whether a
+    pooled difference holds conversation by conversation. Empty with fewer than two conversations
+    scored by both."""
+    if not tally or sum(tally.values()) < 2:
+        return ""
+    total = sum(tally.values())
+    parts = [f"{label} higher on {n}" for label, n in ((a, tally["a_higher"]), (b, tally["b_higher"])) if n]
+    if tally["equal"]:
+        parts.append(f"equal on {tally['equal']}")
+    return f"; by conversation ({total} scored by both): " + ", ".join(parts)
+
+
 def _print_report(data: dict[str, Any], db: str) -> None:
     from .formatting import MISSING, display, tokens
 
@@ -964,10 +977,11 @@ def _print_report(data: dict[str, Any], db: str) -> None:
         _echo_wrapped(data["uneven_note"])
     if asked := _probes_asked(data):
         _echo_wrapped(asked)
-    _print_breakdown(data["configs"])
+    _print_breakdown(data["configs"], data.get("per_conversation"))
     for comparison in data["comparisons"]:
         _echo_wrapped(_comparison_line(comparison["a"], comparison["b"], comparison["verdict"],
-                                       bool(comparison["ci95"]) and not comparison["detectable"]))
+                                       bool(comparison["ci95"]) and not comparison["detectable"])
+                      + _tally_text(comparison["a"], comparison["b"], comparison.get("conversations")))
     if (data["failed_runs"] or data.get("missing_runs")) and data["status"] == "completed":
         click.echo("replay the runs that did not complete with: "
                    + cli_command(f"experiment resume {data['experiment_id']}", db), err=True)
@@ -994,18 +1008,29 @@ def _probes_asked(data: dict[str, Any]) -> str | None:
             "answer has no word to look for)")
 
 
-def _print_breakdown(configs: list[dict[str, Any]]) -> None:
-    """Per configuration, its retention per probe category (with intervals) and its loss funnel:
-    in ``--json`` only, they were missing from the text that docs/experiments.md lists them in."""
+def _print_breakdown(configs: list[dict[str, Any]], conversations: list[dict[str, Any]] | None = None) -> None:
+    """Per configuration, its retention per conversation (with several: their spread, which the
+    pooled interval does not show), per probe category (with intervals) and its loss funnel."""
     from .formatting import display
     from .losses import STAGE_NAMES, STAGES
 
     for c in configs:
         categories = {name: figures for name, figures in (c.get("per_category") or {}).items() if figures["probes"]}
         funnel = c.get("funnel") or {}
-        if not categories and not funnel.get("said"):
+        mine = [row for row in conversations or [] if row["label"] == c["label"]]
+        scored = [row for row in mine if row["retention"] is not None]
+        if not categories and not funnel.get("said") and len(mine) < 2:
             continue
         click.echo(f"{c['label']}:")
+        if len(mine) > 1:
+            spread = (f" (from {display(min(r['retention'] for r in scored))} to "
+                      f"{display(max(r['retention'] for r in scored))})" if len(scored) > 1 else "")
+            _echo_wrapped(f"by conversation{spread}: " + "; ".join(
+                f"{row['conversation_id']} "
+                + (f"{display(row['retention'])} ({count(row['probes'], 'probe')}, {ratio(row['compression'])})"
+                   if row["retention"] is not None else
+                   f"no probe scored ({ratio(row['compression'])})" if row["status"] == "completed" else row["status"])
+                for row in mine), first="  ")
         if categories:
             _echo_wrapped("by category: " + "; ".join(
                 f"{name} {display(f['retention'])}"
@@ -1263,12 +1288,16 @@ def experiment_compare(experiment_id: str, label_a: str | None, label_b: str | N
         if len(names) < 2 and not (label_a and label_b):
             raise ex.ExperimentError(f"{experiment_id} has one configuration; nothing to compare")
         diff = ex.compare(store, experiment_id, label_a or names[0], label_b or names[1])
+        tally = ex.conversation_tally(ex.per_conversation(store.experiment(experiment_id),
+                                                          store.experiment_runs(experiment_id),
+                                                          store.experiment_probes(experiment_id)), diff.a, diff.b)
     if as_json:
         click.echo(json.dumps({"a": diff.a, "b": diff.b, "probes": diff.probes, "retention_diff": diff.difference,
-                               "ci95": list(diff.ci95) if diff.ci95 else None, "verdict": diff.verdict()}))
+                               "ci95": list(diff.ci95) if diff.ci95 else None, "verdict": diff.verdict(),
+                               "conversations": tally}))
     else:
         _echo_wrapped(_comparison_line(diff.a, diff.b, diff.verdict(), bool(diff.ci95) and not diff.detectable,
-                                       f" on {count(diff.probes, 'shared probe')}"))
+                                       f" on {count(diff.probes, 'shared probe')}") + _tally_text(diff.a, diff.b, tally))
 
 
 @experiment.command("delete")

@@ -961,6 +961,51 @@ def summarise(store: Any, experiment_id: str) -> list[ConfigSummary]:
                         store.experiment_probes(experiment_id), store.experiment_losses(experiment_id))
 
 
+def per_conversation(experiment: dict, runs: pd.DataFrame, probes: pd.DataFrame) -> list[dict[str, Any]]:
+    """Each configuration's figures on each conversation (configurations, then conversations, in
+    the experiment's order): the spread between conversations, which the pooled interval (a
+    bootstrap over probes) does not show. A pair without a completed run has its status and no
+    figures."""
+    memory = probes[(probes.method == "memory") & probes.score.notna()] if not probes.empty else probes
+    scores = {key: group.score for key, group in memory.groupby(["config_label", "conversation_id"])} \
+        if not memory.empty else {}
+    rows = []
+    for entry in experiment["configs"]:
+        label = entry["label"]
+        mine = runs[runs.config_label == label]
+        for conversation_id in experiment["conversations"]:
+            theirs = mine[mine.conversation_id == conversation_id]
+            done = theirs[theirs.status == "completed"]
+            row: dict[str, Any] = {"label": label, "conversation_id": conversation_id,
+                                   "status": "completed" if len(done) else
+                                   (str(theirs.status.iloc[-1]) if len(theirs) else "missing"),
+                                   "probes": 0, "retention": None, "compression": None}
+            if len(done):
+                run = done.iloc[-1]
+                score = scores.get((label, conversation_id))
+                row["probes"] = int(len(score)) if score is not None else 0
+                row["retention"] = float(score.mean()) if score is not None and len(score) else None
+                history, context = run.full_history_tokens, run.final_context_tokens
+                row["compression"] = (float(history / context) if not is_missing(history)
+                                      and not is_missing(context) and context else None)
+            rows.append(row)
+    return rows
+
+
+def conversation_tally(rows: Sequence[dict[str, Any]], a: str, b: str) -> dict[str, int]:
+    """On how many conversations (each scored under both ``a`` and ``b``, rows of
+    :func:`per_conversation`) ``a``'s retention is higher, ``b``'s is, or they are equal (within
+    0.0005): whether a pooled difference holds across conversations or comes from one of them."""
+    mine = {(r["label"], r["conversation_id"]): r["retention"] for r in rows}
+    tally = {"a_higher": 0, "b_higher": 0, "equal": 0}
+    for (label, conversation_id), first in mine.items():
+        second = mine.get((b, conversation_id))
+        if label != a or first is None or second is None:
+            continue
+        tally["equal" if abs(first - second) < 0.0005 else "a_higher" if first > second else "b_higher"] += 1
+    return tally
+
+
 def shared_conversations(runs: pd.DataFrame, labels: Sequence[str]) -> list[str]:
     """The conversations every one of ``labels`` completed (in the runs' order)."""
     done = runs[runs.status == "completed"]
@@ -1081,6 +1126,8 @@ def report(store: Any, experiment_id: str) -> dict[str, Any]:
     summaries = summarise(store, experiment_id)
     keys = ("label", "config", "runs", "failed", "missing", "probes", "retention", "retention_ci95", "compression",
             "recency_ratio", "blind_spot_tokens", "observer_calls", "reflector_calls", "cost_usd")
+    runs = store.experiment_runs(experiment_id)
+    conversations = per_conversation(experiment, runs, store.experiment_probes(experiment_id))
     comparisons = []
     if len(summaries) > 1:
         base = summaries[0].label
@@ -1088,11 +1135,11 @@ def report(store: Any, experiment_id: str) -> dict[str, Any]:
             diff = compare(store, experiment_id, base, other.label)
             comparisons.append({"a": base, "b": other.label, "retention_diff": diff.difference,
                                 "ci95": list(diff.ci95) if diff.ci95 else None, "verdict": diff.verdict(),
-                                "detectable": diff.detectable})
+                                "detectable": diff.detectable,
+                                "conversations": conversation_tally(conversations, base, other.label)})
     failed = sum(s.failed for s in summaries)
     missing = sum(s.missing for s in summaries)
     planned = len(experiment["conversations"]) * len(experiment["configs"])
-    runs = store.experiment_runs(experiment_id)
     done = runs[runs.status == "completed"]
     return {
         "experiment_id": experiment_id, "name": experiment["name"], "status": experiment["status"],
@@ -1107,6 +1154,7 @@ def report(store: Any, experiment_id: str) -> dict[str, Any]:
                                                           "judged_accuracy": s.judged_accuracy, "judge_calls": s.judge_calls, "errors": s.errors}
                     for s in summaries],
         "comparisons": comparisons, "uneven_note": uneven_note(runs),
+        "per_conversation": conversations,
         # every call paid for: completed runs (the configurations' cost_usd), failed and replaced ones
         "spent_usd": spent_usd(store, experiment_id),
     }

@@ -20,6 +20,7 @@ from workbench.experiments import (
     name_warning,
     offline_prompt_warning,
     outcome_message,
+    per_conversation,
     status_text,
     uneven_note,
     unscored_warning,
@@ -265,6 +266,13 @@ ui.figures(summary, hide_index=True, key="xp_summary", column_order=app_data.key
            column_config={"configuration": st.column_config.Column(pinned=True)})
 if uneven := uneven_note(runs):
     st.warning(uneven)
+if len(experiment["conversations"]) > 1:
+    st.subheader("Retention per conversation")
+    st.caption("The spread between conversations, which the interval above (a bootstrap over probes) does not "
+               "show. A dash: the run did not complete, or scored no probe.")
+    by_conversation = app_data.conversation_numbers(per_conversation(experiment, runs, tables["probes"]))
+    ui.figures(app_data.sortable(by_conversation, app_data.conversation_formats(by_conversation)),
+               hide_index=True, key="xp_by_conversation", column_config={"conversation": st.column_config.Column(pinned=True)})
 failed = app_data.failed_configs(runs)
 if not failed.empty:
     st.warning(f"{fmt.count(len(failed), 'run')} did not complete and "
