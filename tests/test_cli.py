@@ -281,6 +281,7 @@ def test_the_listing_says_why_a_shared_dataset_cannot_be_read(tmp_path, monkeypa
 
     shutil.copytree(PROJECT_DATASETS / "samples" / "beam-sample", shared / "mixbeam" / "1")
     (shared / "mixbeam" / "extra.json").write_bytes(whole)
+    (shared / "mixbeam" / "cut.json").write_text('{"broken": ')  # no format sniffs it, beside datasets: left out
     monkeypatch.setenv("OMEM_SHARED_DATASETS", str(shared))
     code, out, err = invoke("datasets")
     assert code == 0, err
@@ -292,6 +293,7 @@ def test_the_listing_says_why_a_shared_dataset_cannot_be_read(tmp_path, monkeypa
     assert cut.count("cut-off-longmemeval-download.json") == 1  # the path once, not twice
     assert "its JSON files (user.json) are in none of the formats read" in listed["export"]
     assert {"mixbeam/1", "mixbeam/extra"} <= set(listed) and "mixbeam" not in listed
+    assert listed["mixbeam/cut"].split()[1:3] == ["shared", "unreadable"] and "invalid JSON" in listed["mixbeam/cut"]
     # a name longer than the column pushes the columns, for every row alike
     assert {row.index(" shared ") if " shared " in row else row.index(" project ") for row in rows} \
         == {header.index(" origin ")}

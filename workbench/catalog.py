@@ -80,11 +80,14 @@ def _other_shared(shared: Path, known: set[Path], names: set[str]) -> list[Datas
             if child.is_dir() else []
         subfolders = sorted(p for p in child.iterdir() if p.is_dir() and not p.name.startswith(".")) \
             if child.is_dir() else []
-        datasets = [(p, f) for p in [*inner, *subfolders] if (f := _detected(p)) is not None]
+        detected = {p: _detected(p) for p in [*inner, *subfolders]}
+        datasets = [(p, f) for p, f in detected.items() if f is not None]
         # a folder of several dataset files (LongMemEval's s, m and oracle), or of dataset folders
-        # beside a file (BEAM chats beside a dataset file: not one dataset, but each is one)
-        for path, inner_fmt in datasets:
-            add(f"{child.name}/{path.stem if path.is_file() else path.name}", path, inner_fmt)
+        # beside a file (BEAM chats beside a dataset file: not one dataset, but each is one); a JSON
+        # file beside them that no format reads (cut off by a download) is listed too, unreadable
+        for path, inner_fmt in detected.items():
+            if inner_fmt is not None or (datasets and path.is_file()):
+                add(f"{child.name}/{path.stem if path.is_file() else path.name}", path, inner_fmt)
         if not datasets and (child.is_file() or inner or any(child.glob("*/*.json*"))):
             # JSON that is no dataset the workbench can read (cut off, a folder it cannot tell how
             # to read): listed with no format, so the listing says why rather than leave it out
