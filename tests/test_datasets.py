@@ -1085,3 +1085,20 @@ def test_an_undated_turn_among_dated_ones_sits_at_the_turn_before_it(tmp_path) -
     conversation = load_conversation(write(tmp_path, "r.json", json.dumps(sample)), None, "locomo")
     assert [t.created_at.strftime("%H:%M") for t in conversation.turns] == ["18:06", "18:07", "18:07", "18:09"]
     assert not conversation.warnings  # (it was also reported as out of order)
+
+
+def test_a_list_of_answers_is_text_and_the_gold_count_is_what_the_score_can_read(tmp_path) -> None:
+    """A gold answer given as a list was stored as Python's "['x', 'y']", and the listing's gold
+    column counted answers the word score can never read ("", "!!!"): 24 gold of which 18 scored."""
+    lines = [{"conversation_id": "c", "id": f"m{i}", "role": "user", "content": f"message {i}",
+              "timestamp": f"2024-05-0{i + 1}T10:00:00Z"} for i in range(3)]
+    for n, answer in enumerate([["Lisbon", "Porto"], "", "!!!", 42, "the violin"]):
+        lines.append({"conversation_id": "c", "type": "probe", "id": f"q{n}", "question": "?", "answer": answer,
+                      "evidence": ["m0"]})
+    path = tmp_path / "golds.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    conversation = load_conversation(path)
+    assert [p.gold for p in conversation.probes] == ["Lisbon, Porto", "", "!!!", "42", "the violin"]
+    [info] = list_conversations(path)
+    assert info.probes == 5 and info.scored_probes == 3  # the list, 42 and "the violin"
+    assert sum(probe_score(p.gold, set()) is not None for p in conversation.probes) == info.scored_probes

@@ -869,7 +869,7 @@ def datasets() -> None:
         click.echo(f"(no shared datasets at {shared_datasets_dir()}; set OMEM_SHARED_DATASETS to add them)", err=True)
     entries = known_datasets()
     width = max([20, *(len(e.name) for e in entries)])
-    # (gold: the probes with a gold answer, which word retention can score; MemoryBank's have none)
+    # (gold: the probes with a gold answer word retention can score, one with a word; MemoryBank's have none)
     click.echo(f"{'name':<{width}} {'origin':<8} {'conversations':>13} {'messages':>8} {'probes':>6} {'gold':>6}  path")
     for entry in entries:
         try:
@@ -1004,8 +1004,8 @@ def _probes_asked(data: dict[str, Any]) -> str | None:
     if not asked or scored >= asked:
         return None
     return (f"probes: those scored, of {count(asked, 'probe')} the conversations ask ({asked - with_gold:,} without a "
-            "gold answer, e.g. abstention questions; the others' evidence was still in the final window or their "
-            "answer has no word to look for)")
+            "gold answer the word score can read, e.g. abstention questions; the others' evidence was still in the "
+            "final window)")
 
 
 def _print_breakdown(configs: list[dict[str, Any]], conversations: list[dict[str, Any]] | None = None) -> None:

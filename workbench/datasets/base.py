@@ -123,14 +123,16 @@ class ConversationInfo:
     id: str
     messages: int
     probes: int
-    scored_probes: int  # probes with a gold answer (scored by word retention)
+    scored_probes: int  # probes with a gold answer word retention can score (one with a word in it)
     tokens: int  # estimated: characters / 4
     format: str
 
     @classmethod
     def of(cls, conversation: Conversation) -> ConversationInfo:
+        from ..retention import content_words  # (what the score looks for: "" or "!!!" gives it nothing)
+
         return cls(conversation.id, len(conversation.turns), len(conversation.probes),
-                   sum(1 for p in conversation.probes if p.gold is not None),
+                   sum(1 for p in conversation.probes if p.gold is not None and content_words(p.gold)),
                    rough_tokens(conversation.turns), conversation.format)
 
 
@@ -155,7 +157,10 @@ def require(obj: Any, key: str, file: Path, record: str, kind: type | tuple[type
 
 
 def text_or_none(value: Any) -> str | None:
-    """A gold answer as text (some datasets give numbers); ``None`` stays ``None``."""
+    """A gold answer as text (some datasets give numbers, or a list of answers: its items joined
+    by commas, never Python's ``['x', 'y']``); ``None`` stays ``None``."""
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(item) for item in value if item is not None) or None
     return None if value is None else str(value)
 
 

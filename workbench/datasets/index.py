@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .base import ConversationInfo
 
-VERSION = 1
+VERSION = 2  # 2: scored_probes counts gold answers with a word the score reads
 MIN_BYTES = 8 << 20  # smaller files are read in well under a second: not worth a file on disk
 _MEMO_SIZE = 16
 _memo: OrderedDict[tuple, list[Entry]] = OrderedDict()

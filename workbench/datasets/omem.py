@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import ROLES, Conversation, DatasetError, Probe, Turn, finish, require
+from .base import ROLES, Conversation, DatasetError, Probe, Turn, finish, require, text_or_none
 from .dates import parse_datetime
 from .source import Source, json_lines
 
@@ -49,7 +49,7 @@ def load(source: Source) -> list[Conversation]:
             if not isinstance(abstention, bool):
                 raise DatasetError(file, record, "abstention", "expected true or false")
             gold = obj.get("answer")
-            gold = None if gold is None else str(gold)
+            gold = text_or_none(gold)
             conversation.probes.append(Probe(
                 id=require(obj, "id", file, record),
                 question=require(obj, "question", file, record),
