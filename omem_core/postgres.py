@@ -532,6 +532,18 @@ async def migrate(con: psycopg.AsyncConnection, schema: str | None = None) -> in
     """Bring the schema to the newest version (idempotent; concurrent callers wait on an advisory
     lock and find it done). Returns the version."""
     prefix = _quote(schema) + "." if schema is not None else ""
+    # Read first, with no DDL: a schema already current needs no CREATE privilege (an application
+    # role granted only USAGE and SELECT/INSERT/UPDATE/DELETE, after an owner migrated, works).
+    found = await (await con.execute("SELECT to_regclass(%s)", (f"{prefix}omem_schema",))).fetchone()
+    if found is not None and found[0] is not None:
+        row = await (await con.execute(f"SELECT max(version) FROM {prefix}omem_schema")).fetchone()
+        current = int(row[0]) if row and row[0] is not None else 0
+        if current > len(_MIGRATIONS):
+            raise ValueError(f"the omem schema{'' if schema is None else ' ' + repr(schema)} is version {current}, "
+                             f"written by a newer omem (this one knows versions up to {len(_MIGRATIONS)}): "
+                             "upgrade omem to use it; nothing was changed")
+        if current == len(_MIGRATIONS):
+            return current
     async with con.transaction():
         await con.execute("SELECT pg_advisory_xact_lock(hashtext('omem:migrate:' || coalesce(%s, current_schema())))",
                           (schema,))

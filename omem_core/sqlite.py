@@ -139,6 +139,12 @@ class _Database:
         """Apply the migrations this file lacks. The version is read again under the write lock:
         another process opening the same file may have applied them meanwhile."""
         with self.lock:
+            found = self.con.execute("PRAGMA user_version").fetchone()[0]
+            if found > len(_MIGRATIONS):
+                # A newer omem's file: writing it with this one's statements could corrupt it.
+                raise sqlite3.DatabaseError(
+                    f"its schema is version {found}, written by a newer omem (this one knows versions up to "
+                    f"{len(_MIGRATIONS)}): upgrade omem to use it; the file was not changed")
             for number, script in enumerate(_MIGRATIONS, start=1):
                 if number <= self.con.execute("PRAGMA user_version").fetchone()[0]:
                     continue

@@ -703,3 +703,54 @@ def test_an_outage_is_not_also_printed_by_the_pool_to_stderr(pg_cluster) -> None
         assert "error connecting" not in err, err
     finally:
         remove(cluster)
+
+
+@pytest.mark.parametrize("in_schema", [True, False])
+async def test_an_application_role_without_create_privilege_uses_a_migrated_schema(pg, in_schema) -> None:
+    """Every process's first call ran CREATE SCHEMA / CREATE TABLE IF NOT EXISTS, which PostgreSQL
+    refuses without CREATE privilege even when they exist: a least-privilege role (USAGE and
+    SELECT/INSERT/UPDATE/DELETE, after an owner migrated) could not use the store at all."""
+    from omem_core.postgres import PostgresObservationStore
+
+    schema = pg.schema if in_schema else None
+    database = f"d_{pg.schema}"
+    execute(pg.dsn, f"CREATE DATABASE {database}")  # (its own public schema, to grant on)
+    owner_dsn = pg.dsn.replace("dbname=postgres", f"dbname={database}")
+    role = f"app_{pg.schema}"
+    try:
+        async with PostgresMemoryStore(owner_dsn, schema=schema) as owner:  # the owner migrates
+            await owner.save_messages([msg(0)])
+        async with PostgresObservationStore(owner_dsn, schema=schema) as owner:
+            await owner.list("t")
+        where = schema or "public"
+        execute(owner_dsn, f"CREATE ROLE {role} LOGIN", f"REVOKE CREATE ON SCHEMA public FROM PUBLIC",
+                f"REVOKE CREATE ON DATABASE {database} FROM PUBLIC",
+                f"GRANT USAGE ON SCHEMA {where} TO {role}",
+                f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {where} TO {role}",
+                f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA {where} TO {role}")
+        app_dsn = owner_dsn.replace("user=postgres", f"user={role}")
+        inner, observations = PostgresMemoryStore(app_dsn, schema=schema), PostgresObservationStore(app_dsn, schema=schema)
+        try:
+            store = create_observational_memory_store(inner, observer="omem/extractive", observations=observations,
+                                                      thresholds={"observation": 5}, count_tokens=ones)
+            await store.save_messages([msg(i) for i in range(1, 12)])
+            got = await store.recall("t", last=2)
+            assert got[0].role == "system" and [m.id for m in got[1:]] == ["m10", "m11"]
+            assert len(await observations.list("t")) == 1
+        finally:
+            await inner.close()
+            await observations.close()
+    finally:
+        execute(pg.dsn, f"DROP DATABASE IF EXISTS {database} WITH (FORCE)", f"DROP ROLE IF EXISTS {role}")
+
+
+async def test_a_schema_written_by_a_newer_omem_is_refused_untouched(pg) -> None:
+    from omem_core.postgres import schema_version
+
+    async with pg.memory() as store:
+        await store.save_messages([msg(0)])
+    execute(pg.dsn, f"UPDATE {pg.schema}.omem_schema SET version = 99")
+    async with PostgresMemoryStore(pg.dsn, schema=pg.schema) as newer:
+        with pytest.raises(ValueError, match="is version 99, written by a newer omem"):
+            await newer.recall("t", last=1)
+    assert await schema_version(pg.dsn, schema=pg.schema) == 99

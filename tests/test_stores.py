@@ -588,3 +588,19 @@ def test_a_duckdb_file_another_process_holds_is_named_as_such(tmp_path) -> None:
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_sqlite_file_written_by_a_newer_omem_is_refused_untouched(tmp_path) -> None:
+    """A file whose schema is newer than this omem knows was opened without a word, and written
+    with this version's statements."""
+    import sqlite3
+
+    path = tmp_path / "v.db"
+    SQLiteMemoryStore(path).close()
+    with sqlite3.connect(path) as con:
+        con.execute("PRAGMA user_version = 99")
+    before = path.read_bytes()
+    for store in (SQLiteMemoryStore, SQLiteObservationStore):
+        with pytest.raises(sqlite3.DatabaseError, match="version 99, written by a newer omem"):
+            store(path)
+    assert schema_version(path) == 99 and path.read_bytes() == before
