@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
-from .messages import Message, check_message, check_working_memory
+from .messages import Message, check_message, check_text, check_working_memory
 
 
 @runtime_checkable
@@ -108,6 +108,7 @@ def check_read(thread_id: object, last: object) -> int:
     read of ``None`` or ``123`` returned ``[]`` as if the thread were empty."""
     if not isinstance(thread_id, str):
         raise TypeError(f"thread_id must be a str, got {type(thread_id).__name__} {thread_id!r}")
+    check_text(thread_id, "recall", "thread_id")  # (a lone surrogate: no thread can have it)
     return check_last(last)
 
 

@@ -144,6 +144,12 @@ def _no_nul(value: str | None, what: str, field: str) -> None:
         raise ValueError(f"{what}: {field} contains a NUL character, which PostgreSQL text cannot store")
 
 
+def _unstorable(key: object) -> bool:
+    """A key with a NUL, which no row can hold (saving it is refused): a read of it finds nothing
+    and a delete of it deletes nothing, as for any unknown thread (psycopg raised ``DataError``)."""
+    return isinstance(key, str) and "\x00" in key
+
+
 def _describe(dsn: str) -> tuple[str, str | None]:
     """``host:port, database 'x'`` for messages, and the password (to scrub it from any error)."""
     try:
@@ -681,6 +687,10 @@ class PostgresMemoryStore(_Store):
 
     async def recall(self, thread_id: str, *, last: int, before: str | None = None) -> list[Message]:
         check_read(thread_id, last)
+        if _unstorable(before):
+            raise KeyError(f"unknown cursor: no message {before!r} in thread {thread_id!r}")
+        if _unstorable(thread_id):
+            return []
         db = self._db
         async with db.connection() as con:
             if before is None:
@@ -702,12 +712,16 @@ class PostgresMemoryStore(_Store):
         return [self._message(thread_id, *row) for row in reversed(rows)]
 
     async def delete_thread(self, thread_id: str) -> None:
+        if _unstorable(thread_id):
+            return
         db = self._db
         async with db.connection() as con, con.transaction():
             await con.execute(db.q("DELETE FROM {s}omem_messages WHERE thread_id = %s"), (thread_id,))
             await con.execute(db.q("DELETE FROM {s}omem_working_memory WHERE thread_id = %s"), (thread_id,))
 
     async def get_working_memory(self, thread_id: str) -> str | None:
+        if _unstorable(thread_id):
+            return None
         async with self._db.connection() as con:
             cursor = await con.execute(self._db.q("SELECT text FROM {s}omem_working_memory WHERE thread_id = %s"),
                                        (thread_id,))
@@ -770,6 +784,8 @@ class PostgresObservationStore(_Store):
         return records
 
     async def list(self, thread_id: str) -> list[ObservationRecord]:
+        if _unstorable(thread_id):
+            return []
         async with self._db.connection() as con:
             while True:
                 cursor = await con.execute(self._db.q(
@@ -779,6 +795,8 @@ class PostgresObservationStore(_Store):
                     return records
 
     async def list_recent(self, thread_id: str) -> builtins.list[ObservationRecord]:
+        if _unstorable(thread_id):
+            return []
         # One statement (one snapshot), index lookups only: the newest reflection, the newest
         # observation, the observations the reflection left uncovered, and the suffix.
         query = self._db.q(f"""
@@ -858,6 +876,8 @@ class PostgresObservationStore(_Store):
         """End the thread's incarnation (its epoch row first: a save holding it ``FOR SHARE``
         commits before this goes on), then drop its records, in one transaction. Nothing about
         the thread is kept."""
+        if _unstorable(thread_id):
+            return
         db = self._db
         async with db.connection() as con, con.transaction():
             await con.execute(db.q("DELETE FROM {s}omem_threads WHERE thread_id = %s"), (thread_id,))
@@ -899,6 +919,8 @@ class PostgresObservationStore(_Store):
             return await cursor.fetchone() is not None
 
     async def release_lease(self, thread_id: str, holder: str) -> None:
+        if _unstorable(thread_id):
+            return  # (never taken: taking it is refused)
         await _shielded(self._release_lease(thread_id, holder))
 
     async def _release_lease(self, thread_id: str, holder: str) -> None:

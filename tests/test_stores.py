@@ -604,3 +604,24 @@ def test_a_sqlite_file_written_by_a_newer_omem_is_refused_untouched(tmp_path) ->
         with pytest.raises(sqlite3.DatabaseError, match="version 99, written by a newer omem"):
             store(path)
     assert schema_version(path) == 99 and path.read_bytes() == before
+
+
+async def test_reads_and_deletes_of_a_key_no_store_can_hold(make_memory_store, make_observation_store) -> None:
+    """A thread id with a NUL (PostgreSQL text cannot hold one, and saving it is refused there)
+    read as an unknown thread in the other adapters, but leaked psycopg's DataError from every
+    PostgreSQL read and delete; a lone surrogate raised UnicodeEncodeError from SQLite."""
+    store, records = make_memory_store(), make_observation_store()
+    await store.save_messages([msg(i) for i in range(3)])
+    bad = "t\x00x"
+    assert await store.recall(bad, last=3) == []
+    assert await store.get_working_memory(bad) is None
+    await store.delete_thread(bad)
+    with pytest.raises(KeyError, match="unknown cursor"):
+        await store.recall("t", last=3, before="m\x00")
+    assert await records.list(bad) == []
+    if hasattr(records, "list_recent"):
+        assert await records.list_recent(bad) == []
+    await records.delete_by_thread(bad)
+    with pytest.raises(ValueError, match="recall: thread_id is not valid Unicode"):
+        await store.recall("t\ud800", last=3)
+    assert [m.id for m in await store.recall("t", last=3)] == ["m0", "m1", "m2"]  # nothing else touched
