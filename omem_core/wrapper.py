@@ -798,15 +798,17 @@ class ObservationalMemoryStore:
     async def _compact(self, thread_id: str, last: int) -> None:
         """Plan afresh (the guard and epoch first) and run what is still due, holding the
         thread's lease when the store has leases."""
+        # (``peek``: the read that found this pass due already ran an inner wrapper's passes; a
+        # second cursorless read of it here ran them again, two inner passes for one read)
         if self._leases is None:
-            plan = await self._plan(thread_id, last, for_pass=True)
+            plan = await self._plan(thread_id, last, for_pass=True, peek=True)
             if self._observe_due(plan) or self._reflect_due(plan):
                 await self._passes(plan)
             return
         async with self._lease(thread_id) as lease:
             if lease is None:
                 return  # another process is compacting; render what exists (on_busy="render")
-            plan = await self._plan(thread_id, last, lease=lease, for_pass=True)
+            plan = await self._plan(thread_id, last, lease=lease, for_pass=True, peek=True)
             if self._observe_due(plan) or self._reflect_due(plan):  # another process may have done it
                 await self._passes(plan)
 

@@ -449,6 +449,20 @@ async def test_stacked_wrappers_that_observed_the_same_segment_return_distinct_i
     assert ids[0] == (await outer.inspect("t", last=2)).memory_message.id  # inspect names it as the read does
 
 
+async def test_one_read_of_stacked_wrappers_runs_at_most_one_inner_pass(scripted: Scripted) -> None:
+    """A read whose outer pass was due read the inner wrapper twice (to plan, then to plan the pass
+    afresh): each read ran the inner's due pass, so one application read paid for two inner observer
+    calls, against "at most one observer pass per read"."""
+    inner_events: list[CompactionEvent] = []
+    inner = make(scripted, observation=4, on_event=inner_events.append)
+    outer = make(scripted, observation=6, inner=inner, observations=create_in_memory_observation_store())
+    await fill(outer, 30)
+    for reads in range(1, 6):
+        await outer.recall("t", last=3)
+        assert len([e for e in inner_events if e.stage == "observe"]) <= reads  # one inner pass per read at most
+    assert len(await outer.observations.list("t")) >= 3  # (the outer's passes did run)
+
+
 async def test_saving_and_inspecting_a_stacked_wrapper_call_no_model(scripted: Scripted) -> None:
     """The outer's late-message check and inspect read the inner wrapper as the app would: its
     passes ran inside them, so a save called the inner's model, failed when that model was down
