@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
 from datetime import datetime
@@ -96,11 +97,20 @@ def _article(protocol: type) -> str:
     return "an" if protocol.__name__[0] in "AEIOU" else "a"
 
 
+def whole_number(value: object) -> int | None:
+    """``value`` as an ``int`` when it is an integer of any kind (a NumPy or pandas one too, as
+    a sweep's values are), never a ``bool``; else ``None``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return None
+    return int(value)
+
+
 def check_last(last: object) -> int:
-    """``last`` if it is a non-negative int, else a ``ValueError``."""
-    if isinstance(last, bool) or not isinstance(last, int) or last < 0:
+    """``last`` if it is a non-negative integer, else a ``ValueError``."""
+    number = whole_number(last)
+    if number is None or number < 0:
         raise ValueError(f"last must be a non-negative integer, got {last!r}")
-    return last
+    return number
 
 
 def check_read(thread_id: object, last: object) -> int:
@@ -213,8 +223,10 @@ class Memory:
     """
 
     def __init__(self, storage: MemoryStore | None = None, last_messages: int = 10) -> None:
-        if isinstance(last_messages, bool) or not isinstance(last_messages, int) or last_messages < 1:
+        number = whole_number(last_messages)
+        if number is None or number < 1:
             raise ValueError(f"last_messages must be a positive integer, got {last_messages!r}")
+        last_messages = number
         if storage is not None:
             check_store(storage, MemoryStore, "storage")
         self.storage: MemoryStore = storage if storage is not None else InMemoryMemoryStore()

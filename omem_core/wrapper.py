@@ -46,7 +46,7 @@ import litellm
 from ._env import error_text, redact_secrets
 from .errors import CompactionError, Stage
 from .extractive import trim
-from .memory import InMemoryMemoryStore, MemoryStore, check_read, check_store
+from .memory import InMemoryMemoryStore, MemoryStore, check_read, check_store, whole_number
 from .messages import Message, ObservationRecord, check_message
 from .observations import (
     DeleteEpochs,
@@ -346,9 +346,10 @@ def _validate_thresholds(thresholds: Mapping[str, int] | None) -> dict[str, int]
             raise ValueError(
                 f"unknown threshold {key!r}; expected 'observation' and/or 'reflection'"
             )
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        number = whole_number(value)
+        if number is None or number < 1:
             raise ValueError(f"threshold {key!r} must be a positive integer, got {value!r}")
-        merged[key] = value
+        merged[key] = number
     return merged
 
 
@@ -376,9 +377,10 @@ def _validate_model(role: str, model: object) -> str:
 def _positive_int(name: str, value: object, *, optional: bool = False) -> int | None:
     if value is None and optional:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    number = whole_number(value)
+    if number is None or number < 1:
         raise ValueError(f"{name} must be a positive integer (tokens){' or None' if optional else ''}, got {value!r}")
-    return value
+    return number
 
 
 def _seconds(name: str, value: object) -> float:
@@ -1241,8 +1243,8 @@ def create_observational_memory_store(
     if on_busy not in ("wait", "render"):
         raise ValueError(f"on_busy must be 'wait' or 'render', got {on_busy!r}")
     lease_ttl = _seconds("lease_ttl", lease_ttl)
-    _positive_int("max_input_tokens", max_input_tokens)
-    _positive_int("max_backlog", max_backlog, optional=True)
+    max_input_tokens = _positive_int("max_input_tokens", max_input_tokens)  # (plain ints: a NumPy one too)
+    max_backlog = _positive_int("max_backlog", max_backlog, optional=True)
     merged = _validate_thresholds(thresholds)
     if merged["observation"] > max_input_tokens:
         raise ValueError(f"the observation threshold ({merged['observation']}) exceeds max_input_tokens "

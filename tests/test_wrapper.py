@@ -693,3 +693,21 @@ async def test_count_tokens_must_return_one_count_per_text(scripted: Scripted) -
     await fill(store, 5)
     with pytest.raises(ValueError, match="1 counts for 3 texts"):
         await store.recall("t", last=2)
+
+
+async def test_integers_of_numpy_and_pandas_are_integers(scripted: Scripted) -> None:
+    """Thresholds and windows taken from a pandas sweep (NumPy integers) were refused as "must be a
+    positive integer, got np.int64(500)"."""
+    np = pytest.importorskip("numpy")
+    store = create_observational_memory_store(observer=MODEL, count_tokens=ones, max_backlog=np.int32(50),
+                                              thresholds={"observation": np.int64(5), "reflection": np.int16(9)},
+                                              max_input_tokens=np.int64(1000))
+    assert store.thresholds == {"observation": 5, "reflection": 9} and type(store.thresholds["observation"]) is int
+    memory = Memory(storage=store, last_messages=np.int64(2))
+    await fill(store, 10)
+    got = await memory.recall("t", last=np.int8(3))
+    assert [m.id for m in got[1:]] == ["m7", "m8", "m9"] and got[0].role == "system"
+    with pytest.raises(ValueError, match="must be a positive integer"):
+        create_observational_memory_store(observer=MODEL, thresholds={"observation": np.float64(5)})
+    with pytest.raises(ValueError, match="last_messages must be a positive integer"):
+        Memory(last_messages=np.bool_(True))
