@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
-from .messages import Message, check_message, check_text, check_working_memory
+from .messages import Message, check_batch, check_message, check_text, check_working_memory
 
 
 @runtime_checkable
@@ -163,7 +163,7 @@ class InMemoryMemoryStore:
     async def save_messages(self, messages: Sequence[Message]) -> None:
         # Validate the whole batch first, so that a bad message saves nothing (as in SQLite).
         fresh: dict[tuple[str, str], Message] = {}
-        for message in messages:
+        for message in check_batch(messages):
             check_message(message)
             thread = self._threads.get(message.thread_id)
             key = thread.key_of.get(message.id) if thread is not None else None
@@ -233,7 +233,7 @@ class Memory:
         self.last_messages = last_messages
 
     async def save_messages(self, messages: Iterable[Message]) -> None:
-        await self.storage.save_messages(list(messages))  # any iterable; stores may read a batch twice
+        await self.storage.save_messages(check_batch(messages))  # any iterable; stores may read a batch twice
 
     async def recall(
         self, thread_id: str, *, before: str | None = None, last: int | None = None

@@ -32,6 +32,21 @@ def check_text(value: object, what: str, field: str) -> str:
     return value
 
 
+def check_batch(messages: object) -> list[Message]:
+    """``save_messages``'s argument as a list (any iterable; a store may read it twice), or a
+    ``TypeError`` that says how to pass one message (``save_messages(message)`` said only
+    "'Message' object is not iterable"). Each item is checked by :func:`check_message`."""
+    if isinstance(messages, Message):
+        raise TypeError("save_messages takes a list of Message objects, got one Message: "
+                        "save_messages([message])")
+    if isinstance(messages, (str, bytes, dict)):
+        raise TypeError(f"save_messages takes a list of Message objects, got a {type(messages).__name__}")
+    try:
+        return list(messages)  # type: ignore[call-overload]
+    except TypeError:
+        raise TypeError(f"save_messages takes a list of Message objects, got {type(messages).__name__}") from None
+
+
 def check_message(message: object) -> Message:
     """``message`` if it is a storable ``Message``, else a clear error (used by every adapter)."""
     if not isinstance(message, Message):

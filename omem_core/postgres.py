@@ -68,7 +68,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 logging.getLogger("psycopg.pool").addHandler(logging.NullHandler())
 
 from .memory import check_read
-from .messages import Message, ObservationRecord, check_message, check_working_memory
+from .messages import Message, ObservationRecord, check_batch, check_message, check_working_memory
 from .observations import ReflectionCache, already_saved, check_record
 
 __all__ = ["DatabaseUnavailableError", "PostgresMemoryStore", "PostgresObservationStore", "schema_version"]
@@ -627,6 +627,7 @@ class PostgresMemoryStore(_Store):
 
     async def save_messages(self, messages: Sequence[Message]) -> None:
         fresh: dict[tuple[str, str], Message] = {}
+        messages = check_batch(messages)
         for message in messages:
             check_message(message)  # the whole batch first, the same checks as the other stores
             what = f"message {message.id!r}"

@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .memory import SyncClosing, check_read
-from .messages import Message, ObservationRecord, check_message, check_working_memory
+from .messages import Message, ObservationRecord, check_batch, check_message, check_working_memory
 from .observations import ReflectionCache, already_saved, check_record
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -184,7 +184,7 @@ class SQLiteMemoryStore(SyncClosing):
         self._db.close()
 
     async def save_messages(self, messages: Iterable[Message]) -> None:
-        messages = list(messages)  # read twice below: a generator would be empty the second time
+        messages = check_batch(messages)  # read twice below: a generator would be empty the second time
         for message in messages:
             check_message(message)  # the whole batch first, the same checks as the in-memory store
         db = self._db

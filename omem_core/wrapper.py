@@ -47,7 +47,7 @@ from ._env import error_text, redact_secrets
 from .errors import CompactionError, Stage
 from .extractive import trim
 from .memory import InMemoryMemoryStore, MemoryStore, check_read, check_store, whole_number
-from .messages import Message, ObservationRecord, check_message
+from .messages import Message, ObservationRecord, check_batch, check_message
 from .observations import (
     DeleteEpochs,
     Leases,
@@ -56,6 +56,7 @@ from .observations import (
     create_in_memory_observation_store,
 )
 from .planning import (
+    MEMORY_MESSAGE_PREFIX,
     MemoryView,
     cut_middle,
     observer_target_tokens,
@@ -474,7 +475,14 @@ class ObservationalMemoryStore:
         *cursor lease*, which a pass holds only while it checks its segment and saves its record.
         So a save never waits for a model call; a pass that planned without the message saves
         nothing (the next read observes it), and one that saved first gets the message refused."""
-        batch = [check_message(message) for message in messages]
+        batch = [check_message(message) for message in check_batch(messages)]
+        for message in batch:
+            if message.id.startswith(MEMORY_MESSAGE_PREFIX):
+                # The memory message a read returns: saved back, it became a message of the
+                # thread, and every later read showed two memories, one inside the window.
+                raise ValueError(f"message {message.id!r} is the memory message a read returns, not a message "
+                                 "of the thread: save only new messages (ids starting with "
+                                 f"{MEMORY_MESSAGE_PREFIX!r} are reserved); nothing of the batch was saved")
         threads = sorted({message.thread_id for message in batch})
         # The guards held strongly while in use: the store keeps them weakly.
         guards = [self._guard(thread_id) for thread_id in threads]

@@ -711,3 +711,21 @@ async def test_integers_of_numpy_and_pandas_are_integers(scripted: Scripted) -> 
         create_observational_memory_store(observer=MODEL, thresholds={"observation": np.float64(5)})
     with pytest.raises(ValueError, match="last_messages must be a positive integer"):
         Memory(last_messages=np.bool_(True))
+
+
+async def test_the_context_saved_back_is_refused_and_one_message_gets_a_hint(scripted: Scripted) -> None:
+    """Saving what a read returned stored the derived memory message as a message of the thread:
+    the next read showed two memories, one inside the window. And save_messages(message) said only
+    "'Message' object is not iterable"."""
+    store = make(scripted, observation=3)
+    await fill(store, 10)
+    context = await store.recall("t", last=2)
+    assert context[0].id.startswith("omem-memory:")
+    with pytest.raises(ValueError, match="is the memory message a read returns"):
+        await store.save_messages([msg(10), *context])
+    assert [m.id for m in await store.inner.recall("t", last=100)] == [f"m{i}" for i in range(10)]  # none saved
+    for target in (store, store.inner, Memory(storage=store)):
+        with pytest.raises(TypeError, match=r"got one Message: save_messages\(\[message\]\)"):
+            await target.save_messages(msg(10))
+    await store.save_messages(m for m in [msg(10)])  # (any iterable still)
+    assert [m.id for m in (await store.recall("t", last=2))[1:]] == ["m9", "m10"]
