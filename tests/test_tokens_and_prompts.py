@@ -114,3 +114,22 @@ def test_the_event_fields_named_in_the_concepts_page_are_the_dataclass_fields() 
     fields = {f.name for f in dataclasses.fields(CompactionEvent)}
     assert named and named <= fields, named - fields
     assert fields - named == set(), fields - named  # and every field is described
+
+
+def test_a_cache_folder_of_the_users_own_still_counts_offline(tmp_path) -> None:
+    """With TIKTOKEN_CACHE_DIR set to a folder of the user's (without the encodings), tiktoken
+    tried to download them and failed offline after seconds: "could not load 'o200k_base' offline
+    ... is litellm installed?". The encodings litellm bundles are read instead; the variable is left
+    as the user set it."""
+    import os
+
+    mine = tmp_path / "my-cache"
+    mine.mkdir()
+    code = ("import os; from omem_core import token_counter; "
+            "print(token_counter('o200k_base')(['hello world']), token_counter('cl100k_base')(['hello world']), "
+            "os.environ['TIKTOKEN_CACHE_DIR'])")
+    env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(mine), "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+           "HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9"}  # (no download can succeed)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["[2]", "[2]", str(mine)]
