@@ -1212,7 +1212,8 @@ def create_observational_memory_store(
         timeout: seconds allowed to each compaction model call; exceeded → ``CompactionError``.
         on_event: called with a :class:`CompactionEvent` after every pass (sync or async).
         completion_kwargs: extra keyword arguments for every ``litellm.acompletion`` call
-            (``temperature``, ``api_base``, ``caching``, …).
+            (``temperature``, ``api_base``, ``caching``, …), the observer's and the reflector's
+            alike, the offline model's too (litellm's ``mock_response`` replaces its output).
         clock: returns the timezone-aware ``created_at`` of new records (default: now, UTC).
         on_busy: when the observation store is shared between processes (it has the lease
             capability, like ``omem_core.sqlite.SQLiteObservationStore``) and another process
