@@ -1635,3 +1635,7 @@ def test_the_experiments_page_shows_retention_per_conversation(db: Path) -> None
                 assert cell == pytest.approx(mine.score.mean())
     assert pd.api.types.is_numeric_dtype(table["probes"])
     assert table.isna().sum().sum() == 0
+    # Compare's verdict says on how many conversations each keeps more (a pooled lead one carries)
+    at = app("compare")
+    [verdict] = [shown(i.value) for i in at.info if "Retention, B vs A" in shown(i.value)]
+    assert re.search(r"; by conversation \(\d+ scored by both\): ", verdict), verdict

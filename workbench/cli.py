@@ -917,20 +917,8 @@ def _comparison_line(a: str, b: str, verdict: str, signed: bool, where: str = ""
     return f"{a} vs {b}{where}{signed_as}: {verdict}"
 
 
-def _tally_text(a: str, b: str, tally: dict[str, int] | None) -> str:
-    """"; by conversation (4 scored by both): obs 500 higher on 3, obs 2000 higher on 1": whether a
-    pooled difference holds conversation by conversation. Empty with fewer than two conversations
-    scored by both."""
-    if not tally or sum(tally.values()) < 2:
-        return ""
-    total = sum(tally.values())
-    parts = [f"{label} higher on {n}" for label, n in ((a, tally["a_higher"]), (b, tally["b_higher"])) if n]
-    if tally["equal"]:
-        parts.append(f"equal on {tally['equal']}")
-    return f"; by conversation ({total} scored by both): " + ", ".join(parts)
-
-
 def _print_report(data: dict[str, Any], db: str) -> None:
+    from .experiments import tally_text
     from .formatting import MISSING, display, tokens
 
     def ci(pair) -> str:
@@ -981,7 +969,7 @@ def _print_report(data: dict[str, Any], db: str) -> None:
     for comparison in data["comparisons"]:
         _echo_wrapped(_comparison_line(comparison["a"], comparison["b"], comparison["verdict"],
                                        bool(comparison["ci95"]) and not comparison["detectable"])
-                      + _tally_text(comparison["a"], comparison["b"], comparison.get("conversations")))
+                      + tally_text(comparison["a"], comparison["b"], comparison.get("conversations")))
     if (data["failed_runs"] or data.get("missing_runs")) and data["status"] == "completed":
         click.echo("replay the runs that did not complete with: "
                    + cli_command(f"experiment resume {data['experiment_id']}", db), err=True)
@@ -1297,7 +1285,7 @@ def experiment_compare(experiment_id: str, label_a: str | None, label_b: str | N
                                "conversations": tally}))
     else:
         _echo_wrapped(_comparison_line(diff.a, diff.b, diff.verdict(), bool(diff.ci95) and not diff.detectable,
-                                       f" on {count(diff.probes, 'shared probe')}") + _tally_text(diff.a, diff.b, tally))
+                                       f" on {count(diff.probes, 'shared probe')}") + ex.tally_text(diff.a, diff.b, tally))
 
 
 @experiment.command("delete")

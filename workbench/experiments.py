@@ -1006,6 +1006,19 @@ def conversation_tally(rows: Sequence[dict[str, Any]], a: str, b: str) -> dict[s
     return tally
 
 
+def tally_text(a: str, b: str, tally: dict[str, int] | None) -> str:
+    """"; by conversation (4 scored by both): obs 500 higher on 3, obs 2000 higher on 1": whether a
+    pooled difference holds conversation by conversation (:func:`conversation_tally`). Empty with
+    fewer than two conversations scored by both."""
+    if not tally or sum(tally.values()) < 2:
+        return ""
+    total = sum(tally.values())
+    parts = [f"{label} higher on {n}" for label, n in ((a, tally["a_higher"]), (b, tally["b_higher"])) if n]
+    if tally["equal"]:
+        parts.append(f"equal on {tally['equal']}")
+    return f"; by conversation ({total} scored by both): " + ", ".join(parts)
+
+
 def shared_conversations(runs: pd.DataFrame, labels: Sequence[str]) -> list[str]:
     """The conversations every one of ``labels`` completed (in the runs' order)."""
     done = runs[runs.status == "completed"]
