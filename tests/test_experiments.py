@@ -1146,3 +1146,9 @@ def test_figures_per_conversation_show_the_spread_the_pooled_interval_does_not(t
     assert f"by conversation ({len(scored)} scored by both)" in text
     code, out, _ = invoke("experiment", "compare", data["experiment_id"], "--db", db)
     assert code == 0 and f"by conversation ({len(scored)} scored by both)" in " ".join(out.split())
+    from workbench.export_html import experiment_html  # and the stakeholders' export
+
+    with RunStore(db) as store:
+        page = experiment_html(store, data["experiment_id"])
+    assert "Retention per conversation" in page and f"by conversation ({len(scored)} scored by both)" in page
+    assert f">{first['retention']:.3f}<" in page  # a cell of the table

@@ -69,8 +69,9 @@ class _Page:
 
 
 def experiment_html(store: Any, experiment_id: str) -> str:
-    """An experiment for stakeholders: its grid, pooled figures, Pareto chart, heatmaps, loss funnel,
-    comparisons with the first configuration and the configurations that failed."""
+    """An experiment for stakeholders: its grid, pooled figures, retention per conversation, Pareto
+    chart, heatmaps, loss funnel, comparisons with the first configuration (and on how many
+    conversations each keeps more) and the configurations that failed."""
     from .experiments import summarise
 
     experiment = store.experiment(experiment_id)
@@ -96,6 +97,11 @@ def experiment_html(store: Any, experiment_id: str) -> str:
     page.table(app_data.summary_table(summaries))
     if uneven := experiments.uneven_note(runs):
         page.text("p", uneven, "warn")
+    by_conversation = experiments.per_conversation(experiment, runs, probes)
+    if len(experiment["conversations"]) > 1:
+        page.text("h2", "Retention per conversation (the spread the pooled interval does not show)")
+        frame = app_data.conversation_numbers(by_conversation)
+        page.table(app_data.as_text(frame, app_data.conversation_formats(frame)))
     points = app_data.pareto_points(summaries)
     if not points.empty:
         page.text("h2", "Retention vs compression")
@@ -118,7 +124,9 @@ def experiment_html(store: Any, experiment_id: str) -> str:
     if len(summaries) > 1:
         page.text("h2", f"Compared with {summaries[0].label}")
         rows = [{"configuration": s.label, "verdict (paired bootstrap, 95% CI)":
-                 app_data.verdict(probes, summaries[0].label, s.label)} for s in summaries[1:]]
+                 app_data.verdict(probes, summaries[0].label, s.label)
+                 + experiments.tally_text(summaries[0].label, s.label, experiments.conversation_tally(
+                     by_conversation, summaries[0].label, s.label))} for s in summaries[1:]]
         page.table(pd.DataFrame(rows))
     if not failed.empty:
         page.text("h2", "Runs that did not complete")
