@@ -249,6 +249,8 @@ class _Guard:
 @dataclass(slots=True)
 class _Lease:
     lost: bool = False
+    taken_at: float = 0.0  # time.monotonic() when the latest successful take or renewal was sent
+    lapsed: bool = False  # a renewal came later than the ttl: it may have been another's meanwhile
 
 
 @dataclass(slots=True)
@@ -832,13 +834,16 @@ class ObservationalMemoryStore:
         # not renew (and then lose, when the stale one releases it) that pass's lease.
         key, holder, delay = _pass_key(thread_id), f"{self._holder}:{uuid.uuid4().hex[:8]}", 0.02
         await self._release_unreleased()
-        while not await _try_lease(leases, key, holder, self.lease_ttl):
+        while True:
+            sent = time.monotonic()  # (the lease runs from no earlier than this)
+            if await _try_lease(leases, key, holder, self.lease_ttl):
+                break
             if self.on_busy == "render":
                 yield None
                 return
             await asyncio.sleep(delay)  # "wait": poll until the holder finishes or its lease expires
             delay = min(delay * 2, 0.5)
-        lease = _Lease()
+        lease = _Lease(taken_at=sent)
         renewer = asyncio.ensure_future(self._renew(leases, key, holder, lease))
         try:
             yield lease
@@ -871,7 +876,7 @@ class ObservationalMemoryStore:
         try:
             await self._leases.release_lease(key, holder)
         except Exception as exc:
-            logger.warning("omem: giving back the lease %r failed (%s: %s); retried at the next read",
+            logger.warning("omem: giving back the lease %r failed (%s: %s); retried before this store's next lease",
                            key, type(exc).__name__, exc)
             self._unreleased[key] = holder
 
@@ -889,6 +894,9 @@ class ObservationalMemoryStore:
     async def _renew(self, leases: Leases, key: str, holder: str, lease: _Lease) -> None:
         while True:
             await asyncio.sleep(self.lease_ttl / 3)
+            sent = time.monotonic()
+            if sent - lease.taken_at >= self.lease_ttl:
+                lease.lapsed = True  # (renewed or not, another holder may have had it in between)
             try:
                 renewed = await leases.try_lease(key, holder, self.lease_ttl)
             except Exception:  # a failed renewal is a lost lease, never a crashed read
@@ -897,6 +905,7 @@ class ObservationalMemoryStore:
             if not renewed:
                 lease.lost = True
                 return
+            lease.taken_at = sent
 
     async def _passes(self, plan: _Plan) -> None:
         """At most one observer pass, then at most one reflector pass (on what it left)."""
@@ -1079,11 +1088,14 @@ class ObservationalMemoryStore:
                 return "the thread was deleted during the pass"
             if plan.lease is not None and plan.lease.lost:
                 return "the pass lost its lease (another process may run it)"
-            if plan.lease is not None:
-                # A lease that lapsed while this process was stalled (the renewer had no chance to
-                # notice): another process may have taken it, run the pass on another segment and
-                # saved. Saving this one after it would move the cursor back. Checked here, under
-                # the cursor lease every save takes, so no record can land between check and save.
+            if plan.lease is not None and (plan.lease.lapsed
+                                           or time.monotonic() - plan.lease.taken_at > self.lease_ttl / 2):
+                # A lease that may have lapsed while this process was stalled (the renewer, every
+                # third of the ttl, had no chance to notice): another process may have taken it,
+                # run the pass on another segment and saved. Saving this one after it would move
+                # the cursor back. Checked here, under the cursor lease every save takes, so no
+                # record can land between check and save; only then (a lease renewed within half
+                # its ttl is still this pass's: no extra read on the usual save).
                 records = await self._recent_records(plan.thread_id)
                 if not records and plan.newest is not None:
                     return "the thread was deleted during the pass"
