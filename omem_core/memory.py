@@ -187,7 +187,7 @@ class InMemoryMemoryStore:
     async def recall(
         self, thread_id: str, *, last: int, before: str | None = None
     ) -> list[Message]:
-        check_read(thread_id, last)
+        last = check_read(thread_id, last)  # (a plain int: a NumPy one is one for SQL too)
         thread = self._threads.get(thread_id)
         if before is not None:
             key = thread.key_of.get(before) if thread is not None else None

@@ -687,7 +687,7 @@ class PostgresMemoryStore(_Store):
                        created_at=datetime.fromisoformat(created_at), resource_id=resource_id)
 
     async def recall(self, thread_id: str, *, last: int, before: str | None = None) -> list[Message]:
-        check_read(thread_id, last)
+        last = check_read(thread_id, last)  # (a plain int: a NumPy one is one for SQL too)
         if _unstorable(before):
             raise KeyError(f"unknown cursor: no message {before!r} in thread {thread_id!r}")
         if _unstorable(thread_id):

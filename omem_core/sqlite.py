@@ -217,7 +217,7 @@ class SQLiteMemoryStore(SyncClosing):
                        created_at=datetime.fromisoformat(created_at), resource_id=resource_id)
 
     async def recall(self, thread_id: str, *, last: int, before: str | None = None) -> list[Message]:
-        check_read(thread_id, last)
+        last = check_read(thread_id, last)  # (a plain int: a NumPy one is one for SQL too)
         db = self._db
         with db.lock:
             if before is not None:

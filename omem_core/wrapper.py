@@ -509,7 +509,7 @@ class ObservationalMemoryStore:
             CompactionError: a due pass failed (it saved nothing; the next read retries).
             KeyError: ``before`` is not a message of the thread.
         """
-        check_read(thread_id, last)
+        last = check_read(thread_id, last)  # (a plain int: a NumPy one is one for SQL too)
         if before is not None:
             return await self.inner.recall(thread_id, last=last, before=before)
         plan = await self._plan(thread_id, last)
@@ -551,7 +551,7 @@ class ObservationalMemoryStore:
         no write: what is due is reported, not done. It also lists every record and audits the
         history behind the cursor for messages no observation covers (``late``), so its cost
         grows with the thread; reads do not do this."""
-        check_read(thread_id, last)
+        last = check_read(thread_id, last)  # (a plain int: a NumPy one is one for SQL too)
         plan = await self._plan(thread_id, last, peek=True)
         records = await self.observations.list(thread_id)
         observe_due = self._observe_due(plan)

@@ -625,3 +625,17 @@ async def test_reads_and_deletes_of_a_key_no_store_can_hold(make_memory_store, m
     with pytest.raises(ValueError, match="recall: thread_id is not valid Unicode"):
         await store.recall("t\ud800", last=3)
     assert [m.id for m in await store.recall("t", last=3)] == ["m0", "m1", "m2"]  # nothing else touched
+
+
+async def test_a_numpy_integer_reads_as_an_integer_in_every_store(make_memory_store) -> None:
+    """check_read accepted NumPy integers but the stores passed the raw value to SQL: SQLite said
+    "datatype mismatch"."""
+    from omem_core import create_observational_memory_store
+
+    np = pytest.importorskip("numpy")
+    store = make_memory_store()
+    await store.save_messages([msg(i) for i in range(5)])
+    assert [m.id for m in await store.recall("t", last=np.int64(2))] == ["m3", "m4"]
+    assert [m.id for m in await store.recall("t", last=np.int32(2), before="m3")] == ["m1", "m2"]
+    wrapped = create_observational_memory_store(store, observer="omem/extractive")
+    assert [m.id for m in await wrapped.recall("t", last=np.int64(2))] == ["m3", "m4"]
