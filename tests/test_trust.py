@@ -471,7 +471,9 @@ def test_a_runaway_text_is_trimmed_from_its_start_only() -> None:
     assert kept.splitlines() and all(line in start for line in kept.splitlines())
 
 
-@pytest.mark.parametrize("reply", ["ユーザーは東京に住んでいて猫が好きです。" * 1000, "x" * 5000, "日本語" * 2000])
+@pytest.mark.parametrize("reply", ["ユーザーは東京に住んでいて猫が好きです。" * 1000, "x" * 5000, "日本語" * 2000,
+                                   "- " + "ユーザーは東京に住んでいて猫が好きです。" * 1000,  # a bullet first: was cut to "-"
+                                   "* 2024-05-01 " + "日本語" * 2000])
 async def test_text_without_spaces_is_trimmed_within_the_limit_too(scripted: Scripted, reply: str) -> None:
     """The last resort kept "the longest prefix of words", at least one: a reply with no space
     (Japanese, Chinese, a URL, base64) is one word, so it came back whole and a reflection of 1,200
@@ -493,6 +495,7 @@ async def test_text_without_spaces_is_trimmed_within_the_limit_too(scripted: Scr
     reflected = [r for r in records if r.kind == "reflection"]
     assert observed and all(0 < count([r.text])[0] <= 48 and reply.startswith(r.text) for r in observed)  # its target
     assert reflected and all(0 < count([r.text])[0] <= 150 and reply.startswith(r.text) for r in reflected)
+    assert all(count([r.text])[0] >= 100 for r in reflected)  # most of the limit kept, not a bullet alone
     assert any(e.trimmed for e in events if e.stage == "reflect")
     if "。" in reply:
         assert all(r.text.endswith("。") for r in observed + reflected)

@@ -768,18 +768,28 @@ def trim(text: str, limit: int, count: Callable[[list[str]], list[int]]) -> str:
         else:
             high = middle - 1
     kept = " ".join(words[:low])
-    if count([kept])[0] <= limit:
-        return kept
-    # One "word" over the limit: text with no spaces (Chinese, Japanese, a URL, base64). Its
-    # longest prefix of characters that fits, ended at its last sentence mark when there is one
-    # in the second half ("。" too), so the limit holds for any text.
-    low, high = 1, len(kept)
+    if count([kept])[0] > limit:  # one "word" over the limit: text with no spaces (Chinese, a URL)
+        return _unspaced_prefix("", kept, limit, count)
+    if low < len(words) and len(words[low]) > UNSPACED_RUN:
+        # The next "word" is a long unspaced run ("- " then Japanese): whole words would keep only
+        # the bullet. As much of the run as fits, ended at a sentence mark when there is one.
+        return _unspaced_prefix(kept + " ", words[low], limit, count)
+    return kept
+
+
+UNSPACED_RUN = 32  # characters: a "word" this long is text without spaces, cut by characters
+
+
+def _unspaced_prefix(head: str, run: str, limit: int, count: Callable[[list[str]], list[int]]) -> str:
+    """``head`` and the longest prefix of ``run`` that fits ``limit`` with it (at least one
+    character), ended after its last sentence mark ("。", ".", …) when one is in its second half."""
+    low, high = 1, len(run)
     while low < high:
         middle = (low + high + 1) // 2
-        if count([kept[:middle]])[0] <= limit:
+        if count([head + run[:middle]])[0] <= limit:
             low = middle
         else:
             high = middle - 1
-    kept = kept[:low]
-    end = max(kept.rfind(mark, low // 2) for mark in SENTENCE_MARKS)
-    return kept[: end + 1] if end >= 0 else kept
+    part = run[:low]
+    end = max(part.rfind(mark, low // 2) for mark in SENTENCE_MARKS)
+    return head + (part[: end + 1] if end >= 0 else part)
