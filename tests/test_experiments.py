@@ -1138,6 +1138,7 @@ def test_figures_per_conversation_show_the_spread_the_pooled_interval_does_not(t
     scored = [c for c in data["conversations"] if by[("obs 20", c)] is not None and by[("obs 40", c)] is not None]
     assert sum(comparison["conversations"].values()) == len(scored) >= 2
     assert comparison["conversations"]["a_higher"] == sum(by[("obs 20", c)] > by[("obs 40", c)] + 0.0005 for c in scored)
+    assert comparison["conversations"] == ex.conversation_tally(probes, "obs 20", "obs 40")
     code, out, _ = invoke("experiment", "show", data["experiment_id"], "--db", db)
     text = " ".join(out.split())
     assert code == 0 and text.count("by conversation") == 3  # each configuration, and the comparison
@@ -1152,3 +1153,42 @@ def test_figures_per_conversation_show_the_spread_the_pooled_interval_does_not(t
         page = experiment_html(store, data["experiment_id"])
     assert "Retention per conversation" in page and f"by conversation ({len(scored)} scored by both)" in page
     assert f">{first['retention']:.3f}<" in page  # a cell of the table
+
+
+def test_the_tally_by_conversation_pairs_the_probes_both_scored() -> None:
+    """With windows of different sizes the configurations score different probes (those whose
+    evidence is still in the larger window are not scored): the tally compared each one's own
+    mean, and said A higher where, on the probes both scored, B was (review)."""
+    import pandas as pd
+
+    rows = []
+    for conversation, a_scores, b_scores in (
+            ("c1", {"p1": 0.5, "p2": 0.5, "p3": 1.0}, {"p1": 0.6, "p2": 0.6}),  # A's own mean is higher (p3)
+            ("c2", {"p1": 1.0, "p2": 0.0}, {"p1": 1.0, "p2": 0.0}),
+            ("c3", {"p1": 0.9}, {"p1": 0.2, "p2": 1.0})):
+        for label, scores in (("A", a_scores), ("B", b_scores)):
+            rows += [{"config_label": label, "conversation_id": conversation, "probe_id": probe, "method": "memory",
+                      "score": score} for probe, score in scores.items()]
+            rows.append({"config_label": label, "conversation_id": conversation, "probe_id": "px",
+                         "method": "recent_tokens", "score": 1.0})  # another method: not counted
+    probes = pd.DataFrame(rows)
+    assert ex.conversation_tally(probes, "A", "B") == {"a_higher": 1, "b_higher": 1, "equal": 1}
+    assert ex.conversation_tally(probes, "B", "A") == {"a_higher": 1, "b_higher": 1, "equal": 1}
+    assert ex.tally_text("A", "B", {"a_higher": 1, "b_higher": 1, "equal": 1}) == \
+        "; by conversation (3 scored by both): A higher on 1, B higher on 1, equal on 1"
+    assert ex.conversation_tally(probes.iloc[0:0], "A", "B") == {"a_higher": 0, "b_higher": 0, "equal": 0}
+
+
+def test_the_per_conversation_table_says_when_configurations_scored_different_probes() -> None:
+    from workbench.app_data import conversation_numbers
+
+    def row(label, conversation, probes, retention, status="completed"):
+        return {"label": label, "conversation_id": conversation, "status": status, "probes": probes,
+                "retention": retention, "compression": 5.0}
+
+    same = conversation_numbers([row("w4", "c1", 10, 0.5), row("w40", "c1", 10, 0.6), row("w4", "c2", 3, 0.1),
+                                 row("w40", "c2", 0, None, "failed")])
+    assert same.columns.tolist() == ["conversation", "probes", "w4", "w40"] and same.probes.tolist() == [10, 3]
+    differ = conversation_numbers([row("w4", "c1", 12, 0.5), row("w40", "c1", 10, 0.6)])
+    assert differ.columns.tolist() == ["conversation", "probes (most scored)", "w4", "w40"]
+    assert differ["probes (most scored)"].tolist() == [12]

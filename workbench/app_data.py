@@ -333,16 +333,20 @@ def conversation_numbers(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     labels = list(dict.fromkeys(r["label"] for r in rows))
     conversations = list(dict.fromkeys(r["conversation_id"] for r in rows))
     cell = {(r["label"], r["conversation_id"]): r for r in rows}
-    table = {"conversation": conversations,
-             "probes": [max((cell[(label, c)]["probes"] for label in labels), default=0) for c in conversations]}
+    counts = [[cell[(label, c)]["probes"] for label in labels if cell[(label, c)]["status"] == "completed"]
+              for c in conversations]
+    # Windows of different sizes score different probes (evidence still in the larger window is not
+    # scored): then the column says it gives the most any configuration scored.
+    probes = "probes" if all(len(set(n)) <= 1 for n in counts) else "probes (most scored)"
+    table = {"conversation": conversations, probes: [max(n, default=0) for n in counts]}
     for label in labels:
         table[label] = [cell[(label, c)]["retention"] for c in conversations]
-    return pd.DataFrame(table, columns=["conversation", "probes", *labels])
+    return pd.DataFrame(table, columns=["conversation", probes, *labels])
 
 
 def conversation_formats(frame: pd.DataFrame) -> dict[str, Any]:
     """How :func:`conversation_numbers`'s columns read: probes whole, retention as a share."""
-    return {"probes": _whole} | {name: share for name in frame.columns[2:]}
+    return {frame.columns[1]: _whole} | {name: share for name in frame.columns[2:]}
 
 
 def summary_table(summaries: Sequence[Any]) -> pd.DataFrame:

@@ -1276,9 +1276,7 @@ def experiment_compare(experiment_id: str, label_a: str | None, label_b: str | N
         if len(names) < 2 and not (label_a and label_b):
             raise ex.ExperimentError(f"{experiment_id} has one configuration; nothing to compare")
         diff = ex.compare(store, experiment_id, label_a or names[0], label_b or names[1])
-        tally = ex.conversation_tally(ex.per_conversation(store.experiment(experiment_id),
-                                                          store.experiment_runs(experiment_id),
-                                                          store.experiment_probes(experiment_id)), diff.a, diff.b)
+        tally = ex.conversation_tally(store.experiment_probes(experiment_id), diff.a, diff.b)
     if as_json:
         click.echo(json.dumps({"a": diff.a, "b": diff.b, "probes": diff.probes, "retention_diff": diff.difference,
                                "ci95": list(diff.ci95) if diff.ci95 else None, "verdict": diff.verdict(),

@@ -992,16 +992,19 @@ def per_conversation(experiment: dict, runs: pd.DataFrame, probes: pd.DataFrame)
     return rows
 
 
-def conversation_tally(rows: Sequence[dict[str, Any]], a: str, b: str) -> dict[str, int]:
-    """On how many conversations (each scored under both ``a`` and ``b``, rows of
-    :func:`per_conversation`) ``a``'s retention is higher, ``b``'s is, or they are equal (within
-    0.0005): whether a pooled difference holds across conversations or comes from one of them."""
-    mine = {(r["label"], r["conversation_id"]): r["retention"] for r in rows}
+def conversation_tally(probes: pd.DataFrame, a: str, b: str) -> dict[str, int]:
+    """On how many conversations ``a``'s retention is higher, ``b``'s is, or they are equal (within
+    0.0005), each over the probes both scored there, as the paired comparison pairs them (with
+    windows of different sizes they score different probes): whether a pooled difference holds
+    across conversations or comes from one of them. ``probes``: ``experiment_probes``."""
     tally = {"a_higher": 0, "b_higher": 0, "equal": 0}
-    for (label, conversation_id), first in mine.items():
-        second = mine.get((b, conversation_id))
-        if label != a or first is None or second is None:
-            continue
+    if probes.empty:
+        return tally
+    memory = probes[(probes.method == "memory") & probes.score.notna()]
+    sides = [memory[memory.config_label == label].set_index(["conversation_id", "probe_id"]).score.rename(side)
+             for label, side in ((a, "a"), (b, "b"))]
+    paired = pd.concat(sides, axis=1, join="inner")
+    for first, second in paired.groupby(level=0).mean().itertuples(index=False):
         tally["equal" if abs(first - second) < 0.0005 else "a_higher" if first > second else "b_higher"] += 1
     return tally
 
@@ -1139,8 +1142,8 @@ def report(store: Any, experiment_id: str) -> dict[str, Any]:
     summaries = summarise(store, experiment_id)
     keys = ("label", "config", "runs", "failed", "missing", "probes", "retention", "retention_ci95", "compression",
             "recency_ratio", "blind_spot_tokens", "observer_calls", "reflector_calls", "cost_usd")
-    runs = store.experiment_runs(experiment_id)
-    conversations = per_conversation(experiment, runs, store.experiment_probes(experiment_id))
+    runs, probes = store.experiment_runs(experiment_id), store.experiment_probes(experiment_id)
+    conversations = per_conversation(experiment, runs, probes)
     comparisons = []
     if len(summaries) > 1:
         base = summaries[0].label
@@ -1149,7 +1152,7 @@ def report(store: Any, experiment_id: str) -> dict[str, Any]:
             comparisons.append({"a": base, "b": other.label, "retention_diff": diff.difference,
                                 "ci95": list(diff.ci95) if diff.ci95 else None, "verdict": diff.verdict(),
                                 "detectable": diff.detectable,
-                                "conversations": conversation_tally(conversations, base, other.label)})
+                                "conversations": conversation_tally(probes, base, other.label)})
     failed = sum(s.failed for s in summaries)
     missing = sum(s.missing for s in summaries)
     planned = len(experiment["conversations"]) * len(experiment["configs"])

@@ -126,7 +126,7 @@ def experiment_html(store: Any, experiment_id: str) -> str:
         rows = [{"configuration": s.label, "verdict (paired bootstrap, 95% CI)":
                  app_data.verdict(probes, summaries[0].label, s.label)
                  + experiments.tally_text(summaries[0].label, s.label, experiments.conversation_tally(
-                     by_conversation, summaries[0].label, s.label))} for s in summaries[1:]]
+                     probes, summaries[0].label, s.label))} for s in summaries[1:]]
         page.table(pd.DataFrame(rows))
     if not failed.empty:
         page.text("h2", "Runs that did not complete")

@@ -7,7 +7,7 @@ import streamlit as st
 
 from workbench import analysis, app_data, charts, ui
 from workbench import formatting as fmt
-from workbench.experiments import conversation_tally, per_conversation, summaries_of, tally_text
+from workbench.experiments import conversation_tally, summaries_of, tally_text
 
 store = ui.get_store()
 st.title("Compare")
@@ -59,7 +59,7 @@ def experiment_comparison() -> None:
     if note:
         st.warning(note)
     if not probes.empty:
-        tally = conversation_tally(per_conversation(experiment, runs, probes), a, b)
+        tally = conversation_tally(probes, a, b)
         st.info(ui.plain("Retention, B vs A (paired over the probes both scored): "
                          + app_data.verdict(probes, a, b) + tally_text(a, b, tally)))
 
