@@ -128,6 +128,8 @@ def test_a_provider_error_mid_run_says_where_and_keeps_the_steps(db: Path, monke
     message = shown(at.error[0].value)
     assert "failed at step" in message and "of 100" in message and "rate limited by the provider" in message
     runs = store(db).runs()
+    # the command names the app's run store: pasted in a terminal without OMEM_DB, it resumes this run
+    assert f"resume it with python -m workbench replay --resume {runs.run_id.iloc[0]} --db {db})" in message
     failed = runs[runs.status == "failed"].iloc[0]
     assert store(db).steps(failed.run_id).shape[0] == failed.steps > 0  # what was recorded is kept
     # the explorer now shows that run, flagged, with its figures marked partial and no NaN

@@ -36,6 +36,11 @@ def test_banner_is_sentences_and_points_to_the_resume_button() -> None:
                              (None, ""), ("", "")):
         _, detail, suffix = app_data.unfinished_banner("x", "stopped", 0, 2, stored, resumable=False)
         assert detail == sentence and suffix == ""
+    # The app's run store named, so the command works pasted in a terminal (a path with a backtick fenced)
+    suffix = app_data.unfinished_banner("exp-1", "interrupted", 1, 2, "", resumable=True, db="/data/my runs.duckdb")[2]
+    assert "`python -m workbench experiment resume exp-1 --db '/data/my runs.duckdb'`" in suffix
+    suffix = app_data.unfinished_banner("exp-1", "interrupted", 1, 2, "", resumable=True, db="/d/a`b.duckdb")[2]
+    assert "``python -m workbench experiment resume exp-1 --db '/d/a`b.duckdb'``" in suffix
     # An id is never Markdown.
     assert "*" not in app_data.unfinished_banner("a*b`c", "failed", 0, 1, "", resumable=True)[2].split("`")[1]
 

@@ -185,8 +185,12 @@ def test_addresses_in_banners_copy_as_written_and_never_link() -> None:
     assert WORD_JOINER not in out
     outside = re.sub(r"`[^`]*`", "", out)
     assert "\\;" in outside and "\\." in outside  # the rest still escaped
-    # a backtick inside an address: the fence is longer than any run of backticks inside
-    assert plain("http://x.example/`a``b") == "```http://x.example/`a``b```"
+    # a backtick ends an address (it would end the code span), the rest escaped
+    assert plain("http://x.example/`a``b") == "`http://x.example/`\\`a\\`\\`b"
     # what is no address still cannot become one: a word joiner breaks GFM's match
     bare = plain("http:// and user@localhost")
     assert "`" not in bare and bare.count(WORD_JOINER) == 2
+    # a backtick next to an address stays out of it; a parenthesis it opened closes it (GFM's rule)
+    assert "`http://a`" in plain("x `http://a` y") and "``" not in plain("x `http://a` y").replace("\\`", "")
+    assert "`https://example.com/a_(b)`" in plain("see https://example.com/a_(b) now")
+    assert "`https://example.com/a`\\)" in plain("see (https://example.com/a) now")

@@ -817,3 +817,14 @@ def test_a_wrapped_line_never_splits_an_interval(capsys) -> None:
         _echo_wrapped("y " * pad + "obs 500 keeps 0.018 more [0.006, 0.031] and [-0.295, +0.045]")
         out = capsys.readouterr().out
         assert "[0.006, 0.031]" in out and "[-0.295, +0.045]" in out and max(map(len, out.splitlines())) <= 100
+
+
+def test_a_hint_names_the_run_store_unless_it_is_the_default_everywhere(monkeypatch) -> None:
+    from workbench.formatting import cli_command
+
+    monkeypatch.delenv("OMEM_DB", raising=False)
+    assert cli_command("runs", "runs.duckdb") == "python -m workbench runs"
+    assert cli_command("runs", "/tmp/my runs.duckdb") == "python -m workbench runs --db '/tmp/my runs.duckdb'"
+    # --db runs.duckdb given while OMEM_DB names another file: without --db the hint would read that one
+    monkeypatch.setenv("OMEM_DB", "other.duckdb")
+    assert cli_command("runs", "runs.duckdb") == "python -m workbench runs --db runs.duckdb"

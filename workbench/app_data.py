@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from .formatting import MISSING, count, default_run_label, display, fixed, money, progress, ratio, share, short_path, split_list, tokens
+from .formatting import DEFAULT_DB, MISSING, cli_command, count, default_run_label, display, fixed, money, progress, ratio, share, short_path, split_list, tokens
 from .formatting import missing as _missing
 from .models import OFFLINE_MODEL
 from .losses import STAGE_NAMES, STAGES
@@ -942,8 +942,18 @@ def as_sentence(text: str) -> str:
     return text if text.endswith((".", "!", "?")) else text + "."
 
 
+def terminal_command(words: str, db: str) -> str:
+    """A CLI command for the app to show (Markdown): a code span, with ``--db`` naming the app's
+    run store unless it is the default (:func:`formatting.cli_command`); fenced by more backticks
+    than any run of them in a path, so none ends it early."""
+    command = cli_command(words, db)
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", command)), default=0) + 1)
+    pad = " " if command.endswith("`") else ""
+    return f"{fence}{command}{pad}{fence}"
+
+
 def unfinished_banner(experiment_id: str, status: str, done: int, planned: int, error: str | None,
-                      resumable: bool) -> tuple[str, str, str]:
+                      resumable: bool, db: str = DEFAULT_DB) -> tuple[str, str, str]:
     """An unfinished experiment's banner as (Markdown prefix, detail shown as text, Markdown
     suffix): the stored reason as a sentence of its own (its "finish it with: <CLI command>" tail,
     written for a terminal, dropped), then the way to finish it from here: the Resume button, the
@@ -953,7 +963,7 @@ def unfinished_banner(experiment_id: str, status: str, done: int, planned: int, 
     prefix = f"**This experiment {status_phrase(status)}** ({done} of {planned} runs completed). "
     detail = as_sentence(_CLI_HINT.sub("", error or ""))
     safe_id = re.sub(r"[^A-Za-z0-9_.-]", "", str(experiment_id))
-    suffix = (f" To finish it, press **Resume** below (or run `python -m workbench experiment resume {safe_id}` "
+    suffix = (f" To finish it, press **Resume** below (or run {terminal_command(f'experiment resume {safe_id}', db)} "
               "in a terminal)." if resumable else "")
     return prefix, detail, suffix
 

@@ -172,8 +172,10 @@ DEFAULT_DB = "runs.duckdb"  # the CLI's run store when neither --db nor $OMEM_DB
 
 
 def cli_command(words: str, db: object) -> str:
-    """``python -m workbench <words>``, with ``--db`` when the run store is not the default one, so
-    a hint printed by a command run on another file works when pasted as it is."""
+    """``python -m workbench <words>``, with ``--db`` unless the run store is the default one and
+    ``$OMEM_DB`` names no other, so a hint printed by a command run on another file works when
+    pasted as it is (in another shell too)."""
     import shlex
 
-    return f"python -m workbench {words}" + ("" if str(db) == DEFAULT_DB else f" --db {shlex.quote(str(db))}")
+    default = str(db) == DEFAULT_DB and os.environ.get("OMEM_DB", DEFAULT_DB) == DEFAULT_DB
+    return f"python -m workbench {words}" + ("" if default else f" --db {shlex.quote(str(db))}")

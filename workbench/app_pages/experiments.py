@@ -212,7 +212,7 @@ if experiment["status"] == "running":
 elif experiment["status"] != "completed":
     prefix, detail, suffix = app_data.unfinished_banner(
         experiment_id, experiment["status"], done, planned, experiment.get("error"),
-        resumable=not store.read_only)  # (an unfinished experiment resumes: its last runs, or its end)
+        resumable=not store.read_only, db=store.path)  # (an unfinished experiment resumes: its last runs, or its end)
     st.error(prefix + ui.plain(detail) + suffix)
 
 # One row that wraps (in five equal columns of a 900 px page the labels read "Resu…", "Delet…").
