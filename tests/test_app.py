@@ -1641,3 +1641,28 @@ def test_the_experiments_page_shows_retention_per_conversation(db: Path) -> None
     at = app("compare")
     [verdict] = [shown(i.value) for i in at.info if "Retention, B vs A" in shown(i.value)]
     assert re.search(r"; by conversation \(\d+ scored by both\): ", verdict), verdict
+
+
+def test_tune_ranks_configurations_on_the_conversations_all_of_them_completed(db: Path) -> None:
+    """One configuration's run on a conversation was missing (failed, deleted): Tune drew the
+    configurations pooled over different conversations on one Pareto front, although the
+    Experiments page says such rows cannot be ranked against each other."""
+    experiment_id = run_experiment_in(db, observation=(20, 40), dataset=LONGMEMEVAL, window=2)
+    with RunStore(db) as s:
+        runs = s.experiment_runs(experiment_id)
+        probes = s.experiment_probes(experiment_id)
+        scored = probes[(probes.method == "memory") & probes.score.notna()]
+        gone = scored[scored.config_label == "obs 40"].conversation_id.iloc[0]  # one with scored probes
+        s.delete_run(runs[(runs.config_label == "obs 40") & (runs.conversation_id == gone)].run_id.iloc[0])
+        common = [c for c in s.experiment(experiment_id)["conversations"] if c != gone]
+    at = app("tune")
+    assert not at.exception, at.exception
+    assert any(shown(w.value).startswith("The configurations completed different conversations: the chart, "
+                                         f"heatmaps and table below use the {len(common)} conversations")
+               for w in at.warning), [w.value for w in at.warning]
+    table = dataframe(at, "configuration", "probes").set_index("configuration")
+    mine = scored[scored.conversation_id.isin(common)]
+    assert len(mine) and len(mine) < len(scored)
+    for label in ("obs 20", "obs 40"):  # both pooled over the same conversations
+        assert table.loc[label, "probes"] == len(mine[mine.config_label == label])
+        assert table.loc[label, "retention"] == pytest.approx(mine[mine.config_label == label].score.mean())

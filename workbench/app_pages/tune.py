@@ -8,6 +8,7 @@ import streamlit as st
 
 from workbench import analysis, app_data, charts, ui
 from workbench import formatting as fmt
+from workbench.experiments import shared_conversations, summaries_of, uneven_note
 from workbench.replay import ReplayConfig, run_sweep
 
 store = ui.get_store()
@@ -39,6 +40,18 @@ if mode == "An experiment":
         st.warning(f"{fmt.count(unrecorded, 'planned run')} {'has' if unrecorded == 1 else 'have'} no record "
                    f"(never started, or deleted): the figures below come from {done} of {planned} runs. "
                    "Resume the experiment on the Experiments page to complete them.")
+    if uneven_note(runs):
+        # Rows pooled over different conversations would rank on different probes (a configuration
+        # whose run on a hard conversation failed would lead): drawn on those every one completed.
+        drawn = [s.label for s in summaries if s.runs]
+        common = shared_conversations(runs, drawn)
+        if common:
+            summaries = summaries_of(experiment, runs, tables["probes"], tables["losses"], conversations=common)
+            st.warning(ui.plain(f"The configurations completed different conversations: the chart, heatmaps and "
+                                f"table below use the {fmt.count(len(common), 'conversation')} every one of them "
+                                f"completed ({', '.join(common)}), so the points rank on the same probes."))
+        else:
+            st.warning(ui.plain(uneven_note(runs) + " No conversation was completed by every configuration."))
     points = app_data.pareto_points(summaries)
     if points.empty:
         st.info("No configuration has both retention and compression yet (a dataset without probes gives "
