@@ -832,7 +832,7 @@ def test_experiment_pages_list_failed_configurations_and_show_no_nan(db: Path, m
     # with the key set, the run left is paid work: its estimated cost is on the button (as the CLI asks)
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-never-sent-0000000000")
     at.run()
-    assert at.button(key="xp_resume").label.startswith("Resume (1 left, about $0.0")
+    assert at.button(key="xp_resume").label == "Resume (1 left, <$0.01)"  # (a paid call: never "$0.00", read as free)
     assert not at.button(key="xp_resume").disabled
     monkeypatch.delenv("OPENAI_API_KEY")
     at.run()

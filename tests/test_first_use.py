@@ -365,6 +365,8 @@ def test_missing_figures_of_every_kind_read_as_a_dash() -> None:
     assert progress("failed", 0, pd.NA) == "failed at step 0" and progress("failed", 3, 100) == "failed at step 3 of 100"
     assert display(0) == "0" and ratio(3.94) == "3.9x" and money(0.0) == "$0"
     assert money(0.00123) == "$0.0012" and money(12.346) == "$12.35"  # (a headline that fits its column)
+    # a paid call cheaper than the digits shown is not "$0.00" (read as free: the offline model's "$0")
+    assert money(0.0004, 2) == "<$0.01" and money(0.00004) == "<$0.0001" and money(0.006, 2) == "$0.01"
 
 
 def test_figures_round_half_up_like_the_charts_and_never_read_minus_zero() -> None:

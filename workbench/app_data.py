@@ -590,7 +590,7 @@ def replay_cost_text(conversation: Any, config: Any) -> str | None:
 def estimate_text(cost: float | None, digits: int = 2) -> str:
     """A cost estimate as the app words it before paid work (``None``: a price unknown)."""
     return ("unknown (a model's price is not known to litellm)" if cost is None
-            else f"about {money(cost, digits)} (a rough estimate, meant to err high)")
+            else f"about {money(cost, digits)} (a rough estimate, meant to err high)".replace("about <", "<"))
 
 
 def compression_note(run: dict[str, Any], steps: pd.DataFrame) -> str | None:

@@ -178,7 +178,7 @@ def _cost_text(estimate: float | None, free: str = "free (offline model)") -> st
     """An estimate as the questions before paid work word it (``None``: a price unknown)."""
     if estimate == 0:
         return free
-    return (f"about {money(estimate, 4)} (an estimate meant to err high)" if estimate is not None
+    return (f"about {money(estimate, 4)} (an estimate meant to err high)".replace("about <", "<") if estimate is not None
             else "unknown (a model's price is not known)")
 
 

@@ -84,12 +84,14 @@ def tokens(value: Any) -> str:
 
 def money(value: Any, digits: int = 4) -> str:
     """``$0`` for nothing spent (the offline model), cents from a dollar up, else ``digits`` decimals
-    (calls cost fractions of a cent)."""
+    (calls cost fractions of a cent); less than the last of those digits shows: ``<$0.01``."""
     if missing(value):
         return MISSING
     amount = float(value)
     if amount == 0:
         return "$0"
+    if 0 < amount < 0.5 * 10 ** -digits:  # ("$0.00" for a paid call read as free)
+        return f"<${fixed(10 ** -digits, digits)}"
     return "$" + (fixed(amount, 2, separators=True) if abs(amount) >= 1 else fixed(amount, digits))
 
 
