@@ -35,7 +35,7 @@ def check_text(value: object, what: str, field: str) -> str:
 def check_batch(messages: object) -> list[Message]:
     """``save_messages``'s argument as a list (any iterable; a store may read it twice), or a
     ``TypeError`` that says how to pass one message (``save_messages(message)`` said only
-    "'Message' object is not iterable"). Each item is checked by :func:`check_message`."""
+    "'Message' object is not iterable"). The caller checks each item (:func:`check_message`)."""
     if isinstance(messages, Message):
         raise TypeError("save_messages takes a list of Message objects, got one Message: "
                         "save_messages([message])")

@@ -4,6 +4,7 @@ for two hosts: they share nothing but the database): exactly one runs a thread's
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
@@ -156,8 +157,11 @@ async def test_a_crashed_holder_blocks_only_until_its_lease_expires(tmp_path, sc
     assert await observations.try_lease("t", "other", ttl=1)  # the pass released its lease
 
 
-DELETE_WORKER = textwrap.dedent('''
-    import asyncio, sys, time
+# A worker whose pass waits inside its model call until ``release`` exists: awaiting (``{wait}``
+# "await asyncio.sleep(0.01)"), or with its whole event loop stalled ("time.sleep(0.01)": no lease
+# renewal meanwhile). It prints why each of its passes saved nothing.
+WORKER_IN_MODEL = textwrap.dedent('''
+    import asyncio, json, sys, time
     from pathlib import Path
     import omem_core, litellm
     from litellm import CustomLLM, ModelResponse
@@ -168,50 +172,67 @@ DELETE_WORKER = textwrap.dedent('''
         async def acompletion(self, model, messages, *args, **kwargs):
             started.touch()
             while not release.exists():
-                await asyncio.sleep(0.01)
-            r = ModelResponse(choices=[{"message": {"role": "assistant", "content": "- the deleted secret"}}])
+                {wait}
+            r = ModelResponse(choices=[{{"message": {{"role": "assistant", "content": "- the secret note"}}}}])
             r.usage = litellm.Usage(prompt_tokens=1, completion_tokens=1, total_tokens=2)
             return r
 
-    litellm.custom_provider_map.append({"provider": "gated", "custom_handler": Gated()})
+    litellm.custom_provider_map.append({{"provider": "gated", "custom_handler": Gated()}})
 
     async def main():
         inner, observations = open_stores(kind, where, schema)
+        events = []
         store = omem_core.create_observational_memory_store(
-            inner, observer="gated/model", thresholds={"observation": 5},
-            count_tokens=lambda texts: [1] * len(texts), observations=observations)
+            inner, observer="gated/model", thresholds={{"observation": 5}}, lease_ttl={lease_ttl},
+            count_tokens=lambda texts: [1] * len(texts), observations=observations, on_event=events.append)
         await store.recall("t", last=2)
-        print("done", flush=True)
+        print(json.dumps({{"skipped": [e.skipped for e in events]}}), flush=True)
 
     asyncio.run(main())
 ''')
 
 
-async def test_a_delete_is_not_undone_by_another_process_in_flight_pass(tmp_path, scripted, shared) -> None:
+@contextlib.asynccontextmanager
+async def worker_in_its_model(tmp_path: Path, shared: Shared, observation: int, *, wait: str, lease_ttl: float = 120):
+    """This process's wrapper over the shared storage (12 messages saved), and another process
+    (:data:`WORKER_IN_MODEL`) started and waiting inside its model call: yields
+    ``(here, release, finish)``; touch ``release`` to let the model answer, then ``await finish()``
+    for the worker's stdout."""
     started, release = tmp_path / "started", tmp_path / "release"
-    script = tmp_path / "delete_worker.py"
-    script.write_text(DELETE_WORKER.replace("async def main", OPEN + "\nasync def main", 1))
+    script = tmp_path / "worker_in_model.py"
+    script.write_text(WORKER_IN_MODEL.format(wait=wait, lease_ttl=lease_ttl).replace(
+        "async def main", OPEN + "\nasync def main", 1))
     inner, observations = shared.stores()
     here = create_observational_memory_store(inner, observer="scripted/model",
-                                             thresholds={"observation": 5}, count_tokens=ones,
+                                             thresholds={"observation": observation}, count_tokens=ones,
                                              observations=observations)
     await here.save_messages([msg(i) for i in range(12)])
     worker = subprocess.Popen([sys.executable, str(script), *shared.argv, str(started), str(release)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               cwd=Path(__file__).resolve().parents[1])
+
+    async def finish() -> str:
+        out, err = worker.communicate(timeout=60)
+        assert worker.returncode == 0, err[-2000:]
+        return out
+
     try:
         deadline = time.time() + 60
         while not started.exists():  # the other process's pass is waiting for its model
             assert worker.poll() is None and time.time() < deadline, worker.stderr.read() if worker.stderr else ""
             await asyncio.sleep(0.02)
-        await here.delete_thread("t")
-        await here.save_messages([msg(i, f"a new conversation {i}") for i in range(4)])  # the id reused
-        release.touch()
-        out, err = worker.communicate(timeout=60)
-        assert worker.returncode == 0, err[-2000:]
+        yield here, release, finish
     finally:
         if worker.poll() is None:
             worker.kill()
+
+
+async def test_a_delete_is_not_undone_by_another_process_in_flight_pass(tmp_path, scripted, shared) -> None:
+    async with worker_in_its_model(tmp_path, shared, 5, wait="await asyncio.sleep(0.01)") as (here, release, finish):
+        await here.delete_thread("t")
+        await here.save_messages([msg(i, f"a new conversation {i}") for i in range(4)])  # the id reused
+        release.touch()
+        await finish()
     assert await here.observations.list("t") == []
     got = await here.recall("t", last=5)
     assert all("secret" not in m.content for m in got)
@@ -232,73 +253,24 @@ def test_processes_opening_one_new_file_at_once_all_open_it(tmp_path) -> None:
         assert outcomes == ["ok"] * 8, outcomes
 
 
-STALLED_WORKER = textwrap.dedent('''
-    import asyncio, json, sys, time
-    from pathlib import Path
-    import omem_core, litellm
-    from litellm import CustomLLM, ModelResponse
-    kind, where, schema = sys.argv[1:4]
-    started, release = Path(sys.argv[4]), Path(sys.argv[5])
-
-    class Stalled(CustomLLM):
-        async def acompletion(self, model, messages, *args, **kwargs):
-            started.touch()
-            while not release.exists():  # the whole event loop stalls: no lease renewal meanwhile
-                time.sleep(0.01)
-            r = ModelResponse(choices=[{"message": {"role": "assistant", "content": "- the stalled note"}}])
-            r.usage = litellm.Usage(prompt_tokens=1, completion_tokens=1, total_tokens=2)
-            return r
-
-    litellm.custom_provider_map.append({"provider": "stalled", "custom_handler": Stalled()})
-
-    async def main():
-        inner, observations = open_stores(kind, where, schema)
-        events = []
-        store = omem_core.create_observational_memory_store(
-            inner, observer="stalled/model", thresholds={"observation": 5}, lease_ttl=0.6,
-            count_tokens=lambda texts: [1] * len(texts), observations=observations, on_event=events.append)
-        await store.recall("t", last=2)
-        print(json.dumps({"skipped": [e.skipped for e in events]}), flush=True)
-
-    asyncio.run(main())
-''')
-
-
 async def test_a_pass_whose_lease_lapsed_does_not_save_after_another_pass(tmp_path, scripted, shared) -> None:
     """A process whose event loop stalled past ``lease_ttl`` while its model ran (so its renewal
     never noticed) must not save once another process took the lapsed lease and saved a pass of
     its own on a segment cut otherwise: the late record moved the cursor back, and the messages
     between were observed twice."""
-    started, release = tmp_path / "started", tmp_path / "release"
-    script = tmp_path / "stalled_worker.py"
-    script.write_text(STALLED_WORKER.replace("async def main", OPEN + "\nasync def main", 1))
-    inner, observations = shared.stores()
-    here = create_observational_memory_store(inner, observer="scripted/model",
-                                             thresholds={"observation": 8}, count_tokens=ones,
-                                             observations=observations)
-    await here.save_messages([msg(i) for i in range(12)])
-    worker = subprocess.Popen([sys.executable, str(script), *shared.argv, str(started), str(release)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              cwd=Path(__file__).resolve().parents[1])
-    try:
-        deadline = time.time() + 60
-        while not started.exists():  # the other process holds the lease and waits for its model
-            assert worker.poll() is None and time.time() < deadline, worker.stderr.read() if worker.stderr else ""
-            await asyncio.sleep(0.02)
+    async with worker_in_its_model(tmp_path, shared, 8, wait="time.sleep(0.01)", lease_ttl=0.6) as (here, release,
+                                                                                                   finish):
+        # (the other process holds the lease and waits for its model, its event loop stalled)
         await asyncio.sleep(1.0)  # past its lease_ttl: the lease lapses unrenewed
         await here.recall("t", last=2)  # takes the lapsed lease: observes m0..m7 (threshold 8)
         release.touch()
-        out, err = worker.communicate(timeout=60)
-        assert worker.returncode == 0, err[-2000:]
-    finally:
-        if worker.poll() is None:
-            worker.kill()
+        out = await finish()
     records = await here.observations.list("t")
     assert [r.source_ids for r in records] == [tuple(f"m{i}" for i in range(8))]  # nothing observed twice
     [skipped] = json.loads(out.strip().splitlines()[-1])["skipped"]
     assert skipped == "the pass lost its lease, and another pass saved a record meanwhile"
     got = await here.recall("t", last=2)
-    assert [m.id for m in got[1:]] == ["m10", "m11"] and "the stalled note" not in got[0].content
+    assert [m.id for m in got[1:]] == ["m10", "m11"] and "the secret note" not in got[0].content
 
 
 class Flaky(SQLiteObservationStore):

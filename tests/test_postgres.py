@@ -723,7 +723,7 @@ async def test_an_application_role_without_create_privilege_uses_a_migrated_sche
         async with PostgresObservationStore(owner_dsn, schema=schema) as owner:
             await owner.list("t")
         where = schema or "public"
-        execute(owner_dsn, f"CREATE ROLE {role} LOGIN", f"REVOKE CREATE ON SCHEMA public FROM PUBLIC",
+        execute(owner_dsn, f"CREATE ROLE {role} LOGIN", "REVOKE CREATE ON SCHEMA public FROM PUBLIC",
                 f"REVOKE CREATE ON DATABASE {database} FROM PUBLIC",
                 f"GRANT USAGE ON SCHEMA {where} TO {role}",
                 f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {where} TO {role}",

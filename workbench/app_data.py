@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from .formatting import DEFAULT_DB, MISSING, cli_command, count, default_run_label, display, fixed, money, progress, ratio, share, short_path, split_list, tokens
+from .formatting import DEFAULT_DB, MISSING, about_money, cli_command, count, default_run_label, display, fixed, money, progress, ratio, share, short_path, split_list, tokens
 from .formatting import missing as _missing
 from .models import OFFLINE_MODEL
 from .losses import STAGE_NAMES, STAGES
@@ -590,7 +590,7 @@ def replay_cost_text(conversation: Any, config: Any) -> str | None:
 def estimate_text(cost: float | None, digits: int = 2) -> str:
     """A cost estimate as the app words it before paid work (``None``: a price unknown)."""
     return ("unknown (a model's price is not known to litellm)" if cost is None
-            else f"about {money(cost, digits)} (a rough estimate, meant to err high)".replace("about <", "<"))
+            else f"{about_money(cost, digits)} (a rough estimate, meant to err high)")
 
 
 def compression_note(run: dict[str, Any], steps: pd.DataFrame) -> str | None:

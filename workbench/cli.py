@@ -25,7 +25,7 @@ import click
 from .catalog import DEMO_DATASET, ROOT, known_datasets
 from .datasets import FORMATS  # the format registry (imports no model library)
 from .errors import WorkbenchError
-from .formatting import DEFAULT_DB, cli_command, count, money, ratio, share, short_path, split_list
+from .formatting import DEFAULT_DB, about_money, cli_command, count, money, ratio, share, short_path, split_list
 from .models import OFFLINE_MODEL
 
 if TYPE_CHECKING:
@@ -178,7 +178,7 @@ def _cost_text(estimate: float | None, free: str = "free (offline model)") -> st
     """An estimate as the questions before paid work word it (``None``: a price unknown)."""
     if estimate == 0:
         return free
-    return (f"about {money(estimate, 4)} (an estimate meant to err high)".replace("about <", "<") if estimate is not None
+    return (f"{about_money(estimate, 4)} (an estimate meant to err high)" if estimate is not None
             else "unknown (a model's price is not known)")
 
 

@@ -969,20 +969,27 @@ def per_conversation(experiment: dict, runs: pd.DataFrame, probes: pd.DataFrame)
     memory = probes[(probes.method == "memory") & probes.score.notna()] if not probes.empty else probes
     scores = {key: group.score for key, group in memory.groupby(["config_label", "conversation_id"])} \
         if not memory.empty else {}
+    # One pass over the runs (a grid of 12 over 500 conversations is 6,000 pairs): the last run of
+    # each pair, and its last completed one.
+    last: dict[tuple[str, str], Any] = {}
+    completed: dict[tuple[str, str], Any] = {}
+    for run in runs.itertuples(index=False):
+        key = (run.config_label, run.conversation_id)
+        last[key] = run
+        if run.status == "completed":
+            completed[key] = run
     rows = []
     for entry in experiment["configs"]:
         label = entry["label"]
-        mine = runs[runs.config_label == label]
         for conversation_id in experiment["conversations"]:
-            theirs = mine[mine.conversation_id == conversation_id]
-            done = theirs[theirs.status == "completed"]
+            key = (label, conversation_id)
+            run = completed.get(key)
             row: dict[str, Any] = {"label": label, "conversation_id": conversation_id,
-                                   "status": "completed" if len(done) else
-                                   (str(theirs.status.iloc[-1]) if len(theirs) else "missing"),
+                                   "status": "completed" if run is not None else
+                                   (str(last[key].status) if key in last else "missing"),
                                    "probes": 0, "retention": None, "compression": None}
-            if len(done):
-                run = done.iloc[-1]
-                score = scores.get((label, conversation_id))
+            if run is not None:
+                score = scores.get(key)
                 row["probes"] = int(len(score)) if score is not None else 0
                 row["retention"] = float(score.mean()) if score is not None and len(score) else None
                 history, context = run.full_history_tokens, run.final_context_tokens

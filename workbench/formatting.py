@@ -95,6 +95,12 @@ def money(value: Any, digits: int = 4) -> str:
     return "$" + (fixed(amount, 2, separators=True) if abs(amount) >= 1 else fixed(amount, digits))
 
 
+def about_money(value: Any, digits: int = 4) -> str:
+    """An estimate: ``about $0.42``, or ``<$0.01`` below the digits shown (never "about <$0.01")."""
+    text = money(value, digits)
+    return text if text.startswith("<") else f"about {text}"
+
+
 def count(n: int, noun: str, plural: str | None = None) -> str:
     """``1 run``, ``2 runs``, ``1,204 probes``; ``plural`` for nouns that do not take an s."""
     return f"{n:,} {noun if n == 1 else (plural or noun + 's')}"

@@ -232,8 +232,7 @@ if (pending or unfinished) and not running:
         cost = estimate_resume(store, experiment_id)[2]
     except DatasetError:
         cost = 0.0  # (the dataset moved: the resume says so)
-    priced = "" if cost == 0 else ", cost unknown" if cost is None else f", about {fmt.money(cost, 2)}".replace(
-        "about <", "<")
+    priced = "" if cost == 0 else ", cost unknown" if cost is None else f", {fmt.about_money(cost, 2)}"
 resume = actions.button(f"Resume ({pending} left{priced})" if pending else f"Resume (to finish{priced})",
                         key="xp_resume", disabled=running or not (pending or unfinished) or store.read_only or bool(stuck),
                         help=stuck or ("Paid models: the cost is an estimate meant to err high" if priced else None))
