@@ -610,8 +610,8 @@ def _replay_interrupted(store: RunStore, run_id: str | None) -> str:
     if status == "completed":
         return f"\ninterrupted after run {run_id} had completed: it is kept whole ({cli_command('runs', store.path)})"
     if run_id is None:
-        return ("\ninterrupted: what was recorded is kept; resume with: python -m workbench replay --resume RUN_ID "
-                f"({cli_command('runs', store.path)} lists it)")
+        return (f"\ninterrupted: what was recorded is kept; resume with: {cli_command('replay --resume RUN_ID', store.path)}"
+                f" ({cli_command('runs', store.path)} lists it)")
     return f"\ninterrupted: what was recorded is kept; resume with: {cli_command(f'replay --resume {run_id}', store.path)}"
 
 

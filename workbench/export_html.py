@@ -97,10 +97,9 @@ def experiment_html(store: Any, experiment_id: str) -> str:
     page.table(app_data.summary_table(summaries))
     if uneven := experiments.uneven_note(runs):
         page.text("p", uneven, "warn")
-    by_conversation = experiments.per_conversation(experiment, runs, probes)
     if len(experiment["conversations"]) > 1:
         page.text("h2", "Retention per conversation (the spread the pooled interval does not show)")
-        frame = app_data.conversation_numbers(by_conversation)
+        frame = app_data.conversation_numbers(experiments.per_conversation(experiment, runs, probes))
         page.table(app_data.as_text(frame, app_data.conversation_formats(frame)))
     points = app_data.pareto_points(summaries)
     if not points.empty:
