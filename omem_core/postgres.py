@@ -32,7 +32,9 @@ Across hosts (see ``docs/storage.md``):
   (and the delete removes its record) or sees the row gone and saves nothing.
 
 An unreachable database is a :class:`DatabaseUnavailableError` naming the host, port and
-database (never the password); every write is one transaction, so nothing is half-saved. Once
+database (never the password); a server that refuses the connection (password, role, database)
+is a :class:`DatabaseRefusedError`, not retried. Every write is one transaction, so nothing is
+half-saved. Once
 the server is back, a pool still waiting out its reconnect back-off (it served no call for a
 whole ``timeout``; one test connection tells, shared by the calls that time out together) is
 replaced by a fresh one, so the store's first call after an outage works; a
@@ -71,7 +73,7 @@ from .memory import check_read
 from .messages import Message, ObservationRecord, check_batch, check_message, check_working_memory
 from .observations import ReflectionCache, already_saved, check_record
 
-__all__ = ["DatabaseUnavailableError", "PostgresMemoryStore", "PostgresObservationStore", "schema_version"]
+__all__ = ["DatabaseRefusedError", "DatabaseUnavailableError", "PostgresMemoryStore", "PostgresObservationStore", "schema_version"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -132,6 +134,30 @@ class DatabaseUnavailableError(ConnectionError):
     names the host, port and database, never the password. The call's transaction did not
     commit, so nothing of it was saved (a break during the commit itself may have completed it;
     retrying is safe: saving an identical message or record again is a no-op)."""
+
+
+class DatabaseRefusedError(Exception):
+    """The server answered and refused the connection for a reason that retrying does not mend:
+    wrong password, unknown role, a role that may not log in, a database that does not exist, no
+    ``pg_hba.conf`` entry for this client. Not a ``ConnectionError`` (an application retrying on
+    :class:`DatabaseUnavailableError` would retry a configuration error forever). The message
+    names the host, port and database, never the password; nothing of the call was saved."""
+
+
+# libpq's messages for a connection the server refused on purpose (psycopg gives no SQLSTATE for
+# a failed connection, only libpq's text; a server configured for another language words them
+# differently, and they stay DatabaseUnavailableError: retried, as before).
+_REFUSALS = ("authentication failed", "no password supplied", "no pg_hba.conf entry",
+             "is not permitted to log in", "permission denied for database", "does not exist",
+             "ssl was required")
+
+
+def _refused(exc: BaseException) -> bool:
+    if not isinstance(exc, psycopg.OperationalError) or getattr(exc, "sqlstate", None) is not None:
+        return False
+    text = " ".join(str(exc).split()).lower()
+    # FATAL: the server's own refusal (libpq's "no password supplied" is the client's, before it)
+    return any(marker in text for marker in _REFUSALS) and ("fatal" in text or "no password supplied" in text)
 
 
 def _micros(value: datetime) -> int:
@@ -237,7 +263,12 @@ class _Database:
             reason = reason.replace(self._password, "***")
         return reason
 
-    def unavailable(self, exc: BaseException) -> DatabaseUnavailableError:
+    def unavailable(self, exc: BaseException) -> DatabaseUnavailableError | DatabaseRefusedError:
+        if _refused(exc):
+            return DatabaseRefusedError(
+                f"PostgreSQL at {self.where} refused the connection: {self._reason(exc)}; check the DSN's "
+                "user, password and database and the server's pg_hba.conf (retrying will not help); "
+                "nothing of this call was saved")
         return DatabaseUnavailableError(
             f"PostgreSQL at {self.where} is unreachable or the connection broke: {self._reason(exc)}; "
             "nothing of this call was saved (its transaction did not commit)")
@@ -574,7 +605,10 @@ async def schema_version(dsn: str, *, schema: str | None = None) -> int:
     try:
         con = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
     except psycopg.OperationalError as exc:
-        raise DatabaseUnavailableError(f"PostgreSQL at {where} is unreachable: {' '.join(str(exc).split())}") from None
+        reason = " ".join(str(exc).split())
+        if _refused(exc):
+            raise DatabaseRefusedError(f"PostgreSQL at {where} refused the connection: {reason}") from None
+        raise DatabaseUnavailableError(f"PostgreSQL at {where} is unreachable: {reason}") from None
     try:
         prefix = _quote(schema) + "." if schema is not None else ""
         found = await (await con.execute("SELECT to_regclass(%s)", (f"{prefix}omem_schema",))).fetchone()

@@ -24,6 +24,7 @@ from omem_core import Message, ObservationRecord, create_observational_memory_st
 psycopg = pytest.importorskip("psycopg", reason="psycopg is not installed: pip install -e '.[postgres]'")
 
 from omem_core.postgres import (  # noqa: E402
+    DatabaseRefusedError,
     DatabaseUnavailableError,
     PostgresMemoryStore,
     PostgresObservationStore,
@@ -372,6 +373,44 @@ def test_a_malformed_dsn_is_refused_without_repeating_it() -> None:
     PostgresMemoryStore("host=a,b port=5432,5433")  # one port per host: fine (nothing connects until used)
 
 
+async def test_a_server_that_refuses_the_connection_is_not_an_outage(pg) -> None:
+    """A wrong password, an unknown role or database: the server answered and refused. That is a
+    DatabaseRefusedError (not a ConnectionError: an application retrying outages would retry a
+    configuration error forever), at once, naming the server and never the password. Fails when
+    the refusal is reported as the database being unreachable."""
+    role = f"pw_{pg.schema}"
+    execute(pg.dsn, f"CREATE ROLE {role} LOGIN PASSWORD 'right-one'")
+    with psycopg.connect(pg.dsn, autocommit=True) as con:
+        hba = Path(con.execute("SHOW hba_file").fetchone()[0])
+        rules = hba.read_text()
+        # only this role must give a password (the cluster trusts every other one)
+        hba.write_text(f"host all {role} 127.0.0.1/32 scram-sha-256\n" + rules)
+        con.execute("SELECT pg_reload_conf()")
+    try:
+        wrong = [pg.dsn.replace("user=postgres", f"user={role}") + " password=hunter2secret",
+                 pg.dsn.replace("user=postgres", f"user={role}"),
+                 pg.dsn.replace("user=postgres", "user=nobody_at_all"),
+                 pg.dsn.replace("dbname=postgres", "dbname=no_such_database")]
+        for dsn in wrong:
+            store = PostgresMemoryStore(dsn, schema=pg.schema)
+            pg.made.append(store)
+            started = time.perf_counter()
+            with pytest.raises(DatabaseRefusedError, match="127.0.0.1:.*refused the connection") as caught:
+                await store.recall("t", last=1)
+            assert time.perf_counter() - started < 5, dsn  # the first call, not after a pool's timeout
+            assert not isinstance(caught.value, ConnectionError)
+            assert "hunter2secret" not in str(caught.value)
+            with pytest.raises(DatabaseRefusedError):
+                await schema_version(dsn)
+        right = pg.dsn.replace("user=postgres", f"user={role}") + " password=right-one"
+        assert await schema_version(right, schema=pg.schema) == 0
+    finally:
+        with psycopg.connect(pg.dsn, autocommit=True) as con:
+            hba.write_text(rules)
+            con.execute("SELECT pg_reload_conf()")
+        execute(pg.dsn, f"DROP ROLE {role}")
+
+
 async def test_a_connection_lost_mid_write_saves_nothing_and_names_the_server(pg) -> None:
     """The server drops the connection in the middle of a write (a trigger terminates the
     backend): the call fails with the host and port named, and none of it is saved: not the rows
@@ -463,7 +502,7 @@ async def test_the_first_call_after_the_server_refuses_the_store_says_so_not_bus
         await store.save_messages([msg(0)])
         execute(pg.dsn, f"ALTER ROLE {role} NOLOGIN",
                 f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'")
-        with pytest.raises(DatabaseUnavailableError, match="unreachable.*not permitted to log in"):
+        with pytest.raises(DatabaseRefusedError, match="refused the connection.*not permitted to log in"):
             await store.recall("t", last=1)
         execute(pg.dsn, f"ALTER ROLE {role} LOGIN")
         assert [m.id for m in await store.recall("t", last=1)] == ["m0"]
