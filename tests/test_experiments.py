@@ -362,6 +362,8 @@ def test_experiment_list_show_compare_and_export(tmp_path) -> None:
     import pandas as pd
 
     assert code == 0 and len(pd.read_parquet(tmp_path / "out" / "runs.parquet")) == 2
+    # the format read is recorded when it was detected, not left null
+    assert pd.read_parquet(tmp_path / "out" / "experiments.parquet").dataset_format.tolist() == ["omem"]
     assert len(pd.read_parquet(tmp_path / "out" / "probe_losses.parquet")) > 0
     code, _, err = invoke("experiment", "show", "exp-nope", "--db", db)
     assert code == 1 and "no experiment exp-nope" in err

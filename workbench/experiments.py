@@ -574,8 +574,11 @@ def create_experiment(store: Any, *, dataset: str | Path, grid: Sequence[Any], o
                       name: str | None = None) -> str:
     """Record a new experiment (nothing runs yet): the dataset's conversations (all, or the ids
     given, checked), the grid with a short label per configuration, and the options."""
-    chosen = choose_conversations([c.id for c in list_conversations(dataset, dataset_format)], conversations,
-                                  dataset)
+    listed = list_conversations(dataset, dataset_format)
+    chosen = choose_conversations([c.id for c in listed], conversations, dataset)
+    # The format read, given or detected (recorded, and exported, rather than null when detected).
+    formats = {c.format for c in listed}
+    dataset_format = dataset_format or (formats.pop() if len(formats) == 1 else None)
     configs = [c.to_json() for c in grid]
     names = labels(configs)
     if len(set(names)) != len(names):
