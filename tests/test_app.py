@@ -134,6 +134,9 @@ def test_a_provider_error_mid_run_says_where_and_keeps_the_steps(db: Path, monke
     assert store(db).steps(failed.run_id).shape[0] == failed.steps > 0  # what was recorded is kept
     # the explorer now shows that run, flagged, with its figures marked partial and no NaN
     assert any("This run failed at step" in shown(e.value) for e in at.error)
+    # the slider ends at the last read recorded, one before the failing read the banner names: said
+    assert at.slider(key=f"ex_step_{failed.run_id}").max == failed.steps - 1
+    assert f"read {failed.steps} failed, so it has no step here" in " ".join(c.value for c in at.caption)
     assert any(m.label == "Compression (partial)" for m in at.metric)
     assert all("nan" not in str(m.value).lower() for m in at.metric)
 

@@ -1052,6 +1052,19 @@ def state_phrase(run: Any) -> str:
     return verb + status_text(run["status"], run["steps"], run["planned_steps"])
 
 
+def unrecorded_read_note(run: Any, steps: pd.DataFrame) -> str | None:
+    """Why the step slider of a run that failed or was stopped ends one before the step its banner
+    names ("failed at step 26": reads 0–25 were recorded, read 26 was not), or ``None``."""
+    if run["status"] == "completed" or steps.empty:
+        return None
+    last, planned = int(steps.step.max()), _value(run["planned_steps"])
+    if planned is not None and last + 1 >= planned:
+        return None
+    verb = {"failed": "failed", "running": "is in progress"}.get(str(run["status"]), "was not made")
+    return (f"Steps 0–{last} are the memory reads recorded; read {last + 1} {verb}, so it has no step here."
+            if last else f"Step 0 is the one memory read recorded; read 1 {verb}, so it has no step here.")
+
+
 def last_read_compression(run: Any, steps: pd.DataFrame) -> float | None:
     """A run that did not finish may store no whole-run compression: then its ratio at the last
     memory read (what the volumes chart marks there), else ``None`` (the stored figure stands)."""

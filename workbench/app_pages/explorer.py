@@ -151,6 +151,8 @@ if last > 0:
 else:  # one read: a slider from 0 to 0 is refused by Streamlit
     step = 0
     st.caption("Step 0: this run made one memory read.")
+if gap := app_data.unrecorded_read_note(run, steps):
+    st.caption(gap)
 row = steps[steps.step == step].iloc[0]
 
 left, right = st.columns(2)
