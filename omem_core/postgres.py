@@ -252,6 +252,10 @@ class _Database:
         self._lent: set[int] = set()  # id() of the connections this store's calls hold right now
         self._in_use: dict[int, int] = {}  # id(pool) -> connections of that pool this store holds
         self._handouts = 0  # connections handed over to this store's calls, by any of its pools
+        # The last test connection found the server unreachable, and no connection was handed over
+        # since: a call tests the server first (one test shared by the calls that ask together)
+        # rather than wait the pool's whole ``timeout`` again for a pool that cannot connect.
+        self._down = False
         self._probes: dict[int, asyncio.Future] = {}  # id(pool) -> the test of why it gives no connection
 
     def q(self, text: str) -> str:
@@ -378,6 +382,7 @@ class _Database:
         that hands connections over is busy, not stalled (a broken one it discards is neither)."""
         await AsyncConnectionPool.check_connection(con)
         self._handouts += 1
+        self._down = False
 
     def _busy_error(self) -> DatabaseUnavailableError:
         return DatabaseUnavailableError(
@@ -392,6 +397,15 @@ class _Database:
             pool = await self.pool()
             entered = False
             served = self._handouts
+            if self._down and not replaced:
+                # The server was found unreachable and nothing was served since: ask it now, not
+                # after the pool's timeout (an outage cost every call that whole timeout).
+                verdict = await self._probe(pool)
+                if isinstance(verdict, BaseException):
+                    raise self.unavailable(verdict) from None
+                if verdict == "replaced":  # it is back: the new pool connects now
+                    replaced = True
+                    continue
             try:
                 try:
                     async with pool.connection() as con:
@@ -460,7 +474,9 @@ class _Database:
         try:
             direct = await psycopg.AsyncConnection.connect(self._dsn, **self._connect)
         except psycopg.OperationalError as failure:
+            self._down = True
             return failure
+        self._down = False
         await direct.close()
         if self._handouts != before or self._in_use.get(id(pool), 0):
             return "busy"  # it handed a connection over during the test (a late one, not a stalled one)

@@ -440,7 +440,8 @@ async def test_a_server_that_goes_away_and_comes_back(pg_cluster) -> None:
     call works. The pool's own reconnect back-off doubles while the server is away (attempts at
     about 1, 3, 7, 15, 31 s), so after a 20-second outage its next attempt is more than 10 s off:
     without replacing a stalled pool the first call after the restart fails with "no pooled
-    connection". The first calls come as a burst of 40: they share one test connection (not one
+    connection". Meanwhile a call after the first failure does not wait the pool's timeout again.
+    The first calls come as a burst of 40: they share one test connection (not one
     each, a herd of clients beyond the pool's two) and all work; the server's log counts the
     connections. (A second throwaway server of its own; ``pg_cluster`` only for the skip.)"""
     cluster = start_cluster()
@@ -450,6 +451,13 @@ async def test_a_server_that_goes_away_and_comes_back(pg_cluster) -> None:
         cluster.stop()
         with pytest.raises(DatabaseUnavailableError, match=f"127.0.0.1:{cluster.port}"):
             await store.save_messages([msg(1)])
+        # Once a test connection found the server down, the next calls ask it again at once rather
+        # than each wait the pool's whole timeout (3 s here) for a pool that cannot connect.
+        started = time.perf_counter()
+        for call in (store.save_messages([msg(1)]), store.recall("t", last=5), store.delete_thread("t")):
+            with pytest.raises(DatabaseUnavailableError, match=f"127.0.0.1:{cluster.port}.*unreachable"):
+                await call
+        assert time.perf_counter() - started < 3, "each call waited the pool's timeout"
         await asyncio.sleep(20)
         log = cluster.folder / "server.log"
         before = log.stat().st_size
