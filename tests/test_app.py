@@ -113,6 +113,14 @@ def test_a_model_without_its_key_is_refused_before_the_replay(db: Path, monkeypa
     [row] = runs[runs.status == "failed"].itertuples()
     assert row.steps == 0 and "OPENAI_API_KEY" in row.error  # recorded as failed, never left running
     assert (runs.status != "running").all() and len(failed) == 1
+    # Compared with another stored run, the failed one gets a sentence, not an empty chart
+    at.switch_page(PAGES.format("compare")).run()
+    at.sidebar.radio(key="cmp_mode").set_value("Pick two stored runs").run()
+    at.sidebar.selectbox(key="cmp_b_pick").set_value(row.run_id).run()
+    assert not at.exception
+    blank = [c.value for c in at.caption if "no memory read was recorded" in c.value]
+    assert len(blank) == 2 and all(text.startswith("B:") for text in blank)  # (volumes, thresholds)
+    assert len(at.get("plotly_chart")) == 2  # A's two charts only
 
 
 def test_a_provider_error_mid_run_says_where_and_keeps_the_steps(db: Path, monkeypatch) -> None:

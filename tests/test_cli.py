@@ -552,6 +552,38 @@ async def test_cancelled_replay_is_marked_interrupted_and_keeps_its_steps(script
         assert len(store.steps(run.run_id)) == int(run.steps) > 0
 
 
+async def test_an_interrupted_run_counts_the_calls_it_made(scripted: Scripted, tmp_path) -> None:
+    """Found in the app: a run interrupted after 47 calls read "Model calls 0 / 0" (its figures are
+    written at a normal end only). Its calls, tokens and cost are counted from its recorded calls."""
+    scripted.delay = 0.02
+    conv = load_conversation(DEMO_DATASET)
+    with RunStore(tmp_path / "i.duckdb") as store:
+        task = asyncio.create_task(replay(conv, ReplayConfig(observer="scripted/model", reflector="scripted/model",
+                                                             observation_threshold=100, reflection_threshold=150,
+                                                             cache=False), store))
+        for _ in range(5000):
+            if len(scripted.calls) >= 4:
+                break
+            await asyncio.sleep(0.005)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        run = store.run(store.runs().run_id.iloc[0])
+        calls = store.model_calls(run["run_id"])
+        assert run["status"] == "interrupted" and len(calls) >= 4
+        assert run["observer_calls"] == (calls.stage == "observe").sum() > 0
+        assert run["reflector_calls"] == (calls.stage == "reflect").sum()
+        assert run["input_tokens"] == 11 * len(calls) and run["output_tokens"] == 7 * len(calls)
+        assert store.runs().iloc[0].observer_calls == run["observer_calls"]  # the list reads the same
+        # Compare shows its compression as the explorer does: the ratio at its last read, partial
+        from workbench.analysis import compare_runs
+        from workbench.formatting import ratio
+
+        last = store.steps(run["run_id"]).iloc[-1]
+        shown = compare_runs(store, run["run_id"], run["run_id"]).loc["compression (x)"].iloc[0]
+        assert shown == ratio(last.history_tokens / last.context_tokens, partial=True) and "partial" in shown
+
+
 def test_a_database_held_too_long_gets_a_clear_message(tmp_path, monkeypatch) -> None:
     path = tmp_path / "held.duckdb"
     RunStore(path).close()

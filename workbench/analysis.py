@@ -74,7 +74,12 @@ def compare_runs(store: RunStore, run_a: str, run_b: str) -> pd.DataFrame:
             values[name] = run.get(key)
         values["status"] = progress(run["status"], run.get("steps"), run.get("planned_steps"))
         if run["status"] != "completed":  # say which figures describe only the prefix replayed
-            values["compression (x)"] = ratio(run.get("compression"), partial=True)
+            from .app_data import last_read_compression  # (app_data imports this module)
+
+            # as the explorer shows it: the ratio at the last read when the run has no whole figure
+            at_last_read = last_read_compression(run, store.steps(run_id))
+            values["compression (x)"] = ratio(run.get("compression") if at_last_read is None else at_last_read,
+                                              partial=True)
         tokens = store.model_calls(run_id)
         values["model tokens in"] = int(tokens.input_tokens.fillna(0).sum()) if not tokens.empty else 0
         values["model tokens out"] = int(tokens.output_tokens.fillna(0).sum()) if not tokens.empty else 0

@@ -38,6 +38,32 @@ from .errors import WorkbenchError
 from .formatting import DEFAULT_DB, cli_command
 from .interrupts import wait_cap
 
+# The runs as read: a run that did not complete (interrupted, failed by a bug, still running) has
+# its call figures written only at a normal end, so they are counted from its recorded calls (the
+# explorer said "Model calls 0 / 0" beside 47 recorded calls). The cost follows the end of a run's
+# rule: unknown when a call that answered has no price.
+_RUNS = """
+SELECT runs.* REPLACE (
+    CASE WHEN c.run_id IS NULL THEN runs.observer_calls ELSE c.observer_calls END AS observer_calls,
+    CASE WHEN c.run_id IS NULL THEN runs.reflector_calls ELSE c.reflector_calls END AS reflector_calls,
+    CASE WHEN c.run_id IS NULL THEN runs.cache_hits ELSE c.cache_hits END AS cache_hits,
+    CASE WHEN c.run_id IS NULL THEN runs.input_tokens ELSE c.input_tokens END AS input_tokens,
+    CASE WHEN c.run_id IS NULL THEN runs.output_tokens ELSE c.output_tokens END AS output_tokens,
+    CASE WHEN c.run_id IS NULL THEN runs.cost_usd ELSE c.cost_usd END AS cost_usd)
+FROM runs LEFT JOIN (
+    SELECT run_id,
+           count(*) FILTER (WHERE stage = 'observe') AS observer_calls,
+           count(*) FILTER (WHERE stage = 'reflect') AS reflector_calls,
+           count(*) FILTER (WHERE cache_hit) AS cache_hits,
+           coalesce(sum(input_tokens), 0) AS input_tokens,
+           coalesce(sum(output_tokens), 0) AS output_tokens,
+           CASE WHEN bool_or(coalesce(error, '') = '' AND (cost_usd IS NULL OR isnan(cost_usd))) THEN NULL
+                ELSE sum(cost_usd) FILTER (WHERE NOT isnan(cost_usd)) END AS cost_usd
+    FROM model_calls
+    WHERE run_id IN (SELECT run_id FROM runs WHERE status <> 'completed')
+    GROUP BY run_id
+) AS c ON c.run_id = runs.run_id AND runs.status <> 'completed'"""
+
 if TYPE_CHECKING:  # omem_core imports litellm (seconds): quick CLI paths never load it
     from omem_core import ObservationRecord, Prompt
 
@@ -996,7 +1022,7 @@ class RunStore:
         return frame
 
     def experiment_runs(self, experiment_id: str) -> pd.DataFrame:
-        return self._df("SELECT * FROM runs WHERE experiment_id = ? ORDER BY created_at", [experiment_id])
+        return self._df(_RUNS + " WHERE runs.experiment_id = ? ORDER BY runs.created_at", [experiment_id])
 
     def experiment_probes(self, experiment_id: str) -> pd.DataFrame:
         return self._df("SELECT r.config_label, r.conversation_id, p.* FROM probes p JOIN runs r USING (run_id) "
@@ -1027,7 +1053,7 @@ class RunStore:
             return cur.execute(sql, list(params)).df()
 
     def run(self, run_id: str) -> dict[str, Any]:
-        frame = self._df("SELECT * FROM runs WHERE run_id = ?", [run_id])
+        frame = self._df(_RUNS + " WHERE runs.run_id = ?", [run_id])
         if frame.empty:
             raise UnknownRun(run_id, self.path)
         row = frame.iloc[0].to_dict()
@@ -1035,7 +1061,7 @@ class RunStore:
         return row
 
     def runs(self) -> pd.DataFrame:
-        return self._df("SELECT * FROM runs ORDER BY created_at DESC")
+        return self._df(_RUNS + " ORDER BY runs.created_at DESC")
 
     def steps(self, run_id: str) -> pd.DataFrame:
         return self._df("SELECT * FROM steps WHERE run_id = ? ORDER BY step", [run_id])

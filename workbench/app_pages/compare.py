@@ -290,6 +290,9 @@ for title, build in (
     st.subheader(title)
     row = st.container(horizontal=True)  # (wraps on a narrow page, as above)
     for steps, info, name in ((steps_a, info_a, "A"), (steps_b, info_b, "B")):
+        if steps.empty:  # (an empty plot with a y axis from -1 to 4 said nothing)
+            row.caption(f"{name}: no memory read was recorded, so there is nothing to draw.")
+            continue
         figure = build(steps, info)
         figure.update_layout(title=f"{name}: {title.lower()}")
         row.plotly_chart(figure, key=f"cmp_{title}_{name}", width=charts.SIDE_BY_SIDE_WIDTH)
