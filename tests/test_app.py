@@ -1019,6 +1019,16 @@ def test_figures_comparison_marks_differences_whose_ci_excludes_zero() -> None:
     assert not table.set_index("figure").loc["observer calls", "differs"]
     assert table.set_index("figure").loc["cost (USD)", "A"] == "–"
     assert "nan" not in table.to_string().lower()
+    assert table.set_index("figure").loc["retention (pooled)", "probes"] == "40"
+    # A category of 2 probes gets its difference and count, but no interval nor highlight
+    few = probes.assign(category=["temporal"] * 76 + ["multi-hop"] * 4)
+    import dataclasses
+
+    both = [dataclasses.replace(x, per_category={"temporal": {"retention": r}, "multi-hop": {"retention": r}})
+            for x, r in ((summary("A", 0.25), 0.25), (summary("B", 1.0), 1.0))]
+    table = app_data.figures_comparison(both, few, "A", "B").set_index("figure")
+    row = table.loc["retention · multi-hop"]
+    assert row["95% CI of B − A"] == "too few (2)" and row["probes"] == "2" and not row["differs"]
     # Differences read like the figures: whole tokens, dollars.
     table = app_data.figures_comparison([summary("A", 0.25, 148.2, 0.0), summary("B", 1.0, 286.69, 0.0012)],
                                         probes, "A", "B").set_index("figure")

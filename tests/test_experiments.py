@@ -205,6 +205,12 @@ def test_paired_comparison_verdicts() -> None:
     shifted = {str(i): float(i % 4 == 0) for i in range(12)}
     assert paired_difference("a", "b", noisy, shifted).verdict().startswith("no detectable difference")
     assert paired_difference("a", "b", {}, {}).verdict() == "not enough shared probes to compare"
+    # Two probes that agree: no zero-width interval read as certainty, and never "detectable"
+    few = paired_difference("a", "b", {"p1": 0.0, "p2": 0.0}, {"p1": 0.2, "p2": 0.2})
+    assert few.ci95 is None and not few.detectable and few.probes == 2
+    assert few.verdict() == "too few shared probes for an interval: +0.200 on 2 (an interval needs 10)"
+    ten = {str(i): 0.0 for i in range(10)}
+    assert paired_difference("a", "b", ten, {k: 0.5 for k in ten}).detectable  # from 10 on, an interval
     # An interval that reaches 0 ends at an unsigned 0; one stopping just short of it says on which side.
     from workbench.stats import PairedDifference
 

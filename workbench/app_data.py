@@ -486,7 +486,7 @@ def figures_comparison(summaries: Sequence[Any], probes: pd.DataFrame, a: str, b
     rows: list[dict[str, Any]] = []
 
     def add(name: str, va: Any, vb: Any, shown: Any = display, ci: tuple[float, float] | None = None,
-            diff: float | None = None, differs: bool = False) -> None:
+            diff: float | None = None, differs: bool = False, paired: int | None = None) -> None:
         whole = shown is tokens  # (a difference in tokens is a whole number, like the figures)
         if diff is None and not missing(va) and not missing(vb) and not isinstance(va, str):
             diff = float(vb) - float(va)
@@ -500,19 +500,22 @@ def figures_comparison(summaries: Sequence[Any], probes: pd.DataFrame, a: str, b
         else:
             change = f"{diff:+,.0f}" if whole else signed(diff)
         rows.append({"figure": name, "A": shown(va), "B": shown(vb), "B − A": change,
-                     "95% CI of B − A": f"[{signed(ci[0])}, {signed(ci[1])}]" if ci else MISSING,
-                     "differs": differs})
+                     "95% CI of B − A": f"[{signed(ci[0])}, {signed(ci[1])}]" if ci else
+                     f"too few ({paired})" if paired else MISSING,
+                     "probes": f"{paired:,}" if paired is not None else "", "differs": differs})
 
     pooled = paired_difference(a, b, _scores(probes, a), _scores(probes, b)) if not probes.empty else None
     add("retention (pooled)", sa.retention, sb.retention, lambda v: share(v, 3),
-        pooled.ci95 if pooled else None, pooled.difference if pooled else None, bool(pooled and pooled.detectable))
+        pooled.ci95 if pooled else None, pooled.difference if pooled else None, bool(pooled and pooled.detectable),
+        pooled.probes if pooled else None)
     categories = sorted(set(sa.per_category) | set(sb.per_category), key=category_name)
     for category in categories:
         name = category_name(category)
         diff = paired_difference(a, b, _scores(probes, a, name), _scores(probes, b, name)) if not probes.empty else None
         add(f"retention · {name}", (sa.per_category.get(category) or {}).get("retention"),
             (sb.per_category.get(category) or {}).get("retention"), lambda v: share(v, 3),
-            diff.ci95 if diff else None, diff.difference if diff else None, bool(diff and diff.detectable))
+            diff.ci95 if diff else None, diff.difference if diff else None, bool(diff and diff.detectable),
+            diff.probes if diff else None)
     add("compression (x)", sa.compression, sb.compression, ratio)  # "5.6x", as every other table
     add("retention vs recency baseline", sa.recency_ratio, sb.recency_ratio)
     add("blind-spot tokens (mean backlog)", sa.blind_spot_tokens, sb.blind_spot_tokens, tokens)

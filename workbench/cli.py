@@ -912,7 +912,7 @@ def _experiment_progress(quiet: bool):
 def _comparison_line(a: str, b: str, verdict: str, signed: bool, where: str = "") -> str:
     """``a vs b: <verdict>``, as `experiment show` and `experiment compare` both word it. A
     verdict that names the better one gives an unsigned size; only a ``signed`` one (no
-    detectable difference) is said to be b minus a (beside a size, it read as the wrong sign)."""
+    detectable difference, or too few probes for an interval) is said to be b minus a (beside a size, it read as the wrong sign)."""
     signed_as = f" ({b} minus {a})" if signed else ""
     return f"{a} vs {b}{where}{signed_as}: {verdict}"
 
@@ -968,7 +968,7 @@ def _print_report(data: dict[str, Any], db: str) -> None:
     _print_breakdown(data["configs"], data.get("per_conversation"))
     for comparison in data["comparisons"]:
         _echo_wrapped(_comparison_line(comparison["a"], comparison["b"], comparison["verdict"],
-                                       bool(comparison["ci95"]) and not comparison["detectable"])
+                                       comparison["retention_diff"] is not None and not comparison["detectable"])
                       + tally_text(comparison["a"], comparison["b"], comparison.get("conversations")))
     if (data["failed_runs"] or data.get("missing_runs")) and data["status"] == "completed":
         click.echo("replay the runs that did not complete with: "
@@ -1282,7 +1282,7 @@ def experiment_compare(experiment_id: str, label_a: str | None, label_b: str | N
                                "ci95": list(diff.ci95) if diff.ci95 else None, "verdict": diff.verdict(),
                                "conversations": tally}))
     else:
-        _echo_wrapped(_comparison_line(diff.a, diff.b, diff.verdict(), bool(diff.ci95) and not diff.detectable,
+        _echo_wrapped(_comparison_line(diff.a, diff.b, diff.verdict(), diff.difference is not None and not diff.detectable,
                                        f" on {count(diff.probes, 'shared probe')}") + ex.tally_text(diff.a, diff.b, tally))
 
 

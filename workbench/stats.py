@@ -18,6 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 
 REPLICATES = 2000
+# Fewer paired probes than this get no interval: the bootstrap of 2 equal differences is a
+# zero-width interval that read as certainty ("−0.200 [−0.200, −0.200]", highlighted as a finding).
+MIN_PAIRED = 10
 SEED = 20261202  # fixed: the same data gives the same interval on every machine
 
 
@@ -50,8 +53,11 @@ class PairedDifference:
         """A plain sentence: "b keeps 0.031 more [0.012, 0.050]" (a size, unsigned: it never
         reads against a signed b − a shown beside it), or "no detectable difference: −0.013
         [−0.040, +0.014]" (b − a)."""
-        if self.difference is None or self.ci95 is None:
+        if self.difference is None:
             return "not enough shared probes to compare"
+        if self.ci95 is None:
+            return (f"too few shared probes for an interval: {signed(self.difference)} on {self.probes} "
+                    f"(an interval needs {MIN_PAIRED})")
         if not self.detectable:
             return f"no detectable difference: {signed(self.difference)} [{signed(self.ci95[0])}, {signed(self.ci95[1])}]"
         if self.difference > 0:
@@ -81,14 +87,15 @@ def signed(value: float) -> str:
 
 def paired_difference(a: str, b: str, scores_a: dict[str, float], scores_b: dict[str, float], *,
                       replicates: int = REPLICATES, seed: int = SEED) -> PairedDifference:
-    """``b`` minus ``a`` on the probes both scored (keys: probe identifiers)."""
+    """``b`` minus ``a`` on the probes both scored (keys: probe identifiers); with fewer than
+    :data:`MIN_PAIRED` of them, the mean difference without an interval (never "detectable")."""
     shared = sorted(k for k in scores_a.keys() & scores_b.keys()
                     if scores_a[k] is not None and scores_b[k] is not None)
     differences = [scores_b[k] - scores_a[k] for k in shared]
     if not differences:
         return PairedDifference(a, b, 0, None, None)
-    return PairedDifference(a, b, len(differences), float(np.mean(differences)),
-                            bootstrap_ci(differences, replicates=replicates, seed=seed))
+    interval = bootstrap_ci(differences, replicates=replicates, seed=seed) if len(differences) >= MIN_PAIRED else None
+    return PairedDifference(a, b, len(differences), float(np.mean(differences)), interval)
 
 
-__all__ = ["PairedDifference", "REPLICATES", "bootstrap_ci", "paired_difference"]
+__all__ = ["MIN_PAIRED", "PairedDifference", "REPLICATES", "bootstrap_ci", "paired_difference"]

@@ -8,6 +8,7 @@ import streamlit as st
 from workbench import analysis, app_data, charts, ui
 from workbench import formatting as fmt
 from workbench.experiments import conversation_tally, summaries_of, tally_text
+from workbench.stats import MIN_PAIRED
 
 store = ui.get_store()
 st.title("Compare")
@@ -75,11 +76,13 @@ def experiment_comparison() -> None:
     ui.figures(shown.style.apply(lambda row: ["background-color: #ffeaa7; font-weight: 600"
                                               if highlight[row.name] else "" for _ in row], axis=1),
                hide_index=True, key="cmp_xp_figures", height=35 * (len(shown) + 1) + 3,
-               column_order=["figure", "B − A", "95% CI", f"A · {a}", f"B · {b}", "CI excludes 0"],
+               column_order=["figure", "B − A", "95% CI", "probes", f"A · {a}", f"B · {b}", "CI excludes 0"],
                column_config={"figure": st.column_config.Column(width=180, pinned=True),
                               "B − A": st.column_config.Column(width=64, **right),
                               "95% CI": st.column_config.Column(width=122, help="95% interval of B − A "
                                                                 "(paired bootstrap over probes)", **right),
+                              "probes": st.column_config.Column(width=64, help="Probes both configurations "
+                                                                "scored: the pairs behind the difference", **right),
                               f"A · {a}": st.column_config.Column(width=80, help=ui.plain(f"A · {a}"), **right),
                               f"B · {b}": st.column_config.Column(width=80, help=ui.plain(f"B · {b}"), **right),
                               "CI excludes 0": st.column_config.Column(width=100)})
@@ -88,7 +91,8 @@ def experiment_comparison() -> None:
                 if listed > scored else "")
     st.caption(f"Retention pools the {fmt.count(scored, 'probe')} scored (they have a gold answer and their evidence "
                f"has left the window{unscored}). Highlighted: "
-               "a difference whose 95% interval excludes zero (paired bootstrap over probes).")
+               "a difference whose 95% interval excludes zero (paired bootstrap over probes; fewer than "
+               f"{MIN_PAIRED} pairs get no interval).")
 
     pick = {}
     for name, label in (("A", a), ("B", b)):
