@@ -331,6 +331,8 @@ def test_a_conversation_whose_dates_go_backwards_fails_clearly(tmp_path) -> None
     assert code == 1 and "Traceback" not in err
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["status"] == "failed" and "message m11 cannot be replayed" in summary["error"]
+    # no resume hint: a resume would stop at the same message and print the same hint (a loop)
+    assert "--resume" not in err and "correct or re-date that message in the dataset" in err
 
 
 def test_a_threshold_the_library_refuses_is_a_clear_error(tmp_path) -> None:

@@ -426,9 +426,14 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
         except ReplayFailed as exc:
             partial = exc.result
             click.echo(f"error: {exc}", err=True)
-            click.echo(f"the run {partial.run_id} failed at step {partial.steps} of {partial.planned_steps} and "
-                       f"kept its recorded steps; resume with: {cli_command(f'replay --resume {partial.run_id}', store.path)}",
-                       err=True)
+            if exc.resumable:
+                click.echo(f"the run {partial.run_id} failed at step {partial.steps} of {partial.planned_steps} and "
+                           f"kept its recorded steps; resume with: {cli_command(f'replay --resume {partial.run_id}', store.path)}",
+                           err=True)
+            else:  # (a resume would stop at the same message)
+                click.echo(f"the run {partial.run_id} stopped at step {partial.steps} of {partial.planned_steps} on a "
+                           "message of the dataset (recorded as failed, its steps kept): correct or re-date that "
+                           "message in the dataset, then start a new replay", err=True)
             if as_json:
                 click.echo(json.dumps(partial.summary()))
             sys.exit(1)

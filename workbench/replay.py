@@ -173,8 +173,11 @@ class ReplayFailed(WorkbenchError):
     """A compaction call failed (or the replay was stopped by an error) mid-run; ``result`` holds
     the partial figures and the run stays resumable."""
 
-    def __init__(self, result: ReplayResult) -> None:
+    def __init__(self, result: ReplayResult, *, resumable: bool = True) -> None:
         self.result = result
+        # False when the dataset itself stopped the run (a message dated behind what was already
+        # observed): a resume would stop at the same message, so no hint offers one.
+        self.resumable = resumable
         super().__init__(result.error)
 
 
@@ -319,6 +322,7 @@ async def replay(
 
     rows: list[dict[str, Any]] = []
     status, error = "completed", None
+    refused = False  # the dataset's own message was refused: not resumable
     total = len(turns)
     try:
         for i in range(start_index, total):
@@ -352,6 +356,7 @@ async def replay(
                 await memory.save_messages([turn.to_message(thread)])
             except ValueError as exc:  # refused by the library: a message dated behind what was observed
                 status, error = "failed", f"message {turn.id} cannot be replayed: {exc}"
+                refused = True
                 break
             history += message_tokens[i]
             if progress is not None:
@@ -376,7 +381,7 @@ async def replay(
         _finish_quietly(recorder, "failed", f"{type(exc).__name__}: {exc}", exc)
         raise
     if status == "failed":
-        raise ReplayFailed(result)
+        raise ReplayFailed(result, resumable=not refused)
     return result
 
 

@@ -403,9 +403,14 @@ def run_replay(store: RunStore, conversation: Conversation, config: ReplayConfig
 
         bar.empty()
         partial = exc.result
-        error(f"The replay failed at step {partial.steps} of {partial.planned_steps}; run {partial.run_id} keeps "
-              "its recorded steps (resume it with "
-              f"{terminal_command(f'replay --resume {partial.run_id}', store.path)}). ", exc)
+        if exc.resumable:
+            error(f"The replay failed at step {partial.steps} of {partial.planned_steps}; run {partial.run_id} keeps "
+                  "its recorded steps (resume it with "
+                  f"{terminal_command(f'replay --resume {partial.run_id}', store.path)}). ", exc)
+        else:  # the dataset's own message: a resume would stop there again
+            error(f"The replay stopped at step {partial.steps} of {partial.planned_steps} on a message of the "
+                  f"dataset; run {partial.run_id} keeps its recorded steps. Correct or re-date that message in the "
+                  "dataset, then replay again. ", exc)
         return exc.result
     except WorkbenchError as exc:
         bar.empty()
