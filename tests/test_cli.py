@@ -75,6 +75,26 @@ def test_resuming_in_a_run_store_that_does_not_exist_creates_none(tmp_path) -> N
     assert code == 1 and f"no run store at {db}" in err and not db.parent.exists()
 
 
+def test_with_json_a_ctrl_c_before_the_command_handles_it_still_ends_stdout_with_json() -> None:
+    """Found by a walkthrough: Ctrl-C while a command loaded its dataset or the model library (ten
+    seconds at start) printed only click's "Aborted!", and no JSON line although --json promises one."""
+    import click
+
+    from workbench.cli import json_errors
+
+    @click.command()
+    @click.option("--json", "as_json", is_flag=True)
+    @json_errors
+    def starting(as_json: bool) -> None:
+        raise KeyboardInterrupt
+
+    result = CliRunner().invoke(starting, ["--json"])
+    assert result.exit_code == 1 and "Aborted!" in result.output
+    last = [line for line in result.output.splitlines() if line.startswith("{")][-1]
+    assert json.loads(last) == {"status": "interrupted", "error": "interrupted before the command finished"}
+    assert not CliRunner().invoke(starting, []).output.startswith("{")  # without --json: no JSON
+
+
 def test_without_json_an_option_error_prints_nothing_to_stdout() -> None:
     code, out, err = invoke("delete", "--json")  # a command that has no --json
     assert code == 2 and out == "" and "No such option '--json'" in err

@@ -59,6 +59,10 @@ def json_errors(command: Callable[..., None]) -> Callable[..., None]:
             if kwargs.get("as_json"):
                 click.echo(json.dumps({"status": "failed", "error": "aborted at a question (--yes answers it)"}))
             raise
+        except KeyboardInterrupt:  # Ctrl-C before a command's own handling (loading the dataset, the model library)
+            if kwargs.get("as_json"):
+                click.echo(json.dumps({"status": "interrupted", "error": "interrupted before the command finished"}))
+            raise
 
     return wrapper
 
