@@ -162,7 +162,7 @@ def _sample(sample: Any, index: int, source: Source, single: bool) -> Conversati
         for item in raw_evidence:
             found = _EVIDENCE_ID.findall(str(item))
             if not found:
-                warnings.append(f"evidence {item!r} of probe {sample_id}-q{q_index} is malformed")
+                warnings.append(f"evidence {item!r} of probe {f'{sample_id}-q{q_index}'!r} is malformed")
             evidence.extend(found)
         probes.append(Probe(
             id=f"{sample_id}-q{q_index}",
