@@ -119,6 +119,29 @@ def test_the_same_scores_give_the_same_interval_whatever_order_they_were_read_in
         assert again.retention_ci95 == first.retention_ci95 and again.per_category == first.per_category
 
 
+@pytest.mark.parametrize("concurrency", [1, 2])  # in this process, and in worker processes
+def test_progress_follows_the_runs_in_flight_not_only_the_finished_ones(tmp_path, shared_datasets,
+                                                                        concurrency) -> None:
+    """Found in the app: an experiment's bar stayed at 0% for the whole of its runs (it moved only
+    when a run finished: minutes on BEAM). Between finished runs the progress reports how far the
+    runs in flight are through their messages; the bar never goes back."""
+    reports: list[ex.Progress] = []
+    with RunStore(tmp_path / "x.duckdb") as store:
+        grid = [ReplayConfig(observation_threshold=o) for o in (500, 1000)]
+        experiment_id = ex.create_experiment(store, dataset=shared_datasets / "locomo-dev" / "locomo-dev.json",
+                                             grid=grid, conversations=["conv-26"],
+                                             options=ex.ExperimentOptions(concurrency=concurrency))
+        outcome = asyncio.run(ex.run_experiment(store, experiment_id, progress=reports.append))
+    assert outcome.status == "completed"
+    moving = [p for p in reports if not p.finished]
+    assert moving and all(1 <= p.in_flight <= concurrency and 0 < p.running < p.in_flight for p in moving)
+    assert all(p.label in ("obs 500", "obs 1000") and p.conversation_id == "conv-26" for p in moving)
+    assert any(0 < p.fraction < 0.5 for p in moving)  # before the first run finished, the bar moved
+    fractions = [p.fraction for p in reports]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+    assert [p.done for p in reports if p.finished] == [1, 2]
+
+
 def test_the_cost_estimate_is_not_below_what_the_calls_it_estimates_cost(tmp_path, shared_datasets) -> None:
     """The estimate (notes a fifth of their input, reflections writing 0.55 of their threshold)
     came in below the cost of the calls made: $0.0358 against $0.0401 on LoCoMo at gpt-4o-mini's

@@ -905,7 +905,7 @@ def _experiment_progress(quiet: bool):
     def show(p) -> None:
         for warning in p.warnings:
             click.echo(f"warning: {p.conversation_id}: {warning}", err=True)
-        if quiet:
+        if quiet or not p.finished:  # (a line per finished run; the app's bar follows the runs in flight)
             return
         width = 20
         filled = round(width * p.done / max(p.total, 1))

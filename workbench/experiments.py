@@ -304,10 +304,21 @@ class Progress:
     status: str
     elapsed_s: float
     warnings: tuple[str, ...] = ()  # the dataset's for this conversation, with its first run only
+    # Between finished runs, reports on the runs in flight (``finished`` False; ``label`` and
+    # ``conversation_id`` then name the run that moved): how many, and how far through their
+    # messages together (a sum of fractions), so a bar moves during long runs.
+    in_flight: int = 0
+    running: float = 0.0
+    finished: bool = True
 
     @property
     def eta_s(self) -> float | None:
         return self.elapsed_s / self.done * (self.total - self.done) if self.done else None
+
+    @property
+    def fraction(self) -> float:
+        """How far the whole experiment is, counting the runs in flight by their messages replayed."""
+        return min(1.0, (self.done + self.running) / max(self.total, 1))
 
 
 @dataclass
@@ -403,16 +414,41 @@ def _clear_unfinished(store: Any, experiment_id: str) -> None:
     store.replace_unfinished_runs(experiment_id)
 
 
+_progress_queue: Any = None  # in a worker process: where its runs report how far they are
+PROGRESS_EVERY_S = 0.25  # at most this often per run (a LoCoMo run reads ~200 times a second)
+
+
+def _run_key(task: Task) -> tuple[int, str]:
+    return task.index, task.conversation_id
+
+
+def _throttled(report: Callable[[tuple[int, str], float], None], task: Task) -> Callable[[int, int, str], None]:
+    """A replay's ``progress`` callback that reports ``(run key, fraction of messages replayed)``
+    at its first message and then at most every :data:`PROGRESS_EVERY_S`."""
+    last = [float("-inf")]
+
+    def progress(done: int, total: int, _: str) -> None:
+        now = time.monotonic()
+        if now - last[0] >= PROGRESS_EVERY_S and done < total:
+            last[0] = now
+            report(_run_key(task), done / max(total, 1))
+
+    return progress
+
+
 def _replay_one(dataset: str, dataset_format: str | None, task: Task, extra: dict[str, Any],
                 cache_dir: str | None, traces: bool) -> dict[str, Any]:
     """One run in memory (in a worker process or this one): its whole payload, never raising for
     a model failure (the payload says ``failed``)."""
-    return asyncio.run(_replay_one_async(dataset, dataset_format, task, extra, cache_dir, traces))
+    queue = _progress_queue
+    on_progress = None if queue is None else _throttled(lambda key, fraction: queue.put((key, fraction)), task)
+    return asyncio.run(_replay_one_async(dataset, dataset_format, task, extra, cache_dir, traces,
+                                         on_progress=on_progress))
 
 
 async def _replay_one_async(dataset: str, dataset_format: str | None, task: Task, extra: dict[str, Any],
                             cache_dir: str | None, traces: bool, on_cost: Callable[[float], None] | None = None,
-                            ) -> dict[str, Any]:
+                            on_progress: Callable[[int, int, str], None] | None = None) -> dict[str, Any]:
     from omem_core import token_counter
 
     from .recorder import ExperimentRecorder
@@ -423,7 +459,8 @@ async def _replay_one_async(dataset: str, dataset_format: str | None, task: Task
     recorder = ExperimentRecorder(on_cost=on_cost, traces=traces)
     started = time.perf_counter()
     try:
-        await replay(conversation, config, recorder=recorder, cache_dir=cache_dir, completion_extra=extra)
+        await replay(conversation, config, recorder=recorder, cache_dir=cache_dir, completion_extra=extra,
+                     progress=on_progress)
     except ReplayFailed:
         pass  # the recorder holds the partial run, status failed
     except ConfigurationError as exc:
@@ -459,7 +496,8 @@ def _all_offline(configs: Sequence[dict[str, Any]]) -> bool:
                for c in configs)
 
 
-def _worker_init(scheduler_pid: int | None = None, scheduler_token: str | None = None) -> None:
+def _worker_init(scheduler_pid: int | None = None, scheduler_token: str | None = None,
+                 progress_queue: Any = None) -> None:
     """A worker forked from the scheduler (or a fork server): it inherits the imported modules (no
     3-second litellm import per worker), but not the scheduler's running event loop. It ends
     itself within a second of the scheduler's death (a SIGTERM or SIGKILL gives the scheduler no
@@ -467,6 +505,8 @@ def _worker_init(scheduler_pid: int | None = None, scheduler_token: str | None =
     import signal
     import threading
 
+    global _progress_queue
+    _progress_queue = progress_queue
     if scheduler_pid is not None:
         threading.Thread(target=_exit_with, args=(scheduler_pid, scheduler_token), daemon=True,
                          name="omem-worker-watchdog").start()
@@ -613,15 +653,32 @@ async def run_experiment(store: Any, experiment_id: str, *, progress: Callable[[
 
     warned: dict[str, list[str]] = {}
 
+    flight: dict[tuple[int, str], float] = {}  # runs in flight: how far through their messages
+    labels = {_run_key(t): t.label for t in tasks}
+
     def report(task: Task, status: str, warnings: Sequence[str] = ()) -> None:
         state["done"] += 1
         state["failed"] += status != "completed"
+        flight.pop(_run_key(task), None)
         new = () if task.conversation_id in warned else tuple(warnings)
         if new:
             warned[task.conversation_id] = list(new)
         if progress is not None:
             progress(Progress(state["done"], len(tasks), state["failed"], state["cost"], task.label,
-                              task.conversation_id, status, time.perf_counter() - started, new))
+                              task.conversation_id, status, time.perf_counter() - started, new,
+                              in_flight=len(flight), running=sum(flight.values())))
+
+    def moved(key: tuple[int, str], fraction: float) -> None:
+        """A run in flight replayed more of its messages (a late report of a finished run is dropped)."""
+        if key not in labels or (key not in flight and key in finished_keys):
+            return
+        flight[key] = fraction
+        if progress is not None:
+            progress(Progress(state["done"], len(tasks), state["failed"], state["cost"], labels[key], key[1],
+                              "running", time.perf_counter() - started, in_flight=len(flight),
+                              running=sum(flight.values()), finished=False))
+
+    finished_keys: set[tuple[int, str]] = set()
 
     def add_cost(amount: float) -> None:
         state["cost"] += amount
@@ -629,6 +686,7 @@ async def run_experiment(store: Any, experiment_id: str, *, progress: Callable[[
             stop.set()
 
     def write(payload: dict[str, Any], task: Task) -> None:
+        finished_keys.add(_run_key(task))
         messages = payload.pop("messages")
         warnings = payload.pop("warnings", [])
         payload["run"]["experiment_id"] = experiment_id
@@ -655,9 +713,10 @@ async def run_experiment(store: Any, experiment_id: str, *, progress: Callable[[
     status, error = "completed", None
     try:
         if runnable and _all_offline([t.config for t in runnable]) and options.concurrency > 1:
-            await _run_in_processes(runnable, options, dataset, dataset_format, extra, folder, write)
+            await _run_in_processes(runnable, options, dataset, dataset_format, extra, folder, write, moved)
         elif runnable:
-            await _run_in_tasks(runnable, options, dataset, dataset_format, extra, folder, write, add_cost, stop)
+            await _run_in_tasks(runnable, options, dataset, dataset_format, extra, folder, write, add_cost, stop,
+                                moved)
         if state["done"] and state["failed"] == state["done"] and not stop.is_set() and not _any_completed(
                 store, experiment_id):  # (a resume whose retries all failed keeps the runs completed before)
             status, error = "failed", "no run completed (each configuration's error is listed with it)"
@@ -728,16 +787,35 @@ def spent_usd(store: Any, experiment_id: str) -> float | None:
 
 async def _run_in_processes(tasks: Sequence[Task], options: ExperimentOptions, dataset: str,
                             dataset_format: str | None, extra: dict[str, Any], folder: str | None,
-                            write: Callable[[dict[str, Any], Task], None]) -> None:
-    """Offline replays: CPU-bound, one worker process per slot; this process writes."""
+                            write: Callable[[dict[str, Any], Task], None],
+                            moved: Callable[[tuple[int, str], float], None] | None = None) -> None:
+    """Offline replays: CPU-bound, one worker process per slot; this process writes. The workers
+    say how far their runs are through a queue this process reads between writes."""
+    import queue as queues
+
     from .runstore import process_token
 
     loop = asyncio.get_running_loop()
-    pool = ProcessPoolExecutor(max_workers=min(options.concurrency, len(tasks)), mp_context=_pool_context(),
+    context = _pool_context()
+    reports = context.Queue() if moved is not None else None
+    pool = ProcessPoolExecutor(max_workers=min(options.concurrency, len(tasks)), mp_context=context,
                                initializer=_worker_init,
-                               initargs=(os.getpid(), process_token()))
+                               initargs=(os.getpid(), process_token(), reports))
     pending = {loop.run_in_executor(pool, _replay_one, dataset, dataset_format, task, extra, folder,
                                     options.traces): task for task in tasks}
+
+    async def relay() -> None:
+        while True:
+            await asyncio.sleep(PROGRESS_EVERY_S)
+            latest: dict[tuple[int, str], float] = {}
+            with contextlib.suppress(queues.Empty, OSError, EOFError, ValueError):
+                while True:
+                    key, fraction = reports.get_nowait()
+                    latest[tuple(key)] = fraction
+            for key, fraction in latest.items():
+                moved(key, fraction)
+
+    relaying = asyncio.ensure_future(relay()) if reports is not None else None
     try:
         await _collect(pending, write)
     except BaseException:
@@ -752,7 +830,14 @@ async def _run_in_processes(tasks: Sequence[Task], options: ExperimentOptions, d
                 process.kill()
             pool.shutdown(wait=False, cancel_futures=True)
         raise
+    finally:
+        if relaying is not None:
+            relaying.cancel()
+            with contextlib.suppress(BaseException):
+                await relaying
     pool.shutdown(wait=True)
+    if reports is not None:  # (after the workers ended: none writes to it any more)
+        reports.close()
 
 
 async def _collect(pending: dict[Any, Task], write: Callable[[dict[str, Any], Task], None]) -> None:
@@ -770,7 +855,7 @@ async def _collect(pending: dict[Any, Task], write: Callable[[dict[str, Any], Ta
 async def _run_in_tasks(tasks: Sequence[Task], options: ExperimentOptions, dataset: str,
                         dataset_format: str | None, extra: dict[str, Any], folder: str | None,
                         write: Callable[[dict[str, Any], Task], None], add_cost: Callable[[float], None],
-                        stop: asyncio.Event) -> None:
+                        stop: asyncio.Event, moved: Callable[[tuple[int, str], float], None] | None = None) -> None:
     """Remote replays (or one at a time): asyncio tasks in this process under one semaphore."""
     gate = asyncio.Semaphore(options.concurrency)
 
@@ -778,7 +863,8 @@ async def _run_in_tasks(tasks: Sequence[Task], options: ExperimentOptions, datas
         async with gate:
             if stop.is_set():
                 return
-            payload = await _replay_one_async(dataset, dataset_format, task, extra, folder, options.traces, add_cost)
+            payload = await _replay_one_async(dataset, dataset_format, task, extra, folder, options.traces, add_cost,
+                                              on_progress=_throttled(moved, task) if moved is not None else None)
         if payload["run"]["status"] == "interrupted":
             return  # cancelled by the cost limit: replayed again by a resume
         write(payload, task)

@@ -527,9 +527,10 @@ def run_experiment_with_progress(store: RunStore, experiment_id: str):
     def progress(p) -> None:
         eta = f", about {p.eta_s:.0f} s left" if p.eta_s is not None and p.done < p.total else ""
         failed = f" · {p.failed} not completed" if p.failed else ""
-        bar.progress(p.done / max(p.total, 1),
-                     text=plain(f"{p.done}/{p.total} runs{failed} · last: {p.label} on {p.conversation_id} "
-                                f"({p.status}){eta}"))
+        flying = (f" · {p.in_flight} in progress, {100 * p.running / p.in_flight:.0f}% through their messages"
+                  if p.in_flight else "")
+        last = (f" · last finished: {p.label} on {p.conversation_id} ({p.status})" if p.finished else "")
+        bar.progress(p.fraction, text=plain(f"{p.done}/{p.total} runs done{failed}{flying}{last}{eta}"))
 
     try:
         outcome = asyncio.run(run_experiment(store, experiment_id, progress=progress))
