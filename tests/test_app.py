@@ -884,6 +884,9 @@ def test_explorer_steps_between_passes_and_paginates_records(db: Path) -> None:
     steps = s.steps(run_id)
     passes = list(steps[steps.observed | steps.reflected].step)
     at.slider(key=f"ex_step_{run_id}").set_value(0).run()
+    # step 0 is worded as Presentation words it, not "0 tokens instead of 0 (1.0x smaller)"
+    assert any(m.value.startswith("Step 0: the conversation begins.") for m in at.markdown)
+    assert not any("smaller" in m.value for m in at.markdown if m.value.startswith("Step 0"))
     at.button(key="ex_next_pass").click().run()
     assert at.slider(key=f"ex_step_{run_id}").value == passes[0]
     at.button(key="ex_next_pass").click().run()
@@ -1263,6 +1266,10 @@ def test_the_step_narration_counts_in_english() -> None:
     assert "1 older message was condensed: the observer wrote 1 line" in said and "2.5x smaller" in said
     records = records.assign(source_ids=['["m1", "m2"]'], text=["- a\n- b"])
     assert "2 older messages were condensed: the observer wrote 2 lines" in narrate(row, None, records)
+    # nothing condensed yet: no "54 tokens instead of 54 (1.0x smaller)"
+    early = pd.Series({**row.to_dict(), "observed": False, "context_tokens": 54, "history_tokens": 54})
+    said = narrate(early, None, records.iloc[0:0])
+    assert "smaller" not in said and said.endswith("The agent sees 54 tokens; the conversation so far holds 54.")
 
 
 def test_a_sidebar_picker_writes_its_cut_choice_out_in_full(db: Path) -> None:

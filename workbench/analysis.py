@@ -224,9 +224,13 @@ def narrate(step_row: pd.Series, previous: pd.Series | None, records: pd.DataFra
         parts.append(f"{left} new message{'s' if left != 1 else ''} arrived; {backlog:,} tokens wait behind the "
                      "window, nothing to compact yet")
     sentence = "; ".join(parts)
-    times = step_row["history_tokens"] / step_row["context_tokens"] if step_row["context_tokens"] else 1.0
-    return f"Step {step}: {sentence[0].upper()}{sentence[1:]}. The agent sees {int(step_row['context_tokens']):,} " \
-           f"tokens instead of {int(step_row['history_tokens']):,} ({ratio(times)} smaller)."
+    seen, said = int(step_row["context_tokens"]), int(step_row["history_tokens"])
+    times = said / seen if seen else 1.0
+    if ratio(times) == ratio(1.0) or times < 1:  # ("54 instead of 54 (1.0x smaller)" said nothing)
+        end = f"The agent sees {seen:,} tokens; the conversation so far holds {said:,}."
+    else:
+        end = f"The agent sees {seen:,} tokens instead of {said:,} ({ratio(times)} smaller)."
+    return f"Step {step}: {sentence[0].upper()}{sentence[1:]}. {end}"
 
 
 def findings(steps: pd.DataFrame, observation_threshold: int, calls: pd.DataFrame | None = None,
