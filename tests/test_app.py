@@ -684,6 +684,10 @@ def test_launch_an_experiment_then_tune_compare_grid_and_a_trace(db: Path) -> No
     assert at.slider(key=f"ex_step_{run_id}").value == step
     assert any(h.value == f"At step {step}" for h in at.subheader)
     assert at.sidebar.selectbox(key="ex_open").value == run_id
+    # the explorer says which probe it was opened for, and what became of it there
+    came_for = [shown(i.value) for i in at.info if shown(i.value).startswith("Opened from Compare for probe")]
+    assert came_for and f"{full.at[row, 'conversation']} · {full.at[row, 'probe']}" in came_for[0]
+    assert f"With {lost}: {full.at[row, lost]}" in came_for[0]
 
     at.switch_page(PAGES.format("explorer")).run()  # AppTest follows an in-script switch for one run only
     assert at.slider(key=f"ex_step_{run_id}").value == step

@@ -693,6 +693,17 @@ def grid_view(grid: pd.DataFrame, labels: Sequence[str], *, differs_only: bool =
     return grid[["conversation", "probe", "category", "question", "gold", *labels]]
 
 
+def grid_reason(grid: pd.DataFrame, index: Any, label: str) -> str | None:
+    """What a grid cell opened the explorer for, said above the run: the probe, its question and
+    gold answer, and what became of it with that configuration."""
+    if index not in grid.index:
+        return None
+    row = grid.loc[index]
+    gold = "" if missing(row["gold"]) else f" (gold answer: {row['gold']})"
+    return (f"Opened from Compare for probe {row['conversation']} · {row['probe']}: {row['question']}{gold}. "
+            f"With {label}: {row[label]}.")
+
+
 def grid_target(grid: pd.DataFrame, index: Any, label: str) -> tuple[str, int | None] | None:
     """The run and step a grid cell opens: where that probe's evidence was lost (or the run's end)."""
     if index not in grid.index:
@@ -1025,7 +1036,7 @@ __all__ = [
     "compression_note", "config_sentence",
     "config_table", "crossing_series", "figure_columns", "number_text", "experiment_label", "experiments_table",
     "failed_configs",
-    "figures_comparison", "final_memory", "funnel_note", "funnel_table", "grid_target", "grid_view", "neighbour",
+    "figures_comparison", "final_memory", "grid_reason", "funnel_note", "funnel_table", "grid_target", "grid_view", "neighbour",
     "next_compaction", "offline_prompt_note", "opening_sentence", "page_count", "page_slice", "pareto_points",
     "pair_conversations", "parse_values", "pass_steps", "probe_grid", "prompt_of", "shared_range", "summary_table", "text_diff",
     "run_name", "short_config", "status_text", "threshold_cells", "trace_attempts", "verdict",

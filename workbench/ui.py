@@ -542,9 +542,14 @@ def run_experiment_with_progress(store: RunStore, experiment_id: str):
     return outcome
 
 
-def open_run_at(run_id: str, step: int | None = None) -> None:
-    """Open ``run_id`` in the explorer (at ``step`` when given); the caller switches page."""
+OPENED_FOR_KEY = "omem_opened_for"  # (run id, why it was opened): said at the top of the explorer
+
+
+def open_run_at(run_id: str, step: int | None = None, why: str | None = None) -> None:
+    """Open ``run_id`` in the explorer (at ``step`` when given); ``why`` (the probe a user came
+    from Compare for) is said above it while that run is shown. The caller switches page."""
     st.session_state[RUN_KEY] = run_id
+    st.session_state[OPENED_FOR_KEY] = (run_id, why)
     st.session_state["ex_mode"] = "Open a stored run"
     st.session_state.pop("ex_open", None)  # the explorer's picker then starts on this run
     if step is not None:

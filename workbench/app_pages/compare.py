@@ -162,7 +162,7 @@ def experiment_comparison() -> None:
             if column in ordered and position < len(view):
                 target = app_data.grid_target(grid, view.index[position], column)
                 if target:
-                    ui.open_run_at(*target)
+                    ui.open_run_at(*target, why=app_data.grid_reason(grid, view.index[position], column))
                     st.switch_page("workbench/app_pages/explorer.py")
         if not view.empty:
             left, middle = st.columns([3, 2])
@@ -181,7 +181,7 @@ def experiment_comparison() -> None:
             where = "at the step its evidence was lost" if target and target[1] is not None else "at its last step"
             # On a row of its own: in a sixth of a 900 px page its label read "Op…".
             if st.button("Open run", key="cmp_xp_open", disabled=target is None, help=f"Opens the run {where}"):
-                ui.open_run_at(*target)
+                ui.open_run_at(*target, why=app_data.grid_reason(grid, row, label))
                 st.switch_page("workbench/app_pages/explorer.py")
 
     st.subheader("Loss funnel")

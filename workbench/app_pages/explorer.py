@@ -76,6 +76,11 @@ done = run["status"] == "completed"
 
 st.title("Replay explorer")
 st.text(f"Run {run_id} · {run['conversation_id']} · {run['label'] or ''}")
+opened_for = st.session_state.get(ui.OPENED_FOR_KEY)
+if opened_for and opened_for[0] == run_id and opened_for[1]:  # (the probe a user came from Compare for)
+    st.info(ui.plain(opened_for[1]))
+elif opened_for:  # another run is shown now: the note is not about it (nor about this run, later)
+    st.session_state.pop(ui.OPENED_FOR_KEY)
 if conversation is not None and [run["dataset"], run["conversation_id"]] != [conversation.source, conversation.id]:
     st.caption(ui.plain(f"This stored run replayed {run['conversation_id']}; {conversation.id}, chosen in the "
                         "sidebar, is replayed when you press Run replay."))
