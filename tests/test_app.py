@@ -147,6 +147,15 @@ def test_a_provider_error_mid_run_says_where_and_keeps_the_steps(db: Path, monke
     assert f"read {failed.steps} failed, so it has no step here" in " ".join(c.value for c in at.caption)
     assert any(m.label == "Compression (partial)" for m in at.metric)
     assert all("nan" not in str(m.value).lower() for m in at.metric)
+    # resumed from the explorer, as `replay --resume` would: the same run completes
+    before = len(store(db).runs())
+    with scripted_provider() as scripted:
+        scripted.replies = []
+        at.button(key=f"ex_resume_{failed.run_id}").click().run()
+    assert not at.exception, at.exception
+    resumed = store(db).run(failed.run_id)
+    assert resumed["status"] == "completed" and resumed["steps"] > failed.steps and len(store(db).runs()) == before
+    assert not [b for b in at.button if (b.key or "").startswith("ex_resume_")]  # nothing left to resume
 
 
 def test_explorer_opens_a_stored_run(db: Path) -> None:

@@ -384,9 +384,10 @@ def config_form(store: RunStore, prefix: str, conversation: Conversation | None,
 
 
 def run_replay(store: RunStore, conversation: Conversation, config: ReplayConfig, *,
-               label: str | None = None) -> ReplayResult | None:
-    """Run a replay with a progress bar. A rejected configuration or a failed model call is shown
-    as an error (never as a result); a failed run keeps its recorded steps."""
+               label: str | None = None, resume: str | None = None) -> ReplayResult | None:
+    """Run a replay (or ``resume`` a stored one) with a progress bar. A rejected configuration or
+    a failed model call is shown as an error (never as a result); a failed run keeps its recorded
+    steps."""
     if store.read_only:
         st.error("The run store is a read-only snapshot here; a replay cannot be recorded.")
         return None
@@ -397,7 +398,7 @@ def run_replay(store: RunStore, conversation: Conversation, config: ReplayConfig
             bar.progress(done / max(total, 1), text=plain(f"Replaying {conversation.id}: {message}"))
 
     try:
-        result = asyncio.run(replay(conversation, config, store, progress=progress, label=label))
+        result = asyncio.run(replay(conversation, config, store, progress=progress, label=label, resume=resume))
     except ReplayFailed as exc:
         from .app_data import terminal_command
 

@@ -6,7 +6,8 @@ import streamlit as st
 
 from workbench import analysis, app_data, charts, ui
 from workbench import formatting as fmt
-from workbench.datasets import DatasetError
+from workbench.datasets import DatasetError, load_conversation
+from workbench.replay import ReplayConfig
 
 store = ui.get_store()
 
@@ -93,6 +94,22 @@ if not done:
     else:  # stopped on purpose (Ctrl-C, a closed page) or still going: no error, and the note is not one
         note = str(run["error"] or "")
         ui.warning(f"**This run {where}** — {scope}", note[:1].upper() + note[1:])
+    # Resumed here as with `replay --resume` (an experiment's runs are finished by its own Resume,
+    # a running one by its process; a message of the dataset refused stops a resume there again).
+    if run["status"] in ("interrupted", "failed") and app_data.missing(run.get("experiment_id")) \
+            and not store.read_only and "cannot be replayed" not in str(run["error"] or ""):
+        models = {config.get("observer"), config.get("reflector")} - {None}
+        paid = sorted(m for m in models if not str(m).startswith("omem/"))
+        if st.button("Resume this run", key=f"ex_resume_{run_id}",
+                     help="Continue from its last recorded step with the configuration it was recorded with"
+                          + (f"; it calls {', '.join(paid)} again, which may be paid" if paid else "")):
+            try:
+                again = load_conversation(run["dataset"], run["conversation_id"], run["dataset_format"])
+            except (DatasetError, OSError) as exc:
+                ui.error("Cannot resume: its dataset cannot be read here: ", exc)
+            else:
+                if ui.run_replay(store, again, ReplayConfig.from_json(config), resume=run_id) is not None:
+                    st.rerun()
 
 cols = ui.MetricRow()
 cols.metric("Messages", fmt.display(run["messages"]))
