@@ -95,6 +95,30 @@ def test_with_json_a_ctrl_c_before_the_command_handles_it_still_ends_stdout_with
     assert not CliRunner().invoke(starting, []).output.startswith("{")  # without --json: no JSON
 
 
+def test_a_terminal_is_told_the_model_library_is_loading_and_a_script_is_not() -> None:
+    """Found by a walkthrough: a replay printed nothing for ten seconds while litellm loaded."""
+    import io
+    import sys as system
+
+    from workbench.cli import _loading_note
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal, piped = Terminal(), io.StringIO()
+    loaded = system.modules.pop("litellm", None)
+    try:
+        assert _loading_note(terminal) and "loading the model library" in terminal.getvalue()
+        assert not _loading_note(piped) and piped.getvalue() == ""  # scripts and logs stay as they were
+    finally:
+        if loaded is not None:
+            system.modules["litellm"] = loaded
+    if loaded is not None:  # once it is loaded, nothing to wait for: nothing said
+        later = Terminal()
+        assert not _loading_note(later) and later.getvalue() == ""
+
+
 def test_without_json_an_option_error_prints_nothing_to_stdout() -> None:
     code, out, err = invoke("delete", "--json")  # a command that has no --json
     assert code == 2 and out == "" and "No such option '--json'" in err

@@ -114,6 +114,17 @@ def _no_store(db: str) -> bool:
     return db != ":memory:" and not os.path.exists(db)
 
 
+def _loading_note(stream: Any = None) -> bool:
+    """Say on a terminal's stderr that the model library is loading (litellm's import takes 5-10
+    s, and nothing else was printed meanwhile); nothing when it is loaded, or stderr is no terminal
+    (scripts and logs stay as they were). Returns whether it said so."""
+    stream = stream if stream is not None else sys.stderr
+    if "litellm" in sys.modules or not getattr(stream, "isatty", lambda: False)():
+        return False
+    click.echo("loading the model library (litellm, a few seconds)…", file=stream)
+    return True
+
+
 @contextlib.contextmanager
 def _using_store(db: str, *, existing: bool = False) -> Iterator[RunStore]:
     """The run store for one command; the workbench's errors become one-line CLI errors (a
@@ -375,6 +386,7 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
                    judge: str | None, yes: bool, resume: str | None, label: str | None, as_json: bool,
                    db: str) -> None:
     """Replay one conversation and record every step."""
+    _loading_note()
     from .datasets import load_conversation
     from .replay import ConfigurationError, ReplayConfig, ReplayFailed, replay
 
@@ -690,6 +702,7 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
 
     A configuration that fails (an unknown model, a missing key, a model error) is listed with
     its error; the others still run."""
+    _loading_note()
     from .datasets import load_conversation
     from .replay import ReplayConfig, run_sweep
 
@@ -1087,6 +1100,7 @@ def experiment_run(dataset, fmt, conversations, observation, reflection, windows
                    num_retries, timeout, api_base, no_traces, no_cache, name, yes, as_json, db) -> None:
     """Run a dataset × a grid of configurations (every combination of the values given)."""
 
+    _loading_note()
     from . import experiments as ex
     from .datasets import list_conversations
 
