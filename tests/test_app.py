@@ -678,6 +678,9 @@ def test_launch_an_experiment_then_tune_compare_grid_and_a_trace(db: Path) -> No
     kept = lambda v: v.startswith("kept")  # noqa: E731
     assert len(differing) < len(grid) and all(kept(a) != kept(b) for a, b in zip(differing["obs 150"],
                                                                                  differing["obs 600"]))
+    # the Probe picker holds a probe the toggle shows, not the one picked before it
+    picked = at.selectbox(key=f"cmp_xp_probe_{experiment_id}").value
+    assert picked in {f"{r.conversation} · {r.probe}" for r in differing.itertuples()}
     # Open a cell where a configuration lost a probe at a known step: the explorer opens that run
     # at the step it was lost. (Any such cell: whether one configuration loses at a step what the
     # other keeps depends on the offline model's choices on the demo, so it is not required here.)
