@@ -11,6 +11,10 @@ import omem_core  # noqa: F401  (sets litellm's offline environment first)
 # the app, imports the running script as "__mp_main__", which ran the whole app there, headless.
 if __name__ == "__main__":
     st.set_page_config(page_title="omem workbench", page_icon="🧠", layout="wide")
+    # A narrow window (a laptop's 900 px with the sidebar open) left tables 440 px between two
+    # 80 px margins; the margins shrink there. (A style only: no dataset or model text is HTML.)
+    st.html("<style>@media (max-width: 1200px) { [data-testid='stMainBlockContainer'] "
+            "{ padding-left: 1.5rem; padding-right: 1.5rem; } }</style>")
 
     pages = {
         "Experiments": [

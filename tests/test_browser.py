@@ -129,6 +129,14 @@ def test_replay_slider_compare_and_screenshots(server) -> None:
         assert wait_for_charts(page, 4) == 4
         page.screenshot(path=str(shots / "compare.png"), full_page=False)
 
+        # A laptop's 900 px with the sidebar open: narrow margins, not 440 px of table between 80 px ones.
+        page.set_viewport_size({"width": 900, "height": 900})
+        page.wait_for_timeout(500)
+        width, padding = page.evaluate("() => { const m = document.querySelector("
+                                       "'[data-testid=\"stMainBlockContainer\"]'); "
+                                       "return [m.clientWidth, parseFloat(getComputedStyle(m).paddingLeft)]; }")
+        assert padding <= 24 and width - 2 * padding >= 540, (width, padding)
+
 
 PAYLOADS = [
     "<script>window.__omem_pwned = 1</script> Anna booked Lisbon for 3 June.",
