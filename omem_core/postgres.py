@@ -147,17 +147,25 @@ class DatabaseRefusedError(Exception):
 # libpq's messages for a connection the server refused on purpose (psycopg gives no SQLSTATE for
 # a failed connection, only libpq's text; a server configured for another language words them
 # differently, and they stay DatabaseUnavailableError: retried, as before).
-_REFUSALS = ("authentication failed", "no password supplied", "no pg_hba.conf entry",
-             "is not permitted to log in", "permission denied for database", "does not exist",
-             "ssl was required")
+# (Not LDAP/PAM/RADIUS "authentication failed": an outage of that service reads the same.)
+_REFUSALS = ("password authentication failed", "peer authentication failed", "ident authentication failed",
+             "no pg_hba.conf entry", "is not permitted to log in", "permission denied for database",
+             "does not exist")
+# libpq's own, before the server is asked: configuration too
+_CLIENT_REFUSALS = ("no password supplied", "ssl was required")
+DOWN_WAIT_S = 0.2  # how long a call waits for the pool once the server was found unreachable
 
 
 def _refused(exc: BaseException) -> bool:
-    if not isinstance(exc, psycopg.OperationalError) or getattr(exc, "sqlstate", None) is not None:
+    if not isinstance(exc, psycopg.OperationalError):
         return False
+    state = getattr(exc, "sqlstate", None)
+    if state is not None:  # (should psycopg give one for a failed connection)
+        return state.startswith("28") or state == "3D000"
     text = " ".join(str(exc).split()).lower()
-    # FATAL: the server's own refusal (libpq's "no password supplied" is the client's, before it)
-    return any(marker in text for marker in _REFUSALS) and ("fatal" in text or "no password supplied" in text)
+    if any(marker in text for marker in _CLIENT_REFUSALS):
+        return True
+    return "fatal" in text and any(marker in text for marker in _REFUSALS)  # FATAL: the server's refusal
 
 
 def _micros(value: datetime) -> int:
@@ -252,9 +260,9 @@ class _Database:
         self._lent: set[int] = set()  # id() of the connections this store's calls hold right now
         self._in_use: dict[int, int] = {}  # id(pool) -> connections of that pool this store holds
         self._handouts = 0  # connections handed over to this store's calls, by any of its pools
-        # The last test connection found the server unreachable, and no connection was handed over
-        # since: a call tests the server first (one test shared by the calls that ask together)
-        # rather than wait the pool's whole ``timeout`` again for a pool that cannot connect.
+        # The last test connection found the server unreachable (no answer from it), and no
+        # connection was handed over since: a call waits for the pool briefly (DOWN_WAIT_S), not
+        # its whole ``timeout``, before the shared test says why it gives none.
         self._down = False
         self._probes: dict[int, asyncio.Future] = {}  # id(pool) -> the test of why it gives no connection
 
@@ -397,18 +405,13 @@ class _Database:
             pool = await self.pool()
             entered = False
             served = self._handouts
-            if self._down and not replaced:
-                # The server was found unreachable and nothing was served since: ask it now, not
-                # after the pool's timeout (an outage cost every call that whole timeout).
-                verdict = await self._probe(pool)
-                if isinstance(verdict, BaseException):
-                    raise self.unavailable(verdict) from None
-                if verdict == "replaced":  # it is back: the new pool connects now
-                    replaced = True
-                    continue
+            # After the server was found unreachable (and nothing served since), the pool is asked
+            # briefly: an idle connection it holds still serves at once, and an outage no longer
+            # costs every call the whole timeout before the test below says so.
+            wait = min(self._timeout, DOWN_WAIT_S) if self._down else None
             try:
                 try:
-                    async with pool.connection() as con:
+                    async with pool.connection(timeout=wait) as con:
                         entered = True
                         self._in_use[id(pool)] = self._in_use.get(id(pool), 0) + 1
                         self._lent.add(id(con))
@@ -474,7 +477,8 @@ class _Database:
         try:
             direct = await psycopg.AsyncConnection.connect(self._dsn, **self._connect)
         except psycopg.OperationalError as failure:
-            self._down = True
+            # (a server that answered — full, refusing — is not down: its pool may still serve)
+            self._down = "fatal" not in str(failure).lower()
             return failure
         self._down = False
         await direct.close()

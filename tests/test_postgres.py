@@ -478,6 +478,31 @@ async def test_a_server_that_goes_away_and_comes_back(pg_cluster) -> None:
         remove(cluster)
 
 
+async def test_a_server_at_its_connection_limit_is_not_taken_for_one_that_is_down(pg) -> None:
+    """Found by a review: a test connection refused because the role was at its connection limit
+    marked the server down, and from then on every call failed at once, although the pool held
+    idle connections that worked. A server that answers (FATAL: too many connections) is not down,
+    and once connections are free the same store serves again."""
+    role = f"full_{pg.schema}"
+    execute(pg.dsn, f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 2", f"GRANT CREATE ON DATABASE postgres TO {role}")
+    dsn = pg.dsn.replace("user=postgres", f"user={role}")
+    store = PostgresMemoryStore(dsn, schema=pg.schema, min_size=1, max_size=4, timeout=1)
+    try:
+        await store.save_messages([msg(0)])
+        holding = [store._db.connection() for _ in range(2)]  # the role's two connections, held
+        for held in holding:
+            await held.__aenter__()
+        with pytest.raises(DatabaseUnavailableError, match="too many connections"):
+            await store.recall("t", last=1)
+        for held in holding:
+            await held.__aexit__(None, None, None)
+        for _ in range(3):  # the pool's idle connections serve again
+            assert [m.id for m in await store.recall("t", last=1)] == ["m0"]
+    finally:
+        await store.close()
+        execute(pg.dsn, f"DROP SCHEMA IF EXISTS {pg.schema} CASCADE", f"DROP OWNED BY {role}", f"DROP ROLE {role}")
+
+
 async def test_a_store_holding_every_pooled_connection_gets_a_clear_error_not_a_new_pool(pg) -> None:
     """A pool that is merely busy is not taken for a stalled one: with ``max_size=1`` and the one
     connection inside a slow save, a second call says "no pooled connection" (it does not open a
