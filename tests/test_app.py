@@ -1155,6 +1155,17 @@ def test_presentation_text_and_labels_read_right_at_the_edges() -> None:
 
     from workbench import app_data, charts
 
+    # A first read after 40 user messages that already condensed some is narrated, not called the
+    # plain opening ("sees the 40 messages so far verbatim; nothing is old enough to condense")
+    busy = pd.Series({"step": 0, "message_index": 40, "observed": True, "reflected": False, "backlog_tokens": 0,
+                      "context_tokens": 132, "history_tokens": 840})
+    notes = pd.DataFrame({"step": [0], "kind": ["observation"], "text": ["- a note"], "source_ids": ['["m1"]']})
+    said = app_data.step_sentence(busy, None, notes, 41)
+    assert "condensed" in said and "verbatim" not in said and "instead of 840" in said
+    behind = pd.Series({**busy.to_dict(), "observed": False})
+    assert "verbatim" not in app_data.step_sentence(behind, None, notes.iloc[0:0], 41)  # some left the window
+    plain = pd.Series({**busy.to_dict(), "observed": False, "context_tokens": 840})
+    assert app_data.step_sentence(plain, None, notes.iloc[0:0], 41).startswith("Step 0: the conversation begins.")
     first = app_data.opening_sentence({"message_index": 0, "context_tokens": 0}, 40)
     assert "the first of 40 messages" in first and "the 0 messages" not in first and "(0 tokens)" not in first
     assert "message 4 of 40" in app_data.opening_sentence({"message_index": 3, "context_tokens": 90}, 40)

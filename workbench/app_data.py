@@ -892,6 +892,21 @@ def opening_sentence(row: Any, total_messages: int) -> str:
             "notes start once messages leave the window and the backlog passes the observation threshold.")
 
 
+def opens_plainly(row: Any) -> bool:
+    """Whether step 0 is the plain opening :func:`opening_sentence` describes: nothing condensed,
+    every message so far in view. A first read after many user messages (reads come before the
+    assistant's) may already condense some, or leave some behind the window: then it is narrated."""
+    return (int(row["step"]) == 0 and not bool(row["observed"]) and not bool(row["reflected"])
+            and int(row["context_tokens"]) >= int(row["history_tokens"]))
+
+
+def step_sentence(row: Any, previous: Any, records: pd.DataFrame, total_messages: int) -> str:
+    """What happened at a step, in words: the opening for a plain step 0, else the narration."""
+    from .analysis import narrate  # (analysis imports this module)
+
+    return opening_sentence(row, total_messages) if opens_plainly(row) else narrate(row, previous, records)
+
+
 def config_sentence(config: dict[str, Any], label: str | None = None) -> str:
     """The configuration named in one line: models, thresholds, window, prompt versions."""
     reflector = config.get("reflector") or "none"
@@ -1036,7 +1051,7 @@ __all__ = [
     "compression_note", "config_sentence",
     "config_table", "crossing_series", "figure_columns", "number_text", "experiment_label", "experiments_table",
     "failed_configs",
-    "figures_comparison", "final_memory", "grid_reason", "funnel_note", "funnel_table", "grid_target", "grid_view", "neighbour",
+    "figures_comparison", "final_memory", "grid_reason", "opens_plainly", "step_sentence", "funnel_note", "funnel_table", "grid_target", "grid_view", "neighbour",
     "next_compaction", "offline_prompt_note", "opening_sentence", "page_count", "page_slice", "pareto_points",
     "pair_conversations", "parse_values", "pass_steps", "probe_grid", "prompt_of", "shared_range", "summary_table", "text_diff",
     "run_name", "short_config", "status_text", "threshold_cells", "trace_attempts", "verdict",

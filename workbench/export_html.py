@@ -172,7 +172,11 @@ def run_html(store: Any, run_id: str) -> str:
         page.chart(volumes)
         page.chart(thresholds)
         page.text("h2", "What happened")
-        page.text("p", app_data.opening_sentence(steps.iloc[0], int(run["messages"])))
+        first = steps.iloc[0]
+        if app_data.opens_plainly(first):
+            page.text("p", app_data.opening_sentence(first, int(run["messages"])))
+        elif 0 not in app_data.pass_steps(steps):  # (a pass at step 0 is narrated below)
+            page.text("p", narrate(first, None, records))
         by_step = {int(s): row for s, row in zip(steps.step, steps.to_dict("records"))}
         for step in app_data.pass_steps(steps):
             row = pd.Series(by_step[step])

@@ -184,10 +184,9 @@ right.plotly_chart(charts.thresholds_chart(steps, config["observation_threshold"
 st.plotly_chart(charts.volumes_chart(steps, step), key="ex_volumes")
 
 st.subheader(f"At step {step}")
-if step == 0:  # (as Presentation words it: "0 tokens instead of 0 (1.0x smaller)" said nothing)
-    st.write(app_data.opening_sentence(row, int(run["messages"])))
-else:
-    st.write(analysis.narrate(row, steps[steps.step == step - 1].iloc[0], records))
+# (step 0 as Presentation words it: "0 tokens instead of 0 (1.0x smaller)" said nothing)
+st.write(app_data.step_sentence(row, steps[steps.step == step - 1].iloc[0] if step > 0 else None, records,
+                                int(run["messages"])))
 figures = ui.MetricRow()
 figures.metric("History", f"{int(row.history_tokens):,} tok")
 figures.metric("Agent context", f"{int(row.context_tokens):,} tok")

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from workbench import analysis, app_data, charts, export_html, ui
+from workbench import app_data, charts, export_html, ui
 from workbench import formatting as fmt
 
 store = ui.get_store()
@@ -87,8 +87,7 @@ def walk() -> None:
     st.progress((step + 1) / (last + 1), text=f"Step {step} of {last}")
     # The step's first sentence as the heading, the rest as text: whole, as a heading, it filled a
     # 900 px screen with seven lines of large type above the chart.
-    headline, rest = app_data.headline(app_data.opening_sentence(row, total_messages) if step == 0 else
-                                       analysis.narrate(row, previous, records))
+    headline, rest = app_data.headline(app_data.step_sentence(row, previous, records, total_messages))
     st.subheader(headline)
     if rest:
         st.markdown(ui.plain(rest))
