@@ -618,6 +618,7 @@ async def test_an_interrupted_run_counts_the_calls_it_made(scripted: Scripted, t
         assert run["observer_calls"] == (calls.stage == "observe").sum() > 0
         assert run["reflector_calls"] == (calls.stage == "reflect").sum()
         assert run["input_tokens"] == 11 * len(calls) and run["output_tokens"] == 7 * len(calls)
+        assert store.runs().input_tokens.dtype.kind == "i"  # whole numbers, not floats (DuckDB's HUGEINT sum)
         assert store.runs().iloc[0].observer_calls == run["observer_calls"]  # the list reads the same
         # Compare shows its compression as the explorer does: the ratio at its last read, partial
         from workbench.analysis import compare_runs

@@ -818,6 +818,7 @@ async def _run_in_processes(tasks: Sequence[Task], options: ExperimentOptions, d
     relaying = asyncio.ensure_future(relay()) if reports is not None else None
     try:
         await _collect(pending, write)
+        await _stop_relay(relaying, raising=True)  # (a progress callback's error is the experiment's)
     except BaseException:
         # Stopped (Ctrl-C, an error): the runs in flight are dropped, not waited for (a resume
         # replays them), and the workers are ended now. Waiting on them here, a second Ctrl-C
@@ -829,15 +830,27 @@ async def _run_in_processes(tasks: Sequence[Task], options: ExperimentOptions, d
             for process in list((getattr(pool, "_processes", None) or {}).values()):
                 process.kill()
             pool.shutdown(wait=False, cancel_futures=True)
+            if reports is not None:
+                reports.close()  # (its pipes, in a long-lived app process)
+        await _stop_relay(relaying, raising=False)  # (the error already raised stands)
         raise
-    finally:
-        if relaying is not None:
-            relaying.cancel()
-            with contextlib.suppress(BaseException):
-                await relaying
     pool.shutdown(wait=True)
     if reports is not None:  # (after the workers ended: none writes to it any more)
         reports.close()
+
+
+async def _stop_relay(relaying: asyncio.Future | None, *, raising: bool) -> None:
+    """Stop the progress relay; ``raising``: re-raise what ended it (a progress callback's error,
+    e.g. Streamlit stopping the script) instead of leaving it unseen. A cancellation of the
+    caller itself still reaches it (asyncio.wait does not swallow it)."""
+    if relaying is None:
+        return
+    relaying.cancel()
+    await asyncio.wait([relaying])
+    if raising and not relaying.cancelled() and relaying.exception() is not None:
+        raise relaying.exception()
+    if not relaying.cancelled():
+        relaying.exception()  # (retrieved: no "exception was never retrieved" at exit)
 
 
 async def _collect(pending: dict[Any, Task], write: Callable[[dict[str, Any], Task], None]) -> None:

@@ -55,8 +55,8 @@ FROM runs LEFT JOIN (
            count(*) FILTER (WHERE stage = 'observe') AS observer_calls,
            count(*) FILTER (WHERE stage = 'reflect') AS reflector_calls,
            count(*) FILTER (WHERE cache_hit) AS cache_hits,
-           coalesce(sum(input_tokens), 0) AS input_tokens,
-           coalesce(sum(output_tokens), 0) AS output_tokens,
+           CAST(coalesce(sum(input_tokens), 0) AS BIGINT) AS input_tokens,
+           CAST(coalesce(sum(output_tokens), 0) AS BIGINT) AS output_tokens,
            CASE WHEN bool_or(coalesce(error, '') = '' AND (cost_usd IS NULL OR isnan(cost_usd))) THEN NULL
                 ELSE sum(cost_usd) FILTER (WHERE NOT isnan(cost_usd)) END AS cost_usd
     FROM model_calls
@@ -867,11 +867,12 @@ class RunStore:
         """Delete the experiment's runs that did not complete (a resume replays them), keeping what
         their calls cost in the experiment's ``other_cost_usd``: that money was spent."""
         with self._transaction() as cur:
-            rows = cur.execute(
+            rows = cur.execute(  # (the runs as read: an unfinished run's cost from its recorded calls)
                 "SELECT run_id, coalesce(cost_usd, 0) + coalesce(judge_cost_usd, 0), "
                 "(cost_usd IS NULL AND coalesce(observer_calls, 0) + coalesce(reflector_calls, 0) > 0) "
                 "OR (judge_cost_usd IS NULL AND coalesce(judge_calls, 0) > 0) "
-                "FROM runs WHERE experiment_id = ? AND status <> 'completed'", [experiment_id]).fetchall()
+                f"FROM ({_RUNS} WHERE runs.experiment_id = ? AND runs.status <> 'completed')",
+                [experiment_id]).fetchall()
             self._delete_runs(cur, [run_id for run_id, _, _ in rows], "replacing it")
             if rows:
                 _add_other_cost(cur, experiment_id, sum(float(cost) for _, cost, _ in rows),

@@ -479,6 +479,8 @@ def whole_label(box, text: str | None) -> None:
 
 def open_run(run_id: str) -> None:
     st.session_state[RUN_KEY] = run_id
+    if (st.session_state.get(OPENED_FOR_KEY) or (None,))[0] != run_id:  # another run: no note about a probe
+        st.session_state.pop(OPENED_FOR_KEY, None)
 
 
 # -- experiments -----------------------------------------------------------------------------------

@@ -108,7 +108,8 @@ if not done:
             except (DatasetError, OSError) as exc:
                 ui.error("Cannot resume: its dataset cannot be read here: ", exc)
             else:
-                if ui.run_replay(store, again, ReplayConfig.from_json(config), resume=run_id) is not None:
+                resumed = ui.run_replay(store, again, ReplayConfig.from_json(config), resume=run_id)
+                if resumed is not None and resumed.status == "completed":  # (a failure's error stays shown)
                     st.rerun()
 
 cols = ui.MetricRow()
