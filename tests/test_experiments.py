@@ -234,6 +234,8 @@ def test_paired_comparison_verdicts() -> None:
     assert few.verdict() == "too few shared probes for an interval: +0.200 on 2 (an interval needs 10)"
     ten = {str(i): 0.0 for i in range(10)}
     assert paired_difference("a", "b", ten, {k: 0.5 for k in ten}).detectable  # from 10 on, an interval
+    # a configuration's own interval (pooled, per category) follows the same rule
+    assert bootstrap_ci([0.2, 0.2]) is None and bootstrap_ci([1.0] * 9 + [0.0]) is not None
     # An interval that reaches 0 ends at an unsigned 0; one stopping just short of it says on which side.
     from workbench.stats import PairedDifference
 

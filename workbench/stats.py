@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 REPLICATES = 2000
-# Fewer paired probes than this get no interval: the bootstrap of 2 equal differences is a
+# Fewer probes (or paired probes) than this get no interval: the bootstrap of 2 equal values is a
 # zero-width interval that read as certainty ("−0.200 [−0.200, −0.200]", highlighted as a finding).
 MIN_PAIRED = 10
 SEED = 20261202  # fixed: the same data gives the same interval on every machine
@@ -26,9 +26,10 @@ SEED = 20261202  # fixed: the same data gives the same interval on every machine
 
 def bootstrap_ci(values: Sequence[float], *, replicates: int = REPLICATES, seed: int = SEED,
                  level: float = 0.95) -> tuple[float, float] | None:
-    """The percentile interval of the mean of ``values`` (``None`` for fewer than two values)."""
+    """The percentile interval of the mean of ``values`` (``None`` for fewer than
+    :data:`MIN_PAIRED` values: two equal scores gave a zero-width interval that read as certainty)."""
     data = np.asarray([v for v in values if v is not None and v == v], dtype=float)
-    if len(data) < 2:
+    if len(data) < max(2, MIN_PAIRED):
         return None
     rng = np.random.default_rng(seed)
     means = data[rng.integers(0, len(data), size=(replicates, len(data)))].mean(axis=1)
@@ -94,7 +95,7 @@ def paired_difference(a: str, b: str, scores_a: dict[str, float], scores_b: dict
     differences = [scores_b[k] - scores_a[k] for k in shared]
     if not differences:
         return PairedDifference(a, b, 0, None, None)
-    interval = bootstrap_ci(differences, replicates=replicates, seed=seed) if len(differences) >= MIN_PAIRED else None
+    interval = bootstrap_ci(differences, replicates=replicates, seed=seed)  # (None below MIN_PAIRED)
     return PairedDifference(a, b, len(differences), float(np.mean(differences)), interval)
 
 
