@@ -670,7 +670,7 @@ async def run_experiment(store: Any, experiment_id: str, *, progress: Callable[[
 
     def moved(key: tuple[int, str], fraction: float) -> None:
         """A run in flight replayed more of its messages (a late report of a finished run is dropped)."""
-        if key not in labels or (key not in flight and key in finished_keys):
+        if key not in labels or key in finished_keys:
             return
         flight[key] = fraction
         if progress is not None:
