@@ -89,10 +89,37 @@ def test_with_json_a_ctrl_c_before_the_command_handles_it_still_ends_stdout_with
         raise KeyboardInterrupt
 
     result = CliRunner().invoke(starting, ["--json"])
-    assert result.exit_code == 1 and "Aborted!" in result.output
+    assert result.exit_code == 130 and "Aborted!" not in result.output  # (as a Ctrl-C the command handles)
     last = [line for line in result.output.splitlines() if line.startswith("{")][-1]
     assert json.loads(last) == {"status": "interrupted", "error": "interrupted before the command finished"}
-    assert not CliRunner().invoke(starting, []).output.startswith("{")  # without --json: no JSON
+    plain = CliRunner().invoke(starting, [])
+    assert plain.exit_code == 130 and not plain.output.lstrip().startswith("{")  # without --json: no JSON
+
+
+def test_a_ctrl_c_or_an_error_after_the_json_answer_adds_no_second_answer() -> None:
+    """Found last round: a Ctrl-C after a command had printed its --json summary (while it closed
+    its store) added {"status": "interrupted"} as a second JSON line, under an answer that said
+    "completed", and exited with click's "Aborted!" and 1."""
+    import click
+
+    from workbench.cli import _say_json, json_errors
+
+    @click.command()
+    @click.option("--json", "as_json", is_flag=True)
+    @click.option("--then", type=click.Choice(["ctrl-c", "error"]))
+    @json_errors
+    def finishing(as_json: bool, then: str) -> None:
+        _say_json({"status": "completed"})
+        if then == "ctrl-c":
+            raise KeyboardInterrupt
+        raise click.ClickException("closing failed")
+
+    for then, code in (("ctrl-c", 130), ("error", 1)):
+        result = CliRunner().invoke(finishing, ["--json", "--then", then])
+        answers = [line for line in result.output.splitlines() if line.startswith("{")]
+        assert result.exit_code == code and answers == ['{"status": "completed"}'], result.output
+        assert "Aborted!" not in result.output
+    assert "the command had finished" in CliRunner().invoke(finishing, ["--json", "--then", "ctrl-c"]).output
 
 
 def test_a_terminal_is_told_the_model_library_is_loading_and_a_script_is_not() -> None:

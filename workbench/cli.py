@@ -48,23 +48,41 @@ def json_errors(command: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> None:
+        _answered.clear()
         try:
             command(*args, **kwargs)
         except click.ClickException as exc:
-            if kwargs.get("as_json"):
+            if kwargs.get("as_json") and not _answered:
                 click.echo(json.dumps({"status": "failed", "error": exc.format_message(),
                                        **getattr(exc, "json_fields", {})}))
             raise
         except click.Abort:  # a question left unanswered (end of input, Ctrl-C at the prompt)
-            if kwargs.get("as_json"):
+            if kwargs.get("as_json") and not _answered:
                 click.echo(json.dumps({"status": "failed", "error": "aborted at a question (--yes answers it)"}))
             raise
-        except KeyboardInterrupt:  # Ctrl-C before a command's own handling (loading the dataset, the model library)
-            if kwargs.get("as_json"):
-                click.echo(json.dumps({"status": "interrupted", "error": "interrupted before the command finished"}))
-            raise
+        except KeyboardInterrupt:
+            # A Ctrl-C the command did not handle: while it started (loading the dataset, the model
+            # library), or once it had given its answer (closing the store). It exits 130, as the
+            # command's own handling does, not click's "Aborted!" with 1; an answer already out stands.
+            if _answered:
+                click.echo("\ninterrupted while closing: the command had finished (its answer above stands)", err=True)
+            else:
+                click.echo("\ninterrupted before the command finished", err=True)
+                if kwargs.get("as_json"):
+                    click.echo(json.dumps({"status": "interrupted", "error": "interrupted before the command finished"}))
+            sys.exit(130)
 
     return wrapper
+
+
+_answered: list[bool] = []  # the running command has printed its --json answer (see _say_json)
+
+
+def _say_json(answer: dict[str, Any]) -> None:
+    """Print a command's ``--json`` answer: the one JSON object stdout ends with. An error or a
+    Ctrl-C after it (while the command closes its store) adds no second one."""
+    click.echo(json.dumps(answer))
+    _answered.append(True)
 
 
 class JsonCommand(click.Command):
@@ -406,7 +424,7 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
                 click.echo(f"run {resume} is already completed: nothing to resume "
                            f"({cli_command('runs', store.path)} lists its figures)", err=True)
                 if as_json:  # (the last stdout line is JSON, as promised)
-                    click.echo(json.dumps({"run_id": resume, "status": "completed", "resumed": False}))
+                    _say_json({"run_id": resume, "status": "completed", "resumed": False})
                 return
             conv = load_conversation(run["dataset"], run["conversation_id"], run["dataset_format"])
             config = ReplayConfig.from_json(run["config"])
@@ -451,7 +469,7 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
                            "message of the dataset (recorded as failed, its steps kept): correct or re-date that "
                            "message in the dataset, then start a new replay", err=True)
             if as_json:
-                click.echo(json.dumps(partial.summary()))
+                _say_json(partial.summary())
             sys.exit(1)
         except KeyboardInterrupt:
             interrupted_run = functools.cache(lambda: resume or _new_run(store, known))  # (read once)
@@ -461,7 +479,7 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
         if answerer and judge and conv.probes:
             _run_judge(store, result, conv, config, answerer, judge, yes, as_json)
         if as_json:
-            click.echo(json.dumps(result.summary()))
+            _say_json(result.summary())
         else:
             import pandas as pd
 
@@ -568,6 +586,15 @@ def _run_async(coroutine: Any) -> Any:
                 warnings.showwarning(w.message, w.category, w.filename, w.lineno)
 
 
+def _quit_now(signum: int, frame: Any) -> None:
+    """A Ctrl-C while the program winds down (closing the store, Python's own shutdown): quit at
+    once and quietly, with 130, instead of an "Exception ignored ... KeyboardInterrupt" traceback."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(130)
+
+
 _before_ctrl_c: dict[str, Any] = {}  # the SIGINT handler a Ctrl-C's clean-up replaced
 _as_program = False  # set by main(): the command owns the process, not a caller (a test, a notebook)
 
@@ -587,12 +614,6 @@ def _exit_interrupted(message: str | Callable[[], str], fallback: str = "\ninter
 
     from .interrupts import stopping
 
-    def quit_now(signum: int, frame: Any) -> None:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(130)
-
     handled = threading.current_thread() is threading.main_thread()
     if handled:  # (the handler to put back: the one _run_async replaced, else the one in place)
         in_place = signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -611,9 +632,9 @@ def _exit_interrupted(message: str | Callable[[], str], fallback: str = "\ninter
             message = f"{fallback} ({exc})"
     click.echo(message, err=True)
     if as_json:
-        click.echo(json.dumps({"status": "interrupted", "error": " ".join(message.split()), **extra}))
+        _say_json({"status": "interrupted", "error": " ".join(message.split()), **extra})
     if handled:
-        signal.signal(signal.SIGINT, quit_now if _as_program else previous)
+        signal.signal(signal.SIGINT, _quit_now if _as_program else previous)
     sys.exit(130)
 
 
@@ -747,7 +768,7 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
             results = _run_async(run_sweep(conv, grid, store, concurrency, on_done=report))
             table = [{**r.summary(), "config": config.label()} for config, r in zip(grid, results)]
             if as_json:
-                click.echo(json.dumps({"runs": table}))
+                _say_json({"runs": table})
             else:
                 click.echo(f"{'run':<24} {'compr':>7} {'retention':>9} {'cost':>8} {'status':>10}  configuration")
                 for name, result in zip(short, results):
@@ -1186,7 +1207,7 @@ def _finish_experiment(store, experiment_id: str, as_json: bool) -> None:
         _exit_interrupted(message, as_json=as_json, fields=lambda: {"experiment_id": experiment_id})
     data = ex.report(store, experiment_id)
     if as_json:
-        click.echo(json.dumps(data))
+        _say_json(data)
     else:
         _print_report(data, store.path)
     if outcome.error:
@@ -1280,7 +1301,7 @@ def experiment_show(experiment_id: str, as_json: bool, db: str) -> None:
 
     with _using_store(db, existing=True) as store:
         data = ex.report(store, experiment_id)
-    click.echo(json.dumps(data)) if as_json else _print_report(data, db)
+    _say_json(data) if as_json else _print_report(data, db)
 
 
 @experiment.command("compare")
@@ -1301,9 +1322,9 @@ def experiment_compare(experiment_id: str, label_a: str | None, label_b: str | N
         diff = ex.compare(store, experiment_id, label_a or names[0], label_b or names[1])
         tally = ex.conversation_tally(store.experiment_probes(experiment_id), diff.a, diff.b)
     if as_json:
-        click.echo(json.dumps({"a": diff.a, "b": diff.b, "probes": diff.probes, "retention_diff": diff.difference,
-                               "ci95": list(diff.ci95) if diff.ci95 else None, "verdict": diff.verdict(),
-                               "conversations": tally}))
+        _say_json({"a": diff.a, "b": diff.b, "probes": diff.probes, "retention_diff": diff.difference,
+                   "ci95": list(diff.ci95) if diff.ci95 else None, "verdict": diff.verdict(),
+                   "conversations": tally})
     else:
         _echo_wrapped(_comparison_line(diff.a, diff.b, diff.verdict(), diff.difference is not None and not diff.detectable,
                                        f" on {count(diff.probes, 'shared probe')}") + ex.tally_text(diff.a, diff.b, tally))
@@ -1369,4 +1390,11 @@ def app(port: int, headless: bool, db: str) -> None:
 def main() -> None:
     global _as_program
     _as_program = True
-    cli(prog_name="python -m workbench")
+    try:
+        cli(prog_name="python -m workbench")
+    finally:  # (the command has ended and said so: a Ctrl-C from here on only hurries the exit)
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, _quit_now)
