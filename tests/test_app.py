@@ -591,6 +591,10 @@ def test_compare_sets_two_configurations_side_by_side_on_the_conversations_both_
         assert len(mine) and figures.loc["retention (pooled)", column] == f"{mine.mean():.3f}"
     assert figures.loc["runs completed"].tolist()[:2] == ["3", "3"]
     assert re.fullmatch(r"\d+\.\dx", figures.loc["compression (x)", "A · obs 150"])  # as every table writes it
+    # every figure's name reads whole: "blind-spot tokens (mean backlog)" was cut at a fixed 180 px
+    [table] = [d for d in at.dataframe if "figure" in d.value.columns]
+    longest = max(len(name) for name in figures.index)
+    assert json.loads(table.proto.columns)["figure"].get("width", 0) >= 7 * longest
 
 
 def dataframe(at: AppTest, *columns: str):

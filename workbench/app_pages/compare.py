@@ -77,7 +77,7 @@ def experiment_comparison() -> None:
                                               if highlight[row.name] else "" for _ in row], axis=1),
                hide_index=True, key="cmp_xp_figures", height=35 * (len(shown) + 1) + 3,
                column_order=["figure", "B − A", "95% CI", "probes", f"A · {a}", f"B · {b}", "CI excludes 0"],
-               column_config={"figure": st.column_config.Column(width=180, pinned=True),
+               column_config={"figure": st.column_config.Column(pinned=True),  # (as wide as its longest name)
                               "B − A": st.column_config.Column(width=64, **right),
                               "95% CI": st.column_config.Column(width=122, help="95% interval of B − A "
                                                                 "(paired bootstrap over probes)", **right),
