@@ -169,6 +169,26 @@ def test_explorer_opens_a_stored_run(db: Path) -> None:
     assert at.sidebar.selectbox(key="ex_open").value == first
 
 
+def test_both_explorer_modes_first_show_the_newest_completed_run(db: Path) -> None:
+    """Found by a walkthrough: on a first visit "Run a replay" showed the newest run whatever its
+    status (a failed run's "no steps"), and "Open a stored run" the newest completed one."""
+    at = app()  # replays the demo: a completed run
+    completed = at.text[0].value.split()[1]
+    with RunStore(db) as s:
+        newer = s.runs().iloc[0].to_dict()
+    with RunStore(db) as s:  # a newer run that failed before its first read
+        newer_failed = s.write_run({"run": {"dataset": newer["dataset"], "dataset_format": None,
+                                            "conversation_id": newer["conversation_id"], "label": "broken",
+                                            "config": s.run(completed)["config"], "status": "failed", "steps": 0,
+                                            "planned_steps": 5, "error": "failed for the test"}}, messages=[])
+        assert s.runs().run_id.iloc[0] == newer_failed  # (the newest)
+    fresh = app()  # a new session, as a new visit
+    assert fresh.text[0].value.split()[1] == completed
+    fresh.sidebar.radio(key="ex_mode").set_value("Open a stored run").run()
+    assert fresh.sidebar.selectbox(key="ex_open").value == completed
+    assert fresh.text[0].value.split()[1] == completed
+
+
 def test_explorer_warns_when_the_observer_falls_behind(db: Path) -> None:
     import asyncio
 

@@ -58,7 +58,11 @@ if scope:
     stored = stored[(stored.dataset == scope[0]) & (stored.conversation_id == scope[1])]
 run_id = st.session_state.get(ui.RUN_KEY)
 if (run_id is None or stored.query("run_id == @run_id").empty) and not stored.empty:
-    run_id = stored.run_id.iloc[0]  # the newest run, until another is opened
+    # The newest completed run, until another is opened: the run "Open a stored run" starts on too
+    # (this mode showed the newest run of any status, a failed one's "no steps", and the other mode
+    # another run).
+    completed = stored[stored.status == "completed"]
+    run_id = (completed if not completed.empty else stored).run_id.iloc[0]
 if run_id is None or stored.query("run_id == @run_id").empty:
     st.title("Replay explorer")
     if conversation is not None:
