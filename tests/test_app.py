@@ -189,6 +189,39 @@ def test_both_explorer_modes_first_show_the_newest_completed_run(db: Path) -> No
     assert fresh.text[0].value.split()[1] == completed
 
 
+def test_the_explorers_address_links_to_the_run_and_step_shown(db: Path) -> None:
+    """A stakeholder could not be sent "this run at step 12": the address never named a run, and a
+    reload went back to the newest run's last step."""
+    at = app()
+    run_id = at.text[0].value.split()[1]
+    last = at.slider(key=f"ex_step_{run_id}").value
+    assert at.query_params == {"run": run_id, "step": str(last)}
+    at.slider(key=f"ex_step_{run_id}").set_value(2).run()
+    assert at.query_params == {"run": run_id, "step": "2"}
+    at.sidebar.button(key="ex_run").click().run()  # another run is shown: the address follows
+    newest = at.text[0].value.split()[1]
+    assert newest != run_id and at.query_params["run"] == newest
+
+    linked = AppTest.from_file(APP, default_timeout=120)  # the link opened in a new tab
+    linked.query_params.update({"run": run_id, "step": "3"})
+    linked.run()
+    assert not linked.exception, linked.exception
+    assert linked.text[0].value.split()[1] == run_id and linked.slider(key=f"ex_step_{run_id}").value == 3
+    assert any(h.value == "At step 3" for h in linked.subheader)
+    linked.slider(key=f"ex_step_{run_id}").set_value(4).run()  # moving on from the link is not undone
+    assert linked.slider(key=f"ex_step_{run_id}").value == 4 and linked.query_params["step"] == "4"
+
+    gone = AppTest.from_file(APP, default_timeout=120)
+    gone.query_params.update({"run": "20200101-000000-abcdef", "step": "x"})
+    gone.run()
+    assert not gone.exception, gone.exception
+    assert any("Run 20200101-000000-abcdef of the link is not in this run store" in w.value.replace("\\", "")
+               for w in gone.warning), [w.value for w in gone.warning]
+    assert app_data.linked_step({"run": " r1 ", "step": "7"}) == ("r1", 7)
+    assert app_data.linked_step({"run": "r1", "step": "-2"}) == ("r1", None)  # not a step: the run's last
+    assert app_data.linked_step({"step": "7"}) is None
+
+
 def test_explorer_warns_when_the_observer_falls_behind(db: Path) -> None:
     import asyncio
 

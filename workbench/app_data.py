@@ -682,6 +682,16 @@ def probe_grid(probes: pd.DataFrame, losses: pd.DataFrame, labels: Sequence[str]
     return grid
 
 
+def linked_step(query: dict[str, Any]) -> tuple[str, int | None] | None:
+    """The run and step a link to the explorer names (``?run=…&step=…``; a step that is not a
+    whole number is left out, one past the run's end shows its last), or ``None``."""
+    run = query.get("run")
+    if not isinstance(run, str) or not run.strip():
+        return None
+    step = query.get("step")
+    return run.strip(), int(step) if isinstance(step, str) and step.strip().isdigit() else None
+
+
 def grid_view(grid: pd.DataFrame, labels: Sequence[str], *, differs_only: bool = False) -> pd.DataFrame:
     """The grid's visible columns; ``differs_only`` keeps the probes some configuration keeps and
     another loses."""

@@ -11,6 +11,14 @@ from workbench.replay import ReplayConfig
 
 store = ui.get_store()
 
+# A link to a run at a step (the address this page keeps: ?run=…&step=…) opens it there.
+if (linked := app_data.linked_step(dict(st.query_params))) and linked != st.session_state.get("_ex_link"):
+    st.session_state["_ex_link"] = linked
+    if linked[0] in set(store.runs().run_id):
+        ui.open_run_at(*linked)
+    else:
+        st.warning(ui.plain(f"Run {linked[0]} of the link is not in this run store ({store.path})."))
+
 st.sidebar.header("Replay")
 mode = st.sidebar.radio("Source", ["Run a replay", "Open a stored run"], key="ex_mode", horizontal=True)
 conversation = None
@@ -181,6 +189,9 @@ else:  # one read: a slider from 0 to 0 is refused by Streamlit
 if gap := app_data.unrecorded_read_note(run, steps):
     st.caption(gap)
 row = steps[steps.step == step].iloc[0]
+if st.session_state.get("_ex_link") != (run_id, step):  # the address names what is shown: a link to it
+    st.session_state["_ex_link"] = (run_id, step)
+    st.query_params.from_dict({"run": run_id, "step": str(step)})
 
 left, right = st.columns(2)
 left.plotly_chart(charts.cursor_chart(steps, int(run["messages"]), step), key="ex_cursor")
