@@ -735,9 +735,9 @@ def test_launch_an_experiment_then_tune_compare_grid_and_a_trace(db: Path) -> No
     at.sidebar.radio(key="cmp_mode").set_value("Two configurations of an experiment").run()
     at.toggle(key="cmp_xp_differs").set_value(True).run()
     differing = dataframe(at, "question", "gold")
-    kept = lambda v: v.startswith("kept")  # noqa: E731
-    assert len(differing) < len(grid) and all(kept(a) != kept(b) for a, b in zip(differing["obs 150"],
-                                                                                 differing["obs 600"]))
+    score = lambda v: float(v.split()[1].rstrip(":"))  # noqa: E731  ("kept 1.00", "lost 0.33 at …", "lost 0.00: no …")
+    assert len(differing) < len(grid) and all(score(a) != score(b) for a, b in zip(differing["obs 150"],
+                                                                                   differing["obs 600"]))
     # the Probe picker holds a probe the toggle shows, not the one picked before it
     picked = at.selectbox(key=f"cmp_xp_probe_{experiment_id}").value
     assert picked in {f"{r.conversation} · {r.probe}" for r in differing.itertuples()}
@@ -1045,8 +1045,14 @@ def test_grid_differs_filter_and_cell_targets() -> None:
     grid = app_data.probe_grid(probes, losses, ["A", "B"])
     assert grid.category.tolist() == ["single-hop", "single-hop"]
     assert grid.B.tolist() == ["lost 0.00 at reflection, step 7", "kept 0.50"]
+    # p2 is kept by both, but scored 1.0 and 0.5: its scores differ (a pooled difference is made of
+    # those too; a filter on kept/lost alone hid them)
     view = app_data.grid_view(grid, ["A", "B"], differs_only=True)
-    assert view.probe.tolist() == ["p1"] and "B|run" not in view
+    assert view.probe.tolist() == ["p1", "p2"] and "B|run" not in view
+    differs, flips = app_data.grid_differences(grid, ["A", "B"])
+    assert differs.tolist() == [True, True] and flips.tolist() == [True, False]
+    same = app_data.probe_grid(probes.assign(score=1.0), losses.iloc[:0], ["A", "B"])
+    assert app_data.grid_view(same, ["A", "B"], differs_only=True).empty
     assert app_data.grid_target(grid, view.index[0], "B") == ("r-B", 7)
     assert app_data.grid_target(grid, 1, "A") == ("r-A", None)
     unscored = pd.DataFrame([{"config_label": c, "conversation_id": "x", "run_id": f"r-{c}", "probe_id": "p3",

@@ -231,7 +231,7 @@ def test_experiment_grid_and_exported_html_from_disk(server) -> None:
         caption.wait_for(timeout=30_000)
         total = int(caption.inner_text().split(" of ")[1].split()[0])
         assert total == 22  # every probe of the demo conversation, one row each
-        page.get_by_text("Only probes where the configurations differ").click()
+        page.get_by_text("Only probes whose scores differ").click()
         settle(page)
         page.get_by_text(re.compile(rf"^\d+ of {total} probes")).first.wait_for(timeout=30_000)
         shown = int(page.get_by_text(re.compile(r"^\d+ of \d+ probes")).first.inner_text().split()[0])

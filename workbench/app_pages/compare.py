@@ -142,17 +142,22 @@ def experiment_comparison() -> None:
     if grid.empty:
         st.info("This experiment's conversations have no scored probes.")
     else:
-        differs_only = st.toggle("Only probes where the configurations differ", key="cmp_xp_differs")
+        differs_only = st.toggle("Only probes whose scores differ", key="cmp_xp_differs",
+                                 help="Probes the configurations score differently, by any amount")
         view = app_data.grid_view(grid, ordered, differs_only=differs_only)
         listed, scored = app_data.probe_counts(probes, ordered)
-        st.caption(f"{len(view):,} of {fmt.count(len(grid), 'probe')}"
-                   + (f" ({listed - scored:,} without a gold answer or with their evidence still in the window are listed "
-                      "as not scored)" if listed > scored
+        differs, flips = app_data.grid_differences(grid, ordered)
+        st.caption(f"{len(view):,} of {fmt.count(len(grid), 'probe')} shown: {int(differs.sum()):,} scored "
+                   f"differently, {int(flips.sum()):,} of them kept by one configuration and lost by another"
+                   + (f"; {listed - scored:,} without a gold answer or with their evidence still in the window are listed "
+                      "as not scored" if listed > scored
                       else "")
                    + ". Each cell: the probe's score with that configuration and, when lost, the stage and step "
                    "where its answer was lost. Select a cell to open that run at that step.")
+        widths = app_data.text_widths(view[ordered])  # a cell reads whole: "lost 0.00 at r…" hid the stage and step
         event = st.dataframe(view, hide_index=True, key="cmp_xp_grid", on_select="rerun",
                              selection_mode="single-cell", column_config={
+                                 **{label: st.column_config.TextColumn(width=widths.get(label)) for label in ordered},
                                  "question": st.column_config.TextColumn(width="medium", pinned=True),
                                  "conversation": st.column_config.TextColumn(width="small"),
                                  "category": st.column_config.TextColumn(width="small")})
