@@ -335,6 +335,39 @@ def test_a_conversation_whose_dates_go_backwards_fails_clearly(tmp_path) -> None
     assert "--resume" not in err and "correct or re-date that message in the dataset" in err
 
 
+def test_an_experiment_says_which_run_a_backwards_date_stopped_and_offers_no_resume_for_it(tmp_path) -> None:
+    """Found by a walkthrough: `experiment run` printed "failed: message m11 cannot be replayed: …"
+    with no conversation or configuration, offered a resume that would stop at the same message,
+    and said the failed conversation's probes had "their evidence still in the final window"."""
+    rows = []
+    for conversation in ("fine", "backwards"):
+        for i in range(12):
+            late = conversation == "backwards" and i == 11  # dated before everything observed
+            rows.append({"conversation_id": conversation, "id": f"{conversation}-m{i}", "role": ("user", "assistant")[i % 2],
+                         "content": f"message number {i} " + "words " * 30,
+                         "timestamp": f"2024-01-{1 if late else i + 1:02d}T{9 if late else 10:02d}:00:00+00:00"})
+        rows.append({"type": "probe", "conversation_id": conversation, "id": f"{conversation}-p1",
+                     "question": "What number came first?", "answer": "number 0", "evidence": [f"{conversation}-m0"]})
+    path = tmp_path / "two.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    db = str(tmp_path / "r.duckdb")
+    code, out, err = invoke("experiment", "run", "--dataset", str(path), "--observation-threshold", "40,60",
+                            "--window", "2", "--db", db, "--no-cache")
+    assert code == 1 and "Traceback" not in err
+    for label in ("obs 40", "obs 60"):
+        assert f"failed: {label} on backwards: message backwards-m11 cannot be replayed" in err, err
+    assert "experiment resume" not in err and "correct or re-date that message in the dataset" in err
+    assert "2 runs stopped on a message of the dataset" in err
+    asked = next(line for line in (out + err).replace("\n    ", " ").splitlines() if line.startswith("probes:"))
+    assert "1 in conversations no run completed" in asked, asked
+    code, out, _ = invoke("experiment", "list", "--json", "--db", db)
+    [experiment_id] = [e["experiment_id"] for e in json.loads(out)]
+    code, out, _ = invoke("experiment", "show", experiment_id, "--json", "--db", db)
+    data = json.loads(out.strip().splitlines()[-1])
+    assert data["dataset_failed_runs"] == 2 and data["failed_runs"] == 2
+    assert [c["errors"][0].split(":")[0] for c in data["configs"]] == ["backwards", "backwards"]
+
+
 def test_a_threshold_the_library_refuses_is_a_clear_error(tmp_path) -> None:
     code, _, err = invoke("replay", "--dataset", str(TINY), "--observation-threshold", "50000",
                           "--db", str(tmp_path / "r.duckdb"), "--no-cache")

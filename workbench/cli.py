@@ -992,8 +992,8 @@ def _print_report(data: dict[str, Any], db: str) -> None:
                    f"{display(c['retention']):>9} {ci(c['retention_ci95']):>14} {ratio(c['compression']):>6} "
                    f"{display(c['recency_ratio']):>10} {blind:>10} {c['observer_calls'] + c['reflector_calls']:>5,} "
                    f"{money(c['cost_usd']):>7}")
-        for error in c["errors"]:
-            click.echo(f"    failed: {error}", err=True)
+        for error in c["errors"]:  # ("conv-26: message m55 cannot be replayed: …")
+            click.echo(f"    failed: {c['label']} on {error}", err=True)
     shown = [c["cost_usd"] for c in data["configs"]]
     spent = data.get("spent_usd") or 0.0
     if spent and (None in shown or abs(spent - sum(shown)) > 1e-9):  # (the table counts completed runs only)
@@ -1013,7 +1013,12 @@ def _print_report(data: dict[str, Any], db: str) -> None:
         _echo_wrapped(_comparison_line(comparison["a"], comparison["b"], comparison["verdict"],
                                        comparison["retention_diff"] is not None and not comparison["detectable"])
                       + tally_text(comparison["a"], comparison["b"], comparison.get("conversations")))
-    if (data["failed_runs"] or data.get("missing_runs")) and data["status"] == "completed":
+    refused = data.get("dataset_failed_runs") or 0
+    if refused:  # a resume would replay them to the same message: the dataset needs correcting
+        _echo_wrapped(f"{count(refused, 'run')} stopped on a message of the dataset dated behind what was already "
+                      "observed (the error above names it): correct or re-date that message in the dataset, then "
+                      "start a new experiment; a resume would stop there again", err=True)
+    if (data["failed_runs"] - refused or data.get("missing_runs")) and data["status"] == "completed":
         click.echo("replay the runs that did not complete with: "
                    + cli_command(f"experiment resume {data['experiment_id']}", db), err=True)
     elif data["status"] in ("interrupted", "stopped", "failed") and data["completed_runs"] < data["planned_runs"]:
@@ -1030,13 +1035,17 @@ def _probes_asked(data: dict[str, Any]) -> str | None:
         listed = [c for c in list_conversations(data["dataset"], data.get("dataset_format")) if c.id in chosen]
     except DatasetError:
         return None
-    asked, with_gold = sum(c.probes for c in listed), sum(c.scored_probes for c in listed)
+    completed = {row["conversation_id"] for row in data.get("per_conversation") or [] if row["status"] == "completed"}
+    asked = sum(c.probes for c in listed)
+    unrun = sum(c.probes for c in listed if c.id not in completed)  # (their runs failed: nothing was scored)
+    with_gold = sum(c.scored_probes for c in listed if c.id in completed)
     scored = max((c["probes"] for c in data["configs"]), default=0)
     if not asked or scored >= asked:
         return None
-    return (f"probes: those scored, of {count(asked, 'probe')} the conversations ask ({asked - with_gold:,} without a "
-            "gold answer the word score can read, e.g. abstention questions; the others' evidence was still in the "
-            "final window)")
+    return (f"probes: those scored, of {count(asked, 'probe')} the conversations ask ("
+            + (f"{unrun:,} in conversations no run completed; " if unrun else "")
+            + f"{asked - unrun - with_gold:,} without a gold answer the word score can read, e.g. abstention "
+            "questions; the others' evidence was still in the final window)")
 
 
 def _print_breakdown(configs: list[dict[str, Any]], conversations: list[dict[str, Any]] | None = None) -> None:

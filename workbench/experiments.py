@@ -1090,6 +1090,8 @@ def per_conversation(experiment: dict, runs: pd.DataFrame, probes: pd.DataFrame)
                                    "status": "completed" if run is not None else
                                    (str(last[key].status) if key in last else "missing"),
                                    "probes": 0, "retention": None, "compression": None}
+            if run is None and key in last and not is_missing(last[key].error):
+                row["error"] = str(last[key].error)  # (why it did not complete)
             if run is not None:
                 score = scores.get(key)
                 row["probes"] = int(len(score)) if score is not None else 0
@@ -1183,8 +1185,24 @@ def summaries_of(experiment: dict, runs: pd.DataFrame, probes: pd.DataFrame, los
             latency_ms_per_call=latency, per_category=per_category,
             funnel=funnel(losses[losses.config_label == label].to_dict("records")),
             judged_accuracy=_mean(judged.score),
-            errors=sorted({str(e) for e in mine[mine.status != "completed"].error.dropna()}),
+            errors=_errors_by_conversation(mine[mine.status != "completed"]),
         ))
+    return out
+
+
+def _errors_by_conversation(failed: pd.DataFrame) -> list[str]:
+    """A configuration's errors, each once, with the conversations it ended (``conv-26: …``;
+    ``conv-26, conv-30 and 2 more: …``): an error alone did not say which run it was."""
+    where: dict[str, list[str]] = {}
+    for run in failed.itertuples():
+        if not is_missing(run.error):
+            where.setdefault(str(run.error), [])
+            if run.conversation_id not in where[str(run.error)]:
+                where[str(run.error)].append(str(run.conversation_id))
+    out = []
+    for error, conversations in sorted(where.items()):
+        named = ", ".join(conversations[:2]) + (f" and {len(conversations) - 2} more" if len(conversations) > 2 else "")
+        out.append(f"{named}: {error}")
     return out
 
 
@@ -1264,11 +1282,16 @@ def report(store: Any, experiment_id: str) -> dict[str, Any]:
                                 "conversations": conversation_tally(probes, base, other.label)})
     failed = sum(s.failed for s in summaries)
     missing = sum(s.missing for s in summaries)
+    from .replay import stopped_by_dataset
+
+    # the failed runs a resume would replay to the same end: stopped by a message of the dataset
+    refused = sum(row["status"] == "failed" and stopped_by_dataset(row.get("error")) for row in conversations)
     planned = len(experiment["conversations"]) * len(experiment["configs"])
     done = runs[runs.status == "completed"]
     return {
         "experiment_id": experiment_id, "name": experiment["name"], "status": experiment["status"],
         "status_text": status_text(experiment["status"], failed, planned, missing), "failed_runs": failed,
+        "dataset_failed_runs": refused,
         "missing_runs": missing,
         "planned_runs": planned, "completed_runs": int(len(done)),
         "completed_conversations": int(done.conversation_id.nunique()),

@@ -169,6 +169,16 @@ class ReplayResult:
         return out
 
 
+
+REFUSED = "cannot be replayed"  # in a run's error: the library refused a message of the dataset
+
+
+def stopped_by_dataset(error: object) -> bool:
+    """Whether a run's recorded ``error`` says the library refused a message of its dataset (one
+    dated behind what was already observed): a resume would stop at that message again."""
+    return isinstance(error, str) and error.startswith("message ") and f" {REFUSED}: " in error
+
+
 class ReplayFailed(WorkbenchError):
     """A compaction call failed (or the replay was stopped by an error) mid-run; ``result`` holds
     the partial figures and the run stays resumable."""
@@ -355,7 +365,7 @@ async def replay(
             try:
                 await memory.save_messages([turn.to_message(thread)])
             except ValueError as exc:  # refused by the library: a message dated behind what was observed
-                status, error = "failed", f"message {turn.id} cannot be replayed: {exc}"
+                status, error = "failed", f"message {turn.id} {REFUSED}: {exc}"
                 refused = True
                 break
             history += message_tokens[i]

@@ -7,7 +7,7 @@ import streamlit as st
 from workbench import analysis, app_data, charts, ui
 from workbench import formatting as fmt
 from workbench.datasets import DatasetError, load_conversation
-from workbench.replay import ReplayConfig
+from workbench.replay import ReplayConfig, stopped_by_dataset
 
 store = ui.get_store()
 
@@ -109,7 +109,7 @@ if not done:
     # Resumed here as with `replay --resume` (an experiment's runs are finished by its own Resume,
     # a running one by its process; a message of the dataset refused stops a resume there again).
     if run["status"] in ("interrupted", "failed") and app_data.missing(run.get("experiment_id")) \
-            and not store.read_only and "cannot be replayed" not in str(run["error"] or ""):
+            and not store.read_only and not stopped_by_dataset(run["error"]):
         models = {config.get("observer"), config.get("reflector")} - {None}
         paid = sorted(m for m in models if not str(m).startswith("omem/"))
         if st.button("Resume this run", key=f"ex_resume_{run_id}",
