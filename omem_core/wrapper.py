@@ -804,6 +804,10 @@ class ObservationalMemoryStore:
                 if self._inflight.get(thread_id) is entry:
                     del self._inflight[thread_id]
                 entry.task.cancel()
+                # ... and waited for as it winds down (it gives its lease back): returning at once
+                # let asyncio.run's shutdown after a Ctrl-C cancel that release, and the lease kept
+                # every other process's read of the thread waiting for its whole ttl.
+                await asyncio.wait({entry.task})
             raise
         entry.waiters -= 1
 

@@ -227,6 +227,36 @@ async def worker_in_its_model(tmp_path: Path, shared: Shared, observation: int, 
             worker.kill()
 
 
+async def test_a_ctrl_c_during_a_pass_gives_its_lease_back(tmp_path, shared) -> None:
+    """Found by a walkthrough: Ctrl-C in a process waiting for its pass's model call (asyncio.run
+    winding down) left that pass's lease held, so every other process's read of the thread
+    waited the lease's whole ttl (two minutes) for a holder that was gone."""
+    import signal
+
+    started, release = tmp_path / "started", tmp_path / "release"
+    script = tmp_path / "worker_in_model.py"
+    script.write_text(WORKER_IN_MODEL.format(wait="await asyncio.sleep(0.01)", lease_ttl=120).replace(
+        "async def main", OPEN + "\nasync def main", 1))
+    inner, observations = shared.stores()
+    await inner.save_messages([msg(i) for i in range(12)])
+    worker = subprocess.Popen([sys.executable, str(script), *shared.argv, str(started), str(release)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parents[1])
+    try:
+        deadline = time.time() + 60
+        while not started.exists():  # its pass holds the lease and waits for its model
+            assert worker.poll() is None and time.time() < deadline, worker.stderr.read() if worker.stderr else ""
+            await asyncio.sleep(0.02)
+        assert not await observations.try_lease("t", "other", ttl=1)  # (held)
+        worker.send_signal(signal.SIGINT)
+        _, err = worker.communicate(timeout=60)
+        assert "KeyboardInterrupt" in err  # stopped as Ctrl-C stops a program, not killed
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert await observations.try_lease("t", "other", ttl=1)  # given back: free at once
+
+
 async def test_a_delete_is_not_undone_by_another_process_in_flight_pass(tmp_path, scripted, shared) -> None:
     async with worker_in_its_model(tmp_path, shared, 5, wait="await asyncio.sleep(0.01)") as (here, release, finish):
         await here.delete_thread("t")
