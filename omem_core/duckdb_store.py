@@ -24,7 +24,7 @@ from datetime import datetime
 from pathlib import Path
 
 from .memory import SyncClosing
-from .messages import ObservationRecord
+from .messages import ObservationRecord, check_thread_id
 from .observations import already_saved, check_record
 
 _SCHEMA = """
@@ -88,6 +88,7 @@ class DuckDBObservationStore(SyncClosing):
                                   source_ids=tuple(json.loads(s)), text=x) for i, t, r, c, k, s, x in rows]
 
     async def list(self, thread_id: str) -> builtins.list[ObservationRecord]:
+        check_thread_id(thread_id, "list")
         with self._lock:
             return self._rows(thread_id)
 
@@ -133,6 +134,7 @@ class DuckDBObservationStore(SyncClosing):
             self._con.execute("COMMIT")
 
     async def delete_by_thread(self, thread_id: str) -> None:
+        check_thread_id(thread_id, "delete_by_thread")
         with self._lock:
             self._con.execute("BEGIN TRANSACTION")
             try:

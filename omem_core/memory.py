@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
-from .messages import Message, check_batch, check_message, check_text, check_working_memory
+from .messages import Message, check_batch, check_message, check_text, check_thread_id, check_working_memory
 
 
 @runtime_checkable
@@ -201,6 +201,7 @@ class InMemoryMemoryStore:
         return thread.messages[max(0, end - last) : end]  # type: ignore[union-attr]
 
     async def delete_thread(self, thread_id: str) -> None:
+        check_thread_id(thread_id, "delete_thread")
         self._threads.pop(thread_id, None)
         self._working.pop(thread_id, None)
 
@@ -244,6 +245,7 @@ class Memory:
             thread_id, last=self.last_messages if last is None else check_last(last), before=before)
 
     async def delete_thread(self, thread_id: str) -> None:
+        check_thread_id(thread_id, "delete_thread")
         await self.storage.delete_thread(thread_id)
 
     @property

@@ -19,6 +19,14 @@ def check_working_memory(thread_id: object, text: object) -> None:
     check_text(text, f"working memory of thread {thread_id!r}", "text")
 
 
+def check_thread_id(thread_id: object, what: str) -> None:
+    """A ``TypeError`` unless ``thread_id`` is a ``str``, for the operations that take a thread id
+    alone: ``delete_thread(5)`` deleted thread ``"5"`` in SQLite (which compares 5 = '5') and did
+    nothing elsewhere, silently."""
+    if not isinstance(thread_id, str):
+        raise TypeError(f"{what}: thread_id must be a str, got {type(thread_id).__name__} {thread_id!r}")
+
+
 def check_text(value: object, what: str, field: str) -> str:
     """``value`` if it is a ``str`` that can be stored (valid Unicode: no lone surrogate), else a
     ``TypeError``/``ValueError`` naming ``what`` and ``field``. Every adapter applies it the same way."""

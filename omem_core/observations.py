@@ -18,7 +18,7 @@ import itertools
 from collections import OrderedDict
 from typing import Protocol, runtime_checkable
 
-from .messages import ObservationRecord, check_text
+from .messages import ObservationRecord, check_text, check_thread_id
 
 
 @runtime_checkable
@@ -172,6 +172,7 @@ class InMemoryObservationStore:
         self._owners: dict[str, str] = {}  # record id -> its thread: an id names one record, as in SQL stores
 
     async def list(self, thread_id: str) -> list[ObservationRecord]:
+        check_thread_id(thread_id, "list")
         thread = self._threads.get(thread_id)
         return list(thread.records) if thread else []
 
@@ -206,6 +207,7 @@ class InMemoryObservationStore:
             thread.newest_observation = index
 
     async def delete_by_thread(self, thread_id: str) -> None:
+        check_thread_id(thread_id, "delete_by_thread")
         thread = self._threads.pop(thread_id, None)
         for record_id in thread.ids if thread is not None else ():
             self._owners.pop(record_id, None)

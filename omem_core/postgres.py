@@ -70,7 +70,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 logging.getLogger("psycopg.pool").addHandler(logging.NullHandler())
 
 from .memory import check_read
-from .messages import Message, ObservationRecord, check_batch, check_message, check_working_memory
+from .messages import Message, ObservationRecord, check_batch, check_message, check_thread_id, check_working_memory
 from .observations import ReflectionCache, already_saved, check_record
 
 __all__ = ["DatabaseRefusedError", "DatabaseUnavailableError", "PostgresMemoryStore", "PostgresObservationStore", "schema_version"]
@@ -767,6 +767,7 @@ class PostgresMemoryStore(_Store):
         return [self._message(thread_id, *row) for row in reversed(rows)]
 
     async def delete_thread(self, thread_id: str) -> None:
+        check_thread_id(thread_id, "delete_thread")
         if _unstorable(thread_id):
             return
         db = self._db
@@ -839,6 +840,7 @@ class PostgresObservationStore(_Store):
         return records
 
     async def list(self, thread_id: str) -> list[ObservationRecord]:
+        check_thread_id(thread_id, "list")
         if _unstorable(thread_id):
             return []
         async with self._db.connection() as con:
@@ -931,6 +933,7 @@ class PostgresObservationStore(_Store):
         """End the thread's incarnation (its epoch row first: a save holding it ``FOR SHARE``
         commits before this goes on), then drop its records, in one transaction. Nothing about
         the thread is kept."""
+        check_thread_id(thread_id, "delete_by_thread")
         if _unstorable(thread_id):
             return
         db = self._db

@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .memory import SyncClosing, check_read
-from .messages import Message, ObservationRecord, check_batch, check_message, check_working_memory
+from .messages import Message, ObservationRecord, check_batch, check_message, check_thread_id, check_working_memory
 from .observations import ReflectionCache, already_saved, check_record
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -236,6 +236,7 @@ class SQLiteMemoryStore(SyncClosing):
         return [self._message(thread_id, *row) for row in reversed(rows)]
 
     async def delete_thread(self, thread_id: str) -> None:
+        check_thread_id(thread_id, "delete_thread")
         db = self._db
         with db.lock:
             db.con.execute("BEGIN IMMEDIATE")
@@ -300,6 +301,7 @@ class SQLiteObservationStore(SyncClosing):
         return records
 
     async def list(self, thread_id: str) -> list[ObservationRecord]:
+        check_thread_id(thread_id, "list")
         with self._db.lock:
             rows = self._db.con.execute(f"SELECT {self._LIGHT} FROM omem_records WHERE thread_id = ? ORDER BY seq",
                                         (thread_id,)).fetchall()
@@ -372,6 +374,7 @@ class SQLiteObservationStore(SyncClosing):
     async def delete_by_thread(self, thread_id: str) -> None:
         """Drop the thread's records and end its incarnation (a pass in flight anywhere then
         saves nothing), in one transaction. Nothing about the thread is kept."""
+        check_thread_id(thread_id, "delete_by_thread")
         con = self._db.con
         with self._db.lock:
             con.execute("BEGIN IMMEDIATE")

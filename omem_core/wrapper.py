@@ -47,7 +47,7 @@ from ._env import error_text, redact_secrets
 from .errors import CompactionError, Stage
 from .extractive import trim
 from .memory import InMemoryMemoryStore, MemoryStore, check_read, check_store, whole_number
-from .messages import Message, ObservationRecord, check_batch, check_message
+from .messages import Message, ObservationRecord, check_batch, check_message, check_thread_id
 from .observations import (
     DeleteEpochs,
     Leases,
@@ -524,6 +524,7 @@ class ObservationalMemoryStore:
         """Delete the thread's messages and records. A pass in flight for it saves nothing
         afterwards: in this process (a guard checked under the save's lock) and, when the
         observation store has the delete-epoch capability, in any process."""
+        check_thread_id(thread_id, "delete_thread")
         guard = self._guard(thread_id)
         async with guard.lock:
             guard.deletes += 1

@@ -571,6 +571,30 @@ async def test_a_read_of_a_non_str_thread_and_a_message_of_wrong_types_are_refus
             dataclasses.replace(msg(0), **{field: value})
 
 
+async def test_a_delete_of_a_non_str_thread_is_refused_and_deletes_nothing(make_memory_store) -> None:
+    """Found by a walkthrough: delete_thread(5) deleted thread "5" in SQLite (which compares
+    5 = '5') and silently did nothing in the other stores."""
+    from omem_core import Memory, create_observational_memory_store
+
+    inner = make_memory_store()
+    await inner.save_messages([msg(0, thread="5")])
+    wrapped = create_observational_memory_store(inner, observer="omem/extractive")
+    for store in (inner, wrapped, Memory(inner)):
+        for thread in (5, None):
+            with pytest.raises(TypeError, match=f"delete_thread: thread_id must be a str, got {type(thread).__name__}"):
+                await store.delete_thread(thread)
+    assert len(await inner.recall("5", last=5)) == 1
+
+
+async def test_a_list_or_delete_of_records_of_a_non_str_thread_is_refused(make_observation_store) -> None:
+    store = make_observation_store()
+    await store.save(record(0, thread="5"))
+    for operation in ("list", "delete_by_thread"):
+        with pytest.raises(TypeError, match=f"{operation}: thread_id must be a str, got int"):
+            await getattr(store, operation)(5)
+    assert len(await store.list("5")) == 1
+
+
 def test_a_duckdb_file_another_process_holds_is_named_as_such(tmp_path) -> None:
     """A raw `_duckdb.IOException: Could not set lock…` did not say one process per file is the rule."""
     import subprocess
