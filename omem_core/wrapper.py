@@ -335,7 +335,7 @@ class _Request:
     limit: int  # an output over this is tightened (reflections) and then trimmed
     trim_to: int
     tighten: bool
-    verify: Callable[[], Awaitable[bool]] | None = None
+    verify: Callable[[], Awaitable[str | None]] | None = None  # why the record may not be saved now, or None
 
 
 def _validate_thresholds(thresholds: Mapping[str, int] | None) -> dict[str, int]:
@@ -511,7 +511,15 @@ class ObservationalMemoryStore:
         """
         last = check_read(thread_id, last)  # (a plain int: a NumPy one is one for SQL too)
         if before is not None:
-            return await self.inner.recall(thread_id, last=last, before=before)
+            try:
+                return await self.inner.recall(thread_id, last=last, before=before)
+            except KeyError:
+                if isinstance(before, str) and before.startswith(MEMORY_MESSAGE_PREFIX):
+                    raise KeyError(
+                        f"unknown cursor: {before!r} is the memory message a read puts ahead of its window, not "
+                        f"a message of thread {thread_id!r}; page back from the oldest message of the window (the "
+                        "first one after the memory message)") from None
+                raise
         plan = await self._plan(thread_id, last)
         view = plan.view
         if self._observe_due(plan) or self._reflect_due(plan):
@@ -717,7 +725,10 @@ class ObservationalMemoryStore:
         """``count_tokens(texts)``, checked: one non-negative int per text, or ``ValueError``."""
         if not texts:
             return []
-        counts = self.count_tokens(texts)
+        try:
+            counts = self.count_tokens(texts)
+        except Exception as exc:  # (a bare ZeroDivisionError from recall did not say whose it was)
+            raise ValueError(f"count_tokens raised {type(exc).__name__}: {exc}") from exc
         if type(counts) is not list and (not isinstance(counts, Sequence) or isinstance(counts, (str, bytes))):
             raise ValueError(f"count_tokens must return a list of ints, got {type(counts).__name__}")
         if len(counts) != len(texts):
@@ -932,8 +943,8 @@ class ObservationalMemoryStore:
         sent_volume = sum(self._count([m.content for m in sent]))
         target = observer_target_tokens(sent_volume)
 
-        async def unchanged() -> bool:
-            return await self._segment_unchanged(plan, segment)
+        async def unchanged() -> str | None:
+            return await self._segment_changed(plan, segment)
 
         return await self._stage(self.observer, plan, _Request(
             kind="observation",
@@ -1068,19 +1079,21 @@ class ObservationalMemoryStore:
     def _count_one(self, text: str) -> int:
         return self._count([text])[0]
 
-    async def _segment_unchanged(self, plan: _Plan, segment: list[Message]) -> bool:
-        """Whether the messages from the cursor to the segment's end are still exactly the
-        segment (no message was saved inside it while the model ran)."""
+    async def _segment_changed(self, plan: _Plan, segment: list[Message]) -> str | None:
+        """Why the record of ``segment`` may not be saved: its messages are gone (the thread was
+        deleted, perhaps by another process) or a message was saved inside it while the model
+        ran; ``None`` when the messages from the cursor to the segment's end are still exactly it."""
         try:
             before = await self.inner.recall(plan.thread_id, last=len(segment), before=segment[-1].id)
         except KeyError:
-            return False
+            return "the thread was deleted during the pass"  # (its segment's newest message is gone)
         expected = ([plan.view.cursor] if plan.view.cursor is not None else []) + [m.id for m in segment[:-1]]
-        return [m.id for m in before] == expected[-len(segment):] if len(expected) >= len(segment) \
+        same = [m.id for m in before] == expected[-len(segment):] if len(expected) >= len(segment) \
             else [m.id for m in before] == expected
+        return None if same else "a message was saved inside the segment during the pass; the next read observes it"
 
     async def _save_unless_deleted(
-        self, plan: _Plan, record: ObservationRecord, verify: Callable[[], Awaitable[bool]] | None
+        self, plan: _Plan, record: ObservationRecord, verify: Callable[[], Awaitable[str | None]] | None
     ) -> str | None:
         """Save ``record`` unless the pass is stale; ``None`` when saved, else why not."""
         guard = plan.guard
@@ -1106,8 +1119,8 @@ class ObservationalMemoryStore:
                     return "the thread was deleted during the pass"
                 if (records[-1].id if records else None) != plan.newest:
                     return "the pass lost its lease, and another pass saved a record meanwhile"
-            if verify is not None and not await verify():
-                return "a message was saved inside the segment during the pass; the next read observes it"
+            if verify is not None and (changed := await verify()) is not None:
+                return changed
             if plan.epoch is not None:
                 assert self._epochs is not None
                 if not await self._epochs.save_unless_deleted(record, plan.epoch):
@@ -1126,7 +1139,7 @@ class ObservationalMemoryStore:
             if _inspect.isawaitable(result):
                 await result
         except Exception:
-            logger.exception("omem: the on_event callback raised for a %s pass of thread %r; ignored",
+            logger.exception("omem: the on_event callback raised after the %s pass of thread %r; ignored",
                              event.stage, event.thread_id)
 
     async def _complete(self, config: _StageConfig, thread_id: str, user_content: str,
@@ -1254,7 +1267,7 @@ def create_observational_memory_store(
             returns naive datetimes, a model string litellm cannot route, an ``on_busy`` other
             than ``"wait"``/``"render"``, or ``completion_kwargs`` that set ``model``/``messages``.
         TypeError: ``inner`` or ``observations`` is not a store (a path, a class), or
-            ``count_tokens`` is not callable.
+            ``count_tokens`` or ``on_event`` is not callable, or ``count_tokens`` is async.
     """
     if inner is not None:
         check_store(inner, MemoryStore, "inner")
@@ -1264,6 +1277,11 @@ def create_observational_memory_store(
         _seconds("timeout", timeout)
     if count_tokens is not None and not callable(count_tokens):
         raise TypeError("count_tokens must be a callable (texts) -> counts")
+    if count_tokens is not None and _inspect.iscoroutinefunction(count_tokens):
+        raise TypeError("count_tokens must be a plain (synchronous) function (texts) -> counts, not an async one: "
+                        "token counting runs inside the read's planning, which does not await it")
+    if on_event is not None and not callable(on_event):
+        raise TypeError(f"on_event must be a callable (event) -> None (sync or async), got {type(on_event).__name__}")
     if completion_kwargs and {"model", "messages"} & set(completion_kwargs):
         raise ValueError("completion_kwargs cannot set 'model' or 'messages'")
     if on_busy not in ("wait", "render"):

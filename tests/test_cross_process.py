@@ -262,8 +262,10 @@ async def test_a_delete_is_not_undone_by_another_process_in_flight_pass(tmp_path
         await here.delete_thread("t")
         await here.save_messages([msg(i, f"a new conversation {i}") for i in range(4)])  # the id reused
         release.touch()
-        await finish()
+        out = await finish()
     assert await here.observations.list("t") == []
+    # its event says why it saved nothing (it said "a message was saved inside the segment")
+    assert json.loads(out.strip().splitlines()[-1])["skipped"] == ["the thread was deleted during the pass"]
     got = await here.recall("t", last=5)
     assert all("secret" not in m.content for m in got)
 

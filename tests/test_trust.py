@@ -396,12 +396,45 @@ async def test_observations_a_reflection_left_uncovered_are_all_rendered(shared,
     (lambda texts: [math.nan] * len(texts), "returned nan"),
     (lambda texts: ["3"] * len(texts), "returned '3'"),
     (lambda texts: 3, "must return a list of ints"),
+    (lambda texts: 1 / 0, "count_tokens raised ZeroDivisionError"),  # (was a bare ZeroDivisionError from recall)
 ])
 async def test_bad_token_counts_are_a_clear_value_error(scripted: Scripted, counts, message) -> None:
     store = create_observational_memory_store(observer=MODEL, count_tokens=counts)
     await store.save_messages([msg(i) for i in range(5)])
     with pytest.raises(ValueError, match=message):
         await store.recall("t", last=2)
+
+
+async def test_paging_from_the_memory_message_says_where_to_page_from(scripted: Scripted) -> None:
+    """Found by a walkthrough: "load older" from the first message of a read (the memory message)
+    gave a bare "unknown cursor: no message 'omem-memory:…'"."""
+    store = create_observational_memory_store(observer=MODEL, thresholds={"observation": 3}, count_tokens=ones)
+    await store.save_messages([msg(i) for i in range(10)])
+    context = await store.recall("t", last=2)
+    assert context[0].role == "system"
+    with pytest.raises(KeyError, match="is the memory message a read puts ahead of its window.*page back from the "
+                                       "oldest message of the window"):
+        await store.recall("t", last=2, before=context[0].id)
+    assert [m.id for m in await store.recall("t", last=2, before=context[1].id)] == ["m6", "m7"]
+    with pytest.raises(KeyError, match="no message 'nope'"):  # any other unknown cursor: as before
+        await store.recall("t", last=2, before="nope")
+
+
+def test_callbacks_that_cannot_work_are_refused_up_front() -> None:
+    """Found by a walkthrough: on_event=42 was accepted and logged a TypeError at every pass; an
+    async count_tokens failed at the first read with "got coroutine" and a never-awaited warning."""
+
+    async def counted(texts):
+        return [1] * len(texts)
+
+    with pytest.raises(TypeError, match="count_tokens must be a plain .synchronous. function"):
+        create_observational_memory_store(observer=MODEL, count_tokens=counted)
+    with pytest.raises(TypeError, match="on_event must be a callable .* got int"):
+        create_observational_memory_store(observer=MODEL, on_event=42)
+
+    async def told(event) -> None: ...
+
+    create_observational_memory_store(observer=MODEL, on_event=told)  # an async callback is fine
 
 
 async def test_a_count_tokens_failure_on_model_output_is_a_compaction_error(scripted: Scripted) -> None:
