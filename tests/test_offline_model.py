@@ -29,6 +29,13 @@ async def call(content: str) -> litellm.ModelResponse:
     )
 
 
+async def test_a_message_of_emoji_alone_is_noted_as_it_was_said() -> None:
+    """It was noted as "- User: ." (its content gone), though a segment is never left without a note."""
+    response = await call(render_observer_input([msg(0, "🎉🎉🎉 " * 30)], target_tokens=40))
+    bullet = response.choices[0].message.content.splitlines()[-1]
+    assert bullet.startswith("- User: 🎉🎉🎉")
+
+
 async def test_observer_keeps_names_numbers_and_resolves_dates() -> None:
     response = await call(render_observer_input(SEGMENT, target_tokens=120))
     text = response.choices[0].message.content
@@ -141,6 +148,10 @@ async def test_the_offline_model_drives_the_wrapper_end_to_end() -> None:
         # an emoji sequence goes whole: no zero-width joiner, skin tone, flag or keycap is left
         ("We hiked 🏃🏽\u200d♀️ for 1️⃣ day 👨\u200d👩\u200d👧 in 🇵🇹 Sintra", "We hiked for 1 day in Sintra"),
         ("नमस\u200dते Ravi", "नमस\u200dते Ravi"),  # a joiner inside a word of another script stays
+        # found by a walkthrough: "two cats ." and, for emoji alone, "."
+        ("I live in Tokyo 🗼 and I have two cats 🐱🐱.", "I live in Tokyo and I have two cats."),
+        ("So fun 🎉, right?", "So fun, right?"),
+        ("🎉🎉🎉 🎉🎉🎉", "🎉🎉🎉 🎉🎉🎉"),  # what was said, kept: nothing else would be left
     ],
 )
 def test_tidy_drops_openers_emoji_and_caption_boilerplate(sentence: str, expected: str) -> None:

@@ -201,11 +201,17 @@ _CAPTION = re.compile(r"\[shares an image: (?:a (?:photo|photography|picture|clo
 _EMOJI_CHAR = "\U0001F1E6-\U0001F1FF\U0001F300-\U0001FAFF\u2600-\u27BF\u2B50\u2B55\u2B1B\u2B1C"
 _EMOJI = re.compile(f"(?:[{_EMOJI_CHAR}][\u200D\uFE0E\uFE0F\u20E3\U000E0020-\U000E007F]*|[\uFE0E\uFE0F\u20E3])+")
 _SPACES = re.compile(r"\s{2,}")
+# emoji before punctuation go with the spaces before them: "two cats 🐱🐱." is "two cats.", not "two cats ."
+_EMOJI_BEFORE_STOP = re.compile(rf"\s*(?:{_EMOJI.pattern})(?=[.,!?;:])")
+_WORDLIKE = re.compile(r"\w")
 
 
 def tidy(sentence: str) -> str:
-    """The sentence without openers, emoji and caption boilerplate ("Oh wow, I went…" → "I went…")."""
-    text = _SPACES.sub(" ", _EMOJI.sub(" ", sentence)).strip()
+    """The sentence without openers, emoji and caption boilerplate ("Oh wow, I went…" → "I went…").
+    A sentence of emoji alone keeps them: "🎉🎉🎉" is what was said (it read "." once removed)."""
+    text = _SPACES.sub(" ", _EMOJI.sub(" ", _EMOJI_BEFORE_STOP.sub("", sentence))).strip()
+    if not _WORDLIKE.search(text):
+        return _SPACES.sub(" ", sentence).strip()
     text = _CAPTION.sub("[image: ", text)
     stripped = (_INTERJECTION if on("openers") else _OLD_INTERJECTION).sub("", text)
     if stripped and len(_WORD.findall(stripped)) >= 2:
