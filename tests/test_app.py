@@ -189,6 +189,17 @@ def test_both_explorer_modes_first_show_the_newest_completed_run(db: Path) -> No
     assert fresh.text[0].value.split()[1] == completed
 
 
+def test_the_explorer_says_when_the_run_shown_was_made_with_other_settings_than_the_sidebars(db: Path) -> None:
+    """Found in Chromium: a run made at obs 600 / ref 1200 was shown beside a sidebar set to
+    300 / 600 without a word, so Run replay would make something else than what was on screen."""
+    at = app()  # the demo at the sidebar's settings
+    said = lambda: [shown(c.value) for c in at.caption if "This stored run was made with" in shown(c.value)]  # noqa: E731
+    assert not said()
+    at.sidebar.number_input(key="ex_obs_300").set_value(150).run()
+    assert said() == ["This stored run was made with observation threshold 300; Run replay uses the sidebar's "
+                      "observation threshold 150."]
+
+
 def test_the_explorers_address_links_to_the_run_and_step_shown(db: Path) -> None:
     """A stakeholder could not be sent "this run at step 12": the address never named a run, and a
     reload went back to the newest run's last step."""
@@ -1029,6 +1040,13 @@ def test_probe_categories_are_named() -> None:
                                                                  "single-hop", "adversarial"]
     assert category_name(None) == "uncategorised" and category_name("temporal") == "temporal"
     assert category_name("contradiction_resolution") == "contradiction resolution"  # BEAM's, read as words
+
+
+def test_the_replay_bar_says_when_it_is_scoring() -> None:
+    """Found in Chromium: a full bar sat for seconds at "message 419/419" while the run was scored."""
+    assert app_data.replay_progress_text("conv-26", 10, 419, "message 10/419") == "Replaying conv-26: message 10/419"
+    assert app_data.replay_progress_text("conv-26", 419, 419, "message 419/419").endswith(
+        "message 419/419 · scoring the probes and recording the run…")
 
 
 def test_grid_differs_filter_and_cell_targets() -> None:

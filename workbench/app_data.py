@@ -692,6 +692,13 @@ def linked_step(query: dict[str, Any]) -> tuple[str, int | None] | None:
     return run.strip(), int(step) if isinstance(step, str) and step.strip().isdigit() else None
 
 
+def replay_progress_text(conversation_id: str, done: int, total: int, message: str) -> str:
+    """The replay bar's text. Once every message is replayed the run is scored and recorded, which
+    takes seconds on a long conversation: said, where a full bar sat still with no word."""
+    text = f"Replaying {conversation_id}: {message}"
+    return text + " · scoring the probes and recording the run…" if done >= total else text
+
+
 def grid_differences(grid: pd.DataFrame, labels: Sequence[str]) -> tuple[pd.Series, pd.Series]:
     """Per probe of the grid: whether the configurations' scores differ (two scored ones at least),
     and whether one keeps it and another loses it (a score either side of :data:`KEPT`)."""
@@ -937,6 +944,19 @@ def config_sentence(config: dict[str, Any], label: str | None = None) -> str:
     if config.get("max_backlog"):
         text += f" · max backlog {config['max_backlog']}"
     return f"{label}: {text}" if label and not missing(label) else text
+
+
+def settings_note(stored: dict[str, Any], chosen: dict[str, Any]) -> str | None:
+    """What the explorer says under a stored run whose settings are not the sidebar's: those
+    settings, and the sidebar's, which Run replay would use (the page showed obs 600 beside a
+    sidebar set to 300 without a word). ``None`` when they agree."""
+    mine, theirs = config_sentence(stored).split(" · "), config_sentence(chosen).split(" · ")
+    differ = [part for part in mine if part not in theirs]
+    if not differ and len(mine) == len(theirs):
+        return None
+    instead = [part for part in theirs if part not in mine]
+    return (f"This stored run was made with {' · '.join(differ) or 'no ' + ' · '.join(instead)}; Run replay uses the "
+            f"sidebar's {' · '.join(instead) or 'settings without ' + ' · '.join(differ)}.")
 
 
 def run_name(run: dict[str, Any]) -> str | None:

@@ -395,7 +395,9 @@ def run_replay(store: RunStore, conversation: Conversation, config: ReplayConfig
 
     def progress(done: int, total: int, message: str) -> None:
         if done == total or done % 5 == 0:
-            bar.progress(done / max(total, 1), text=plain(f"Replaying {conversation.id}: {message}"))
+            from .app_data import replay_progress_text
+
+            bar.progress(done / max(total, 1), text=plain(replay_progress_text(conversation.id, done, total, message)))
 
     try:
         result = asyncio.run(replay(conversation, config, store, progress=progress, label=label, resume=resume))

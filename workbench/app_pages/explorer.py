@@ -80,6 +80,7 @@ if run_id is None or stored.query("run_id == @run_id").empty:
     st.stop()
 
 run = store.run(run_id)
+chosen_config = config.to_json() if mode == "Run a replay" else None  # (the sidebar's)
 config = run["config"]
 steps = store.steps(run_id)
 records = store.records(run_id)
@@ -97,6 +98,8 @@ elif opened_for:  # another run is shown now: the note is not about it (nor abou
 if conversation is not None and [run["dataset"], run["conversation_id"]] != [conversation.source, conversation.id]:
     st.caption(ui.plain(f"This stored run replayed {run['conversation_id']}; {conversation.id}, chosen in the "
                         "sidebar, is replayed when you press Run replay."))
+elif chosen_config is not None and (note := app_data.settings_note(config, chosen_config)):
+    st.caption(ui.plain(note))
 if not done:
     where = app_data.state_phrase(run)  # "was interrupted at step 11 of 208"
     scope = ("nothing was replayed. " if not run["steps"] else
