@@ -801,13 +801,16 @@ def test_resume_export_and_delete_an_experiment(db: Path) -> None:
     assert not at.exception, at.exception
     s = store(db)
     assert s.experiment(experiment_id)["status"] == "completed" and len(s.experiment_runs(experiment_id)) == 2
-    assert at.button(key="xp_resume").disabled
+    # nothing left to finish: no Resume at all (a greyed "Resume (to finish)" read as if there were)
+    assert not [b for b in at.button if b.key == "xp_resume"]
     at.button(key="xp_prepare").click().run()
     assert not at.exception
     assert at.get("download_button")
     at.checkbox(key=f"xp_confirm_{experiment_id}").check().run()
     at.button(key="xp_delete").click().run()
     assert not at.exception
+    # the last experiment deleted: said so (the page showed its empty state without a word)
+    assert any(f"Deleted {experiment_id} and its 2 runs." in shown(x.value) for x in at.success), at.success
     assert s.experiments().empty and s.runs().query("experiment_id == @experiment_id").empty
     assert any("No experiments yet" in i.value for i in at.info)
     # above the form: under it, the line stayed on screen below the first experiment's progress
@@ -1507,8 +1510,8 @@ def test_experiment_tables_sort_their_figures_by_value(db: Path) -> None:
         for column in ("retention", "compression", "vs recency", "tokens in", "cost", "probes"):
             assert pd.api.types.is_numeric_dtype(table[column]), (page, column, table[column].tolist())
         assert [table.loc[x.label, "compression"] for x in summaries] == [x.compression for x in summaries]
-    listing = dataframe(app("experiments"), "experiment", "runs", "elapsed (s)")
-    assert pd.api.types.is_numeric_dtype(listing["runs"]) and pd.api.types.is_numeric_dtype(listing["elapsed (s)"])
+    listing = dataframe(app("experiments"), "experiment", "completed", "elapsed (s)")
+    assert pd.api.types.is_numeric_dtype(listing["completed"]) and pd.api.types.is_numeric_dtype(listing["elapsed (s)"])
 
 
 def test_a_table_too_large_for_a_styler_is_shown_as_text_not_refused() -> None:

@@ -275,8 +275,10 @@ def test_a_killed_experiment_is_resumed_without_redoing_finished_runs(tmp_path) 
         assert (experiment["planned_runs"], experiment["runs"], experiment["unfinished_runs"]) == (3, 1, 2)
         from workbench.app_data import experiment_label, experiments_table
 
-        assert experiments_table(store.experiments())["not completed"].tolist() == [2]  # the app says so too
-        assert "1 run, 2 not completed" in experiment_label(experiment)
+        listed = experiments_table(store.experiments())  # the app says so too
+        assert listed["completed"].tolist() == [1] and listed["not completed"].tolist() == [2]
+        # (it read "1 run, 2 not completed": as if the one run recorded had not completed)
+        assert "1 of 3 runs completed" in experiment_label(experiment)
     code, out, _ = invoke("experiment", "list", "--db", str(db))
     header, row = out.splitlines()[:2]
     assert code == 0 and row.split()[header.split().index("not")] == "2"  # "not completed" (two words)

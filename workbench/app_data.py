@@ -209,11 +209,12 @@ def experiment_label(row: Any) -> str:
     name = row["name"] if not missing(row.get("name")) else None
     if not name and not missing(row.get("dataset")):
         name = os.path.basename(str(row["dataset"]).rstrip("/\\"))
-    runs = 0 if missing(row.get("runs")) else int(row["runs"])
-    failed = 0 if missing(row.get("unfinished_runs")) else int(row["unfinished_runs"])
-    parts = [*([name] if name else []), str(row["status"]),
-             f"{runs} run{'s' if runs != 1 else ''}" + (f", {failed} not completed" if failed else ""),
-             str(row["experiment_id"])]
+    planned = 0 if missing(row.get("planned_runs")) else int(row["planned_runs"])
+    unfinished = 0 if missing(row.get("unfinished_runs")) else int(row["unfinished_runs"])
+    # (it read "1 run, 1 not completed" for 1 of 2 completed: as if the one run had not completed)
+    runs = (f"{planned - unfinished} of {planned} runs completed" if unfinished
+            else f"{planned} run{'s' if planned != 1 else ''}")
+    parts = [*([name] if name else []), str(row["status"]), runs, str(row["experiment_id"])]
     return " · ".join(parts)
 
 
@@ -222,14 +223,14 @@ def _whole(value: Any) -> Any:
     return MISSING if missing(value) else int(value)
 
 
-EXPERIMENTS_FORMATS = {"conversations": _whole, "configurations": _whole, "runs": _whole,
+EXPERIMENTS_FORMATS = {"conversations": _whole, "configurations": _whole, "completed": _whole,
                       "not completed": _whole, "elapsed (s)": lambda v: MISSING if missing(v) else fixed(v, 1)}
 
 
 def experiments_numbers(frame: pd.DataFrame) -> pd.DataFrame:
     """The experiments list: counts of conversations and configurations as numbers (NaN where
     there are none); :data:`EXPERIMENTS_FORMATS` says how they read."""
-    columns = ["experiment", "name", "status", "dataset", "conversations", "configurations", "runs",
+    columns = ["experiment", "name", "status", "dataset", "conversations", "configurations", "completed",
                "not completed", "elapsed (s)", "created", "error"]
     if frame.empty:
         return pd.DataFrame(columns=columns)
@@ -242,7 +243,8 @@ def experiments_numbers(frame: pd.DataFrame) -> pd.DataFrame:
         "dataset": frame.dataset.map(short_path),
         "conversations": frame.conversations.map(lambda c: len(json.loads(c)) if isinstance(c, str) else len(c)),
         "configurations": frame.configs.map(lambda c: len(json.loads(c)) if isinstance(c, str) else len(c)),
-        "runs": frame.runs,
+        # of the runs planned (the runs recorded beside them read "runs 1, not completed 1" for 1 of 2)
+        "completed": frame.planned_runs - frame.unfinished_runs,
         "not completed": frame.unfinished_runs,
         "elapsed (s)": pd.to_numeric(frame.elapsed_s, errors="coerce"),
         "created": frame.created_at.map(lambda v: str(v)[:19]),
@@ -1066,7 +1068,7 @@ def already_swept(runs: pd.DataFrame, grid: list[Any]) -> list[int]:
 # scroll off to the right (the others follow in their own order).
 SUMMARY_FIRST = ("configuration", "retention", "95% CI", "compression", "cost", "observer calls", "reflector calls",
                  "completed", "not completed")
-EXPERIMENTS_FIRST = ("name", "status", "runs", "not completed", "configurations", "conversations", "dataset",
+EXPERIMENTS_FIRST = ("name", "status", "completed", "not completed", "configurations", "conversations", "dataset",
                      "created", "experiment")
 
 

@@ -181,11 +181,11 @@ with st.expander("New experiment", expanded=existing.empty):
             run_and_report(experiment_id)
 
 existing = store.experiments()
-if existing.empty:
-    st.stop()
-if st.session_state.get("xp_done"):
+if st.session_state.get("xp_done"):  # (before the stop below: deleting the last experiment said nothing)
     kind, text = st.session_state.pop("xp_done")
     {"success": st.success, "warning": st.warning, "error": st.error}[kind](ui.plain(text))
+if existing.empty:
+    st.stop()
 
 st.subheader("Experiments")
 listing = app_data.sortable(app_data.experiments_numbers(existing), app_data.EXPERIMENTS_FORMATS)
@@ -201,6 +201,10 @@ failed_runs = int((runs.status != "completed").sum()) if not runs.empty else 0
 missing_runs = max(0, planned - done - failed_runs)  # never started, or deleted since
 st.text(f"{experiment_id} · {status_text(experiment['status'], failed_runs, planned, missing_runs)} · "
         f"{fmt.short_path(experiment['dataset'])}")
+if st.session_state.pop("xp_resume_now", None) == experiment_id:
+    # Resumed here, above the page's buttons: run where the Resume button was clicked, it left that
+    # button (and Delete) on screen and clickable while the experiment ran.
+    run_and_report(experiment_id)
 if experiment["status"] == "running":
     st.progress(done / max(planned, 1), text=f"{done} of {planned} runs completed")
 
@@ -233,9 +237,12 @@ if (pending or unfinished) and not running:
     except DatasetError:
         cost = 0.0  # (the dataset moved: the resume says so)
     priced = "" if cost == 0 else ", cost unknown" if cost is None else f", {fmt.about_money(cost, 2)}"
-resume = actions.button(f"Resume ({pending} left{priced})" if pending else f"Resume (to finish{priced})",
-                        key="xp_resume", disabled=running or not (pending or unfinished) or store.read_only or bool(stuck),
-                        help=stuck or ("Paid models: the cost is an estimate meant to err high" if priced else None))
+# (no Resume on an experiment with nothing to finish: a greyed "Resume (to finish)" read as if it had)
+resume = (pending or unfinished) and actions.button(
+    f"Resume ({pending} left{priced})" if pending else f"Resume (to finish{priced})", key="xp_resume",
+    disabled=running or store.read_only or bool(stuck),
+    help=stuck or ("Running in another process" if running else
+                   "Paid models: the cost is an estimate meant to err high" if priced else None))
 if actions.button("Prepare HTML export", key="xp_prepare"):
     st.session_state["xp_html"] = (experiment_id, export_html.experiment_html(store, experiment_id))
 prepared = st.session_state.get("xp_html")
@@ -255,7 +262,8 @@ if actions.button("Delete experiment", key="xp_delete", disabled=not confirm or 
         st.session_state["xp_done"] = ("success", f"Deleted {experiment_id} and its {fmt.count(len(runs), 'run')}.")
         st.rerun()
 if resume:
-    run_and_report(experiment_id)
+    st.session_state["xp_resume_now"] = experiment_id
+    st.rerun()
 
 summaries = tables["summaries"]
 st.subheader("Figures per configuration")
