@@ -159,6 +159,8 @@ def test_a_provider_error_mid_run_says_where_and_keeps_the_steps(db: Path, monke
     resumed = store(db).run(failed.run_id)
     assert resumed["status"] == "completed" and resumed["steps"] > failed.steps and len(store(db).runs()) == before
     assert not [b for b in at.button if (b.key or "").startswith("ex_resume_")]  # nothing left to resume
+    # at the resumed run's end, as after a fresh run (found in Chromium: it landed on an earlier step)
+    assert at.slider(key=f"ex_step_{failed.run_id}").value == resumed["steps"] - 1
 
 
 def test_explorer_opens_a_stored_run(db: Path) -> None:

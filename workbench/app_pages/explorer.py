@@ -125,6 +125,7 @@ if not done:
             else:
                 resumed = ui.run_replay(store, again, ReplayConfig.from_json(config), resume=run_id)
                 if resumed is not None and resumed.status == "completed":  # (a failure's error stays shown)
+                    st.session_state.pop(f"ex_step_{run_id}", None)  # at its new end, as after a fresh run
                     st.rerun()
 
 cols = ui.MetricRow()
