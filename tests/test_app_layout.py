@@ -166,6 +166,15 @@ def test_running_a_sweep_again_says_so_and_records_no_duplicate(db: Path) -> Non
     at.sidebar.checkbox(key="tune_again").check().run()
     at.sidebar.button(key="tune_run").click().run()
     assert len(RunStore(db).runs()) == 2
+    # A new configuration: once swept, the sidebar counts what is left (found in Chromium: it still
+    # said "1 run" to make, counted before the sweep)
+    at.sidebar.checkbox(key="tune_again").uncheck().run()
+    at.sidebar.text_input(key="tune_obs").set_value("150").run()
+    assert any(c.value == "1 run with the built-in offline model" for c in at.sidebar.caption)
+    at.sidebar.button(key="tune_run").click().run()
+    assert len(RunStore(db).runs()) == 3
+    assert any(c.value.startswith("0 runs with the built-in offline model (1 of the 1 configuration already swept")
+               for c in at.sidebar.caption), [c.value for c in at.sidebar.caption]
 
 
 

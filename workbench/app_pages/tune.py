@@ -146,7 +146,7 @@ st.sidebar.caption(f"{fmt.count(len(todo), 'run')} with the built-in offline mod
 if st.sidebar.button("Run sweep", type="primary", key="tune_run",
                      disabled=conversation is None or not grid or store.read_only):
     if repeated and not again:
-        st.info(app_data.sweep_skip_note(len(repeated), len(grid)))
+        st.session_state["tune_skip_note"] = app_data.sweep_skip_note(len(repeated), len(grid))
     if todo:
         bar = st.progress(0.0, text="Sweeping…")
 
@@ -155,6 +155,9 @@ if st.sidebar.button("Run sweep", type="primary", key="tune_run",
 
         asyncio.run(run_sweep(conversation, todo, store, concurrency, on_done=done))
         bar.empty()
+        st.rerun()  # the sidebar's count of runs to make (drawn before the sweep) then counts the runs just made
+if note := st.session_state.pop("tune_skip_note", None):
+    st.info(note)
 
 runs = _conversation_runs()
 if "experiment_id" in runs:  # an experiment's runs are tuned in its own view (the other mode)
