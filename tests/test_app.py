@@ -285,6 +285,30 @@ def test_explorer_shows_a_reflection_that_had_to_be_tightened(db: Path) -> None:
                for label in labels if label.startswith(("Observation", "Reflection")))
 
 
+def test_two_runs_of_different_conversations_are_not_said_to_agree_on_every_probe(db: Path) -> None:
+    """Found in Chromium: beside the warning that the runs replayed different conversations,
+    "No probe is kept by one run and lost by the other" read as agreement."""
+    import asyncio
+
+    from workbench.catalog import PROJECT_DATASETS
+    from workbench.datasets import load_conversation
+    from workbench.replay import ReplayConfig, replay
+
+    at = app()  # the demo's run
+    demo = at.text[0].value.split()[1]
+    with RunStore(db) as s:
+        tiny = asyncio.run(replay(load_conversation(PROJECT_DATASETS / "tiny.jsonl"),
+                                  ReplayConfig(observation_threshold=40, reflection_threshold=60), s)).run_id
+    at.switch_page(PAGES.format("compare")).run()
+    at.sidebar.radio(key="cmp_mode").set_value("Pick two stored runs").run()
+    at.sidebar.selectbox(key="cmp_a_pick").set_value(demo)
+    at.sidebar.selectbox(key="cmp_b_pick").set_value(tiny).run()
+    assert not at.exception, at.exception
+    infos = [shown(i.value) for i in at.info]
+    assert "The two runs replayed different conversations: they share no probe to compare." in infos, infos
+    assert not any(i.startswith("No probe is kept by one run") for i in infos)
+
+
 def test_compare_two_configurations(db: Path) -> None:
     at = app("compare")
     at.sidebar.radio(key="cmp_mode").set_value("Run two configurations").run()

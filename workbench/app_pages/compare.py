@@ -308,7 +308,9 @@ for title, build in (
 
 st.subheader("Probes one keeps and the other loses")
 diff = analysis.probe_diff(store, run_a, run_b)
-if diff.empty:
+if info_a["conversation_id"] != info_b["conversation_id"]:  # (no probe in common: not an agreement)
+    st.info("The two runs replayed different conversations: they share no probe to compare.")
+elif diff.empty:
     st.info("No probe is kept by one run and lost by the other (or the conversation has no probes).")
 else:
     diff = diff.assign(kept_by=diff.kept_by.map({run_a: "A", run_b: "B"}),
