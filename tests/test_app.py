@@ -428,6 +428,13 @@ def test_presentation_steps_forward(db: Path) -> None:
     at.button(key="pres_next").click().run()
     assert at.subheader[0].value.startswith("Step 1:")
     assert {m.label for m in at.metric} >= {"Compression", "Answer words retained"}
+    # the same figure as the explorer's, to its digits (0.705 read "70%": another figure, it seemed)
+    run = store(db).run(at.sidebar.selectbox(key="pres_run").value)
+    retained = next(m.value for m in at.metric if m.label == "Answer words retained")
+    assert retained == f"{100 * run['retention']:.1f}%"  # (0.705 → 70.5%)
+    from workbench.export_html import run_html
+
+    assert retained in run_html(store(db), run["run_id"])  # and the exported page says the same
 
 
 def test_a_store_held_by_another_process_opens_read_only(db: Path, monkeypatch) -> None:

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 
 from . import app_data, charts, experiments
 from .analysis import narrate
-from .formatting import MISSING, count, display, missing, ratio, share, short_path, tokens
+from .formatting import MISSING, count, display, missing, percent_of, ratio, share, short_path, tokens
 
 _STYLE = """
 body { font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif; margin: 2rem auto;
@@ -152,7 +152,7 @@ def run_html(store: Any, run_id: str) -> str:
     calls_made = sum(0 if missing(run.get(k)) else int(run[k]) for k in ("observer_calls", "reflector_calls"))
     page.figures([
         ("Compression" + ("" if done else " (partial)"), ratio(run.get("compression"))),
-        ("Answer words retained", MISSING if missing(run.get("retention")) else f"{float(run['retention']):.0%}"),
+        ("Answer words retained", percent_of(run.get("retention"))),
         ("Model calls", display(calls_made)),
         ("Blind-spot tokens (mean)", tokens(run.get("blind_spot_tokens"))),
         ("Messages", display(run.get("messages"))),

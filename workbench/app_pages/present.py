@@ -44,12 +44,14 @@ big.metric("Compression" + ("" if done else " (partial)"),
            fmt.ratio(run["compression"] if at_last_read is None else at_last_read),
            help=f"At the last memory read (step {int(steps.step.max())}): the run did not finish"
            if at_last_read is not None else "Full history tokens / tokens the agent sees at the end")
-big.metric("Answer words retained", fmt.MISSING if fmt.missing(run["retention"]) else f"{run['retention']:.0%}",
+big.metric("Answer words retained", fmt.percent_of(run["retention"]),
            help="Mean share of each probe's gold-answer words still visible to the agent at the end (memory + "
                 "window), over the probes whose evidence has left the window; completed runs only. A word "
                 "count, not a judgement of whether the fact survived (the CLI's --answerer and --judge give that).")
 calls = [run["observer_calls"], run["reflector_calls"]]
-big.metric("Model calls", fmt.display(sum(0 if fmt.missing(c) else int(c) for c in calls)))
+big.metric("Model calls", fmt.display(sum(0 if fmt.missing(c) else int(c) for c in calls)),
+           help=f"{fmt.display(run['observer_calls'])} observer and {fmt.display(run['reflector_calls'])} reflector "
+                "calls (the explorer's “Model calls” shows them as observer / reflector)")
 end_note = app_data.compression_note(run, steps)
 if end_note:
     st.caption(ui.plain(end_note))
