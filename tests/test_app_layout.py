@@ -86,15 +86,23 @@ def _steps(backlog: list[int], unreflected: list[int], observed: list[bool], ref
 
 
 def test_threshold_labels_keep_off_the_pass_markers() -> None:
-    # Passes over the observation line in the right part of the chart only: its label goes left.
+    # A pass marker sits just over the line it crossed: labels go under their lines (over it, they
+    # hid the markers at 900 px), at the end with fewer markers in the label's box.
     n = 40
     backlog = [160 if i >= 20 and i % 2 == 0 else 50 for i in range(n)]
     steps = _steps(backlog, [0] * n, [b > 150 for b in backlog], [False] * n)
     figure = charts.thresholds_chart(steps, 150, 2000)
     labels = {a.text: a for a in figure.layout.annotations if "threshold" in a.text}
-    assert labels["observation threshold 150"].xanchor == "left"  # at the left end of its line
-    assert labels["observation threshold 150"].yanchor == "bottom"  # still over its line
+    assert labels["observation threshold 150"].yanchor == "top"  # under its line, clear of the markers over it
+    assert labels["observation threshold 150"].xanchor == "right"
     assert labels["observation threshold 150"].bgcolor  # readable where it cannot avoid a marker
+    # Markers just under a line (observe passes under the reflection threshold, in the right part
+    # of the chart only): that label takes the left end.
+    high = [1950 if i >= 20 and i % 2 == 0 else 50 for i in range(n)]
+    steps = _steps(high, [0] * n, [b > 300 for b in high], [False] * n)
+    labels = {a.text: a for a in charts.thresholds_chart(steps, 300, 2000).layout.annotations
+              if "threshold" in a.text}
+    assert (labels["reflection threshold 2000"].yanchor, labels["reflection threshold 2000"].xanchor) == ("top", "left")
     # No marker near the line: the right end, as before.
     quiet = _steps([10] * n, [0] * n, [False] * n, [False] * n)
     assert {a.text: a.xanchor for a in charts.thresholds_chart(quiet, 150, 2000).layout.annotations

@@ -104,8 +104,8 @@ def thresholds_chart(steps: pd.DataFrame, observation: int, reflection: int, ste
                     line=dict(color=COLORS["observe"]),
                     hovertemplate="step %{x}: %{y} tokens<extra>unreflected</extra>")
     # Two thresholds close together *on the drawn axis* would print their labels over each other
-    # (1,000 and 2,000 are close on an axis that reaches 50,000): the lower one's label goes under
-    # its line (the same value: one label for both).
+    # (1,000 and 2,000 are close on an axis that reaches 50,000): the upper one's label goes over
+    # its line, the other under (the same value: one label for both).
     top = max([observation, reflection, 1, top or 0,  # ``top``: the axis' top when it is shared (Compare)
                *backlog.tokens.dropna().tolist(), *unreflected.tokens.dropna().tolist()])
     close = abs(reflection - observation) <= 0.12 * top
@@ -128,11 +128,13 @@ def thresholds_chart(steps: pd.DataFrame, observation: int, reflection: int, ste
                       annotation_position=("top " if above else "bottom ") + side, **label)
 
     if observation == reflection:
-        line(observation, f"observation and reflection threshold {observation}", COLORS["observe"], True)
+        line(observation, f"observation and reflection threshold {observation}", COLORS["observe"], False)
     else:
+        # Under its line: a pass marker sits just over the line it crossed, and a label over the line
+        # hid them (at 900 px most of them). Of two close lines, the upper one's label goes over it.
         low_is_obs = observation < reflection
-        line(observation, f"observation threshold {observation}", COLORS["window"], not (close and low_is_obs))
-        line(reflection, f"reflection threshold {reflection}", COLORS["observe"], not (close and not low_is_obs))
+        line(observation, f"observation threshold {observation}", COLORS["window"], close and not low_is_obs)
+        line(reflection, f"reflection threshold {reflection}", COLORS["observe"], close and low_is_obs)
     # A pass at (nearly) every read, as when the observer falls behind on BEAM: full-size markers
     # hid the backlog line they sit on, so dense ones are drawn small and see-through.
     dense = len(observed) > 30
