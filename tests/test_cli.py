@@ -96,6 +96,20 @@ def test_with_json_a_ctrl_c_before_the_command_handles_it_still_ends_stdout_with
     assert plain.exit_code == 130 and not plain.output.lstrip().startswith("{")  # without --json: no JSON
 
 
+def test_a_dataset_that_cannot_be_read_is_said_before_the_model_library_loads(tmp_path) -> None:
+    """Found by a walkthrough: `replay` of an empty file took 6-9 s to say so, loading litellm first."""
+    empty = tmp_path / "empty.json"
+    empty.write_text("\n")
+    probe = ("import sys\nfrom workbench.cli import main\nsys.argv = ['workbench', *sys.argv[1:]]\n"
+             "try:\n    main()\nexcept SystemExit as exc:\n    print(exc.code, 'litellm' in sys.modules)\n")
+    for command in (["replay"], ["experiment", "run"], ["sweep"]):
+        done = subprocess.run([sys.executable, "-c", probe, *command, "--dataset", str(empty), "--db",
+                               str(tmp_path / "r.duckdb")], capture_output=True, text=True, timeout=120)
+        assert done.stdout.split() == ["1", "False"], (command, done.stdout, done.stderr)
+        assert f"{empty}: the file is empty" in done.stderr
+    assert not (tmp_path / "r.duckdb").exists()  # (nor a run store made for nothing)
+
+
 def test_a_ctrl_c_or_an_error_after_the_json_answer_adds_no_second_answer() -> None:
     """Found last round: a Ctrl-C after a command had printed its --json summary (while it closed
     its store) added {"status": "interrupted"} as a second JSON line, under an answer that said

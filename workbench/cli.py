@@ -404,12 +404,19 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
                    judge: str | None, yes: bool, resume: str | None, label: str | None, as_json: bool,
                    db: str) -> None:
     """Replay one conversation and record every step."""
-    _loading_note()
     from .datasets import load_conversation
-    from .replay import ConfigurationError, ReplayConfig, ReplayFailed, replay
 
     if bool(answerer) != bool(judge):
         raise click.UsageError("--answerer and --judge go together")
+    chosen = None
+    if not resume:  # read before the model library loads (seconds): a file that cannot be read is said at once
+        try:
+            chosen = load_conversation(dataset, conversation, fmt)
+        except WorkbenchError as exc:
+            raise click.ClickException(str(exc)) from exc
+    _loading_note()
+    from .replay import ConfigurationError, ReplayConfig, ReplayFailed, replay
+
     if answerer and judge:  # refused before the replay, not after it
         from .judge import unusable
 
@@ -429,7 +436,7 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
             conv = load_conversation(run["dataset"], run["conversation_id"], run["dataset_format"])
             config = ReplayConfig.from_json(run["config"])
         else:
-            conv = load_conversation(dataset, conversation, fmt)
+            conv = chosen
             config = ReplayConfig(
                 observer=observer, reflector=None if reflector.lower() == "none" else reflector,
                 observation_threshold=observation_threshold, reflection_threshold=reflection_threshold,
@@ -723,13 +730,17 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
 
     A configuration that fails (an unknown model, a missing key, a model error) is listed with
     its error; the others still run."""
-    _loading_note()
     from .datasets import load_conversation
+
+    try:  # read before the model library loads (seconds): a file that cannot be read is said at once
+        conv = load_conversation(dataset, conversation, fmt)
+    except WorkbenchError as exc:
+        raise click.ClickException(str(exc)) from exc
+    _loading_note()
     from .replay import ReplayConfig, run_sweep
 
     with _using_store(db) as store:
         try:
-            conv = load_conversation(dataset, conversation, fmt)
             for warning in conv.warnings:
                 click.echo(f"warning: {conv.id}: {warning}", err=True)
             from .experiments import config_grid, labels, offline_prompt_warning
@@ -1129,10 +1140,14 @@ def experiment_run(dataset, fmt, conversations, observation, reflection, windows
                    observer_prompts, reflector_prompts, token_counter, max_backlogs, judge, answerer, concurrency, max_cost, rpm,
                    num_retries, timeout, api_base, no_traces, no_cache, name, yes, as_json, db) -> None:
     """Run a dataset × a grid of configurations (every combination of the values given)."""
+    from .datasets import list_conversations
 
+    try:  # read before the model library loads (seconds): a file that cannot be read is said at once
+        listed = {c.id: c for c in list_conversations(dataset, fmt)}
+    except WorkbenchError as exc:
+        raise click.ClickException(str(exc)) from exc
     _loading_note()
     from . import experiments as ex
-    from .datasets import list_conversations
 
     with _using_store(db) as store:
         grid = ex.config_grid(
@@ -1158,7 +1173,6 @@ def experiment_run(dataset, fmt, conversations, observation, reflection, windows
         for label, problem in problems.items():
             if problem:
                 click.echo(f"warning: {label} cannot run here and will be recorded as failed: {problem}", err=True)
-        listed = {c.id: c for c in list_conversations(dataset, fmt)}
         chosen = ex.choose_conversations(list(listed), conversations, dataset)  # before announcing the plan
         if unscored := ex.unscored_warning([listed[c] for c in chosen]):
             click.echo(f"warning: {unscored}", err=True)
