@@ -64,8 +64,9 @@ def json_errors(command: Callable[..., None]) -> Callable[..., None]:
             # A Ctrl-C the command did not handle: while it started (loading the dataset, the model
             # library), or once it had given its answer (closing the store). It exits 130, as the
             # command's own handling does, not click's "Aborted!" with 1; an answer already out stands.
-            if _answered:
+            if _answered:  # (and the exit code is the answer's, so a script reads them alike)
                 click.echo("\ninterrupted while closing: the command had finished (its answer above stands)", err=True)
+                sys.exit(_answered[-1])
             else:
                 click.echo("\ninterrupted before the command finished", err=True)
                 if kwargs.get("as_json"):
@@ -75,14 +76,15 @@ def json_errors(command: Callable[..., None]) -> Callable[..., None]:
     return wrapper
 
 
-_answered: list[bool] = []  # the running command has printed its --json answer (see _say_json)
+_answered: list[int] = []  # the exit code of the --json answer the running command printed (see _say_json)
 
 
-def _say_json(answer: dict[str, Any]) -> None:
-    """Print a command's ``--json`` answer: the one JSON object stdout ends with. An error or a
-    Ctrl-C after it (while the command closes its store) adds no second one."""
+def _say_json(answer: dict[str, Any], code: int = 0) -> None:
+    """Print a command's ``--json`` answer: the one JSON object stdout ends with, and ``code`` the
+    command exits with. An error or a Ctrl-C after it (while the command closes its store) adds no
+    second answer, and a Ctrl-C then exits with ``code``: a "completed" answer exited 130."""
     click.echo(json.dumps(answer))
-    _answered.append(True)
+    _answered.append(code)
 
 
 class JsonCommand(click.Command):
@@ -476,7 +478,7 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
                            "message of the dataset (recorded as failed, its steps kept): correct or re-date that "
                            "message in the dataset, then start a new replay", err=True)
             if as_json:
-                _say_json(partial.summary())
+                _say_json(partial.summary(), code=1)
             sys.exit(1)
         except KeyboardInterrupt:
             interrupted_run = functools.cache(lambda: resume or _new_run(store, known))  # (read once)
@@ -593,13 +595,14 @@ def _run_async(coroutine: Any) -> Any:
                 warnings.showwarning(w.message, w.category, w.filename, w.lineno)
 
 
-def _quit_now(signum: int, frame: Any) -> None:
+def _quit_now(signum: int, frame: Any, code: int = 130) -> None:
     """A Ctrl-C while the program winds down (closing the store, Python's own shutdown): quit at
-    once and quietly, with 130, instead of an "Exception ignored ... KeyboardInterrupt" traceback."""
+    once and quietly, with ``code`` (the command's own, once it has ended), instead of an
+    "Exception ignored ... KeyboardInterrupt" traceback."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
-    os._exit(130)
+    os._exit(code)
 
 
 _before_ctrl_c: dict[str, Any] = {}  # the SIGINT handler a Ctrl-C's clean-up replaced
@@ -639,7 +642,7 @@ def _exit_interrupted(message: str | Callable[[], str], fallback: str = "\ninter
             message = f"{fallback} ({exc})"
     click.echo(message, err=True)
     if as_json:
-        _say_json({"status": "interrupted", "error": " ".join(message.split()), **extra})
+        _say_json({"status": "interrupted", "error": " ".join(message.split()), **extra}, code=130)
     if handled:
         signal.signal(signal.SIGINT, _quit_now if _as_program else previous)
     sys.exit(130)
@@ -1229,14 +1232,15 @@ def _finish_experiment(store, experiment_id: str, as_json: bool) -> None:
 
         _exit_interrupted(message, as_json=as_json, fields=lambda: {"experiment_id": experiment_id})
     data = ex.report(store, experiment_id)
+    code = 1 if outcome.status != "completed" or outcome.failed else 0
     if as_json:
-        _say_json(data)
+        _say_json(data, code=code)
     else:
         _print_report(data, store.path)
     if outcome.error:
         click.echo(f"{outcome.status}: {outcome.error}", err=True)
-    if outcome.status != "completed" or outcome.failed:
-        sys.exit(1)
+    if code:
+        sys.exit(code)
 
 
 @experiment.command("resume")
@@ -1413,11 +1417,15 @@ def app(port: int, headless: bool, db: str) -> None:
 def main() -> None:
     global _as_program
     _as_program = True
+    code = 1  # (an exception past click: a bug)
     try:
         cli(prog_name="python -m workbench")
-    finally:  # (the command has ended and said so: a Ctrl-C from here on only hurries the exit)
+    except SystemExit as exc:  # how click ends every command
+        code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+        raise
+    finally:  # the command has ended and said so: a Ctrl-C from here on only hurries the exit, with its code
         import signal
         import threading
 
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, _quit_now)
+            signal.signal(signal.SIGINT, functools.partial(_quit_now, code=code))
