@@ -343,6 +343,12 @@ def test_an_experiment_that_finished_with_failed_runs_says_so_and_resume_retries
     code, out, _ = invoke("runs", "--db", db)
     assert code == 0 and max(len(line) for line in out.splitlines()) <= 100
     assert "\n    obs model gpt-4o-mini" in out
+    # runs --json tells the runs of experiments apart (it had no experiment, dataset, cost or time)
+    listed = {r["run_id"]: r for r in json.loads(invoke("runs", "--json", "--db", db)[1])}
+    assert {listed[r]["experiment_id"] for r in runs.run_id} == {experiment_id}
+    assert listed[failed_before]["error"] and listed[failed_before]["dataset"].endswith("demo.jsonl")
+    assert all(r["created_at"][:4].isdigit() and "T" in r["created_at"] for r in listed.values())
+    assert {"config_label", "cost_usd", "planned_steps", "observer_calls"} <= set(listed[failed_before])
     code, out, err = invoke("experiment", "run", "--dataset", str(DEMO), "--concurrency", "1", "--db", db)
     done_id = out.split()[1]
     code, out, err = invoke("experiment", "resume", done_id, "--db", db)

@@ -842,8 +842,10 @@ def runs_command(as_json: bool, db: str) -> None:
     with _using_store(db) as store:
         frame = store.runs()
     columns = ["run_id", "status", "conversation_id", "messages", "steps", "compression", "retention", "label"]
-    if as_json:
-        click.echo(frame[columns].to_json(orient="records"))
+    if as_json:  # (with what tells runs of two experiments apart: their ids, datasets, costs and times)
+        more = ["created_at", "dataset", "experiment_id", "config_label", "planned_steps", "observer_calls",
+                "reflector_calls", "cost_usd", "error"]
+        click.echo(frame[columns + more].to_json(orient="records", date_format="iso"))
     elif frame.empty:
         click.echo(f"no runs in {db}")
     else:  # the configuration in short, last and left-aligned (JSON has the whole label)
