@@ -185,6 +185,9 @@ EventCallback = Callable[[CompactionEvent], Awaitable[None] | None]
 
 
 CURSOR_LEASE_TTL = 30.0  # seconds: a cursor lease covers one check and one write, never a model call
+# Seconds the last cancelled reader of a pass waits for it to give its lease back (see _run_shared):
+# a release is one quick write; a model call slow to stop, or a database away, is not waited out.
+LEASE_WIND_DOWN_S = 2.0
 
 
 _RESERVED = "\u0001"  # starts every lease key that is not a thread id itself
@@ -816,10 +819,12 @@ class ObservationalMemoryStore:
                 if self._inflight.get(thread_id) is entry:
                     del self._inflight[thread_id]
                 entry.task.cancel()
-                # ... and waited for as it winds down (it gives its lease back): returning at once
-                # let asyncio.run's shutdown after a Ctrl-C cancel that release, and the lease kept
-                # every other process's read of the thread waiting for its whole ttl.
-                await asyncio.wait({entry.task})
+                if self._leases is not None:
+                    # ... and, with a lease store, waited for as it winds down (it gives its lease
+                    # back): returning at once let asyncio.run's shutdown after a Ctrl-C cancel that
+                    # release, and the lease kept every other process's read of the thread waiting
+                    # for its whole ttl. Briefly: a cancelled read (wait_for's timeout) stays prompt.
+                    await asyncio.wait({entry.task}, timeout=LEASE_WIND_DOWN_S)
             raise
         entry.waiters -= 1
 

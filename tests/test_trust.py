@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 import tracemalloc
 from datetime import timedelta
 
@@ -403,6 +404,30 @@ async def test_bad_token_counts_are_a_clear_value_error(scripted: Scripted, coun
     await store.save_messages([msg(i) for i in range(5)])
     with pytest.raises(ValueError, match=message):
         await store.recall("t", last=2)
+
+
+async def test_a_read_cancelled_by_its_timeout_waits_for_the_lease_to_be_given_back_only_briefly(
+        scripted: Scripted, tmp_path) -> None:
+    """Found by review: the last cancelled reader waits for its pass to wind down, so that the pass
+    gives its lease back (see test_cross_process); with a lease store slow to answer (a database
+    away) wait_for(recall, 0.3) took as long as the release. It waits at most LEASE_WIND_DOWN_S."""
+    from omem_core.sqlite import SQLiteMemoryStore, SQLiteObservationStore
+    from omem_core.wrapper import LEASE_WIND_DOWN_S
+
+    class SlowToRelease(SQLiteObservationStore):
+        async def release_lease(self, key: str, holder: str) -> None:
+            await asyncio.sleep(3 * LEASE_WIND_DOWN_S)
+            await super().release_lease(key, holder)
+
+    scripted.gate = asyncio.Event()  # the model never answers: the read is cancelled in its call
+    store = create_observational_memory_store(SQLiteMemoryStore(tmp_path / "m.db"), observer=MODEL,
+                                              thresholds={"observation": 3}, count_tokens=ones,
+                                              observations=SlowToRelease(tmp_path / "o.db"))
+    await store.save_messages([msg(i) for i in range(10)])
+    started = time.perf_counter()
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(store.recall("t", last=2), 0.3)
+    assert time.perf_counter() - started < 2 * LEASE_WIND_DOWN_S  # (3x it without the bound)
 
 
 async def test_paging_from_the_memory_message_says_where_to_page_from(scripted: Scripted) -> None:
