@@ -201,15 +201,22 @@ _CAPTION = re.compile(r"\[shares an image: (?:a (?:photo|photography|picture|clo
 _EMOJI_CHAR = "\U0001F1E6-\U0001F1FF\U0001F300-\U0001FAFF\u2600-\u27BF\u2B50\u2B55\u2B1B\u2B1C"
 _EMOJI = re.compile(f"(?:[{_EMOJI_CHAR}][\u200D\uFE0E\uFE0F\u20E3\U000E0020-\U000E007F]*|[\uFE0E\uFE0F\u20E3])+")
 _SPACES = re.compile(r"\s{2,}")
-# emoji before punctuation go with the spaces before them: "two cats 🐱🐱." is "two cats.", not "two cats ."
-_EMOJI_BEFORE_STOP = re.compile(rf"\s*(?:{_EMOJI.pattern})(?=[.,!?;:])")
+# emoji go with the spaces before them when punctuation follows: "two cats 🐱🐱." is "two cats.",
+# not "two cats ." (one match per run of emoji, then a look at the next character: a lookahead in
+# the pattern failed at every position of a long run, quadratic in its length)
+_SPACED_EMOJI = re.compile(rf"\s*(?:{_EMOJI.pattern})")
+_STOPS = frozenset(".,!?;:")
 _WORDLIKE = re.compile(r"\w")
+
+
+def _emoji_before_stops(text: str) -> str:
+    return _SPACED_EMOJI.sub(lambda m: "" if m.string[m.end():m.end() + 1] in _STOPS else m.group(), text)
 
 
 def tidy(sentence: str) -> str:
     """The sentence without openers, emoji and caption boilerplate ("Oh wow, I went…" → "I went…").
     A sentence of emoji alone keeps them: "🎉🎉🎉" is what was said (it read "." once removed)."""
-    text = _SPACES.sub(" ", _EMOJI.sub(" ", _EMOJI_BEFORE_STOP.sub("", sentence))).strip()
+    text = _SPACES.sub(" ", _EMOJI.sub(" ", _emoji_before_stops(sentence))).strip()
     if not _WORDLIKE.search(text):
         return _SPACES.sub(" ", sentence).strip()
     text = _CAPTION.sub("[image: ", text)
