@@ -232,6 +232,12 @@ def test_the_explorers_address_links_to_the_run_and_step_shown(db: Path) -> None
                for w in gone.warning), [w.value for w in gone.warning]
     assert app_data.linked_step({"run": " r1 ", "step": "7"}) == ("r1", 7)
     assert app_data.linked_step({"run": "r1", "step": "-2"}) == ("r1", None)  # not a step: the run's last
+    for crafted in ("²", "٣", "9" * 5000):  # (a digit to isdigit() but not to int(); past int()'s limit)
+        assert app_data.linked_step({"run": "r1", "step": crafted}) == ("r1", None)
+    # back from another page at the same run and step (leaving the page clears the address): named again
+    at.query_params.clear()
+    at.run()
+    assert at.query_params == {"run": newest, "step": at.query_params.get("step")} and at.query_params["step"]
     assert app_data.linked_step({"step": "7"}) is None
 
 

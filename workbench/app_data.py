@@ -691,7 +691,10 @@ def linked_step(query: dict[str, Any]) -> tuple[str, int | None] | None:
     if not isinstance(run, str) or not run.strip():
         return None
     step = query.get("step")
-    return run.strip(), int(step) if isinstance(step, str) and step.strip().isdigit() else None
+    step = step.strip() if isinstance(step, str) else ""
+    # (ASCII digits, and few of them: "²" is a digit to isdigit() and not to int(); 5,000 digits
+    # exceed int()'s limit)
+    return run.strip(), int(step) if step.isascii() and step.isdecimal() and len(step) <= 9 else None
 
 
 def replay_progress_text(conversation_id: str, done: int, total: int, message: str) -> str:

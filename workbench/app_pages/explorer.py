@@ -193,7 +193,9 @@ else:  # one read: a slider from 0 to 0 is refused by Streamlit
 if gap := app_data.unrecorded_read_note(run, steps):
     st.caption(gap)
 row = steps[steps.step == step].iloc[0]
-if st.session_state.get("_ex_link") != (run_id, step):  # the address names what is shown: a link to it
+if dict(st.query_params) != {"run": run_id, "step": str(step)}:  # the address names what is shown: a link to it
+    # (compared with the address itself: leaving the page cleared it, and coming back to the same
+    # step left it bare)
     st.session_state["_ex_link"] = (run_id, step)
     st.query_params.from_dict({"run": run_id, "step": str(step)})
 
