@@ -660,10 +660,10 @@ def test_compare_forgets_a_probe_picked_in_another_experiment(db: Path) -> None:
     for label, side in (("obs 20", "A"), ("obs 40", "B")):
         [note] = [n for n, r in zip(notes, runs.itertuples()) if r.config_label == label]
         assert note is None or f"{side} on tiny: {note}" in shown(captions)
-    at.selectbox(key=f"cmp_xp_probe_{tiny}").set_value("tiny · q2").run()
+    picker(at, "Probe").set_value("tiny · q2").run()
     at.sidebar.selectbox(key="cmp_xp").set_value(demo).run()
     assert not at.exception, at.exception
-    probe = at.selectbox(key=f"cmp_xp_probe_{demo}")  # a picker of its own: nothing of tiny's kept
+    probe = picker(at, "Probe")  # a picker of its own: nothing of tiny's kept
     assert probe.value == "priya-lisbon · p01" and probe.options[0].startswith("priya-lisbon · p01 · ")
     assert all(o.startswith("priya-lisbon · ") for o in probe.options)
 
@@ -698,6 +698,11 @@ def test_compare_sets_two_configurations_side_by_side_on_the_conversations_both_
     [table] = [d for d in at.dataframe if "figure" in d.value.columns]
     longest = max(len(name) for name in figures.index)
     assert json.loads(table.proto.columns)["figure"].get("width", 0) >= 7 * longest
+
+
+def picker(at: AppTest, label: str):
+    """The main area's select box labelled ``label`` (Compare's pickers have keys that change with their options)."""
+    return next(s for s in at.selectbox if s.label == label)
 
 
 def dataframe(at: AppTest, *columns: str):
@@ -783,14 +788,26 @@ def test_launch_an_experiment_then_tune_compare_grid_and_a_trace(db: Path) -> No
                   if json.loads(c.proto.spec)["layout"]["title"]["text"] == "A: thresholds and passes")
     assert trace(stored, "observe pass")["y"] == passes
     at.sidebar.radio(key="cmp_mode").set_value("Two configurations of an experiment").run()
+    before = picker(at, "Probe").key
     at.toggle(key="cmp_xp_differs").set_value(True).run()
     differing = dataframe(at, "question", "gold")
+    # A new widget for the new options (found in Chromium: the browser kept showing the first probe
+    # of the whole list while the server had picked another, so Open run opened another probe)
+    assert picker(at, "Probe").key != before
+    # the cells compared next to the question (after five other columns they ran off a 900 px page)
+    [grid_table] = [d for d in at.dataframe if "gold" in d.value.columns]
+    assert list(grid_table.proto.column_order)[:3] == ["question", "obs 150", "obs 600"]
     score = lambda v: float(v.split()[1].rstrip(":"))  # noqa: E731  ("kept 1.00", "lost 0.33 at …", "lost 0.00: no …")
     assert len(differing) < len(grid) and all(score(a) != score(b) for a, b in zip(differing["obs 150"],
                                                                                    differing["obs 600"]))
     # the Probe picker holds a probe the toggle shows, not the one picked before it
-    picked = at.selectbox(key=f"cmp_xp_probe_{experiment_id}").value
+    picked = picker(at, "Probe").value
     assert picked in {f"{r.conversation} · {r.probe}" for r in differing.itertuples()}
+    chosen = [f"{r.conversation} · {r.probe}" for r in differing.itertuples()][-1]
+    picker(at, "Probe").set_value(chosen).run()
+    at.toggle(key="cmp_xp_differs").set_value(False).run()  # all probes again: the choice is kept
+    assert picker(at, "Probe").value == chosen
+    at.toggle(key="cmp_xp_differs").set_value(True).run()
     # Open a cell where a configuration lost a probe at a known step: the explorer opens that run
     # at the step it was lost. (Any such cell: whether one configuration loses at a step what the
     # other keeps depends on the offline model's choices on the demo, so it is not required here.)
@@ -799,8 +816,8 @@ def test_launch_an_experiment_then_tune_compare_grid_and_a_trace(db: Path) -> No
                      if not app_data.missing(full.at[i, f"{lost}|step"]) and full.at[i, f"{lost}|score"] < 0.5)
     run_id, step = full.at[row, f"{lost}|run"], int(full.at[row, f"{lost}|step"])
     at.toggle(key="cmp_xp_differs").set_value(False).run()  # every probe again, not only the differing ones
-    at.selectbox(key=f"cmp_xp_probe_{experiment_id}").set_value(f"{full.at[row, 'conversation']} · {full.at[row, 'probe']}")
-    at.selectbox(key="cmp_xp_cell_config").set_value(lost).run()
+    picker(at, "Probe").set_value(f"{full.at[row, 'conversation']} · {full.at[row, 'probe']}")
+    picker(at, "Configuration").set_value(lost).run()
     at.button(key="cmp_xp_open").click().run()
     assert not at.exception, at.exception
     assert at.slider(key=f"ex_step_{run_id}").value == step

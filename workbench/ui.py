@@ -470,6 +470,26 @@ def run_picker(store: RunStore, label: str, key: str, *, default: str | None = N
     return picked
 
 
+def choice(box, label: str, options: Sequence[Any], *, key: str, format_func=None) -> Any:
+    """A select box that is a new widget whenever its options change, keeping the choice made
+    (under ``st.session_state[key]``) while the new options hold it. With one widget whose options
+    changed (Compare's "only probes whose scores differ" toggle), the browser kept showing a probe
+    the list no longer held while the server had picked another: "Open run" opened another probe
+    than the one on screen."""
+    import hashlib
+
+    digest = hashlib.sha1("\x1f".join(map(str, options)).encode()).hexdigest()[:12]
+    widget = f"{key}__{digest}"
+    # Options changed since the last run (another widget now): it starts on the choice made, when
+    # listed. (The same widget as the last run holds the user's latest pick: left alone.)
+    if st.session_state.get(f"{key}__widget") != widget and st.session_state.get(key) in options:
+        st.session_state[widget] = st.session_state[key]
+    st.session_state[f"{key}__widget"] = widget
+    picked = box.selectbox(label, options, key=widget, **({"format_func": format_func} if format_func else {}))
+    st.session_state[key] = picked
+    return picked
+
+
 SIDEBAR_FITS = 30  # characters of a label the sidebar's select box shows before it cuts the rest
 
 

@@ -155,7 +155,10 @@ def experiment_comparison() -> None:
                    + ". Each cell: the probe's score with that configuration and, when lost, the stage and step "
                    "where its answer was lost. Select a cell to open that run at that step.")
         widths = app_data.text_widths(view[ordered])  # a cell reads whole: "lost 0.00 at r…" hid the stage and step
+        # The cells compared next to the question they answer (after five other columns they ran off
+        # the page's edge, at 900 px entirely)
         event = st.dataframe(view, hide_index=True, key="cmp_xp_grid", on_select="rerun",
+                             column_order=["question", *ordered, "gold", "category", "conversation", "probe"],
                              selection_mode="single-cell", column_config={
                                  **{label: st.column_config.TextColumn(width=widths.get(label)) for label in ordered},
                                  "question": st.column_config.TextColumn(width="medium", pinned=True),
@@ -176,12 +179,10 @@ def experiment_comparison() -> None:
             # experiment's probe while the row number it kept opened another probe's run.
             rows = {f"{r.conversation} · {r.probe}": i for i, r in view.iterrows()}
             questions = {key: f"{key} · {view.at[i, 'question']}" for key, i in rows.items()}
-            probe_key = f"cmp_xp_probe_{experiment_id}"
-            for key, options in ((probe_key, list(rows)), ("cmp_xp_cell_config", ordered)):
-                if key in st.session_state and st.session_state[key] not in options:
-                    del st.session_state[key]  # (a probe the "differ" toggle hid, a label of another grid)
-            row = rows[left.selectbox("Probe", list(rows), format_func=questions.get, key=probe_key)]
-            label = middle.selectbox("Configuration", ordered, key="cmp_xp_cell_config")
+            # (a new widget when the toggle or another grid changes the options: see ui.choice)
+            row = rows[ui.choice(left, "Probe", list(rows), key=f"cmp_xp_probe_{experiment_id}",
+                                 format_func=questions.get)]
+            label = ui.choice(middle, "Configuration", ordered, key="cmp_xp_cell_config")
             target = app_data.grid_target(grid, row, label)
             where = "at the step its evidence was lost" if target and target[1] is not None else "at its last step"
             # On a row of its own: in a sixth of a 900 px page its label read "Op…".
