@@ -243,8 +243,9 @@ def test_experiment_grid_and_exported_html_from_disk(server) -> None:
         assert not re.search(r"\bnan\b|\$nan|nanx", main_text, re.IGNORECASE)
         # The Probe box shows a probe the toggle left listed, and Open run opens that one: the box
         # kept showing the first probe of the whole list while Open run opened another.
-        box = page.locator('[data-testid="stSelectbox"]').filter(has_text="Probe").first
-        probe = " · ".join(box.inner_text().split("\n")[-1].split(" · ")[:2])  # "priya-lisbon · p02"
+        shown_value = page.get_by_role("combobox", name="Probe").input_value().strip()  # what the box shows
+        assert shown_value.startswith("priya-lisbon · p"), shown_value
+        probe = " · ".join(shown_value.split(" · ")[:2])  # "priya-lisbon · p02"
         page.get_by_role("button", name="Open run").click()
         settle(page)
         page.get_by_text(f"Opened from Compare for probe {probe}:").wait_for(timeout=60_000)
