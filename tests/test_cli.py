@@ -110,6 +110,24 @@ def test_a_dataset_that_cannot_be_read_is_said_before_the_model_library_loads(tm
     assert not (tmp_path / "r.duckdb").exists()  # (nor a run store made for nothing)
 
 
+def test_a_ctrl_c_no_command_handles_exits_130_in_every_command() -> None:
+    """Found by review: commands without --json (delete, export, …) still ended a Ctrl-C with
+    click's "Aborted!" and exit status 1, which the README's 130 did not cover."""
+    import click
+
+    from workbench.cli import JsonGroup
+
+    @click.group(cls=JsonGroup)
+    def group() -> None: ...
+
+    @group.command()
+    def stopped() -> None:
+        raise KeyboardInterrupt
+
+    result = CliRunner().invoke(group, ["stopped"])
+    assert result.exit_code == 130 and "interrupted" in result.output and "Aborted!" not in result.output
+
+
 def test_a_ctrl_c_or_an_error_after_the_json_answer_adds_no_second_answer() -> None:
     """Found last round: a Ctrl-C after a command had printed its --json summary (while it closed
     its store) added {"status": "interrupted"} as a second JSON line, under an answer that said

@@ -92,6 +92,16 @@ class JsonCommand(click.Command):
     not exist) also end stdout with ``{"status": "failed", "error": …}`` under ``--json``; click
     still prints its usage message to stderr and exits 2."""
 
+    def invoke(self, ctx: click.Context) -> Any:
+        """The command, with a Ctrl-C it does not handle itself ending as every interrupt does:
+        a word and exit status 130, not click's "Aborted!" and 1 (``json_errors`` commands say
+        more, and keep an answer already given)."""
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("\ninterrupted", err=True)
+            sys.exit(130)
+
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         wants_json = any(param.name == "as_json" for param in self.params) and self._asks_json(args)
         try:
@@ -782,7 +792,7 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
             results = _run_async(run_sweep(conv, grid, store, concurrency, on_done=report))
             table = [{**r.summary(), "config": config.label()} for config, r in zip(grid, results)]
             if as_json:
-                _say_json({"runs": table})
+                _say_json({"runs": table}, code=1 if any(r.status != "completed" for r in results) else 0)
             else:
                 click.echo(f"{'run':<24} {'compr':>7} {'retention':>9} {'cost':>8} {'status':>10}  configuration")
                 for name, result in zip(short, results):
