@@ -96,6 +96,7 @@ class DuckDBObservationStore(SyncClosing):
         """What the memory is made of: from the newest reflection (or the newest observation, if
         older) on, plus the observations that reflection left uncovered. Reads the thread's
         records (this store keeps no index of them)."""
+        check_thread_id(thread_id, "list_recent")
         with self._lock:
             records = self._rows(thread_id)
         reflections = [i for i, r in enumerate(records) if r.kind == "reflection"]
@@ -146,6 +147,7 @@ class DuckDBObservationStore(SyncClosing):
             self._con.execute("COMMIT")
 
     async def delete_epoch(self, thread_id: str) -> int:
+        check_thread_id(thread_id, "delete_epoch")
         with self._lock:
             found = self._con.execute("SELECT epoch FROM omem_epochs WHERE thread_id = ?", [thread_id]).fetchall()
             if found:

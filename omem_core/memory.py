@@ -206,6 +206,7 @@ class InMemoryMemoryStore:
         self._working.pop(thread_id, None)
 
     async def get_working_memory(self, thread_id: str) -> str | None:
+        check_thread_id(thread_id, "get_working_memory")
         return self._working.get(thread_id)
 
     async def update_working_memory(self, thread_id: str, text: str) -> None:
@@ -255,6 +256,7 @@ class Memory:
         )
 
     async def get_working_memory(self, thread_id: str) -> str | None:
+        check_thread_id(thread_id, "get_working_memory")
         self._require_working_memory()
         return await self.storage.get_working_memory(thread_id)  # type: ignore[attr-defined]
 

@@ -177,6 +177,7 @@ class InMemoryObservationStore:
         return list(thread.records) if thread else []
 
     async def list_recent(self, thread_id: str) -> builtins.list[ObservationRecord]:
+        check_thread_id(thread_id, "list_recent")
         thread = self._threads.get(thread_id)
         if thread is None:
             return []
@@ -214,6 +215,7 @@ class InMemoryObservationStore:
         self._epochs.pop(thread_id, None)
 
     async def delete_epoch(self, thread_id: str) -> int:
+        check_thread_id(thread_id, "delete_epoch")
         epoch = self._epochs.get(thread_id)
         if epoch is None:
             epoch = self._epochs[thread_id] = next(self._serial)

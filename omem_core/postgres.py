@@ -776,6 +776,7 @@ class PostgresMemoryStore(_Store):
             await con.execute(db.q("DELETE FROM {s}omem_working_memory WHERE thread_id = %s"), (thread_id,))
 
     async def get_working_memory(self, thread_id: str) -> str | None:
+        check_thread_id(thread_id, "get_working_memory")
         if _unstorable(thread_id):
             return None
         async with self._db.connection() as con:
@@ -852,6 +853,7 @@ class PostgresObservationStore(_Store):
                     return records
 
     async def list_recent(self, thread_id: str) -> builtins.list[ObservationRecord]:
+        check_thread_id(thread_id, "list_recent")
         if _unstorable(thread_id):
             return []
         # One statement (one snapshot), index lookups only: the newest reflection, the newest
@@ -943,6 +945,7 @@ class PostgresObservationStore(_Store):
         self._cache.forget_thread(thread_id)
 
     async def delete_epoch(self, thread_id: str) -> int:
+        check_thread_id(thread_id, "delete_epoch")
         _no_nul(thread_id, "delete epoch", "thread_id")
         query = self._db.q(
             "WITH made AS (INSERT INTO {s}omem_threads (thread_id) SELECT %(t)s WHERE NOT EXISTS "

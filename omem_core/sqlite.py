@@ -245,6 +245,7 @@ class SQLiteMemoryStore(SyncClosing):
             db.con.execute("COMMIT")
 
     async def get_working_memory(self, thread_id: str) -> str | None:
+        check_thread_id(thread_id, "get_working_memory")
         with self._db.lock:
             row = self._db.con.execute("SELECT text FROM omem_working_memory WHERE thread_id = ?",
                                        (thread_id,)).fetchone()
@@ -308,6 +309,7 @@ class SQLiteObservationStore(SyncClosing):
             return self._records(rows)
 
     async def list_recent(self, thread_id: str) -> builtins.list[ObservationRecord]:
+        check_thread_id(thread_id, "list_recent")
         con = self._db.con
         with self._db.lock:  # index lookups, not a scan of the thread
             reflection = con.execute("SELECT seq, uncovered FROM omem_records WHERE thread_id = ? AND "
@@ -388,6 +390,7 @@ class SQLiteObservationStore(SyncClosing):
             self._cache.forget_thread(thread_id)
 
     async def delete_epoch(self, thread_id: str) -> int:
+        check_thread_id(thread_id, "delete_epoch")
         con = self._db.con
         with self._db.lock:
             row = con.execute("SELECT epoch FROM omem_threads WHERE thread_id = ?", (thread_id,)).fetchone()

@@ -584,14 +584,19 @@ async def test_a_delete_of_a_non_str_thread_is_refused_and_deletes_nothing(make_
             with pytest.raises(TypeError, match=f"delete_thread: thread_id must be a str, got {type(thread).__name__}"):
                 await store.delete_thread(thread)
     assert len(await inner.recall("5", last=5)) == 1
+    await inner.update_working_memory("5", "name: Ada")
+    for store in (inner, Memory(inner)):  # (SQLite read thread "5"'s working memory for 5)
+        with pytest.raises(TypeError, match="get_working_memory: thread_id must be a str, got int"):
+            await store.get_working_memory(5)
 
 
 async def test_a_list_or_delete_of_records_of_a_non_str_thread_is_refused(make_observation_store) -> None:
     store = make_observation_store()
     await store.save(record(0, thread="5"))
-    for operation in ("list", "delete_by_thread"):
-        with pytest.raises(TypeError, match=f"{operation}: thread_id must be a str, got int"):
-            await getattr(store, operation)(5)
+    for operation in ("list", "list_recent", "delete_by_thread", "delete_epoch"):
+        if hasattr(store, operation):
+            with pytest.raises(TypeError, match=f"{operation}: thread_id must be a str, got int"):
+                await getattr(store, operation)(5)
     assert len(await store.list("5")) == 1
 
 
