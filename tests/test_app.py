@@ -1338,12 +1338,20 @@ def test_presentation_text_and_labels_read_right_at_the_edges() -> None:
     # Close is judged on the drawn axis: 1,000 and 2,000 are far apart under 2,500 tokens, but a
     # backlog that reached 50,000 (BEAM) draws them a few pixels apart.
     assert labels(1000, 2000) == {"observation threshold 1000": "top", "reflection threshold 2000": "top"}
+    # There both lines sit at the axis' foot, where a label under its line would print over the
+    # tick labels (found by review): both go over their lines, at opposite ends.
     steps = steps.assign(backlog_tokens=[0, 50_000, 40_000])
-    assert labels(1000, 2000) == {"observation threshold 1000": "top", "reflection threshold 2000": "bottom"}
+
+    def placed(figure) -> dict[str, tuple[str, str]]:
+        return {a.text: (a.yanchor, a.xanchor) for a in figure.layout.annotations if "threshold" in a.text}
+
+    foot = placed(charts.thresholds_chart(steps, 1000, 2000))
+    assert {y for y, _ in foot.values()} == {"bottom"} and len({x for _, x in foot.values()}) == 2
+    far = placed(charts.thresholds_chart(steps, 1000, 30_000))  # the low one alone at the foot: over it
+    assert far["observation threshold 1000"][0] == "bottom" and far["reflection threshold 30000"][0] == "top"
     steps = steps.assign(backlog_tokens=[0, 300, 10])  # small here, but drawn on a shared scale up to 22,000
-    shared = charts.thresholds_chart(steps, 1000, 2000, top=22_000)
-    assert {a.text: a.yanchor for a in shared.layout.annotations if "threshold" in a.text} == {
-        "observation threshold 1000": "top", "reflection threshold 2000": "bottom"}
+    shared = placed(charts.thresholds_chart(steps, 1000, 2000, top=22_000))
+    assert {y for y, _ in shared.values()} == {"bottom"} and len({x for _, x in shared.values()}) == 2
     # Margins fit the tick labels and axis titles (a fixed 40 px let "tokens" print over "2000").
     for figure in (charts.volumes_chart(steps), charts.thresholds_chart(steps, 300, 600),
                    charts.heatmap(pd.DataFrame({"observation_threshold": [300], "reflection_threshold": [600],

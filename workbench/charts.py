@@ -122,19 +122,30 @@ def thresholds_chart(steps: pd.DataFrame, observation: int, reflection: int, ste
     x_range = (float(steps_drawn.min()), float(steps_drawn.max())) if not steps_drawn.empty else (0.0, 1.0)
     label = dict(annotation_bgcolor="rgba(255,255,255,0.85)", annotation_font_size=11)
 
-    def line(level: int, text: str, color: str, above: bool) -> None:
-        side = label_side(text, level, above, passes, x_range, top)
+    def line(level: int, text: str, color: str, above: bool, side: str | None = None) -> str:
+        side = side or label_side(text, level, above, passes, x_range, top)
         fig.add_hline(y=level, line_dash="dash", line_color=color, annotation_text=text,
                       annotation_position=("top " if above else "bottom ") + side, **label)
+        return side
 
+    # A label goes under its line: a pass marker sits just over the line it crossed, and a label
+    # over the line hid them (at 900 px most of them). But over a line near the axis' foot (under
+    # it, the label would sit on the tick labels), and over the upper of two close lines; two
+    # labels over two close lines take opposite ends.
+    floor = 0.05 * top  # (a label is about 15 px high, a side-by-side plot about 230 px)
     if observation == reflection:
-        line(observation, f"observation and reflection threshold {observation}", COLORS["observe"], False)
+        line(observation, f"observation and reflection threshold {observation}", COLORS["observe"],
+             observation < floor)
     else:
-        # Under its line: a pass marker sits just over the line it crossed, and a label over the line
-        # hid them (at 900 px most of them). Of two close lines, the upper one's label goes over it.
-        low_is_obs = observation < reflection
-        line(observation, f"observation threshold {observation}", COLORS["window"], close and not low_is_obs)
-        line(reflection, f"reflection threshold {reflection}", COLORS["observe"], close and low_is_obs)
+        (low, low_text, low_color), (high, high_text, high_color) = sorted([
+            (observation, f"observation threshold {observation}", COLORS["window"]),
+            (reflection, f"reflection threshold {reflection}", COLORS["observe"])])
+        high_side = line(high, high_text, high_color, close)
+        low_above = low < floor
+        if close and low_above:
+            line(low, low_text, low_color, True, "left" if high_side == "right" else "right")
+        else:
+            line(low, low_text, low_color, low_above)
     # A pass at (nearly) every read, as when the observer falls behind on BEAM: full-size markers
     # hid the backlog line they sit on, so dense ones are drawn small and see-through.
     dense = len(observed) > 30
