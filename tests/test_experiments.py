@@ -353,6 +353,9 @@ def test_an_experiment_that_finished_with_failed_runs_says_so_and_resume_retries
     done_id = out.split()[1]
     code, out, err = invoke("experiment", "resume", done_id, "--db", db)
     assert code == 0 and f"every run of experiment {done_id} is already completed: nothing to resume" in err
+    code, out, _ = invoke("experiment", "resume", done_id, "--json", "--db", db)  # (it printed no JSON at all)
+    assert code == 0 and json.loads(out.strip().splitlines()[-1]) == {"experiment_id": done_id, "status": "completed",
+                                                                      "resumed": False}
     # Interrupted after its last run (say while judging): resume finishes it, it is not "nothing to resume".
     with RunStore(db) as store:
         store.finish_experiment(done_id, "interrupted", "stopped before the end", 0.0)

@@ -1271,6 +1271,8 @@ def experiment_resume(experiment_id: str, max_cost: float | None, yes: bool, as_
         if store.experiment(experiment_id)["status"] == "completed" and not ex.pending_tasks(store, experiment_id):
             click.echo(f"every run of experiment {experiment_id} is already completed: nothing to resume "
                        f"({cli_command(f'experiment show {experiment_id}', db)})", err=True)
+            if as_json:  # (the last stdout line is JSON, as promised; as `replay --resume` says it)
+                _say_json({"experiment_id": experiment_id, "status": "completed", "resumed": False})
             return
         options = store.experiment(experiment_id)["options"]
         if options.get("judge") and options.get("answerer"):  # checked before the start, as a new one's
