@@ -1196,9 +1196,9 @@ def _errors_by_conversation(failed: pd.DataFrame) -> list[str]:
     where: dict[str, list[str]] = {}
     for run in failed.itertuples():
         if not is_missing(run.error):
-            where.setdefault(str(run.error), [])
-            if run.conversation_id not in where[str(run.error)]:
-                where[str(run.error)].append(str(run.conversation_id))
+            named = where.setdefault(str(run.error), [])
+            if run.conversation_id not in named:
+                named.append(str(run.conversation_id))
     out = []
     for error, conversations in sorted(where.items()):
         named = ", ".join(conversations[:2]) + (f" and {len(conversations) - 2} more" if len(conversations) > 2 else "")

@@ -391,12 +391,12 @@ def run_replay(store: RunStore, conversation: Conversation, config: ReplayConfig
     if store.read_only:
         st.error("The run store is a read-only snapshot here; a replay cannot be recorded.")
         return None
+    from .app_data import replay_progress_text
+
     bar = st.progress(0.0, text=plain(f"Replaying {conversation.id}…"))
 
     def progress(done: int, total: int, message: str) -> None:
         if done == total or done % 5 == 0:
-            from .app_data import replay_progress_text
-
             bar.progress(done / max(total, 1), text=plain(replay_progress_text(conversation.id, done, total, message)))
 
     try:
