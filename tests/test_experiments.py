@@ -643,6 +643,31 @@ def test_what_failed_and_replaced_runs_spent_stays_counted(scripted, tmp_path) -
     assert "spent in all: $" in shown and "runs a resume replaced included" in " ".join(shown.split())
 
 
+def test_a_run_whose_only_call_failed_cost_nothing_not_an_unknown_amount(scripted, tmp_path) -> None:
+    """A failed call has no price and no usage: a run whose first observer call failed recorded
+    its cost as unknown, and one such run made the whole experiment's spend "unknown"."""
+    scripted.replies = [RuntimeError("rate limited")]
+    with priced_scripted_model() as model:
+        code, out, err = invoke("experiment", "run", "--dataset", str(ROOT / "datasets" / "tiny.jsonl"),
+                                "--observer", model, "--reflector", "none", "--observation-threshold", "30",
+                                "--window", "2", "--concurrency", "1", "--no-cache", "--yes", "--json",
+                                "--db", str(tmp_path / "x.duckdb"))
+    ending = json.loads(out.strip().splitlines()[-1])
+    assert code == 1 and ending["configs"][0]["failed"] == 1 and "rate limited" in ending["configs"][0]["errors"][0]
+    with RunStore(str(tmp_path / "x.duckdb")) as store:
+        [failed] = store.experiment_runs(ending["experiment_id"]).itertuples()
+    assert failed.status == "failed" and failed.observer_calls == 1 and failed.cost_usd == 0.0
+    assert ending["spent_usd"] == 0.0
+    scripted.replies = [RuntimeError("rate limited")]
+    with priced_scripted_model() as model:  # a replay says so at its end as well
+        code, out, err = invoke("replay", "--dataset", str(ROOT / "datasets" / "tiny.jsonl"), "--observer", model,
+                                "--reflector", "none", "--observation-threshold", "30", "--window", "2",
+                                "--no-cache", "--yes", "--json", "--db", str(tmp_path / "x.duckdb"))
+    replayed = json.loads(out.strip().splitlines()[-1])
+    assert code == 1 and replayed["status"] == "failed" and replayed["observer_calls"] == 1
+    assert replayed["cost_usd"] == 0.0
+
+
 def test_the_judging_estimate_errs_high_without_a_reflector() -> None:
     """Without a reflector the notes are not bounded by the thresholds: the estimate capped the
     answerer's context at them anyway."""

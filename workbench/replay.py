@@ -445,7 +445,8 @@ async def _finish(conversation, config, recorder, wrapper, count, status, error,
         recorder.save_losses(attribute_losses(conversation, records, state, rows, written))
     costs = [c["cost_usd"] for c in calls if c.get("cost_usd") is not None and c["cost_usd"] == c["cost_usd"]]
     # A call answered at no known price (a model litellm has no price for) makes the total
-    # unknown: a sum of the priced ones would read as the whole cost.
+    # unknown: a sum of the priced ones would read as the whole cost. A failed call has no
+    # answer, no usage and no price: it adds nothing (a run whose only call failed cost $0).
     unpriced = any(not c.get("error") and (c.get("cost_usd") is None or c["cost_usd"] != c["cost_usd"])
                    for c in calls)
     result = ReplayResult(
@@ -455,7 +456,7 @@ async def _finish(conversation, config, recorder, wrapper, count, status, error,
         cache_hits=sum(1 for c in calls if c.get("cache_hit") is True),
         full_history_tokens=full_history, final_context_tokens=final_context,
         compression=(full_history / final_context) if final_context else None,
-        retention=retention, cost_usd=None if unpriced else sum(costs) if costs else (0.0 if not calls else None),
+        retention=retention, cost_usd=None if unpriced else float(sum(costs)),
         elapsed_s=time.perf_counter() - started, error=error, planned_steps=planned, step_rows=rows,
         context=state.context,
     )

@@ -41,7 +41,7 @@ from .interrupts import wait_cap
 # The runs as read: a run that did not complete (interrupted, failed by a bug, still running) has
 # its call figures written only at a normal end, so they are counted from its recorded calls (the
 # explorer said "Model calls 0 / 0" beside 47 recorded calls). The cost follows the end of a run's
-# rule: unknown when a call that answered has no price.
+# rule: unknown when a call that answered has no price; a failed call adds nothing.
 _RUNS = """
 SELECT runs.* REPLACE (
     CASE WHEN c.run_id IS NULL THEN runs.observer_calls ELSE c.observer_calls END AS observer_calls,
@@ -58,7 +58,7 @@ FROM runs LEFT JOIN (
            CAST(coalesce(sum(input_tokens), 0) AS BIGINT) AS input_tokens,
            CAST(coalesce(sum(output_tokens), 0) AS BIGINT) AS output_tokens,
            CASE WHEN bool_or(coalesce(error, '') = '' AND (cost_usd IS NULL OR isnan(cost_usd))) THEN NULL
-                ELSE sum(cost_usd) FILTER (WHERE NOT isnan(cost_usd)) END AS cost_usd
+                ELSE coalesce(sum(cost_usd) FILTER (WHERE NOT isnan(cost_usd)), 0) END AS cost_usd
     FROM model_calls
     WHERE run_id IN (SELECT run_id FROM runs WHERE status <> 'completed')
     GROUP BY run_id
