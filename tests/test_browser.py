@@ -308,3 +308,35 @@ def test_a_new_experiment_is_the_one_the_picker_shows(server) -> None:
         settle(page)
         assert page.get_by_role("textbox", name="Observation thresholds").input_value() == "500,1000,2000"
         assert page.get_by_role("textbox", name="Reflection thresholds").input_value() == "2000"
+
+
+
+def test_while_the_app_resumes_an_experiment_its_buttons_are_disabled(server) -> None:
+    """The resume ran above the page's buttons: the Resume and Delete buttons of the run before
+    stayed on screen, faded but clickable (a click stopped the resume), until it ended."""
+    from workbench.experiments import ExperimentOptions, create_experiment
+    from workbench.replay import ReplayConfig
+    from workbench.runstore import RunStore
+
+    url, tmp = server
+    grid = [ReplayConfig(observation_threshold=o, reflection_threshold=600, last_messages=4)
+            for o in range(100, 1300, 100)]
+    with RunStore(tmp / "e2e.duckdb") as store:  # recorded, then interrupted before its first run
+        experiment_id = create_experiment(store, dataset=ROOT / "datasets" / "demo.jsonl", grid=grid,
+                                          options=ExperimentOptions(concurrency=1))
+        store.finish_experiment(experiment_id, "interrupted", "stopped for the test", 0.0)
+    with chromium(tmp / "profile6") as page:
+        page.goto(f"{url}/experiments")
+        settle(page)
+        page.get_by_text("Confirm delete").click()  # Delete armed before the resume
+        settle(page)
+        page.get_by_role("button", name=re.compile(r"^Resume \(12 left")).click()
+        page.get_by_text(re.compile(r"\d+/12 runs done")).wait_for(timeout=60_000)  # running now
+        resume = page.get_by_role("button", name=re.compile(r"^Resume \(12 left"))
+        assert resume.count() == 1 and resume.is_disabled()  # drawn again, disabled, while it runs
+        assert page.get_by_role("button", name="Delete experiment").is_disabled()
+        assert page.get_by_role("checkbox", name="Confirm delete").is_disabled()
+        page.get_by_text(re.compile(r"completed: 12 runs replayed in")).wait_for(timeout=300_000)
+        settle(page)
+    with RunStore(tmp / "e2e.duckdb") as store:
+        assert store.experiment(experiment_id)["status"] == "completed"

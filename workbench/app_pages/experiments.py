@@ -201,10 +201,9 @@ failed_runs = int((runs.status != "completed").sum()) if not runs.empty else 0
 missing_runs = max(0, planned - done - failed_runs)  # never started, or deleted since
 st.text(f"{experiment_id} · {status_text(experiment['status'], failed_runs, planned, missing_runs)} · "
         f"{fmt.short_path(experiment['dataset'])}")
-if st.session_state.pop("xp_resume_now", None) == experiment_id:
-    # Resumed here, above the page's buttons: run where the Resume button was clicked, it left that
-    # button (and Delete) on screen and clickable while the experiment ran.
-    run_and_report(experiment_id)
+# A Resume clicked in the last run: the run starts below the page's buttons, drawn disabled first
+# (run above them, the buttons of the run before stayed on screen, faded but clickable, until it ended).
+resuming = st.session_state.pop("xp_resume_now", None) == experiment_id
 if experiment["status"] == "running":
     st.progress(done / max(planned, 1), text=f"{done} of {planned} runs completed")
 
@@ -221,9 +220,9 @@ elif experiment["status"] != "completed":
 
 # One row that wraps (in five equal columns of a 900 px page the labels read "Resu…", "Delet…").
 actions = st.container(horizontal=True, vertical_alignment="center")
-if actions.button("Tune", key="xp_open_tune", help="Retention vs compression over the grid"):
+if actions.button("Tune", key="xp_open_tune", disabled=resuming, help="Retention vs compression over the grid"):
     st.switch_page("workbench/app_pages/tune.py")
-if actions.button("Compare", key="xp_open_compare", help="Two configurations, probe by probe"):
+if actions.button("Compare", key="xp_open_compare", disabled=resuming, help="Two configurations, probe by probe"):
     st.switch_page("workbench/app_pages/compare.py")
 running = experiment["status"] == "running"
 unfinished = experiment["status"] != "completed" and not running  # (stopped after its last run: resume ends it)
@@ -240,17 +239,17 @@ if (pending or unfinished) and not running:
 # (no Resume on an experiment with nothing to finish: a greyed "Resume (to finish)" read as if it had)
 resume = (pending or unfinished) and actions.button(
     f"Resume ({pending} left{priced})" if pending else f"Resume (to finish{priced})", key="xp_resume",
-    disabled=running or store.read_only or bool(stuck),
-    help=stuck or ("Running in another process" if running else
+    disabled=running or resuming or store.read_only or bool(stuck),
+    help=stuck or ("Running in another process" if running else "Resuming…" if resuming else
                    "Paid models: the cost is an estimate meant to err high" if priced else None))
-if actions.button("Prepare HTML export", key="xp_prepare"):
+if actions.button("Prepare HTML export", key="xp_prepare", disabled=resuming):
     st.session_state["xp_html"] = (experiment_id, export_html.experiment_html(store, experiment_id))
 prepared = st.session_state.get("xp_html")
 if prepared and prepared[0] == experiment_id:
     actions.download_button("Download HTML", prepared[1], file_name=f"{experiment_id}.html", mime="text/html",
                                key="xp_download")
-confirm = actions.checkbox("Confirm delete", key=f"xp_confirm_{experiment_id}")  # one experiment's only
-if actions.button("Delete experiment", key="xp_delete", disabled=not confirm or store.read_only):
+confirm = actions.checkbox("Confirm delete", key=f"xp_confirm_{experiment_id}", disabled=resuming)  # one experiment's only
+if actions.button("Delete experiment", key="xp_delete", disabled=not confirm or store.read_only or resuming):
     try:
         store.delete_experiment(experiment_id)
     except RunBusy as exc:  # another process is running it: nothing is deleted
@@ -264,6 +263,8 @@ if actions.button("Delete experiment", key="xp_delete", disabled=not confirm or 
 if resume:
     st.session_state["xp_resume_now"] = experiment_id
     st.rerun()
+if resuming:
+    run_and_report(experiment_id)
 
 summaries = tables["summaries"]
 st.subheader("Figures per configuration")
