@@ -289,6 +289,24 @@ def test_sweep_compare_runs_export(tmp_path) -> None:
     assert code != 0 and "no run nope in" in err and "'nope'" not in err
 
 
+def test_a_sweep_none_of_whose_configurations_can_run_is_refused_before_it_records_anything(monkeypatch) -> None:
+    """It recorded one failed run per configuration (nine by default) and said the same missing key
+    eighteen times; an experiment refused such a grid up front."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    code, out, err = invoke("sweep", "--dataset", TINY, "--observer", "gpt-4o-mini", "--yes", "--json")
+    assert code == 1 and json.loads(out.strip().splitlines()[-1])["status"] == "failed"
+    assert "no configuration can run here: gpt-4o-mini: missing OPENAI_API_KEY" in err
+    assert err.count("OPENAI_API_KEY") == 1
+    assert json.loads(invoke("runs", "--json")[1]) == []  # nothing recorded
+    # one that cannot run among others that can: said before the sweep starts, recorded as failed
+    code, out, err = invoke("sweep", "--dataset", TINY, "--observer", "gpt-4o-mini,omem/extractive",
+                            "--observation-threshold", "40", "--reflection-threshold", "60", "--yes", "--json")
+    runs = json.loads(out.strip().splitlines()[-1])["runs"]
+    assert code == 1 and [r["status"] for r in runs] == ["failed", "completed"]
+    assert ("warning: obs model gpt-4o-mini cannot run here and will be recorded as failed: "
+            "gpt-4o-mini: missing OPENAI_API_KEY") in err
+
+
 def test_bad_input_gets_a_clear_error(tmp_path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"conversation_id": "c", "id": "m1", "role": "robot", "content": "x", "timestamp": "2024-01-01"}\n')

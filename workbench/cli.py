@@ -742,7 +742,8 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
     """Replay a grid of configurations (bounded concurrency) into one run store.
 
     A configuration that fails (an unknown model, a missing key, a model error) is listed with
-    its error; the others still run."""
+    its error; the others still run. A grid none of whose configurations can run here (no key)
+    is refused before anything is recorded."""
     from .datasets import load_conversation
 
     try:  # read before the model library loads (seconds): a file that cannot be read is said at once
@@ -773,6 +774,18 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
             # What varies names each configuration (a single one is named in full).
             short = labels([c.to_json() for c in grid]) if len(grid) > 1 else [c.label() for c in grid]
             names = {id(c): name for c, name in zip(grid, short)}
+            from .replay import configuration_problem
+
+            # As an experiment: a grid none of whose configurations can run is refused before
+            # anything is asked or recorded (it recorded one failed run per configuration, each
+            # error said twice); the others' failures are announced before they are recorded.
+            problems = {name: configuration_problem(c) for name, c in zip(short, grid)}
+            if all(problems.values()):
+                raise click.ClickException("no configuration can run here: "
+                                           + "; ".join(sorted({p for p in problems.values() if p})))
+            for name, problem in problems.items():
+                if problem:
+                    click.echo(f"warning: {name} cannot run here and will be recorded as failed: {problem}", err=True)
 
             def report(finished: int, total: int, config: ReplayConfig, result: ReplayResult) -> None:
                 if as_json:
