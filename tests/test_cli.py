@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -477,6 +478,34 @@ def test_model_error_then_resume(scripted: Scripted, tmp_path) -> None:
     assert code == 0 and "already completed" in err
     assert json.loads(out.strip().splitlines()[-1]) == {"run_id": failed["run_id"], "status": "completed",
                                                         "resumed": False}
+
+
+def test_a_run_is_not_resumed_on_a_dataset_edited_since_it_started(scripted: Scripted, tmp_path) -> None:
+    """A failed run resumed after its file was edited went on with the new messages after the old
+    ones and read "completed" (30 reads of 11 planned, compression 0.99x): neither file's figures."""
+    data = tmp_path / "tiny.jsonl"
+    original = Path(TINY).read_text(encoding="utf-8")
+    data.write_text(original, encoding="utf-8")
+    scripted.replies = ["- a", RuntimeError("rate limited")]
+    code, out, err = invoke("replay", "--dataset", str(data), "--observer", "scripted/model", "--reflector", "none",
+                            "--observation-threshold", "30", "--last-messages", "2", "--no-cache", "--yes", "--json")
+    failed = json.loads(out.strip().splitlines()[-1])
+    assert code == 1 and failed["status"] == "failed" and failed["steps"] > 0, err
+    with RunStore(tmp_path / "cli.duckdb") as store:
+        before = (store.run(failed["run_id"])["status"], len(store.steps(failed["run_id"])))
+    for edited in (original.replace("puzzle toys", "chew toys"), "\n".join(original.splitlines()[2:]) + "\n"):
+        data.write_text(edited, encoding="utf-8")
+        code, out, err = invoke("replay", "--resume", failed["run_id"], "--yes", "--json")
+        assert code == 1 and json.loads(out.strip().splitlines()[-1])["status"] == "failed"
+        assert f"run {failed['run_id']} cannot be resumed: conversation 'tiny' changed in {data}" in err, err
+        assert "start a new replay of it" in err and "cost unknown" not in err  # refused before the cost is asked
+        assert ("its message 3 ('t3') has another text" in err if "chew toys" in edited
+                else "it has 10 messages, the run recorded 12" in err), err
+        with RunStore(tmp_path / "cli.duckdb") as store:  # nothing changed
+            assert (store.run(failed["run_id"])["status"], len(store.steps(failed["run_id"]))) == before
+    data.write_text(original, encoding="utf-8")  # the file as it was: the run resumes
+    code, out, err = invoke("replay", "--resume", failed["run_id"], "--yes", "--json")
+    assert code == 0 and json.loads(out.strip().splitlines()[-1])["status"] == "completed", err
 
 
 def test_a_replay_whose_only_probe_is_an_abstention_says_why_nothing_is_scored(tmp_path) -> None:

@@ -346,3 +346,19 @@ def test_a_probe_is_scored_once_its_evidence_has_left_the_window_and_clock_times
     assert (summary.scored, summary.in_window) == (2, 1)
     assert summary.full_history == 0.5  # "Biscuit" 1, "13" 0: the 13:05 timestamps do not answer it
     assert summary.retention == 0.0  # only the window is visible: neither answer is
+
+
+def test_resuming_a_run_on_a_conversation_that_changed_is_refused(tmp_path) -> None:
+    """``replay(resume=…)`` (the app's Resume) went on with whatever the file held now."""
+    from workbench.errors import ConfigurationError
+
+    data = tmp_path / "tiny.jsonl"
+    data.write_text(TINY.read_text(encoding="utf-8"), encoding="utf-8")
+    with RunStore(tmp_path / "x.duckdb") as store:
+        done = asyncio.run(replay(load_conversation(data), ReplayConfig(**SMALL), store))
+        steps = len(store.steps(done.run_id))
+        data.write_text(TINY.read_text(encoding="utf-8").replace("2024-01-10T09:02:00Z", "2024-01-10T09:02:30Z"),
+                        encoding="utf-8")
+        with pytest.raises(ConfigurationError, match=r"its message 3 \('t3'\) has another date than the run recorded"):
+            asyncio.run(replay(load_conversation(data), ReplayConfig(**SMALL), store, resume=done.run_id))
+        assert len(store.steps(done.run_id)) == steps and store.run(done.run_id)["status"] == "completed"

@@ -427,7 +427,7 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
         except WorkbenchError as exc:
             raise click.ClickException(str(exc)) from exc
     _loading_note()
-    from .replay import ConfigurationError, ReplayConfig, ReplayFailed, replay
+    from .replay import ConfigurationError, ReplayConfig, ReplayFailed, replay, resume_refusal
 
     if answerer and judge:  # refused before the replay, not after it
         from .judge import unusable
@@ -446,6 +446,8 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
                     _say_json({"run_id": resume, "status": "completed", "resumed": False})
                 return
             conv = load_conversation(run["dataset"], run["conversation_id"], run["dataset_format"])
+            if (refusal := resume_refusal(conv, store, resume)) is not None:  # (before the cost is asked)
+                raise click.ClickException(refusal)
             config = ReplayConfig.from_json(run["config"])
         else:
             conv = chosen
@@ -1298,6 +1300,8 @@ def experiment_resume(experiment_id: str, max_cost: float | None, yes: bool, as_
         blocked, every = ex.blocked_runs(store, experiment_id)
         if every:
             raise ex.ExperimentError("no run left can replay here: " + "; ".join(sorted(set(blocked.values()))))
+        if (changed := ex.dataset_changed(store, experiment_id)) is not None:  # (before the cost is asked)
+            raise ex.ExperimentError(f"experiment {experiment_id} cannot be resumed: {changed}")
         for label, problem in blocked.items():
             click.echo(f"warning: {label} cannot run here and will be recorded as failed: {problem}", err=True)
         # What is left, and what it should cost, asked as a new experiment asks (a resume of a paid

@@ -408,6 +408,31 @@ def outcome_message(experiment_id: str, outcome: ExperimentOutcome, name: str | 
         f". {outcome.error}" if outcome.error else ".")
 
 
+def dataset_changed(store: Any, experiment_id: str) -> str | None:
+    """Why the experiment's runs left to replay cannot join its recorded ones: a conversation of
+    theirs that its dataset no longer holds as the experiment's runs recorded it (a resume on an
+    edited file mixed runs of two versions of a conversation in one pooled figure), or ``None``."""
+    from .replay import dataset_change
+
+    experiment = store.experiment(experiment_id)
+    runs = store.experiment_runs(experiment_id)
+    for conversation_id in sorted({t.conversation_id for t in pending_tasks(store, experiment_id)}):
+        for run_id in runs.run_id[runs.conversation_id == conversation_id]:
+            recorded = store.messages(run_id)
+            if recorded.empty:  # (a configuration refused up front records no message)
+                continue
+            try:
+                conversation = load_conversation(experiment["dataset"], conversation_id, experiment["dataset_format"])
+            except WorkbenchError:
+                return None  # (the runs say so, each as a dataset failure)
+            if (changed := dataset_change(conversation, recorded)) is not None:
+                return (f"conversation {conversation_id!r} changed in {conversation.source} since this experiment "
+                        f"replayed it ({changed}); its runs left would not be comparable with those recorded: "
+                        "start a new experiment")
+            break
+    return None
+
+
 def _clear_unfinished(store: Any, experiment_id: str) -> None:
     """Runs of the experiment that did not complete are replaced by the resume's new runs (what
     they spent stays counted in the experiment's ``other_cost_usd``)."""
@@ -641,6 +666,8 @@ async def run_experiment(store: Any, experiment_id: str, *, progress: Callable[[
     options = ExperimentOptions(**experiment["options"])
     if options.api_base:  # recorded with any key in it written as its variable's name
         options = dataclasses.replace(options, api_base=restore_secrets(options.api_base))
+    if (changed := dataset_changed(store, experiment_id)) is not None:
+        raise ExperimentError(f"experiment {experiment_id} cannot be resumed: {changed}")
     store.claim_experiment(experiment_id)
     _clear_unfinished(store, experiment_id)
     tasks = pending_tasks(store, experiment_id)

@@ -199,6 +199,32 @@ def _conversation_rows(conversation: Conversation, counts: list[int]) -> list[di
     ]
 
 
+def dataset_change(conversation: Conversation, recorded: Any) -> str | None:
+    """How ``conversation`` (as its dataset reads now) differs from the messages a run recorded
+    when it started (``RunStore.messages``), or ``None``. A run resumed on an edited file went on
+    with the new messages after the old ones and read "completed" with figures of neither."""
+    turns = conversation.turns
+    if len(recorded) != len(turns):
+        return f"it has {len(turns)} messages, the run recorded {len(recorded)}"
+    for turn, row in zip(turns, recorded.itertuples()):
+        when = row.created_at.to_pydatetime() if hasattr(row.created_at, "to_pydatetime") else row.created_at
+        if (turn.id, turn.role, turn.content) != (row.message_id, row.role, row.content) or turn.created_at != when:
+            what = ("id" if turn.id != row.message_id else "role" if turn.role != row.role
+                    else "text" if turn.content != row.content else "date")
+            return f"its message {row.idx + 1} ({row.message_id!r}) has another {what} than the run recorded"
+    return None
+
+
+def resume_refusal(conversation: Conversation, store: RunStore, run_id: str) -> str | None:
+    """Why run ``run_id`` cannot be resumed on ``conversation`` as its dataset reads now (see
+    :func:`dataset_change`), or ``None``."""
+    changed = dataset_change(conversation, store.messages(run_id))
+    if changed is None:
+        return None
+    return (f"run {run_id} cannot be resumed: conversation {conversation.id!r} changed in {conversation.source} "
+            f"since the run started ({changed}); start a new replay of it")
+
+
 def planned_reads(conversation: Conversation, config: ReplayConfig) -> int:
     """How many memory reads the whole replay makes (one per step)."""
     if config.recall_on == "every":
@@ -229,6 +255,8 @@ def _start(conversation: Conversation, config: ReplayConfig, store: RunStore | N
         if run["conversation_id"] != conversation.id:
             raise ConfigurationError(
                 f"run {resume} replayed conversation {run['conversation_id']!r}, not {conversation.id!r}")
+        if (refusal := resume_refusal(conversation, store, resume)) is not None:
+            raise ConfigurationError(refusal)
         config = ReplayConfig.from_json(run["config"])
     problem = configuration_problem(config)
     if problem is not None:
