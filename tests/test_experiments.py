@@ -1261,3 +1261,43 @@ def test_the_per_conversation_table_says_when_configurations_scored_different_pr
     differ = conversation_numbers([row("w4", "c1", 12, 0.5), row("w40", "c1", 10, 0.6)])
     assert differ.columns.tolist() == ["conversation", "probes (most scored)", "w4", "w40"]
     assert differ["probes (most scored)"].tolist() == [12]
+
+
+def test_an_experiment_is_not_resumed_on_a_dataset_edited_since_its_runs(tmp_path) -> None:
+    """Its runs left would replay the new file and be pooled with runs of the old one."""
+    data = tmp_path / "tiny.jsonl"
+    original = (ROOT / "datasets" / "tiny.jsonl").read_text(encoding="utf-8")
+    data.write_text(original, encoding="utf-8")
+    db = str(tmp_path / "x.duckdb")
+    code, out, err = invoke("experiment", "run", "--dataset", str(data), "--observation-threshold", "30,60",
+                            "--window", "2", "--concurrency", "1", "--json", "--db", db)
+    assert code == 0, err
+    experiment_id = json.loads(out.strip().splitlines()[-1])["experiment_id"]
+    with RunStore(db) as store:
+        kept, gone = store.experiment_runs(experiment_id).run_id
+        store.delete_run(gone)  # one run left to replay
+        store.finish_experiment(experiment_id, "interrupted", "stopped for the test", 0.0)
+    data.write_text(original.replace("puzzle toys", "chew toys"), encoding="utf-8")
+    code, out, err = invoke("experiment", "resume", experiment_id, "--json", "--db", db)
+    assert code == 1 and json.loads(out.strip().splitlines()[-1])["status"] == "failed"
+    assert (f"experiment {experiment_id} cannot be resumed: conversation 'tiny' changed in {data} since this "
+            "experiment replayed it (its message 3 ('t3') has another text than the run recorded)") in err
+    assert "start a new experiment" in err and "left to replay" not in err  # refused before the plan
+    with RunStore(db) as store:
+        with pytest.raises(ex.ExperimentError, match="cannot be resumed"):  # the app's Resume too
+            asyncio.run(ex.run_experiment(store, experiment_id))
+        assert list(store.experiment_runs(experiment_id).run_id) == [kept]
+        assert store.experiment(experiment_id)["status"] == "interrupted"
+    data.write_text(original, encoding="utf-8")
+    code, out, err = invoke("experiment", "resume", experiment_id, "--json", "--db", db)
+    assert code == 0 and json.loads(out.strip().splitlines()[-1])["status"] == "completed", err
+
+
+def test_an_error_quoting_half_a_character_is_recorded_not_lost(tmp_path) -> None:
+    """An experiment that failed on a lone surrogate was left "failed" with no reason: the write of
+    its error, which quoted the character, failed as well."""
+    with RunStore(tmp_path / "x.duckdb") as store:
+        experiment_id = ex.create_experiment(store, dataset=DEMO, grid=[ReplayConfig()],
+                                             options=ex.ExperimentOptions(concurrency=1))
+        store.finish_experiment(experiment_id, "failed", "InvalidInputException: 'bad \ud800 x'", 0.0)
+        assert store.experiment(experiment_id)["error"] == "InvalidInputException: 'bad \ufffd x'"
