@@ -422,12 +422,19 @@ def redact_secrets(text: Any) -> Any:
     """``text`` with any secret of the environment it quotes redacted (the library's
     ``redact_secrets``, imported only when there is text to write: quick paths skip litellm).
     Errors, model replies and requests, and the notes made of them are written through it: a
-    provider that quotes the key it was sent never puts it in the file."""
+    provider that quotes the key it was sent never puts it in the file. Half a character (a lone
+    surrogate, which DuckDB refuses: an error quoting one was lost with the write that failed on
+    it) becomes U+FFFD."""
     if not isinstance(text, str) or not text:
         return text
     from omem_core._env import redact_secrets as redact
 
-    return redact(text)
+    text = redact(text)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
 
 
 def _calls(calls: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

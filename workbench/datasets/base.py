@@ -164,11 +164,55 @@ def text_or_none(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
+def _whole_unicode(value: Any) -> tuple[Any, int]:
+    """``value`` with each lone surrogate (half an emoji: JSON's ``"\\ud83d"`` alone decodes to
+    one) replaced by U+FFFD, and how many were; a pair left as two code points is joined back.
+    No store and no UTF-8 file can hold one: a replay failed on it with a DuckDB traceback."""
+    if isinstance(value, tuple):
+        fixed = [_whole_unicode(v) for v in value]
+        return tuple(v for v, _ in fixed), sum(n for _, n in fixed)
+    if not isinstance(value, str):
+        return value, 0
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        joined = value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        return joined, joined.count("\ufffd") - value.count("\ufffd")
+    return value, 0
+
+
+def _replace_lone_surrogates(conversation: Conversation) -> None:
+    """:func:`_whole_unicode` over every text of ``conversation``, said in its warnings."""
+    replaced: list[str] = []
+
+    def whole(obj: Any, names: Sequence[str], where: str) -> Any:
+        changes = {}
+        for name in names:
+            fixed, count = _whole_unicode(getattr(obj, name))
+            if count:
+                changes[name] = fixed
+                replaced.append(f"{where} field {name!r}")
+        return dataclasses.replace(obj, **changes) if changes else obj
+
+    conversation.id, count = _whole_unicode(conversation.id)
+    if count:
+        replaced.append("the conversation id")
+    conversation.turns = [whole(t, ("id", "role", "text", "speaker"), f"message {t.id!r}")
+                          for t in conversation.turns]
+    conversation.probes = [whole(p, ("id", "question", "gold", "category", "evidence", "reference"),
+                                 f"probe {p.id!r}") for p in conversation.probes]
+    if replaced:
+        conversation.warnings.append(
+            f"{len(replaced)} text{'s hold' if len(replaced) > 1 else ' holds'} half a character (a lone UTF-16 "
+            f"surrogate, such as an emoji cut in two; first: {replaced[0]}), replaced by U+FFFD '\ufffd'")
+
+
 def finish(conversation: Conversation, file: Path) -> Conversation:
     """Check a loaded conversation: messages exist, ids are unique; evidence pointing nowhere is
     dropped, counted and reported in ``warnings``, as are messages dated before the one before them."""
     if not conversation.turns:
         raise EmptyConversation(file, conversation.id)
+    _replace_lone_surrogates(conversation)
     if not conversation.id.strip():  # it names the thread, and a run; the library refuses a blank one
         raise DatasetError(file, f"conversation {conversation.id!r}", "conversation_id", "is blank")
     seen: dict[str, int] = {}
