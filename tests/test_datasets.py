@@ -94,6 +94,27 @@ def test_invalid_utf8_is_a_dataset_error(tmp_path) -> None:
         load_dataset(path, "omem")
 
 
+def test_half_a_character_is_replaced_and_said_not_a_crash_of_the_run_store(tmp_path) -> None:
+    """Valid JSON can spell half an emoji (a lone "\\ud83d"): the text loaded, and a replay then
+    failed with a DuckDB traceback, its JSON line missing and an experiment "failed" with no reason."""
+    sharegpt = write(tmp_path, "s.json", r'[{"id": "s\ud800", "conversations": ['
+                     r'{"from": "human", "value": "my cat \ud83d is Tom"},'
+                     r'{"from": "gpt", "value": "a pair \ud83d\ude00 stays whole"}]}]')
+    conv = load_conversation(sharegpt)
+    assert conv.id == "s\ufffd" and conv.turns[0].text == "my cat \ufffd is Tom"  # (its ids hold its id)
+    assert conv.turns[1].text == "a pair \U0001f600 stays whole"
+    assert [w for w in conv.warnings if "half a character" in w] == [
+        "4 texts hold half a character (a lone UTF-16 surrogate, such as an emoji cut in two; first: the "
+        "conversation id), replaced by U+FFFD '\ufffd'"]
+    omem = write(tmp_path, "c.jsonl", line(content=r"bad \udc00").replace("\\\\", "\\")
+                 + r'{"type": "probe", "conversation_id": "c", "id": "p1", "question": "q \ud800?", "answer": "a"}'
+                 + "\n")
+    conv = load_conversation(omem)
+    assert conv.turns[0].text == "bad \ufffd" and conv.probes[0].question == "q \ufffd?"
+    assert "2 texts hold half a character" in conv.warnings[-1]
+    assert "first: message 'm1' field 'text'" in conv.warnings[-1]
+
+
 def test_dangling_evidence_warns_and_counts(tmp_path) -> None:
     probe = json.dumps({"type": "probe", "conversation_id": "c", "id": "p1", "question": "q?", "answer": "a",
                         "evidence": ["m1", "nowhere"]})
@@ -308,6 +329,23 @@ def test_a_folder_of_dataset_folders_names_each_of_them(tmp_path) -> None:
     with pytest.raises(DatasetError) as caught:
         load_dataset(top)
     assert str(caught.value).endswith("give one of these as the dataset instead: beam-dev/, lme/")
+
+
+def test_a_file_named_chat_json_is_read_by_its_content(tmp_path) -> None:
+    """BEAM names its chats chat.json, and any file of that name was read as BEAM: a ShareGPT
+    export saved as chat.json failed with "batch 0: field 'turns': missing"."""
+    share = write(tmp_path, "chat.json", json.dumps([{"id": "y", "conversations": [
+        {"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}]))
+    assert detect_format(share) == "sharegpt" and load_conversation(share).turns[1].text == "a"
+    beam_copy = tmp_path / "beam" / "chat.json"  # BEAM's own still is BEAM
+    beam_copy.parent.mkdir()
+    beam_copy.write_text((PROJECT_DATASETS / "samples" / "beam-sample" / "chat.json").read_text())
+    assert detect_format(beam_copy) == "beam"
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    (odd / "chat.json").write_text(json.dumps([{"batch": 1}]))  # no format's: BEAM's loader says what is missing
+    with pytest.raises(DatasetError, match="field 'turns': missing"):
+        load_dataset(odd / "chat.json")
 
 
 def test_files_of_folder_formats_are_offered_and_a_format_given_picks_the_file(tmp_path) -> None:

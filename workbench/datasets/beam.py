@@ -83,8 +83,8 @@ def mixed_folder(folder: Path) -> str | None:
 def sniff(source: Source) -> bool:
     if source.is_dir:
         return bool(chat_folders(source.path))
-    if source.path.name == "chat.json":
-        return True
+    # (a file named chat.json of no other format is read as BEAM too, after every other format
+    # declined it: see the registry's detection; a ShareGPT file of that name is ShareGPT)
     first = source.first() if not source.lines else None
     return isinstance(first, dict) and isinstance(first.get("turns"), list) and (
         "batch_number" in first or "time_anchor" in first)
