@@ -990,6 +990,9 @@ def test_locomo_strangers_empty_turns_and_abstentions_references(tmp_path) -> No
     blank = {"speaker": "Melanie", "dia_id": "D1:2", "text": ""}
     with pytest.raises(DatasetError, match="turn 1: field 'text': is empty"):
         load_dataset(write(tmp_path, "b.json", json.dumps(sample([ok, blank]))), "locomo")
+    number = {"speaker": "Melanie", "dia_id": "D1:2", "text": 5}  # (it was called "empty" too)
+    with pytest.raises(DatasetError, match="turn 1: field 'text': expected str, got int"):
+        load_dataset(write(tmp_path, "c.json", json.dumps(sample([ok, number]))), "locomo")
 
 
 def test_files_that_are_not_what_they_seem_get_a_hint(tmp_path) -> None:

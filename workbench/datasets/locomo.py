@@ -114,6 +114,8 @@ def _sample(sample: Any, index: int, source: Source, single: bool) -> Conversati
             text = turn.get("clean_text")
             if not isinstance(text, str) or not text.strip():
                 text = turn.get("text")
+            if text is not None and not isinstance(text, str):  # (a number was called "empty")
+                raise DatasetError(file, turn_where, "text", f"expected str, got {type(text).__name__}")
             text = text if isinstance(text, str) else ""
             caption = turn.get("blip_caption")
             if caption:
