@@ -87,6 +87,18 @@ def test_bad_omem_files_name_file_record_and_field(tmp_path, text, record, field
     assert problem in str(error) and str(path) in str(error)
 
 
+def test_a_line_with_a_question_and_a_message_must_say_which_it_is(tmp_path) -> None:
+    """Such a line was read as a probe: its message (role, content, timestamp) was dropped without
+    a word, and a file of one such line said only "has no messages"."""
+    both = line(type=..., question="x") + line(id="m2", role="assistant", content="ok", timestamp="2024-01-01T10:01:00Z")
+    with pytest.raises(DatasetError, match=r"line 1: field 'type': missing: the line has a question and a "
+                                           r"message's role; say \"type\": \"message\" or \"probe\""):
+        load_conversation(write(tmp_path, "c.jsonl", both))
+    said = line(type="message", question="x") + line(id="m2", role="assistant", content="ok",
+                                                      timestamp="2024-01-01T10:01:00Z")
+    assert [t.id for t in load_conversation(write(tmp_path, "d.jsonl", said)).turns] == ["m1", "m2"]
+
+
 def test_invalid_utf8_is_a_dataset_error(tmp_path) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_bytes(line().encode() + b'{"x": "\xff\xfe"}\n')

@@ -26,6 +26,10 @@ def load(source: Source) -> list[Conversation]:
         conversation = conversations.setdefault(
             conversation_id, Conversation(conversation_id, [], source=str(file), format=NAME))
         kind = obj.get("type", "probe" if "question" in obj else "message")
+        if "type" not in obj and "question" in obj and ("role" in obj or "content" in obj):
+            # (read as a probe, its message was dropped without a word)
+            raise DatasetError(file, record, "type", "missing: the line has a question and a message's "
+                               f"{'role' if 'role' in obj else 'content'}; say \"type\": \"message\" or \"probe\"")
         if kind == "message":
             role = require(obj, "role", file, record)
             if role not in ROLES:
