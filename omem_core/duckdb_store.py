@@ -50,7 +50,11 @@ class DuckDBObservationStore(SyncClosing):
     that says so."""
 
     def __init__(self, path: str | Path) -> None:
-        import duckdb  # (the optional driver: only when this store is used)
+        try:
+            import duckdb  # (the optional driver: only when this store is used)
+        except ImportError as exc:
+            raise ImportError("DuckDBObservationStore needs the duckdb package: pip install 'omem[duckdb]' "
+                              "(or: pip install duckdb)") from exc
 
         self.path = str(path)
         try:

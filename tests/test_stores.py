@@ -429,6 +429,18 @@ def test_the_reflection_cache_keeps_long_reflections_within_its_bound() -> None:
     assert 5 not in cache
 
 
+def test_the_duckdb_store_without_its_driver_says_how_to_install_it(tmp_path, monkeypatch) -> None:
+    """A library user without the [duckdb] extra got a bare "No module named 'duckdb'"."""
+    import sys
+
+    from omem_core.duckdb_store import DuckDBObservationStore
+
+    monkeypatch.setitem(sys.modules, "duckdb", None)  # (import duckdb now fails, as without the package)
+    with pytest.raises(ImportError, match=r"needs the duckdb package: pip install 'omem\[duckdb\]'"):
+        DuckDBObservationStore(tmp_path / "notes.duckdb")
+    assert not (tmp_path / "notes.duckdb").exists()
+
+
 async def test_the_duckdb_observation_store_keeps_records_across_reopen(tmp_path) -> None:
     """The DuckDB adapter (the spec's "ships a DuckDB one"): records persist in the file, in
     creation order, and the wrapper runs on it end to end with the offline model."""
