@@ -11,11 +11,34 @@ ROLES = frozenset({"user", "assistant", "system", "tool"})
 RecordKind = Literal["observation", "reflection"]
 
 
+MAX_ID_BYTES = 1000
+"""The longest id or thread id any store takes, in UTF-8 bytes. PostgreSQL's index of a
+thread's messages holds both in one entry of at most 2,704 bytes: a longer pair failed there
+with a driver error naming neither, while the other stores took it."""
+
+
+def shown_id(value: object) -> str:
+    """``repr(value)``, cut to its first 60 characters when longer (an error naming a 3,000-byte
+    id quoted all of it)."""
+    text = repr(value)
+    return text if len(text) <= 62 else f"{text[:60]}…"
+
+
+def check_id_length(value: str, what: str, field: str) -> None:
+    """A ``ValueError`` naming ``what`` and ``field`` when ``value`` exceeds :data:`MAX_ID_BYTES`."""
+    size = len(value.encode("utf-8"))
+    if size > MAX_ID_BYTES:
+        raise ValueError(f"{what}: {field} is {size:,} bytes long (UTF-8); ids and thread ids are at most "
+                         f"{MAX_ID_BYTES:,} bytes in every store (PostgreSQL's index cannot hold longer ones): "
+                         "use a shorter id, or a hash of this one")
+
+
 def check_working_memory(thread_id: object, text: object) -> None:
     """The working-memory capability's arguments checked as every adapter stores them: ``str``s of
     valid Unicode (an int was stored as it was by one adapter and raised ``AttributeError`` in
     another; a lone surrogate was stored or raised ``UnicodeEncodeError``)."""
     check_text(thread_id, "working memory", "thread_id")
+    check_id_length(thread_id, "working memory", "thread_id")  # type: ignore[arg-type]
     check_text(text, f"working memory of thread {thread_id!r}", "text")
 
 
@@ -59,12 +82,13 @@ def check_message(message: object) -> Message:
     """``message`` if it is a storable ``Message``, else a clear error (used by every adapter)."""
     if not isinstance(message, Message):
         raise TypeError(f"save_messages takes Message objects, got {type(message).__name__}")
-    what = f"message {message.id!r}"
+    what = f"message {shown_id(message.id)}"
     for name in ("id", "thread_id", "role", "content"):
         check_text(getattr(message, name), what, name)
     for name in ("id", "thread_id"):  # a blank id names nothing: a cursor or thread of "" is a bug upstream
         if not getattr(message, name).strip():
             raise ValueError(f"{what}: {name} must not be empty")
+        check_id_length(getattr(message, name), what, name)
     if message.resource_id is not None:
         check_text(message.resource_id, what, "resource_id")
     return message
