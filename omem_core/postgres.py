@@ -70,7 +70,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 logging.getLogger("psycopg.pool").addHandler(logging.NullHandler())
 
 from .memory import check_read
-from .messages import Message, ObservationRecord, check_batch, check_message, check_thread_id, check_working_memory
+from .messages import (Message, ObservationRecord, check_batch, check_message, check_thread_id, check_working_memory,
+                       shown_id)
 from .observations import ReflectionCache, already_saved, check_record
 
 __all__ = ["DatabaseRefusedError", "DatabaseUnavailableError", "PostgresMemoryStore", "PostgresObservationStore", "schema_version"]
@@ -967,7 +968,10 @@ class PostgresObservationStore(_Store):
         The wrapper cancels its renewer while a renewal may be in flight: the statement runs in
         a task of its own, so the cancellation reaches the caller at once and the pooled
         connection is returned cleanly (cancelling inside psycopg-pool's checkout can be lost)."""
-        _no_nul(thread_id, "lease", "thread_id")
+        if "\x00" in thread_id:  # (a save takes its thread's lease first: named by the thread, not "lease")
+            from .wrapper import leased_thread
+
+            _no_nul(thread_id, f"thread {shown_id(leased_thread(thread_id))}", "thread_id")
         return await _shielded(self._try_lease(thread_id, holder, ttl))
 
     async def _try_lease(self, thread_id: str, holder: str, ttl: float) -> bool:

@@ -205,6 +205,15 @@ def _cursor_key(thread_id: str) -> str:
     return f"{_RESERVED}cursor{_RESERVED}{thread_id}"
 
 
+def leased_thread(key: str) -> str:
+    """The thread a lease key (:func:`_pass_key`, :func:`_cursor_key`) is for: what a lease store's
+    error names."""
+    for kind in ("cursor", "pass"):
+        if key.startswith(prefix := f"{_RESERVED}{kind}{_RESERVED}"):
+            return key[len(prefix):]
+    return key
+
+
 async def _try_lease(leases: Leases, key: str, holder: str, ttl: float) -> bool:
     """``leases.try_lease``, safe under cancellation: an attempt cancelled mid-way is let finish
     and, if it took the lease, gives it back (else the lease would block every process until it

@@ -86,6 +86,12 @@ async def test_any_unicode_round_trips_and_nul_in_a_key_is_refused(pg) -> None:
     with pytest.raises(ValueError, match="NUL"):
         await store.save_messages([msg(1), Message(id="y\x00", thread_id="t", role="user", content="", created_at=T0)])
     assert [m.id for m in await store.recall("t", last=5)] == ["x"]  # nothing of that batch
+    from omem_core import create_observational_memory_store
+
+    # through the wrapper the thread's lease is taken first: its error said "lease: thread_id …"
+    wrapped = create_observational_memory_store(store, observer="omem/extractive", observations=pg.observations())
+    with pytest.raises(ValueError, match=r"^thread 't\\x00u': thread_id contains a NUL character"):
+        await wrapped.save_messages([Message(id="n1", thread_id="t\x00u", role="user", content="", created_at=T0)])
 
 
 async def test_a_store_outlives_its_event_loop(pg) -> None:
