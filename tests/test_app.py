@@ -1873,3 +1873,31 @@ def test_tune_ranks_configurations_on_the_conversations_all_of_them_completed(db
     for label in ("obs 20", "obs 40"):  # both pooled over the same conversations
         assert table.loc[label, "probes"] == len(mine[mine.config_label == label])
         assert table.loc[label, "retention"] == pytest.approx(mine[mine.config_label == label].score.mean())
+
+
+def test_compare_keeps_the_configurations_picked_across_pages(db: Path) -> None:
+    """Found in Chromium: Compare kept its experiment but not the A and B picked once another page
+    had been opened (Streamlit forgets the state of widgets a page does not draw)."""
+    run_experiment_in(db, observation=(150, 300, 600), window=2,
+                      dataset=PROJECT_DEMO.parent / "samples" / "longmemeval-sample.json")
+    at = app("compare")
+    at.sidebar.selectbox(key="cmp_xp_a").set_value("obs 600")
+    at.sidebar.selectbox(key="cmp_xp_b").set_value("obs 150")
+    at.sidebar.selectbox(key="cmp_xp_conv").set_value("omem-lme-003").run()
+    at.switch_page(PAGES.format("runs")).run()
+    at.switch_page(PAGES.format("compare")).run()
+    assert not at.exception, at.exception
+    assert [at.sidebar.selectbox(key=k).value for k in ("cmp_xp_a", "cmp_xp_b", "cmp_xp_conv")] == \
+        ["obs 600", "obs 150", "omem-lme-003"]
+    # the stored-runs mode too: the mode and both runs as they were left
+    at.sidebar.radio(key="cmp_mode").set_value("Pick two stored runs").run()
+    ids = list(store(db).runs().run_id)
+    at.sidebar.selectbox(key="cmp_a_pick").set_value(ids[-1])
+    at.sidebar.selectbox(key="cmp_b_pick").set_value(ids[2]).run()
+    at.switch_page(PAGES.format("tune")).run()
+    assert not at.exception, at.exception
+    at.switch_page(PAGES.format("compare")).run()
+    assert not at.exception, at.exception
+    assert at.sidebar.radio(key="cmp_mode").value == "Pick two stored runs"
+    assert [at.sidebar.selectbox(key=k).value for k in ("cmp_a_pick", "cmp_b_pick")] == [ids[-1], ids[2]]
+    assert not at.warning or all("Session State" not in w.value for w in at.warning)

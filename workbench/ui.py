@@ -440,9 +440,10 @@ def run_label(row: pd.Series) -> str:
 
 
 def run_picker(store: RunStore, label: str, key: str, *, default: str | None = None,
-               container=None, only: set[str] | None = None) -> str | None:
+               container=None, only: set[str] | None = None, keep: bool = False) -> str | None:
     """A stored run, chosen in a select box labelled by :func:`run_label` (``None`` when there is
-    none); ``only``: the run ids it offers (a filtered list's), else every run."""
+    none); ``only``: the run ids it offers (a filtered list's), else every run; ``keep``: the run
+    picked last time this page was drawn comes back with it (see :func:`kept`), before ``default``."""
     runs = store.runs()
     box = container or st
     # The run this page showed (or was asked to open) is gone: deleted elsewhere. Said, never a
@@ -465,7 +466,10 @@ def run_picker(store: RunStore, label: str, key: str, *, default: str | None = N
     # opens on a failed run's "no steps" unless that run was asked for.
     done = [i for i, status in enumerate(runs.status) if status == "completed"]
     index = ids.index(default) if default in ids else (done[0] if done else 0)
-    picked = box.selectbox(label, ids, index=index, format_func=labels.get, key=key)
+    if keep and kept(key, ids):  # (drawn without a default of its own: its kept value stands)
+        picked = box.selectbox(label, ids, format_func=labels.get, key=key)
+    else:
+        picked = box.selectbox(label, ids, index=index, format_func=labels.get, key=key)
     whole_label(box, labels.get(picked))
     return picked
 

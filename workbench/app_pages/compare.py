@@ -15,6 +15,7 @@ st.title("Compare")
 
 st.sidebar.header("Compare")
 MODES = ["Two configurations of an experiment", "Pick two stored runs", "Run two configurations"]
+ui.kept("cmp_mode", MODES)  # (each picker of this page comes back as it was left, from another page)
 mode = st.sidebar.radio("What", MODES, key="cmp_mode")
 
 
@@ -35,6 +36,7 @@ def experiment_comparison() -> None:
     if pair and all(p in labels for p in pair):
         st.session_state["cmp_xp_a"], st.session_state["cmp_xp_b"] = pair
     for key, fallback in (("cmp_xp_a", labels[0]), ("cmp_xp_b", labels[1])):
+        ui.kept(key, labels)  # (back from another page: the pair picked before, not the first two)
         if st.session_state.get(key) not in labels:
             st.session_state[key] = fallback
     a = st.sidebar.selectbox("Configuration A", labels, key="cmp_xp_a")
@@ -42,6 +44,9 @@ def experiment_comparison() -> None:
     b = st.sidebar.selectbox("Configuration B", labels, key="cmp_xp_b")
     ui.whole_label(st.sidebar, b)
     conversations = experiment["conversations"]
+    if len(conversations) > 1 and ui.kept("cmp_xp_conv", conversations) and \
+            st.session_state["cmp_xp_conv"] not in conversations:
+        del st.session_state["cmp_xp_conv"]  # (another experiment's)
     conversation = st.sidebar.selectbox("Conversation (charts and memories)", conversations, key="cmp_xp_conv") \
         if len(conversations) > 1 else conversations[0]
     summaries, probes, losses, runs = (tables[k] for k in ("summaries", "probes", "losses", "runs"))
@@ -257,8 +262,8 @@ else:
         st.stop()
     ids = list(runs.run_id)
     default_a, default_b = app_data.default_run_pair(runs)
-    run_a = ui.run_picker(store, "Run A", "cmp_a_pick", default=default_a, container=st.sidebar)
-    run_b = ui.run_picker(store, "Run B", "cmp_b_pick", default=default_b, container=st.sidebar)
+    run_a = ui.run_picker(store, "Run A", "cmp_a_pick", default=default_a, container=st.sidebar, keep=True)
+    run_b = ui.run_picker(store, "Run B", "cmp_b_pick", default=default_b, container=st.sidebar, keep=True)
 
 if not run_a or not run_b:
     st.info("Choose or run two configurations.")

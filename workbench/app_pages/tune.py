@@ -14,6 +14,7 @@ from workbench.replay import ReplayConfig, run_sweep
 store = ui.get_store()
 st.title("Tune thresholds")
 
+ui.kept("tune_mode", ["An experiment", "Sweep one conversation"])  # (as it was left, from another page)
 mode = st.sidebar.radio("Source", ["An experiment", "Sweep one conversation"], key="tune_mode")
 if mode == "An experiment":
     experiment_id = ui.experiment_picker(store, "Experiment", "tune_exp", container=st.sidebar)
