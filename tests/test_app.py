@@ -982,13 +982,17 @@ def test_experiment_pages_list_failed_configurations_and_show_no_nan(db: Path, m
     assert failed.configuration.tolist() == ["obs model gpt-4o-mini"] and "OPENAI_API_KEY" in failed.error[0]
     header = [t.value for t in at.text if t.value.startswith("exp-")]
     assert header and "· completed; 1 of 2 runs failed ·" in header[0]  # not a bare "completed"
-    assert "1 run did not complete and is left out of the figures (Resume retries it):" in [w.value for w in at.warning]
-    # the key is still unset: the run left can only fail again, so Resume is off and says why
+    # the key is still unset: the run left can only fail again, so Resume is off and says why (on the
+    # page too: it said "Resume retries it" beside the greyed button, the reason in its tooltip)
     resume = at.button(key="xp_resume")
     assert resume.label == "Resume (1 left)" and resume.disabled and "OPENAI_API_KEY" in resume.help
+    assert ("1 run did not complete and is left out of the figures (it cannot be retried here. Nothing left "
+            "can run here: gpt-4o-mini: missing OPENAI_API_KEY") in " ".join(shown(w.value) for w in at.warning)
     # with the key set, the run left is paid work: its estimated cost is on the button (as the CLI asks)
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-never-sent-0000000000")
     at.run()
+    assert "1 run did not complete and is left out of the figures (Resume retries it):" in [
+        shown(w.value) for w in at.warning]
     assert at.button(key="xp_resume").label == "Resume (1 left, <$0.01)"  # (a paid call: never "$0.00", read as free)
     assert not at.button(key="xp_resume").disabled
     monkeypatch.delenv("OPENAI_API_KEY")

@@ -284,9 +284,11 @@ if len(experiment["conversations"]) > 1:
                hide_index=True, key="xp_by_conversation", column_config={"conversation": st.column_config.Column(pinned=True)})
 failed = app_data.failed_configs(runs)
 if not failed.empty:
-    st.warning(f"{fmt.count(len(failed), 'run')} did not complete and "
-               f"{'is' if len(failed) == 1 else 'are'} left out of the figures (Resume retries "
-               f"{'it' if len(failed) == 1 else 'them'}):")
+    # (a Resume greyed out for want of a key said "Resume retries them", the reason in a tooltip)
+    retry = (f"{'it' if len(failed) == 1 else 'they'} cannot be retried here. {stuck}" if stuck else
+             f"Resume retries {'it' if len(failed) == 1 else 'them'}")
+    st.warning(ui.plain(f"{fmt.count(len(failed), 'run')} did not complete and "
+                        f"{'is' if len(failed) == 1 else 'are'} left out of the figures ({retry}):"))
     st.dataframe(failed, hide_index=True, key="xp_failed")
 with st.expander("The grid"):
     st.dataframe(app_data.config_table(experiment["configs"]), hide_index=True, key="xp_grid")
