@@ -336,6 +336,9 @@ def test_while_the_app_resumes_an_experiment_its_buttons_are_disabled(server) ->
         assert resume.count() == 1 and resume.is_disabled()  # drawn again, disabled, while it runs
         assert page.get_by_role("button", name="Delete experiment").is_disabled()
         assert page.get_by_role("checkbox", name="Confirm delete").is_disabled()
+        # said as resuming, not as the "interrupted" it was (its row, its header, and no banner)
+        assert page.get_by_text(re.compile(rf"^{experiment_id} · resuming · ")).count() == 1
+        assert page.get_by_text("This experiment was interrupted").count() == 0
         page.get_by_text(re.compile(r"completed: 12 runs replayed in")).wait_for(timeout=300_000)
         settle(page)
     with RunStore(tmp / "e2e.duckdb") as store:

@@ -181,6 +181,9 @@ with st.expander("New experiment", expanded=existing.empty):
             run_and_report(experiment_id)
 
 existing = store.experiments()
+resume_now = st.session_state.get("xp_resume_now")  # (resumed below in this run: listed as resuming)
+if resume_now is not None and not existing.empty:
+    existing.loc[existing.experiment_id == resume_now, ["status", "error"]] = ["resuming", None]
 if st.session_state.get("xp_done"):  # (before the stop below: deleting the last experiment said nothing)
     kind, text = st.session_state.pop("xp_done")
     {"success": st.success, "warning": st.warning, "error": st.error}[kind](ui.plain(text))
@@ -199,11 +202,11 @@ pending = planned - done
 
 failed_runs = int((runs.status != "completed").sum()) if not runs.empty else 0
 missing_runs = max(0, planned - done - failed_runs)  # never started, or deleted since
-st.text(f"{experiment_id} · {status_text(experiment['status'], failed_runs, planned, missing_runs)} · "
-        f"{fmt.short_path(experiment['dataset'])}")
 # A Resume clicked in the last run: the run starts below the page's buttons, drawn disabled first
 # (run above them, the buttons of the run before stayed on screen, faded but clickable, until it ended).
 resuming = st.session_state.pop("xp_resume_now", None) == experiment_id
+shown_status = "resuming" if resuming else status_text(experiment["status"], failed_runs, planned, missing_runs)
+st.text(f"{experiment_id} · {shown_status} · {fmt.short_path(experiment['dataset'])}")
 if experiment["status"] == "running":
     st.progress(done / max(planned, 1), text=f"{done} of {planned} runs completed")
 
@@ -212,7 +215,7 @@ if experiment["status"] == "running":
         if store.experiment(experiment_id)["status"] != "running":
             st.rerun()
     watch()
-elif experiment["status"] != "completed":
+elif experiment["status"] != "completed" and not resuming:  # (it said "interrupted" while it resumed)
     prefix, detail, suffix = app_data.unfinished_banner(
         experiment_id, experiment["status"], done, planned, experiment.get("error"),
         resumable=not store.read_only, db=store.path)  # (an unfinished experiment resumes: its last runs, or its end)
