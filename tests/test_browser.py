@@ -270,6 +270,9 @@ def test_experiment_grid_and_exported_html_from_disk(server) -> None:
         assert not re.search(r"\bnan\b|\$nan|nanx", text, re.IGNORECASE)
         page.wait_for_timeout(500)
         assert requests and all(u.startswith(("file://", "data:", "blob:")) for u in requests), requests
+        page.set_viewport_size({"width": 900, "height": 800})  # a wide table scrolls, not the page
+        page.wait_for_timeout(500)
+        assert page.evaluate("document.documentElement.scrollWidth") <= 900
 
 
 def test_a_new_experiment_is_the_one_the_picker_shows(server) -> None:

@@ -24,6 +24,7 @@ body { font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-se
 h1 { margin-bottom: .2rem; } h2 { margin-top: 2.2rem; border-bottom: 1px solid #dfe6e9; padding-bottom: .3rem; }
 .meta { color: #636e72; } .warn { background: #fff3cd; border-left: 4px solid #e17055; padding: .6rem 1rem; }
 table { border-collapse: collapse; font-size: .9rem; margin: .6rem 0; }
+.wide { overflow-x: auto; }
 th, td { border: 1px solid #dfe6e9; padding: .3rem .6rem; text-align: left; vertical-align: top; }
 th { background: #f5f6fa; } pre { background: #f5f6fa; padding: .8rem; white-space: pre-wrap; font-size: .85rem; }
 .figures { display: flex; gap: 2rem; flex-wrap: wrap; } .figure b { display: block; font-size: 1.6rem; }
@@ -47,7 +48,10 @@ class _Page:
 
     def table(self, frame: pd.DataFrame, *, index: bool = False) -> None:
         shown = app_data.clean(frame) if not frame.empty else frame
-        self.parts.append(shown.to_html(index=index, escape=True, border=0, na_rep=MISSING))
+        # (scrolled on its own when wider than the page: at 900 px the grid's tables widened the
+        # whole page, which then scrolled sideways)
+        self.parts.append('<div class="wide">' + shown.to_html(index=index, escape=True, border=0, na_rep=MISSING)
+                          + "</div>")
 
     def figures(self, items: list[tuple[str, str]]) -> None:
         cells = "".join(f'<div class="figure">{html.escape(name)}<b>{html.escape(value)}</b></div>'
