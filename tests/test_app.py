@@ -240,6 +240,19 @@ def test_the_explorers_address_links_to_the_run_and_step_shown(db: Path) -> None
     assert at.query_params == {"run": newest, "step": at.query_params.get("step")} and at.query_params["step"]
     assert app_data.linked_step({"step": "7"}) is None
 
+    # a step the link cannot be followed to is said (it opened the last step without a word)
+    odd = AppTest.from_file(APP, default_timeout=120)
+    odd.query_params.update({"run": run_id, "step": "-5"})
+    odd.run()
+    last_step = odd.slider(key=f"ex_step_{run_id}").value
+    assert last_step == last and any(
+        "Step '-5' of the link is not a step number (0, 1, 2, …): the run opens at its last step." in shown(w.value)
+        for w in odd.warning), [w.value for w in odd.warning]
+    odd.slider(key=f"ex_step_{run_id}").set_value(1).run()
+    assert not any("of the link" in shown(w.value) for w in odd.warning)  # said once, when followed
+    assert app_data.link_note({"step": "7"}) == "The link names step '7' but no run (?run=…): the step is left out."
+    assert app_data.link_note({"run": "r1", "step": "7"}) is None and app_data.link_note({"run": "r1"}) is None
+
 
 def test_explorer_warns_when_the_observer_falls_behind(db: Path) -> None:
     import asyncio

@@ -697,6 +697,20 @@ def linked_step(query: dict[str, Any]) -> tuple[str, int | None] | None:
     return run.strip(), int(step) if step.isascii() and step.isdecimal() and len(step) <= 9 else None
 
 
+def link_note(query: dict[str, Any]) -> str | None:
+    """What the explorer says of a link whose step it cannot follow (``step=-5``, ``step=abc``, a
+    step without a run), or ``None``: such a link opened the last step without a word."""
+    step = query.get("step")
+    if not isinstance(step, str) or not step.strip():
+        return None
+    linked = linked_step(query)
+    if linked is None:
+        return f"The link names step {step.strip()!r} but no run (?run=…): the step is left out."
+    if linked[1] is None:
+        return f"Step {step.strip()!r} of the link is not a step number (0, 1, 2, …): the run opens at its last step."
+    return None
+
+
 def replay_progress_text(conversation_id: str, done: int, total: int, message: str) -> str:
     """The replay bar's text. Once every message is replayed the run is scored and recorded, which
     takes seconds on a long conversation: said, where a full bar sat still with no word."""

@@ -12,6 +12,9 @@ from workbench.replay import ReplayConfig, stopped_by_dataset
 store = ui.get_store()
 
 # A link to a run at a step (the address this page keeps: ?run=…&step=…) opens it there.
+if (note := app_data.link_note(dict(st.query_params))) and note != st.session_state.get("_ex_link_note"):
+    st.session_state["_ex_link_note"] = note  # (said once, as the link is followed once)
+    st.warning(ui.plain(note))
 if (linked := app_data.linked_step(dict(st.query_params))) and linked != st.session_state.get("_ex_link"):
     st.session_state["_ex_link"] = linked
     if linked[0] in set(store.runs().run_id):
