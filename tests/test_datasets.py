@@ -972,9 +972,17 @@ def test_content_without_plain_text_parts_is_kept(tmp_path) -> None:
                    {"content_type": "audio_transcription", "text": "my sister lives in Oslo"},
                    {"content_type": "audio_asset_pointer"}]}),
                "c": node("c", "v", "assistant", {"content_type": "code", "language": "python", "text": "print(2)"}),
-               "o": node("o", "c", "tool", {"content_type": "execution_output", "text": "2"})}
-    path = write(tmp_path, "conversations.json", json.dumps([{"title": "t", "mapping": mapping, "current_node": "o"}]))
-    assert [t.content for t in load_conversation(path).turns] == ["my sister lives in Oslo\n[audio]", "print(2)", "2"]
+               "o": node("o", "c", "tool", {"content_type": "execution_output", "text": "2"}),
+               # a browsing result (it was dropped without a word, and a tool message of no text too)
+               "b": node("b", "o", "tool", {"content_type": "tether_browsing_display", "result": "Porto flats: 3",
+                                            "summary": None}),
+               "x": node("x", "b", "tool", {"content_type": "tether_quote", "url": "https://x"}),
+               "a": node("a", "x", "assistant", {"content_type": "text", "parts": ["Three flats."]})}
+    path = write(tmp_path, "conversations.json", json.dumps([{"title": "t", "mapping": mapping, "current_node": "a"}]))
+    conversation = load_conversation(path)
+    assert [t.content for t in conversation.turns] == ["my sister lives in Oslo\n[audio]", "print(2)", "2",
+                                                       "Porto flats: 3", "Three flats."]
+    assert conversation.warnings == ["1 message with no text was skipped (first: 'x')"]
     chat = write(tmp_path, "o.json", json.dumps({"messages": [
         {"role": "user", "content": [{"type": "text", "text": "What is this?"},
                                      {"type": "image_url", "image_url": {"url": "data:..."}}]},

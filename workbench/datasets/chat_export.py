@@ -44,6 +44,8 @@ def text_of(content: Any) -> str:
         return "\n".join(t for t in map(_part_text, content["parts"]) if t).strip()
     if isinstance(content, dict) and isinstance(content.get("text"), str):  # ChatGPT code / execution output
         return content["text"].strip()
+    if isinstance(content, dict) and isinstance(content.get("result"), str):  # ChatGPT browsing's page text
+        return content["result"].strip()
     return ""
 
 
@@ -162,7 +164,7 @@ def from_chatgpt(obj: dict[str, Any], index: int, source: Source, fmt: str) -> C
         path = sorted(nodes.values(), key=lambda node: created(node) or NEVER)
     turns: list[Turn] = []
     stamps: list[datetime | None] = []
-    empty: list[str] = []  # user/assistant messages with no text, skipped: said, not silent
+    empty: list[str] = []  # user/assistant/tool messages with no text, skipped: said, not silent
     for node in path:
         message = node.get("message")
         if not isinstance(message, dict):
@@ -172,7 +174,7 @@ def from_chatgpt(obj: dict[str, Any], index: int, source: Source, fmt: str) -> C
         text = text_of(message.get("content"))
         if role not in ROLES or not text:
             metadata = message.get("metadata") if isinstance(message.get("metadata"), dict) else {}
-            if role in ("user", "assistant") and not metadata.get("is_visually_hidden_from_conversation"):
+            if role in ("user", "assistant", "tool") and not metadata.get("is_visually_hidden_from_conversation"):
                 empty.append(str(named(message.get("id"), node.get("id")) or "?"))
             continue
         turns.append(Turn(named(message.get("id"), node.get("id")) or f"message-{len(turns)}", role, text, EPOCH))
