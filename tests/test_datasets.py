@@ -460,6 +460,20 @@ def test_memorybank(shared_datasets: Path) -> None:
     assert all(c.id == c.id.strip() for c in conversations)
 
 
+def test_memorybank_questions_for_a_user_not_in_the_bank_are_said(tmp_path) -> None:
+    """Probing questions for a name the bank does not hold were dropped without a word."""
+    bank = tmp_path / "mb"
+    bank.mkdir()
+    (bank / "memory_bank_en.json").write_text(json.dumps({"Ann": {"history": {"2023-05-01": [
+        {"query": "I adopted a cat", "response": "Lovely!"}]}}}), encoding="utf-8")
+    (bank / "probing_questions_en.jsonl").write_text(json.dumps({"Ann": ["Which pet?"], "Zed": ["Where?", "Who?"]})
+                                                     + "\n", encoding="utf-8")
+    [ann] = load_dataset(bank)
+    assert [p.question for p in ann.probes] == ["Which pet?"]
+    assert ann.warnings == ["probing_questions_en.jsonl asks 2 questions of 1 user not in memory_bank_en.json "
+                            "('Zed'): left out"]
+
+
 # -- the registry and the README ----------------------------------------------------------------
 
 README = PROJECT_DATASETS / "README.md"

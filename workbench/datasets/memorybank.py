@@ -67,4 +67,11 @@ def load(source: Source) -> list[Conversation]:
             empty.append(f"memorybank-{name}")
     if not conversations:
         raise DatasetError(file, "top level", None, "has no users" + (" with messages" if empty else ""))
+    strangers = sorted(set(questions) - {name.strip() for name in data})
+    if strangers:  # (their questions were dropped without a word; said once, with the first user)
+        asked = sum(len(questions[name]) for name in strangers)
+        conversations[0].warnings.append(
+            f"{question_file.name} asks {asked} question{'s' if asked != 1 else ''} of "
+            f"{len(strangers)} user{'s' if len(strangers) != 1 else ''} not in {file.name} "
+            f"({', '.join(map(repr, strangers[:3]))}{', …' if len(strangers) > 3 else ''}): left out")
     return skip_empty(conversations, empty)
