@@ -449,6 +449,21 @@ def test_beam_dev(shared_datasets: Path) -> None:
         assert "->->" not in conv.turns[0].text
         times = [t.created_at for t in conv.turns]
         assert times == sorted(times)
+        assert not [w for w in conv.warnings if "time_anchor" in w]  # every anchor of the dev chats is read
+
+
+def test_a_beam_time_anchor_that_is_not_a_date_is_said(tmp_path) -> None:
+    """It was skipped without a word (the clock ran on from the last anchor read)."""
+    chat = json.loads((SAMPLES / "beam-sample" / "chat.json").read_text(encoding="utf-8"))
+    chat[0]["turns"][0][0]["time_anchor"] = "Febuary-30-2024"
+    folder = tmp_path / "b"
+    folder.mkdir()
+    (folder / "chat.json").write_text(json.dumps(chat), encoding="utf-8")
+    [conv] = load_dataset(folder)
+    assert conv.turns[0].created_at.date().isoformat() == "2024-03-04"  # the batch's anchor stands
+    assert [w for w in conv.warnings if w.startswith("1 time_anchor")] == [
+        "1 time_anchor is not a date and was skipped (first: batch 0 turn 0 message 0: 'Febuary-30-2024'): "
+        "the clock ran on from the last one read"]
 
 
 def test_memorybank(shared_datasets: Path) -> None:

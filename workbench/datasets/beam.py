@@ -120,10 +120,19 @@ def _chat(folder: Path, chat_file: Path, data: Any) -> Conversation:
         raise DatasetError(chat_file, "top level", None, "expected a list of batches")
     turns: list[Turn] = []
     clock: datetime | None = None
+    unread: list[str] = []  # anchors that are not a date: skipped, and said (they were skipped silently)
+
+    def anchor_of(obj: Any, where: str) -> datetime | None:
+        value = obj.get("time_anchor")
+        when = try_parse_datetime(value)
+        if when is None and value not in (None, ""):
+            unread.append(f"{where}: {value!r}")
+        return when
+
     for b_index, batch in enumerate(data):
         where = f"batch {b_index}"
         groups = require(batch, "turns", chat_file, where, list)
-        clock = try_parse_datetime(batch.get("time_anchor")) or clock
+        clock = anchor_of(batch, where) or clock
         for g_index, group in enumerate(groups):
             items = group if isinstance(group, list) else [group]
             for m_index, item in enumerate(items):
@@ -132,7 +141,7 @@ def _chat(folder: Path, chat_file: Path, data: Any) -> Conversation:
                 if role not in ROLES:
                     raise DatasetError(chat_file, m_where, "role", f"unknown role {role!r}")
                 message_id = require(item, "id", chat_file, m_where, (int, str))
-                anchor = try_parse_datetime(item.get("time_anchor"))
+                anchor = anchor_of(item, m_where)
                 if anchor is not None and (clock is None or anchor > clock):
                     clock = anchor
                 clock = (clock or EPOCH) + timedelta(minutes=1)
@@ -160,6 +169,10 @@ def _chat(folder: Path, chat_file: Path, data: Any) -> Conversation:
                     reference=text_or_none(gold),
                 ))
     conversation = Conversation(f"beam-{folder.name}", turns, probes, str(folder), NAME)
+    if unread:
+        conversation.warnings.append(
+            f"{len(unread)} time_anchor{'s are' if len(unread) > 1 else ' is'} not a date and "
+            f"{'were' if len(unread) > 1 else 'was'} skipped (first: {unread[0]}): the clock ran on from the last one read")
     if probe_file is None:
         conversation.warnings.append(f"no probing questions: neither {' nor '.join(PROBE_FILES)} is in {folder}, "
                                      "so nothing can be scored")
