@@ -665,6 +665,9 @@ def test_longmemeval_optional_fields_and_repeated_session_ids(tmp_path) -> None:
                               "(2023/05/02 (Tue) 09:00): the answerer is told it is asked on a day before what it read"]
     assert [t.id for t in first.turns] == ["session-0:0", "session-0:1", "session-1:0"]
     assert second.id == "7" and len({t.id for t in second.turns}) == 3 and second.probes[0].evidence
+    assert second.warnings == ["1 session repeats the haystack_session_id of an earlier one (first: 'a'): its "
+                               "messages are named 'a~':0, :1, …"]  # (renamed without a word)
+    assert not first.warnings
 
 
 def test_longmemeval_lines_file_loads_too(tmp_path) -> None:

@@ -65,6 +65,7 @@ def conversation(instance: Any, index: int, source: Source) -> Conversation:
     starts: list[datetime] = []
     names: list[str] = []
     seen: set[str] = set()
+    repeated: list[str] = []
     for position in range(len(sessions)):
         starts.append(EPOCH + timedelta(days=position) if dates is None else
                       parse_datetime(dates[position], file, f"{record} session {position}", "haystack_dates"))
@@ -75,6 +76,8 @@ def conversation(instance: Any, index: int, source: Source) -> Conversation:
                 raise DatasetError(file, f"{record} session {position}", "haystack_session_ids",
                                    f"expected str, got {type(raw).__name__}")
             name = str(raw)
+        if name in seen:  # said (its messages were renamed without a word)
+            repeated.append(name)
         while name in seen:  # a repeated session id still gives unique message ids
             name += "~"
         seen.add(name)
@@ -110,6 +113,11 @@ def conversation(instance: Any, index: int, source: Source) -> Conversation:
     if not turns:
         raise DatasetError(file, record, "haystack_sessions", "has no turns")
     loaded = finish(Conversation(question_id, turns, [probe], str(file), NAME), file)
+    if repeated:
+        loaded.warnings.append(
+            f"{len(repeated)} session{'s' if len(repeated) > 1 else ''} repeat{'' if len(repeated) > 1 else 's'} the "
+            f"haystack_session_id of an earlier one (first: {repeated[0]!r}): its messages are named "
+            f"{repeated[0] + '~'!r}:0, :1, …")
     if asked_at is not None and dates is not None and starts and asked_at < max(starts):
         latest = dates[starts.index(max(starts))]
         loaded.warnings.append(f"its question_date ({asked}) is before its latest session ({latest}): the "
