@@ -259,6 +259,11 @@ class _Database:
         self._sentinel: asyncio.Task | None = None
         self._made: weakref.WeakSet | None = None  # the current pool's connections (to close what it leaves)
         self._lent: set[int] = set()  # id() of the connections this store's calls hold right now
+        # Pools whose sentinel is cancelled on purpose (replaced, or the store closed); any other
+        # cancellation of a sentinel is its loop ending (asyncio.run's end), and no pool is
+        # opened on that loop again: one opened then (a lease given back late) was left pending.
+        self._retired: set[int] = set()
+        self._ending: weakref.WeakSet = weakref.WeakSet()
         self._in_use: dict[int, int] = {}  # id(pool) -> connections of that pool this store holds
         self._handouts = 0  # connections handed over to this store's calls, by any of its pools
         # The last test connection found the server unreachable (no answer from it), and no
@@ -328,6 +333,9 @@ class _Database:
         pool = self._pool
         if pool is not None and self._loop is loop and not pool.closed:
             return pool
+        if loop in self._ending:
+            raise RuntimeError(f"this store ({self.where}) opens no connection on an event loop that is ending "
+                               "(asyncio.run is finishing: its pool was closed)")
         await _close_all(self._enter(loop))
         assert self._opening is not None
         async with self._opening:
@@ -372,8 +380,9 @@ class _Database:
                     keep = not self._closed and self._loop is loop
                     if keep:
                         self._pool, self._made = pool, made
-                        self._sentinel = loop.create_task(_close_when_cancelled(pool, made, self._lent),
-                                                          name="omem: close the pool at loop end")
+                        self._sentinel = loop.create_task(
+                            _close_when_cancelled(pool, made, self._lent, self._retired, self._ending),
+                            name="omem: close the pool at loop end")
                 if not keep:  # close() ran while this pool was opening: never leave it open
                     await pool.close()
                     if self._closed:
@@ -498,6 +507,7 @@ class _Database:
                 self._pool = None
                 sentinel, self._sentinel = self._sentinel, None
                 if sentinel is not None:
+                    self._retired.add(id(stalled))
                     sentinel.cancel()  # closes the stalled pool
 
     async def close(self) -> None:
@@ -508,6 +518,7 @@ class _Database:
             loop, made = self._loop, self._made
         if pool is None or loop is None:
             return
+        self._retired.add(id(pool))
         if loop is asyncio.get_running_loop():
             await _close_pool(pool, sentinel)
             return
@@ -555,7 +566,11 @@ async def _close_all(connections: Any) -> None:
                 await con.close()
 
 
-async def _close_when_cancelled(pool: AsyncConnectionPool, made: weakref.WeakSet, lent: set[int]) -> None:
+DRAIN_S = 2.0  # seconds a pool ending with its loop waits for the calls that hold its connections
+
+
+async def _close_when_cancelled(pool: AsyncConnectionPool, made: weakref.WeakSet, lent: set[int],
+                                retired: set[int], ending: weakref.WeakSet) -> None:
     """Live as long as the event loop and close ``pool`` when cancelled: ``asyncio.run`` cancels
     every task at its end, and psycopg-pool's connection attempts swallow that cancellation and
     reschedule themselves, so a pool left open by its owner would keep the loop (and the
@@ -565,10 +580,26 @@ async def _close_when_cancelled(pool: AsyncConnectionPool, made: weakref.WeakSet
     psycopg-pool's ``close()`` then stops on their cancellation before it closes the idle
     connections (they stayed open on the server): whichever of the pool's connections is still
     open afterwards, and not held by a call (the pool closes those when they are given back), is
-    closed here, with no round trip to the server, so this never waits on it."""
+    closed here, with no round trip to the server, so this never waits on it.
+
+    Cancelled by the loop's end (not replaced, nor closed by its store), it first lets the other
+    cancelled tasks wind down for up to :data:`DRAIN_S` while they hold connections (a pass giving
+    its lease back), and marks the loop as ending: the store opens no new pool on it (one opened
+    then was left pending, its tasks "destroyed but pending" and a page of errors at exit)."""
     try:
         await asyncio.Event().wait()
     finally:
+        loop = asyncio.get_running_loop()
+        if id(pool) in retired:
+            retired.discard(id(pool))
+        else:
+            ending.add(loop)
+            deadline = loop.time() + DRAIN_S
+            with contextlib.suppress(BaseException):
+                for _ in range(5):  # (the other cancelled tasks start their clean-up)
+                    await asyncio.sleep(0)
+                while lent and loop.time() < deadline:
+                    await asyncio.sleep(0.01)
         held = _left_open(made)  # strong references: psycopg-pool's close() may drop its own midway
         with contextlib.suppress(BaseException):
             await pool.close(timeout=1.0)

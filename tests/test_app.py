@@ -1918,3 +1918,15 @@ def test_compare_keeps_the_configurations_picked_across_pages(db: Path) -> None:
     assert at.sidebar.radio(key="cmp_mode").value == "Pick two stored runs"
     assert [at.sidebar.selectbox(key=k).value for k in ("cmp_a_pick", "cmp_b_pick")] == [ids[-1], ids[2]]
     assert not at.warning or all("Session State" not in w.value for w in at.warning)
+    # …but the Experiments page's Tune and Compare open them on its experiment (review: they opened
+    # the mode each page was left in)
+    at.switch_page(PAGES.format("tune")).run()
+    at.sidebar.radio(key="tune_mode").set_value("Sweep one conversation").run()
+    at.switch_page(PAGES.format("experiments")).run()
+    at.button(key="xp_open_compare").click().run()
+    assert not at.exception, at.exception
+    assert at.sidebar.radio(key="cmp_mode").value == "Two configurations of an experiment"
+    at.switch_page(PAGES.format("experiments")).run()
+    at.button(key="xp_open_tune").click().run()
+    assert not at.exception, at.exception
+    assert at.sidebar.radio(key="tune_mode").value == "An experiment"

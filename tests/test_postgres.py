@@ -735,6 +735,54 @@ async def test_a_loop_ends_even_when_its_stores_were_never_closed(pg, tmp_path) 
     assert done.returncode == 0 and done.stdout.strip() == "finished", done.stderr[-2000:]
 
 
+CRASHING = textwrap.dedent('''
+    import asyncio, sys
+    from datetime import datetime, timezone
+    import litellm
+    from litellm import CustomLLM
+    from omem_core import Message, create_observational_memory_store
+    from omem_core.postgres import PostgresMemoryStore, PostgresObservationStore
+
+    class Slow(CustomLLM):  # an observer still answering when the application fails
+        async def acompletion(self, *args, **kwargs):
+            await asyncio.sleep(30)
+
+    litellm.custom_provider_map.append({"provider": "slow", "custom_handler": Slow()})
+    litellm.utils.custom_llm_setup()
+
+    async def main():
+        store = create_observational_memory_store(
+            PostgresMemoryStore(sys.argv[1], schema=sys.argv[2]), observer="slow/model",
+            observations=PostgresObservationStore(sys.argv[1], schema=sys.argv[2]),
+            thresholds={"observation": 20}, lease_ttl=60)
+        await store.save_messages([Message(id=f"m{i}", thread_id="t", role="user", content="hello there " * 5,
+                                           created_at=datetime.now(timezone.utc)) for i in range(10)])
+
+        async def bug():
+            await asyncio.sleep(1.0)
+            raise RuntimeError("a bug of the application")
+
+        await asyncio.gather(store.recall("t", last=2), bug())
+
+    asyncio.run(main())
+''')
+
+
+async def test_an_application_failing_during_a_pass_exits_cleanly_and_gives_its_lease_back(pg, tmp_path) -> None:
+    """Found by an integrator: the end of asyncio.run, after another task's exception, left the
+    pass's lease release to a new pool opened as the loop ended: "Task was destroyed but it is
+    pending" for the pool's tasks and ours, and a hundred lines of "Exception ignored" at exit."""
+    script = tmp_path / "crashing.py"
+    script.write_text(CRASHING)
+    done = subprocess.run([sys.executable, str(script), pg.dsn, pg.schema], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert done.returncode == 1 and "RuntimeError: a bug of the application" in done.stderr
+    for noise in ("Task was destroyed", "Exception ignored", "Event loop is closed", "never awaited"):
+        assert noise not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.count("Traceback") == 1, done.stderr[-3000:]  # the application's own, only
+    assert await pg.observations().try_lease("t", "another-host", 30)  # given back, not held for its 60 s
+
+
 # -- the core stays free of psycopg -------------------------------------------------------------
 
 

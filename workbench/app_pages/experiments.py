@@ -223,9 +223,12 @@ elif experiment["status"] != "completed" and not resuming:  # (it said "interrup
 
 # One row that wraps (in five equal columns of a 900 px page the labels read "Resu…", "Delet…").
 actions = st.container(horizontal=True, vertical_alignment="center")
+# (in their experiment mode: the pages keep the mode they were left in, another perhaps)
 if actions.button("Tune", key="xp_open_tune", disabled=resuming, help="Retention vs compression over the grid"):
+    st.session_state["tune_mode"] = "An experiment"
     st.switch_page("workbench/app_pages/tune.py")
 if actions.button("Compare", key="xp_open_compare", disabled=resuming, help="Two configurations, probe by probe"):
+    st.session_state["cmp_mode"] = "Two configurations of an experiment"
     st.switch_page("workbench/app_pages/compare.py")
 running = experiment["status"] == "running"
 unfinished = experiment["status"] != "completed" and not running  # (stopped after its last run: resume ends it)

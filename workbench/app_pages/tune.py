@@ -69,6 +69,7 @@ if mode == "An experiment":
             label = label[0] if isinstance(label, list) else label
             best = points.sort_values("retention", ascending=False).label.iloc[0]
             st.session_state["cmp_xp_pair"] = (best if best != label else points.label.iloc[0], label)
+            st.session_state["cmp_mode"] = "Two configurations of an experiment"
             st.switch_page("workbench/app_pages/compare.py")
     cells = app_data.threshold_cells(summaries)
     settings = list(dict.fromkeys(cells.settings))
