@@ -1930,3 +1930,14 @@ def test_compare_keeps_the_configurations_picked_across_pages(db: Path) -> None:
     at.button(key="xp_open_tune").click().run()
     assert not at.exception, at.exception
     assert at.sidebar.radio(key="tune_mode").value == "An experiment"
+    # a kept run deleted elsewhere is said, not replaced without a word (review)
+    at.switch_page(PAGES.format("compare")).run()
+    at.sidebar.radio(key="cmp_mode").set_value("Pick two stored runs").run()
+    picked_a = at.sidebar.selectbox(key="cmp_a_pick").value
+    with RunStore(db) as s:
+        s.delete_run(picked_a)
+    at.switch_page(PAGES.format("runs")).run()
+    at.switch_page(PAGES.format("compare")).run()
+    assert not at.exception, at.exception
+    assert any(f"Run {picked_a} is no longer in the run store" in shown(w.value) for w in at.warning), \
+        [w.value for w in at.warning]

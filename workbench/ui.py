@@ -447,15 +447,18 @@ def run_picker(store: RunStore, label: str, key: str, *, default: str | None = N
     runs = store.runs()
     box = container or st
     # The run this page showed (or was asked to open) is gone: deleted elsewhere. Said, never a
-    # silent switch to another run.
-    wanted = default or st.session_state.get(key)
+    # silent switch to another run. (A kept run is the one this page showed: it comes first.)
+    if keep:
+        kept(key)
+    wanted = (st.session_state.get(key) if keep else None) or default or st.session_state.get(key)
     if wanted and wanted not in set(runs.run_id):
         st.warning(plain(f"Run {wanted} is no longer in the run store (deleted elsewhere)."))
         if st.session_state.get(RUN_KEY) == wanted:
             st.session_state.pop(RUN_KEY)
         if st.session_state.get(key) == wanted:
             st.session_state.pop(key)
-        default = None
+            st.session_state.pop(f"_kept_{key}", None)
+        default = None if default == wanted else default
     if only is not None:
         runs = runs[runs.run_id.isin(only)]
     if runs.empty:
@@ -466,7 +469,7 @@ def run_picker(store: RunStore, label: str, key: str, *, default: str | None = N
     # opens on a failed run's "no steps" unless that run was asked for.
     done = [i for i, status in enumerate(runs.status) if status == "completed"]
     index = ids.index(default) if default in ids else (done[0] if done else 0)
-    if keep and kept(key, ids):  # (drawn without a default of its own: its kept value stands)
+    if keep and st.session_state.get(key) in ids:  # (drawn without a default of its own: its kept value stands)
         picked = box.selectbox(label, ids, format_func=labels.get, key=key)
     else:
         picked = box.selectbox(label, ids, index=index, format_func=labels.get, key=key)
