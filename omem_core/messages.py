@@ -11,26 +11,12 @@ ROLES = frozenset({"user", "assistant", "system", "tool"})
 RecordKind = Literal["observation", "reflection"]
 
 
-MAX_ID_BYTES = 1000
-"""The longest id or thread id any store takes, in UTF-8 bytes. PostgreSQL's index of a
-thread's messages holds both in one entry of at most 2,704 bytes: a longer pair failed there
-with a driver error naming neither, while the other stores took it."""
-
-
 def shown_id(value: object) -> str:
-    """``repr(value)``, cut to its first 60 characters when longer (an error naming a 3,000-byte
-    id quoted all of it)."""
-    text = repr(value)
-    return text if len(text) <= 62 else f"{text[:60]}…"
-
-
-def check_id_length(value: str, what: str, field: str) -> None:
-    """A ``ValueError`` naming ``what`` and ``field`` when ``value`` exceeds :data:`MAX_ID_BYTES`."""
-    size = len(value.encode("utf-8"))
-    if size > MAX_ID_BYTES:
-        raise ValueError(f"{what}: {field} is {size:,} bytes long (UTF-8); ids and thread ids are at most "
-                         f"{MAX_ID_BYTES:,} bytes in every store (PostgreSQL's index cannot hold longer ones): "
-                         "use a shorter id, or a hash of this one")
+    """``repr(value)``, a long text cut to its first 57 characters and "…" (an error naming a
+    3,000-byte id quoted all of it)."""
+    if isinstance(value, str) and len(value) > 60:
+        return repr(value[:57] + "…")
+    return repr(value)
 
 
 def check_working_memory(thread_id: object, text: object) -> None:
@@ -38,7 +24,6 @@ def check_working_memory(thread_id: object, text: object) -> None:
     valid Unicode (an int was stored as it was by one adapter and raised ``AttributeError`` in
     another; a lone surrogate was stored or raised ``UnicodeEncodeError``)."""
     check_text(thread_id, "working memory", "thread_id")
-    check_id_length(thread_id, "working memory", "thread_id")  # type: ignore[arg-type]
     check_text(text, f"working memory of thread {thread_id!r}", "text")
 
 
@@ -88,7 +73,6 @@ def check_message(message: object) -> Message:
     for name in ("id", "thread_id"):  # a blank id names nothing: a cursor or thread of "" is a bug upstream
         if not getattr(message, name).strip():
             raise ValueError(f"{what}: {name} must not be empty")
-        check_id_length(getattr(message, name), what, name)
     if message.resource_id is not None:
         check_text(message.resource_id, what, "resource_id")
     return message

@@ -18,7 +18,7 @@ import itertools
 from collections import OrderedDict
 from typing import Protocol, runtime_checkable
 
-from .messages import ObservationRecord, check_id_length, check_text, check_thread_id, shown_id
+from .messages import ObservationRecord, check_text, check_thread_id, shown_id
 
 
 @runtime_checkable
@@ -93,8 +93,6 @@ def check_record(record: object) -> ObservationRecord:
     what = f"record {shown_id(record.id)}"
     for name in ("id", "thread_id", "text"):
         check_text(getattr(record, name), what, name)
-    for name in ("id", "thread_id"):
-        check_id_length(getattr(record, name), what, name)
     if record.resource_id is not None:
         check_text(record.resource_id, what, "resource_id")
     for source in record.source_ids:

@@ -51,7 +51,7 @@ import os
 import threading
 import warnings
 import weakref
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -172,6 +172,27 @@ def _refused(exc: BaseException) -> bool:
 def _micros(value: datetime) -> int:
     delta = value - _EPOCH
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+@contextlib.contextmanager
+def _index_limit(what: Callable[[], str]) -> Iterator[None]:
+    """PostgreSQL's btree index holds at most 2,704 bytes per entry (a thread id and a message id
+    together, compressed): a longer one failed with psycopg's "index row size … exceeds btree
+    version 4 maximum", naming neither the message nor the field. A ``ValueError`` naming them;
+    nothing of the call is saved (its transaction is rolled back). SQLite and the in-memory stores
+    have no such limit."""
+    try:
+        yield
+    except psycopg.errors.ProgramLimitExceeded as exc:
+        said = exc.diag.message_primary or str(exc).splitlines()[0]
+        raise ValueError(f"{what()}: too long for PostgreSQL's index (an entry holds at most 2,704 bytes, "
+                         f"ids compressed); use shorter ids, or a hash of them. Nothing was saved. ({said})") from None
+
+
+def _longest(messages: Sequence[Message]) -> str:
+    worst = max(messages, key=lambda m: len(m.thread_id.encode()) + len(m.id.encode()))
+    return (f"message {shown_id(worst.id)} of thread {shown_id(worst.thread_id)}: its thread_id and id are "
+            f"{len(worst.thread_id.encode()):,} + {len(worst.id.encode()):,} bytes")
 
 
 def _no_nul(value: str | None, what: str, field: str) -> None:
@@ -738,14 +759,8 @@ class PostgresMemoryStore(_Store):
             new = [m for key, m in fresh.items() if key not in stored]
             if not new:
                 return
-            cursor = await con.execute(db.q(
-                "INSERT INTO {s}omem_messages (thread_id, id, role, content, created_at, created_us, resource_id) "
-                "SELECT t, i, r, c, a, u, x FROM unnest(%s::text[], %s::text[], %s::text[], %s::bytea[], %s::text[], "
-                "%s::bigint[], %s::text[]) WITH ORDINALITY AS b(t, i, r, c, a, u, x, n) ORDER BY n "
-                "ON CONFLICT (thread_id, id) DO NOTHING RETURNING thread_id, id"),
-                ([m.thread_id for m in new], [m.id for m in new], [m.role for m in new],
-                 [m.content.encode() for m in new], [m.created_at.isoformat() for m in new],
-                 [_micros(m.created_at) for m in new], [m.resource_id for m in new]))
+            with _index_limit(lambda: _longest(new)):
+                cursor = await self._insert(con, new)
             inserted = {(t, i) for t, i in await cursor.fetchall()}
             raced = [m for m in new if (m.thread_id, m.id) not in inserted]
             if raced:  # saved meanwhile by another process: identical, or a conflict
@@ -753,6 +768,17 @@ class PostgresMemoryStore(_Store):
                 for message in raced:
                     if again.get((message.thread_id, message.id)) != message:
                         raise self._immutable(message)
+
+    async def _insert(self, con: psycopg.AsyncConnection, new: Sequence[Message]) -> psycopg.AsyncCursor:
+        db = self._db
+        return await con.execute(db.q(
+                "INSERT INTO {s}omem_messages (thread_id, id, role, content, created_at, created_us, resource_id) "
+                "SELECT t, i, r, c, a, u, x FROM unnest(%s::text[], %s::text[], %s::text[], %s::bytea[], %s::text[], "
+                "%s::bigint[], %s::text[]) WITH ORDINALITY AS b(t, i, r, c, a, u, x, n) ORDER BY n "
+                "ON CONFLICT (thread_id, id) DO NOTHING RETURNING thread_id, id"),
+                ([m.thread_id for m in new], [m.id for m in new], [m.role for m in new],
+                 [m.content.encode() for m in new], [m.created_at.isoformat() for m in new],
+                 [_micros(m.created_at) for m in new], [m.resource_id for m in new]))
 
     @staticmethod
     def _immutable(message: Message) -> ValueError:
@@ -820,10 +846,12 @@ class PostgresMemoryStore(_Store):
     async def update_working_memory(self, thread_id: str, text: str) -> None:
         check_working_memory(thread_id, text)
         _no_nul(thread_id, "working memory", "thread_id")
+        size = len(thread_id.encode())
         async with self._db.connection() as con:
-            await con.execute(self._db.q(
-                "INSERT INTO {s}omem_working_memory VALUES (%s, %s) "
-                "ON CONFLICT (thread_id) DO UPDATE SET text = excluded.text"), (thread_id, text.encode()))
+            with _index_limit(lambda: f"working memory of thread {shown_id(thread_id)} ({size:,} bytes)"):
+                await con.execute(self._db.q(
+                    "INSERT INTO {s}omem_working_memory VALUES (%s, %s) "
+                    "ON CONFLICT (thread_id) DO UPDATE SET text = excluded.text"), (thread_id, text.encode()))
 
 
 class PostgresObservationStore(_Store):
@@ -1006,12 +1034,19 @@ class PostgresObservationStore(_Store):
         return await _shielded(self._try_lease(thread_id, holder, ttl))
 
     async def _try_lease(self, thread_id: str, holder: str, ttl: float) -> bool:
+        def what() -> str:  # (a save takes its thread's lease first: named by the thread)
+            from .wrapper import leased_thread
+
+            thread = leased_thread(thread_id)
+            return f"thread {shown_id(thread)}: its id is {len(thread.encode()):,} bytes"
+
         async with self._db.connection() as con:
-            cursor = await con.execute(self._db.q(
-                "INSERT INTO {s}omem_leases AS l VALUES (%s, %s, clock_timestamp() + make_interval(secs => %s)) "
-                "ON CONFLICT (thread_id) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at "
-                "WHERE l.holder = excluded.holder OR l.expires_at <= clock_timestamp() RETURNING 1"),
-                (thread_id, holder, float(ttl)))
+            with _index_limit(what):
+                cursor = await con.execute(self._db.q(
+                    "INSERT INTO {s}omem_leases AS l VALUES (%s, %s, clock_timestamp() + make_interval(secs => %s)) "
+                    "ON CONFLICT (thread_id) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at "
+                    "WHERE l.holder = excluded.holder OR l.expires_at <= clock_timestamp() RETURNING 1"),
+                    (thread_id, holder, float(ttl)))
             return await cursor.fetchone() is not None
 
     async def release_lease(self, thread_id: str, holder: str) -> None:

@@ -827,7 +827,10 @@ class ObservationalMemoryStore:
                 # Nobody waits any more: unlist it first so a later read starts afresh.
                 if self._inflight.get(thread_id) is entry:
                     del self._inflight[thread_id]
-                entry.task.cancel()
+                if not entry.task.cancelling():
+                    # (once: at asyncio.run's end every task is cancelled, this pass too, and a
+                    # second cancellation here cut its lease release short, left running unawaited)
+                    entry.task.cancel()
                 if self._leases is not None:
                     # ... and, with a lease store, waited for as it winds down (it gives its lease
                     # back): returning at once let asyncio.run's shutdown after a Ctrl-C cancel that
