@@ -1301,3 +1301,29 @@ def test_an_error_quoting_half_a_character_is_recorded_not_lost(tmp_path) -> Non
                                              options=ex.ExperimentOptions(concurrency=1))
         store.finish_experiment(experiment_id, "failed", "InvalidInputException: 'bad \ud800 x'", 0.0)
         assert store.experiment(experiment_id)["error"] == "InvalidInputException: 'bad \ufffd x'"
+
+
+def test_a_resume_compares_every_conversation_and_a_run_that_recorded_nothing_is_not_a_change(tmp_path,
+                                                                                               monkeypatch) -> None:
+    """Review: one conversation gone from the file stopped the comparison of the others; a run
+    refused up front (no message recorded) read as "the dataset changed (0 messages recorded)"."""
+    from workbench.datasets import load_conversation
+    from workbench.replay import resume_refusal
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    tiny = (ROOT / "datasets" / "tiny.jsonl").read_text(encoding="utf-8")
+    data = tmp_path / "two.jsonl"
+    data.write_text(tiny.replace('"tiny"', '"a"') + tiny.replace('"tiny"', '"b"'), encoding="utf-8")
+    db = str(tmp_path / "x.duckdb")
+    code, out, err = invoke("experiment", "run", "--dataset", str(data), "--observer", "omem/extractive,gpt-4o-mini",
+                            "--window", "2", "--observation-threshold", "30", "--concurrency", "1", "--json",
+                            "--db", db)
+    experiment_id = json.loads(out.strip().splitlines()[-1])["experiment_id"]
+    with RunStore(db) as store:
+        runs = store.experiment_runs(experiment_id)
+        refused = runs[runs.status == "failed"].run_id.iloc[0]
+        assert store.messages(refused).empty
+        assert resume_refusal(load_conversation(data, "a"), store, refused) is None
+        data.write_text(tiny.replace('"tiny"', '"b"').replace("puzzle toys", "chew toys"), encoding="utf-8")
+        said = ex.dataset_changed(store, experiment_id)
+    assert said is not None and said.startswith("conversation 'b' changed in")

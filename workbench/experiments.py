@@ -424,7 +424,7 @@ def dataset_changed(store: Any, experiment_id: str) -> str | None:
             try:
                 conversation = load_conversation(experiment["dataset"], conversation_id, experiment["dataset_format"])
             except WorkbenchError:
-                return None  # (the runs say so, each as a dataset failure)
+                break  # (gone or unreadable: the resume says so; the other conversations are still compared)
             if (changed := dataset_change(conversation, recorded)) is not None:
                 return (f"conversation {conversation_id!r} changed in {conversation.source} since this experiment "
                         f"replayed it ({changed}); its runs left would not be comparable with those recorded: "

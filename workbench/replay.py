@@ -218,7 +218,10 @@ def dataset_change(conversation: Conversation, recorded: Any) -> str | None:
 def resume_refusal(conversation: Conversation, store: RunStore, run_id: str) -> str | None:
     """Why run ``run_id`` cannot be resumed on ``conversation`` as its dataset reads now (see
     :func:`dataset_change`), or ``None``."""
-    changed = dataset_change(conversation, store.messages(run_id))
+    recorded = store.messages(run_id)
+    if recorded.empty:  # (a run refused before its first step records no message: nothing to compare)
+        return None
+    changed = dataset_change(conversation, recorded)
     if changed is None:
         return None
     return (f"run {run_id} cannot be resumed: conversation {conversation.id!r} changed in {conversation.source} "
