@@ -1941,3 +1941,22 @@ def test_compare_keeps_the_configurations_picked_across_pages(db: Path) -> None:
     assert not at.exception, at.exception
     assert any(f"Run {picked_a} is no longer in the run store" in shown(w.value) for w in at.warning), \
         [w.value for w in at.warning]
+
+
+def test_a_resume_the_app_refuses_says_why(db: Path, tmp_path) -> None:
+    """Review: a resume refused (the dataset edited since) showed its error for an instant, then the
+    page's rerun wiped it: the page was back to "interrupted" without a word."""
+    data = tmp_path / "tiny.jsonl"
+    original = (PROJECT_DEMO.parent / "tiny.jsonl").read_text(encoding="utf-8")
+    data.write_text(original, encoding="utf-8")
+    experiment_id = run_experiment_in(db, observation=(30, 60), dataset=data, window=2)
+    with RunStore(db) as s:
+        s.delete_run(s.experiment_runs(experiment_id).run_id.iloc[0])
+        s.finish_experiment(experiment_id, "interrupted", "stopped for the test", 0.0)
+    data.write_text(original.replace("puzzle toys", "chew toys"), encoding="utf-8")
+    at = app("experiments")
+    at.button(key="xp_resume").click().run()
+    assert not at.exception, at.exception
+    assert any("cannot be resumed: conversation 'tiny' changed in" in shown(e.value) for e in at.error), \
+        [e.value for e in at.error]
+    assert store(db).experiment(experiment_id)["status"] == "interrupted"

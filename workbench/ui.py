@@ -546,6 +546,9 @@ def _open_experiment(key: str) -> None:
     st.session_state[EXPERIMENT_KEY] = st.session_state[key]
 
 
+EXPERIMENT_ERROR_KEY = "omem_experiment_error"  # why the last run of an experiment here stopped
+
+
 def run_experiment_with_progress(store: RunStore, experiment_id: str):
     """Run (or resume) an experiment in this script thread with a progress bar; the app is the
     only writer while it runs. Returns the outcome, or ``None`` after showing an error."""
@@ -569,6 +572,7 @@ def run_experiment_with_progress(store: RunStore, experiment_id: str):
     except WorkbenchError as exc:
         bar.empty()
         error("The experiment stopped: ", exc)
+        st.session_state[EXPERIMENT_ERROR_KEY] = f"The experiment stopped: {exc}"  # (said again after a rerun)
         return None
     bar.empty()
     return outcome

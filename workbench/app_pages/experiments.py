@@ -37,9 +37,12 @@ st.caption("An experiment replays every conversation of a dataset under every co
 
 def run_and_report(experiment_id: str) -> None:
     """Run (or resume) the experiment with a progress bar, then rerun with its outcome's banner."""
+    st.session_state.pop(ui.EXPERIMENT_ERROR_KEY, None)
     outcome = ui.run_experiment_with_progress(store, experiment_id)
     if outcome is not None:
         st.session_state["xp_done"] = outcome_message(experiment_id, outcome, store.experiment(experiment_id).get("name"))
+    elif said := st.session_state.pop(ui.EXPERIMENT_ERROR_KEY, None):  # (the rerun below wiped it off the page)
+        st.session_state["xp_done"] = ("error", said)
     st.rerun()
 
 
