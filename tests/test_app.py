@@ -1900,12 +1900,12 @@ def test_compare_keeps_the_configurations_picked_across_pages(db: Path) -> None:
     at = app("compare")
     at.sidebar.selectbox(key="cmp_xp_a").set_value("obs 600")
     at.sidebar.selectbox(key="cmp_xp_b").set_value("obs 150")
-    at.sidebar.selectbox(key="cmp_xp_conv").set_value("omem-lme-003").run()
+    picker(at, "Conversation (charts and memories)").set_value("omem-lme-003").run()
     at.switch_page(PAGES.format("runs")).run()
     at.switch_page(PAGES.format("compare")).run()
     assert not at.exception, at.exception
-    assert [at.sidebar.selectbox(key=k).value for k in ("cmp_xp_a", "cmp_xp_b", "cmp_xp_conv")] == \
-        ["obs 600", "obs 150", "omem-lme-003"]
+    assert [at.sidebar.selectbox(key=k).value for k in ("cmp_xp_a", "cmp_xp_b")] == ["obs 600", "obs 150"]
+    assert picker(at, "Conversation (charts and memories)").value == "omem-lme-003"
     # the stored-runs mode too: the mode and both runs as they were left
     at.sidebar.radio(key="cmp_mode").set_value("Pick two stored runs").run()
     ids = list(store(db).runs().run_id)
@@ -1941,6 +1941,17 @@ def test_compare_keeps_the_configurations_picked_across_pages(db: Path) -> None:
     assert not at.exception, at.exception
     assert any(f"Run {picked_a} is no longer in the run store" in shown(w.value) for w in at.warning), \
         [w.value for w in at.warning]
+    # another experiment whose labels hold B's but not A's: A falls back to another than B's (it
+    # fell back to the first, B's, and the page compared a configuration with itself)
+    other = run_experiment_in(db, observation=(150, 1200), dataset=PROJECT_DEMO.parent / "tiny.jsonl", window=2)
+    at.switch_page(PAGES.format("compare")).run()
+    at.sidebar.radio(key="cmp_mode").set_value("Two configurations of an experiment").run()
+    at.sidebar.selectbox(key="cmp_xp_a").set_value("obs 600")
+    at.sidebar.selectbox(key="cmp_xp_b").set_value("obs 150").run()
+    at.sidebar.selectbox(key="cmp_xp").set_value(other).run()
+    assert not at.exception, at.exception
+    assert [at.sidebar.selectbox(key=k).value for k in ("cmp_xp_a", "cmp_xp_b")] == ["obs 1200", "obs 150"]
+    assert not any("the same configuration" in w.value for w in at.warning)
 
 
 def test_a_resume_the_app_refuses_says_why(db: Path, tmp_path) -> None:

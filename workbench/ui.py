@@ -489,7 +489,9 @@ def choice(box, label: str, options: Sequence[Any], *, key: str, format_func=Non
     widget = f"{key}__{digest}"
     # Options changed since the last run (another widget now): it starts on the choice made, when
     # listed. (The same widget as the last run holds the user's latest pick: left alone.)
-    if st.session_state.get(f"{key}__widget") != widget and st.session_state.get(key) in options:
+    # (Nor is a widget of a page left and come back to: Streamlit dropped its state, not ``key``.)
+    if (st.session_state.get(f"{key}__widget") != widget or widget not in st.session_state) and \
+            st.session_state.get(key) in options:
         st.session_state[widget] = st.session_state[key]
     st.session_state[f"{key}__widget"] = widget
     picked = box.selectbox(label, options, key=widget, **({"format_func": format_func} if format_func else {}))

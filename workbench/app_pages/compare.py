@@ -35,19 +35,17 @@ def experiment_comparison() -> None:
     pair = st.session_state.pop("cmp_xp_pair", None)  # a point clicked in Tune
     if pair and all(p in labels for p in pair):
         st.session_state["cmp_xp_a"], st.session_state["cmp_xp_b"] = pair
-    for key, fallback in (("cmp_xp_a", labels[0]), ("cmp_xp_b", labels[1])):
+    for key, other in (("cmp_xp_a", "cmp_xp_b"), ("cmp_xp_b", "cmp_xp_a")):
         ui.kept(key, labels)  # (back from another page: the pair picked before, not the first two)
-        if st.session_state.get(key) not in labels:
-            st.session_state[key] = fallback
+        if st.session_state.get(key) not in labels:  # (another experiment's: the first the other side is not)
+            st.session_state[key] = next(x for x in labels if x != st.session_state.get(other))
     a = st.sidebar.selectbox("Configuration A", labels, key="cmp_xp_a")
     ui.whole_label(st.sidebar, a)
     b = st.sidebar.selectbox("Configuration B", labels, key="cmp_xp_b")
     ui.whole_label(st.sidebar, b)
     conversations = experiment["conversations"]
-    if len(conversations) > 1 and ui.kept("cmp_xp_conv", conversations) and \
-            st.session_state["cmp_xp_conv"] not in conversations:
-        del st.session_state["cmp_xp_conv"]  # (another experiment's)
-    conversation = st.sidebar.selectbox("Conversation (charts and memories)", conversations, key="cmp_xp_conv") \
+    # (a new widget for another experiment's conversations: the browser kept showing the old one's)
+    conversation = ui.choice(st.sidebar, "Conversation (charts and memories)", conversations, key="cmp_xp_conv") \
         if len(conversations) > 1 else conversations[0]
     summaries, probes, losses, runs = (tables[k] for k in ("summaries", "probes", "losses", "runs"))
 
