@@ -1971,3 +1971,20 @@ def test_a_resume_the_app_refuses_says_why(db: Path, tmp_path) -> None:
     assert any("cannot be resumed: conversation 'tiny' changed in" in shown(e.value) for e in at.error), \
         [e.value for e in at.error]
     assert store(db).experiment(experiment_id)["status"] == "interrupted"
+
+
+def test_a_run_of_the_page_cut_short_by_leaving_it_is_said_on_return(db: Path) -> None:
+    """Found in Chromium: a pick in the experiment picker (or another page) during a resume stopped
+    it without a word. The picker is disabled while it runs; a page left is said on return."""
+    experiment_id = run_experiment_in(db, observation=(300,))
+    at = app("experiments")
+    at.session_state["xp_in_flight"] = experiment_id  # (what a run the page did not see end leaves)
+    at.run()
+    assert any(f"The run of experiment {experiment_id} stopped when the page was left or changed" in shown(w.value)
+               for w in at.warning), [w.value for w in at.warning]
+    at.run()
+    assert not any("stopped when the page was left" in shown(w.value) for w in at.warning)  # said once
+    assert not at.selectbox(key="xp_pick").disabled
+    at.session_state["xp_resume_now"] = experiment_id  # a run starts below in this run: nothing stops it
+    at.run()
+    assert not at.exception, at.exception

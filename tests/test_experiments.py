@@ -1327,3 +1327,28 @@ def test_a_resume_compares_every_conversation_and_a_run_that_recorded_nothing_is
         data.write_text(tiny.replace('"tiny"', '"b"').replace("puzzle toys", "chew toys"), encoding="utf-8")
         said = ex.dataset_changed(store, experiment_id)
     assert said is not None and said.startswith("conversation 'b' changed in")
+
+
+def test_a_stop_raised_in_several_runs_at_once_is_not_logged_as_never_retrieved(tmp_path, scripted, caplog) -> None:
+    """Streamlit stops a script by raising in it: with runs in flight side by side, each one's
+    progress report raised, and asyncio logged "Task exception was never retrieved" per run."""
+    import gc
+    import logging
+
+    class Stop(BaseException):
+        pass
+
+    def progress(report: ex.Progress) -> None:
+        if not report.finished:
+            raise Stop()
+
+    scripted.delay = 0.05
+    with RunStore(tmp_path / "x.duckdb") as store:
+        grid = [ReplayConfig(observer="scripted/model", reflector=None, observation_threshold=o)
+                for o in (100, 200, 300)]
+        experiment_id = ex.create_experiment(store, dataset=DEMO, grid=grid, options=ex.ExperimentOptions(concurrency=3))
+        with caplog.at_level(logging.ERROR, logger="asyncio"), pytest.raises(Stop):
+            asyncio.run(ex.run_experiment(store, experiment_id, progress=progress))
+        gc.collect()
+        assert store.experiment(experiment_id)["status"] == "interrupted"
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()], caplog.text

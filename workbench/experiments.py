@@ -928,6 +928,8 @@ async def _run_in_tasks(tasks: Sequence[Task], options: ExperimentOptions, datas
         for task in running:
             if not task.done():
                 task.cancel()
+            elif not task.cancelled():
+                task.exception()  # retrieved: Streamlit's stop raised in several at once logged "never retrieved"
 
 
 def judging_inputs(store: Any, run_id: str) -> tuple[list[Any], str]:

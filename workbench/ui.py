@@ -520,7 +520,7 @@ EXPERIMENT_KEY = "omem_experiment"  # the experiment opened across pages
 TRACE_KEY = "omem_trace"  # (run_id, call seq) opened in Traces
 
 
-def experiment_picker(store: RunStore, label: str, key: str, *, container=None) -> str | None:
+def experiment_picker(store: RunStore, label: str, key: str, *, container=None, disabled: bool = False) -> str | None:
     """Pick an experiment (the one opened across pages by default); ``None`` when there is none."""
     from .app_data import experiment_label
 
@@ -538,7 +538,8 @@ def experiment_picker(store: RunStore, label: str, key: str, *, container=None) 
         st.session_state[key] = wanted
     elif st.session_state.get(key) not in ids:  # none opened yet, or deleted meanwhile
         st.session_state[key] = ids[0]
-    picked = box.selectbox(label, ids, format_func=labels.get, key=key, on_change=_open_experiment, args=(key,))
+    picked = box.selectbox(label, ids, format_func=labels.get, key=key, on_change=_open_experiment, args=(key,),
+                           disabled=disabled)
     whole_label(box, labels.get(picked))
     st.session_state[EXPERIMENT_KEY] = picked
     return picked

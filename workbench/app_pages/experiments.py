@@ -38,13 +38,20 @@ st.caption("An experiment replays every conversation of a dataset under every co
 def run_and_report(experiment_id: str) -> None:
     """Run (or resume) the experiment with a progress bar, then rerun with its outcome's banner."""
     st.session_state.pop(ui.EXPERIMENT_ERROR_KEY, None)
+    st.session_state["xp_in_flight"] = experiment_id  # (left set: the run was cut short, said on return)
     outcome = ui.run_experiment_with_progress(store, experiment_id)
+    st.session_state.pop("xp_in_flight", None)
     if outcome is not None:
         st.session_state["xp_done"] = outcome_message(experiment_id, outcome, store.experiment(experiment_id).get("name"))
     elif said := st.session_state.pop(ui.EXPERIMENT_ERROR_KEY, None):  # (the rerun below wiped it off the page)
         st.session_state["xp_done"] = ("error", said)
     st.rerun()
 
+
+# An experiment started or resumed by the last click runs in this run, below its buttons: every
+# control that would stop it is disabled meanwhile (the picker too: a pick cancelled the run).
+resume_now = st.session_state.get("xp_resume_now")
+starting = resume_now is not None and st.session_state.pop("xp_starting", None) == resume_now
 
 existing = store.experiments()
 if existing.empty and not st.session_state.get("xp_start"):
@@ -168,7 +175,8 @@ with st.expander("New experiment", expanded=existing.empty):
             ui.warning(f"**{fmt.count(len(blocked), 'configuration')} cannot run here** and will be recorded "
                        "as failed: ", "; ".join(f"{n}: {p}" for n, p in blocked.items()))
     start = st.button("Start experiment", type="primary", key="xp_start",
-                      disabled=bool(problems) or not grid or not conversations or store.read_only)
+                      disabled=bool(problems) or not grid or not conversations or store.read_only
+                      or resume_now is not None)
     if start:
         try:
             options = ExperimentOptions(concurrency=int(concurrency), max_cost=float(max_cost) or None)
@@ -181,12 +189,20 @@ with st.expander("New experiment", expanded=existing.empty):
             st.session_state[ui.EXPERIMENT_KEY] = experiment_id  # the picker shows it after the rerun
             # (kept, the name would be warned about as taken: by the experiment just started)
             st.session_state["xp_clear_name"] = True
-            run_and_report(experiment_id)
+            # Run after the rerun, below its own disabled buttons, as a resume: run here, the page
+            # below stayed clickable (another experiment's Resume among it) until it ended.
+            st.session_state["xp_resume_now"] = experiment_id
+            st.session_state["xp_starting"] = experiment_id
+            st.rerun()
+
+if cut := st.session_state.pop("xp_in_flight", None):  # a run of this page stopped by leaving it
+    st.warning(ui.plain(f"The run of experiment {cut} stopped when the page was left or changed: the runs it "
+                        "finished are kept, and Resume finishes it."))
 
 existing = store.experiments()
-resume_now = st.session_state.get("xp_resume_now")  # (resumed below in this run: listed as resuming)
 if resume_now is not None and not existing.empty:
-    existing.loc[existing.experiment_id == resume_now, ["status", "error"]] = ["resuming", None]
+    existing.loc[existing.experiment_id == resume_now, ["status", "error"]] = [
+        "starting" if starting else "resuming", None]
 if st.session_state.get("xp_done"):  # (before the stop below: deleting the last experiment said nothing)
     kind, text = st.session_state.pop("xp_done")
     {"success": st.success, "warning": st.warning, "error": st.error}[kind](ui.plain(text))
@@ -196,7 +212,7 @@ if existing.empty:
 st.subheader("Experiments")
 listing = app_data.sortable(app_data.experiments_numbers(existing), app_data.EXPERIMENTS_FORMATS)
 ui.figures(listing, hide_index=True, key="xp_table", column_order=app_data.key_first(listing.columns, app_data.EXPERIMENTS_FIRST))
-experiment_id = ui.experiment_picker(store, "Experiment", "xp_pick")
+experiment_id = ui.experiment_picker(store, "Experiment", "xp_pick", disabled=resume_now is not None)
 tables = ui.experiment_tables(store, experiment_id)
 experiment, runs = tables["experiment"], tables["runs"]
 planned = len(experiment["conversations"]) * len(experiment["configs"])
@@ -208,9 +224,10 @@ missing_runs = max(0, planned - done - failed_runs)  # never started, or deleted
 # A Resume clicked in the last run: the run starts below the page's buttons, drawn disabled first
 # (run above them, the buttons of the run before stayed on screen, faded but clickable, until it ended).
 resuming = st.session_state.pop("xp_resume_now", None) == experiment_id
-shown_status = "resuming" if resuming else status_text(experiment["status"], failed_runs, planned, missing_runs)
+shown_status = (("starting" if starting else "resuming") if resuming
+                else status_text(experiment["status"], failed_runs, planned, missing_runs))
 st.text(f"{experiment_id} · {shown_status} · {fmt.short_path(experiment['dataset'])}")
-if experiment["status"] == "running":
+if experiment["status"] == "running" and not resuming:  # (a new one is "running" from its creation)
     st.progress(done / max(planned, 1), text=f"{done} of {planned} runs completed")
 
     @st.fragment(run_every=3)
@@ -233,7 +250,7 @@ if actions.button("Tune", key="xp_open_tune", disabled=resuming, help="Retention
 if actions.button("Compare", key="xp_open_compare", disabled=resuming, help="Two configurations, probe by probe"):
     st.session_state["cmp_mode"] = "Two configurations of an experiment"
     st.switch_page("workbench/app_pages/compare.py")
-running = experiment["status"] == "running"
+running = experiment["status"] == "running" and not resuming  # (running in another process)
 unfinished = experiment["status"] != "completed" and not running  # (stopped after its last run: resume ends it)
 priced, stuck = "", ""  # what resuming should cost, on the button, as the CLI asks before paid work resumes
 if pending and not running:
@@ -249,7 +266,7 @@ if (pending or unfinished) and not running:
 resume = (pending or unfinished) and actions.button(
     f"Resume ({pending} left{priced})" if pending else f"Resume (to finish{priced})", key="xp_resume",
     disabled=running or resuming or store.read_only or bool(stuck),
-    help=stuck or ("Running in another process" if running else "Resuming…" if resuming else
+    help=stuck or ("Running in another process" if running else "Running here…" if resuming else
                    "Paid models: the cost is an estimate meant to err high" if priced else None))
 if actions.button("Prepare HTML export", key="xp_prepare", disabled=resuming):
     st.session_state["xp_html"] = (experiment_id, export_html.experiment_html(store, experiment_id))
