@@ -999,8 +999,8 @@ def test_experiment_pages_list_failed_configurations_and_show_no_nan(db: Path, m
     # page too: it said "Resume retries it" beside the greyed button, the reason in its tooltip)
     resume = at.button(key="xp_resume")
     assert resume.label == "Resume (1 left)" and resume.disabled and "OPENAI_API_KEY" in resume.help
-    assert ("1 run did not complete and is left out of the figures (it cannot be retried here. Nothing left "
-            "can run here: gpt-4o-mini: missing OPENAI_API_KEY") in " ".join(shown(w.value) for w in at.warning)
+    assert ("1 run did not complete and is left out of the figures (it cannot be retried here: "
+            "gpt-4o-mini: missing OPENAI_API_KEY") in " ".join(shown(w.value) for w in at.warning)
     # with the key set, the run left is paid work: its estimated cost is on the button (as the CLI asks)
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-never-sent-0000000000")
     at.run()

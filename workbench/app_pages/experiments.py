@@ -311,7 +311,8 @@ if len(experiment["conversations"]) > 1:
 failed = app_data.failed_configs(runs)
 if not failed.empty:
     # (a Resume greyed out for want of a key said "Resume retries them", the reason in a tooltip)
-    retry = (f"{'it' if len(failed) == 1 else 'they'} cannot be retried here. {stuck}" if stuck else
+    retry = (f"{'it' if len(failed) == 1 else 'they'} cannot be retried here: "
+             f"{stuck.removeprefix('Nothing left can run here: ')}" if stuck else
              f"Resume retries {'it' if len(failed) == 1 else 'them'}")
     st.warning(ui.plain(f"{fmt.count(len(failed), 'run')} did not complete and "
                         f"{'is' if len(failed) == 1 else 'are'} left out of the figures ({retry}):"))
