@@ -1988,3 +1988,14 @@ def test_a_run_of_the_page_cut_short_by_leaving_it_is_said_on_return(db: Path) -
     at.session_state["xp_resume_now"] = experiment_id  # a run starts below in this run: nothing stops it
     at.run()
     assert not at.exception, at.exception
+
+
+def test_the_explorer_keeps_its_step_across_pages(db: Path) -> None:
+    """Found in Chromium: stepping back to a pass, then Traces and back, showed the last step."""
+    at = app()
+    run_id = at.text[0].value.split()[1]
+    at.slider(key=f"ex_step_{run_id}").set_value(2).run()
+    at.switch_page(PAGES.format("traces")).run()
+    at.switch_page(PAGES.format("explorer")).run()
+    assert not at.exception, at.exception
+    assert at.slider(key=f"ex_step_{run_id}").value == 2 and at.query_params["step"] == "2"

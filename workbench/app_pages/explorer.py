@@ -129,6 +129,7 @@ if not done:
                 resumed = ui.run_replay(store, again, ReplayConfig.from_json(config), resume=run_id)
                 if resumed is not None and resumed.status == "completed":  # (a failure's error stays shown)
                     st.session_state.pop(f"ex_step_{run_id}", None)  # at its new end, as after a fresh run
+                    st.session_state.pop(f"_kept_ex_step_{run_id}", None)
                     st.rerun()
 
 cols = ui.MetricRow()
@@ -171,6 +172,7 @@ for note in app_data.run_findings(run, steps, calls):
 
 last = int(steps.step.max())
 step_key = f"ex_step_{run_id}"
+ui.kept(step_key)  # (back from another page: the step left, not the last)
 if step_key not in st.session_state or not 0 <= st.session_state[step_key] <= last:
     st.session_state[step_key] = last
 passes = app_data.pass_steps(steps)
