@@ -344,5 +344,6 @@ def test_while_the_app_resumes_an_experiment_its_buttons_are_disabled(server) ->
         assert page.get_by_text("This experiment was interrupted").count() == 0
         page.get_by_text(re.compile(r"completed: 12 runs replayed in")).wait_for(timeout=300_000)
         settle(page)
+        assert not page.get_by_role("checkbox", name="Confirm delete").is_checked()  # (Delete was live at once)
     with RunStore(tmp / "e2e.duckdb") as store:
         assert store.experiment(experiment_id)["status"] == "completed"

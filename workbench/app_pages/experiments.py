@@ -274,6 +274,8 @@ prepared = st.session_state.get("xp_html")
 if prepared and prepared[0] == experiment_id:
     actions.download_button("Download HTML", prepared[1], file_name=f"{experiment_id}.html", mime="text/html",
                                key="xp_download")
+if resuming:  # (left ticked through the run, Delete was live the moment it ended)
+    st.session_state[f"xp_confirm_{experiment_id}"] = False
 confirm = actions.checkbox("Confirm delete", key=f"xp_confirm_{experiment_id}", disabled=resuming)  # one experiment's only
 if actions.button("Delete experiment", key="xp_delete", disabled=not confirm or store.read_only or resuming):
     try:
