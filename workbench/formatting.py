@@ -178,8 +178,19 @@ def runs_table(frame: Any) -> Any:
     return shown.astype(object).map(lambda v: MISSING if missing(v) else v)
 
 
+def whole_text(text: str) -> str:
+    """``text`` with each lone surrogate (half an emoji: JSON's ``"\\ud83d"`` alone decodes to
+    one) replaced by U+FFFD; a pair left as two code points is joined back. Neither UTF-8 nor
+    DuckDB can hold one: dataset text, traces and errors go through this before they are stored."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
 __all__ = ["MISSING", "count", "display", "fixed", "missing", "money", "tokens", "number", "progress", "ratio",
-           "runs_table", "share", "short_path", "split_list"]
+           "runs_table", "share", "short_path", "split_list", "whole_text"]
 
 
 DEFAULT_DB = "runs.duckdb"  # the CLI's run store when neither --db nor $OMEM_DB names one

@@ -25,6 +25,7 @@ from omem_core import CompactionEvent, ObservationRecord, create_in_memory_obser
 from omem_core._env import environment_secrets, redact_secrets
 from omem_core.observations import InMemoryObservationStore
 
+from .formatting import whole_text
 from .runstore import RunStore
 
 TokenCounter = Callable[[list[str]], list[int]]
@@ -101,12 +102,7 @@ def _storable(value: Any, secrets: list[tuple[str, str]] | None = None) -> Any:
     if secrets is None:
         secrets = environment_secrets()
     if isinstance(value, str):
-        text = redact_secrets(value, secrets)
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:  # (a surrogate pair left as two code points is joined back)
-            text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-        return text
+        return whole_text(redact_secrets(value, secrets))
     if isinstance(value, dict):  # (keys too: a key is as free to hold a secret or a surrogate)
         return {_storable(key, secrets): _storable(item, secrets) for key, item in value.items()}
     if isinstance(value, (list, tuple)):  # (JSON writes a tuple as a list anyway)

@@ -35,7 +35,7 @@ import duckdb
 import pandas as pd
 
 from .errors import WorkbenchError
-from .formatting import DEFAULT_DB, cli_command
+from .formatting import DEFAULT_DB, cli_command, whole_text
 from .interrupts import wait_cap
 
 # The runs as read: a run that did not complete (interrupted, failed by a bug, still running) has
@@ -429,12 +429,7 @@ def redact_secrets(text: Any) -> Any:
         return text
     from omem_core._env import redact_secrets as redact
 
-    text = redact(text)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    return text
+    return whole_text(redact(text))
 
 
 def _calls(calls: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

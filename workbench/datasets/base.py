@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import WorkbenchError
+from ..formatting import whole_text
 
 if TYPE_CHECKING:
     from omem_core import Message
@@ -173,12 +174,8 @@ def _whole_unicode(value: Any) -> tuple[Any, int]:
         return tuple(v for v, _ in fixed), sum(n for _, n in fixed)
     if not isinstance(value, str):
         return value, 0
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        joined = value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-        return joined, joined.count("\ufffd") - value.count("\ufffd")
-    return value, 0
+    joined = whole_text(value)
+    return joined, joined.count("\ufffd") - value.count("\ufffd")
 
 
 def _replace_lone_surrogates(conversation: Conversation) -> None:
