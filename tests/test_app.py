@@ -1990,6 +1990,31 @@ def test_a_run_of_the_page_cut_short_by_leaving_it_is_said_on_return(db: Path) -
     assert not at.exception, at.exception
 
 
+def test_the_experiment_picker_says_resuming_while_the_page_resumes_it(db: Path) -> None:
+    """Left out last round: the list and header said "resuming" and the picker "interrupted"."""
+    experiment_id = run_experiment_in(db, observation=(300,))
+    with RunStore(db) as s:
+        s.finish_experiment(experiment_id, "interrupted", "stopped for the test", 0.0)
+
+    def page() -> None:
+        import streamlit as st
+
+        from workbench import ui
+        from workbench.runstore import RunStore
+
+        with RunStore(st.session_state["db"]) as s:
+            shown = s.experiments()
+            shown.loc[shown.experiment_id == st.session_state["resuming"], "status"] = "resuming"
+            ui.experiment_picker(s, "Experiment", "pick", frame=shown)
+
+    at = AppTest.from_function(page)
+    at.session_state["db"], at.session_state["resuming"] = str(db), experiment_id
+    at.run(timeout=60)
+    assert not at.exception, at.exception
+    (label,) = at.selectbox(key="pick").options
+    assert " · resuming · " in label and "interrupted" not in label, label
+
+
 def test_the_explorer_keeps_its_step_across_pages(db: Path) -> None:
     """Found in Chromium: stepping back to a pass, then Traces and back, showed the last step."""
     at = app()

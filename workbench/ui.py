@@ -520,11 +520,13 @@ EXPERIMENT_KEY = "omem_experiment"  # the experiment opened across pages
 TRACE_KEY = "omem_trace"  # (run_id, call seq) opened in Traces
 
 
-def experiment_picker(store: RunStore, label: str, key: str, *, container=None, disabled: bool = False) -> str | None:
-    """Pick an experiment (the one opened across pages by default); ``None`` when there is none."""
+def experiment_picker(store: RunStore, label: str, key: str, *, container=None, disabled: bool = False,
+                      frame: pd.DataFrame | None = None) -> str | None:
+    """Pick an experiment (the one opened across pages by default); ``None`` when there is none.
+    ``frame``: the experiments as the page shows them (one starting or resuming here), else the store's."""
     from .app_data import experiment_label
 
-    frame = store.experiments()
+    frame = store.experiments() if frame is None else frame
     if frame.empty:
         return None
     box = container or st

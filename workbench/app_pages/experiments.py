@@ -212,7 +212,8 @@ if existing.empty:
 st.subheader("Experiments")
 listing = app_data.sortable(app_data.experiments_numbers(existing), app_data.EXPERIMENTS_FORMATS)
 ui.figures(listing, hide_index=True, key="xp_table", column_order=app_data.key_first(listing.columns, app_data.EXPERIMENTS_FIRST))
-experiment_id = ui.experiment_picker(store, "Experiment", "xp_pick", disabled=resume_now is not None)
+# (the picker's label said "interrupted" for the experiment resuming here, as the list did before)
+experiment_id = ui.experiment_picker(store, "Experiment", "xp_pick", disabled=resume_now is not None, frame=existing)
 tables = ui.experiment_tables(store, experiment_id)
 experiment, runs = tables["experiment"], tables["runs"]
 planned = len(experiment["conversations"]) * len(experiment["configs"])
