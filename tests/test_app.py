@@ -1388,7 +1388,7 @@ def test_run_labels_put_what_tells_runs_apart_first() -> None:
     done = pd.Series({"run_id": "20261204-075033-1b1aca", "conversation_id": "priya-lisbon", "status": "completed",
                       "compression": 3.52, "retention": 0.818, "config": config, "config_label": None,
                       "steps": 100, "planned_steps": 100})
-    assert run_label(done) == ("priya-lisbon · obs 300 · ref 2000 · win 10 · 3.5x · retention 0.818 · "
+    assert run_label(done) == ("priya-lisbon · obs 300 · ref 2000 · window 10 · 3.5x · retention 0.818 · "
                                "20261204-075033-1b1aca")
     in_experiment = done.copy()
     in_experiment["config_label"] = "obs 150"  # an experiment's own short label wins
@@ -1396,7 +1396,7 @@ def test_run_labels_put_what_tells_runs_apart_first() -> None:
     failed = done.copy()
     failed[["status", "steps", "retention", "config"]] = ["failed", 26, None, config.replace("omem/extractive",
                                                                                            "openai/gpt-4o-mini")]
-    assert run_label(failed) == ("priya-lisbon · openai/gpt-4o-mini · obs 300 · ref 2000 · win 10 · "
+    assert run_label(failed) == ("priya-lisbon · openai/gpt-4o-mini · obs 300 · ref 2000 · window 10 · "
                                  "3.5x (partial) · failed at step 26 of 100 · 20261204-075033-1b1aca")
     # Runs that differ only in window or reflector read differently (they all read "obs 300 · ref 2000").
     variants = {json.dumps({**json.loads(config), **change}) for change in (

@@ -271,13 +271,13 @@ def test_sweep_compare_runs_export(tmp_path) -> None:
     assert a in out and b in out
     header, *rows = out.splitlines()
     assert header.split() == ["run", "status", "conversation", "reads", "compr", "retention", "configuration"]
-    assert sorted(row.split("  ")[-1] for row in rows if row.startswith((a, b))) == ["obs 30 · ref 60 · win 4",
-                                                                                      "obs 60 · ref 60 · win 4"]
+    assert sorted(row.split("  ")[-1] for row in rows if row.startswith((a, b))) == ["obs 30 · ref 60 · window 4",
+                                                                                      "obs 60 · ref 60 · window 4"]
     assert max(len(line) for line in out.splitlines()) <= 100
     code, out, _ = invoke("replay", "--dataset", TINY, "--last-messages", "4", "--label", "nightly baseline", "--json")
     labelled = json.loads(out.strip().splitlines()[-1])["run_id"]
     row = invoke("runs")[1].split(labelled)[1].split("\n2")[0]  # its line, and the next when wrapped
-    assert " ".join(row.split()).endswith("nightly baseline (obs 1000 · ref 2000 · win 4)")  # it was not shown
+    assert " ".join(row.split()).endswith("nightly baseline (obs 1000 · ref 2000 · window 4)")  # it was not shown
     code, out, _ = invoke("export", a, "--parquet", str(tmp_path / "export"))
     assert code == 0 and "steps.parquet" in out
     before = (tmp_path / "export" / "runs.parquet").read_bytes()

@@ -465,7 +465,7 @@ def test_labels_name_only_what_varies() -> None:
     assert ex.labels([alone]) == ["obs 300 · window 10"]
     from workbench.app_data import short_config
 
-    assert short_config({"config": alone}) == "obs 300 · no reflector · win 10"
+    assert short_config({"config": alone}) == "obs 300 · no reflector · window 10"
     # nor in a grid that mixes it with configurations that have one (it read "ref model none · obs
     # 300 · ref 2000", a threshold it never used)
     mixed = [alone, *(ReplayConfig(observation_threshold=300, reflection_threshold=r).to_json() for r in (1000, 2000))]
@@ -473,7 +473,7 @@ def test_labels_name_only_what_varies() -> None:
                                 "ref model omem/extractive · ref 2000"]
     # Only the built-in model goes unnamed: a typo of it shows.
     typo = ReplayConfig(observer="omem/extractivX").to_json()
-    assert short_config({"config": typo}).startswith("omem/extractivX · obs 1000 · ref 2000 · win 10")
+    assert short_config({"config": typo}).startswith("omem/extractivX · obs 1000 · ref 2000 · window 10")
 
 
 @pytest.mark.parametrize("verdict, score", [("**CORRECT**", 1.0), ("Verdict: Correct.", 1.0), ("INCORRECT", 0.0),

@@ -1001,7 +1001,7 @@ def short_config(run: Any) -> str:
     text = f"obs {config.get('observation_threshold')} · "
     # With no reflector the reflection threshold means nothing: not shown as if it did.
     text += "no reflector" if reflector is None else f"ref {config.get('reflection_threshold')}"
-    text += f" · win {config.get('last_messages')}"
+    text += f" · window {config.get('last_messages')}"
     if reflector is not None and reflector != observer:
         text += f" · reflector {reflector}"
     if config.get("max_backlog"):

@@ -191,7 +191,7 @@ def pareto_chart(runs: pd.DataFrame) -> go.Figure:
         front = pareto_front(data)
         fig.add_scatter(x=front.compression, y=front.retention, mode="lines", name="Pareto front",
                         line=dict(color="#d63031", dash="dot"), hoverinfo="skip")
-        labels = [f"obs {o} · ref {r} · win {w}" for o, r, w in zip(data.observation_threshold,
+        labels = [f"obs {o} · ref {r} · window {w}" for o, r, w in zip(data.observation_threshold,
                                                                     data.reflection_threshold, data.window)]
         # Coloured by observation threshold only when the runs tried more than one: a colour bar
         # for one value spans a meaningless range (299.6 to 300.4).
