@@ -422,6 +422,24 @@ def test_the_listing_says_why_a_shared_dataset_cannot_be_read(tmp_path, monkeypa
         == {header.index(" origin ")}
 
 
+def test_datasets_json_lists_each_dataset_with_its_figures_or_its_error(tmp_path, monkeypatch) -> None:
+    """Left out last rounds: `datasets` had no --json, so a script read the table's columns."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "lme.json").write_bytes((PROJECT_DATASETS / "samples" / "longmemeval-sample.json").read_bytes())
+    (shared / "cut.json").write_text('{"broken": ')
+    monkeypatch.setenv("OMEM_SHARED_DATASETS", str(shared))
+    code, out, err = invoke("datasets", "--json")
+    assert code == 0, err
+    listed = {row["name"]: row for row in json.loads(out)}
+    assert {k: listed["lme"][k] for k in ("origin", "conversations", "messages", "probes", "gold")} == \
+        {"origin": "shared", "conversations": 4, "messages": 18, "probes": 4, "gold": 3}
+    assert len(listed["lme"]["conversation_ids"]) == 4 and "omem-lme-002" in listed["lme"]["conversation_ids"]
+    assert Path(listed["lme"]["path"]) == shared / "lme.json"
+    assert "invalid JSON" in listed["cut"]["error"] and "conversations" not in listed["cut"]
+    assert listed["tiny"]["origin"] == "project" and listed["tiny"]["conversation_ids"] == ["tiny"]
+
+
 def test_without_a_reflector_the_reflection_thresholds_make_no_more_configurations(tmp_path) -> None:
     """`sweep --reflector none` crossed the default reflection thresholds with the others: six runs
     of two configurations, each replayed three times under different names (experiments too)."""

@@ -943,7 +943,8 @@ def export(run_id: str, folder: Path, overwrite: bool, db: str) -> None:
 
 
 @cli.command()
-def datasets() -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def datasets(as_json: bool) -> None:
     """List the datasets the workbench knows (project and ../shared)."""
     from .datasets import DatasetError, list_conversations
 
@@ -952,20 +953,32 @@ def datasets() -> None:
     if not shared_datasets_dir().is_dir():
         click.echo(f"(no shared datasets at {shared_datasets_dir()}; set OMEM_SHARED_DATASETS to add them)", err=True)
     entries = known_datasets()
-    width = max([20, *(len(e.name) for e in entries)])
-    # (gold: the probes with a gold answer word retention can score, one with a word; MemoryBank's have none)
-    click.echo(f"{'name':<{width}} {'origin':<8} {'conversations':>13} {'messages':>8} {'probes':>6} {'gold':>6}  path")
+    rows: list[dict[str, Any]] = []
     for entry in entries:
+        row: dict[str, Any] = {"name": entry.name, "origin": entry.origin, "format": entry.format,
+                               "path": str(entry.path)}
         try:
             listed = list_conversations(entry.path, entry.format)
-            detail = (f"{len(listed):>13,} {sum(c.messages for c in listed):>8,} "
-                      f"{sum(c.probes for c in listed):>6,} {sum(c.scored_probes for c in listed):>6,}  "
-                      f"{short_path(entry.path)}")
         except DatasetError as exc:
             said = str(exc)  # (it names the file: once is enough)
-            said = said[len(exc.file):].lstrip(": ") if said.startswith(exc.file) and Path(exc.file) == entry.path else said
-            detail = f"{'unreadable':>36}  {short_path(entry.path)}: {said}"
-        click.echo(f"{entry.name:<{width}} {entry.origin:<8} {detail}")
+            row["error"] = (said[len(exc.file):].lstrip(": ")
+                            if said.startswith(exc.file) and Path(exc.file) == entry.path else said)
+        else:
+            # (gold: the probes with a gold answer word retention can score, one with a word; MemoryBank's have none)
+            row.update(conversations=len(listed), messages=sum(c.messages for c in listed),
+                       probes=sum(c.probes for c in listed), gold=sum(c.scored_probes for c in listed),
+                       conversation_ids=[c.id for c in listed])
+        rows.append(row)
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    width = max([20, *(len(e.name) for e in entries)])
+    click.echo(f"{'name':<{width}} {'origin':<8} {'conversations':>13} {'messages':>8} {'probes':>6} {'gold':>6}  path")
+    for row in rows:
+        where = short_path(row["path"])
+        detail = (f"{'unreadable':>36}  {where}: {row['error']}" if "error" in row else
+                  f"{row['conversations']:>13,} {row['messages']:>8,} {row['probes']:>6,} {row['gold']:>6,}  {where}")
+        click.echo(f"{row['name']:<{width}} {row['origin']:<8} {detail}")
 
 
 @cli.group()
