@@ -560,6 +560,8 @@ def test_every_registry_format_loads_its_own_kind_only(tmp_path) -> None:
     ("08.05.2023, 13:56:07", "2023-05-08T13:56:07+00:00"),
     ("8.5.2023 13:56", "2023-05-08T13:56:00+00:00"),
     ("2023/05/20 (Sat) 02:21", "2023-05-20T02:21:00+00:00"),
+    ("2023/05/20 (saturday) 02:21", "2023-05-20T02:21:00+00:00"),
+    ("2023/06/01 (Thurs) 10:00", "2023-06-01T10:00:00+00:00"),
     ("2023/05/20 02:21", "2023-05-20T02:21:00+00:00"),
     ("March-15-2024", "2024-03-15T00:00:00+00:00"),
     ("Mar-15-2024", "2024-03-15T00:00:00+00:00"),
@@ -572,7 +574,8 @@ def test_one_date_parser_reads_every_form(value, expected) -> None:
 
 
 @pytest.mark.parametrize("value", ["yesterday", "13:56 pm on 8 May, 2023", "1:56 pm on 8 Maytember, 2023",
-                                   "31.02.2023, 10:00:00", "2023/13/01 (Sat) 02:21", "", "2023-05-08T25:00", True, None, [2023],
+                                   "31.02.2023, 10:00:00", "2023/13/01 (Sat) 02:21",
+                                   "2023/05/20 (Sun) 02:21", "2023/05/20 (Xyz) 02:21", "", "2023-05-08T25:00", True, None, [2023],
                                    10**20])
 def test_unreadable_dates_name_file_record_field_and_value(value) -> None:
     with pytest.raises(DatasetError) as caught:
@@ -641,6 +644,10 @@ def test_longmemeval_abstention_is_not_scored_by_words() -> None:
     (lme_instance(question=...), "instance 0", "question", "missing"),
     (lme_instance(haystack_sessions=[[], []]), "instance 0", "haystack_sessions", "has no turns"),
     (lme_instance(question_date="soon"), "instance 0", "question_date", "unrecognised date-time 'soon'"),
+    # a weekday that contradicts its date: one of the two is mistyped (it was accepted, unchecked)
+    (lme_instance(haystack_dates=["2023/05/01 (Mon) 09:00", "2023/05/02 (Wed) 09:00"]), "instance 0 session 1",
+     "haystack_dates", "date-time '2023/05/02 (Wed) 09:00': (Wed) contradicts the date: 2023-05-02 is a Tuesday"),
+    (lme_instance(question_date="2023/06/01 (Fri) 10:00"), "instance 0", "question_date", "is a Thursday"),
 ])
 def test_bad_longmemeval_instances_name_file_record_and_field(tmp_path, instance, record, field, problem) -> None:
     path = write(tmp_path, "lme.json", json.dumps([instance]))

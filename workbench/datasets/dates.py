@@ -4,7 +4,8 @@
   OpenAI exports, MemoryBank days);
 * LoCoMo: ``1:56 pm on 8 May, 2023``;
 * LoCoMo variants (REALTALK): ``08.05.2023, 13:56:00`` (day first; seconds optional);
-* LongMemEval: ``2023/05/08 (Mon) 13:56`` (the weekday is optional and not checked);
+* LongMemEval: ``2023/05/08 (Mon) 13:56`` (the weekday is optional; one that contradicts the date
+  is an error: one of the two is mistyped);
 * BEAM time anchors: ``March-15-2024``, ``Mar-15-2024``.
 
 * Unix time, a number: seconds (ChatGPT exports' ``create_time``), or milliseconds when it is
@@ -30,8 +31,15 @@ _MONTHS = {name: number for number, names in enumerate(
 
 _LOCOMO = re.compile(r"(\d{1,2}):(\d{2})\s*([ap])\.?m\.?\s+on\s+(\d{1,2})\s+([a-z]+)\.?,?\s+(\d{4})", re.I)
 _DOTTED = re.compile(r"(\d{1,2})\.(\d{1,2})\.(\d{4}),?\s+(\d{1,2}):(\d{2})(?::(\d{2}))?")
-_SLASHED = re.compile(r"(\d{4})/(\d{1,2})/(\d{1,2})(?:\s*\(\s*[a-z]+\.?\s*\))?(?:\s+(\d{1,2}):(\d{2})(?::(\d{2}))?)?",
+_SLASHED = re.compile(r"(\d{4})/(\d{1,2})/(\d{1,2})(?:\s*\(\s*([a-z]+)\.?\s*\))?(?:\s+(\d{1,2}):(\d{2})(?::(\d{2}))?)?",
                       re.I)
+_WEEKDAYS = {name: number for number, names in enumerate(
+    [("monday", "mon"), ("tuesday", "tue", "tues"), ("wednesday", "wed"), ("thursday", "thu", "thur", "thurs"),
+     ("friday", "fri"), ("saturday", "sat"), ("sunday", "sun")]) for name in names}
+
+
+class _Contradiction(ValueError):
+    """A date-time whose parts disagree (its weekday and its date): said as it is, not as unrecognised."""
 _ANCHOR = re.compile(r"([a-z]+)-(\d{1,2})-(\d{4})", re.I)
 
 UNIX_MILLISECONDS = 10**11  # a Unix time above this is in milliseconds
@@ -53,8 +61,12 @@ def _match(text: str) -> datetime | None:
         day, month, year, hour, minute, second = m.groups()
         return datetime(int(year), int(month), int(day), int(hour), int(minute), int(second or 0))
     if m := _SLASHED.fullmatch(text):
-        year, month, day, hour, minute, second = m.groups()
-        return datetime(int(year), int(month), int(day), int(hour or 0), int(minute or 0), int(second or 0))
+        year, month, day, weekday, hour, minute, second = m.groups()
+        parsed = datetime(int(year), int(month), int(day), int(hour or 0), int(minute or 0), int(second or 0))
+        if weekday is not None and _WEEKDAYS.get(weekday.lower()) != parsed.weekday():
+            said = "is no weekday" if weekday.lower() not in _WEEKDAYS else "contradicts the date"
+            raise _Contradiction(f"({weekday}) {said}: {parsed:%Y-%m-%d} is a {parsed:%A}")
+        return parsed
     if m := _ANCHOR.fullmatch(text):
         month, day, year = m.groups()
         if month.lower() not in _MONTHS:
@@ -76,6 +88,8 @@ def parse_datetime(value: Any, file: str | Path, record: str, field: str | None)
         raise DatasetError(file, record, field, f"expected a date-time string or Unix time, got {type(value).__name__}")
     try:
         parsed = _match(value.strip())
+    except _Contradiction as exc:
+        raise DatasetError(file, record, field, f"date-time {value!r}: {exc}") from None
     except (ValueError, OverflowError):
         parsed = None
     if parsed is None:
