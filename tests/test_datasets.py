@@ -70,8 +70,8 @@ def test_project_datasets_load() -> None:
         (line(timestamp=True), "line 1", "timestamp", "expected str or int or float, got bool"),
         (line(timestamp="yesterday"), "line 1", "timestamp", "unrecognised date-time 'yesterday'"),
         (line(content=5), "line 1", "content", "expected str"),
-        (line() + line(), "conversation 'c', its 2nd message", "id",
-         "duplicate message id 'm1' (its 1st message has it too)"),
+        # the file's lines, which an editor goes to (it said "conversation 'c', its 2nd message")
+        (line() + line(), "line 2", "id", "duplicate message id 'm1' (line 1 has it too)"),
         (line(type="poll"), "line 1", "type", "unknown record type"),
         ("\n\n", "file", None, "the file is empty"),
         (json.dumps({"conversation_id": "c", "question": "q", "id": "p"}) + "\n", "conversation 'c'", None,
@@ -896,7 +896,7 @@ def test_a_blank_id_is_refused_when_the_file_is_read_not_as_a_failed_run(tmp_pat
     """The library now refuses a message with a blank id or thread (it names nothing); a dataset
     with one must say so when read, before a run is recorded, and say where."""
     line = {"conversation_id": "c", "id": "m1", "role": "user", "content": "hi", "timestamp": "2024-01-01T00:00:00Z"}
-    for field, value, said in (("id", " ", "its 1st message: field 'id': is blank"),
+    for field, value, said in (("id", " ", "line 1: field 'id': is blank"),
                                ("conversation_id", "", "field 'conversation_id': is blank")):
         path = tmp_path / f"blank-{field}.jsonl"
         path.write_text(json.dumps({**line, field: value}) + "\n")
@@ -961,7 +961,9 @@ def test_duplicate_ids_of_probes_and_of_conversations_are_refused_by_name(tmp_pa
     lines = (ROOT / "datasets" / "tiny.jsonl").read_text().splitlines()
     probe = next(line for line in lines if '"probe"' in line)
     path = write(tmp_path, "p.jsonl", "\n".join([*lines, probe]) + "\n")
-    with pytest.raises(DatasetError, match=r"its \d+th probe: field 'id': duplicate probe id 'q1' \(its 1st probe has it too\)"):
+    first = next(n for n, text in enumerate(lines, start=1) if text == probe)
+    with pytest.raises(DatasetError, match=rf": line {len(lines) + 1}: field 'id': duplicate probe id 'q1' "
+                                           rf"\(line {first} has it too\)"):
         load_conversation(path)
     chats = write(tmp_path, "c.json", json.dumps([{"id": "x", "messages": [{"role": "user", "content": "a"}]},
                                                   {"id": "x", "messages": [{"role": "user", "content": "b"}]}]))

@@ -204,27 +204,37 @@ def _replace_lone_surrogates(conversation: Conversation) -> None:
             f"surrogate, such as an emoji cut in two; first: {replaced[0]}), replaced by U+FFFD '\ufffd'")
 
 
-def finish(conversation: Conversation, file: Path) -> Conversation:
+def finish(conversation: Conversation, file: Path, *, turn_records: Sequence[str] | None = None,
+           probe_records: Sequence[str] | None = None) -> Conversation:
     """Check a loaded conversation: messages exist, ids are unique; evidence pointing nowhere is
-    dropped, counted and reported in ``warnings``, as are messages dated before the one before them."""
+    dropped, counted and reported in ``warnings``, as are messages dated before the one before them.
+    ``turn_records``/``probe_records``: where each message and probe is in the file (``line 4``),
+    for errors a user can go to; else they are named by their place in the conversation."""
     if not conversation.turns:
         raise EmptyConversation(file, conversation.id)
     _replace_lone_surrogates(conversation)
     if not conversation.id.strip():  # it names the thread, and a run; the library refuses a blank one
         raise DatasetError(file, f"conversation {conversation.id!r}", "conversation_id", "is blank")
+    def turn_record(index: int) -> str:
+        return (turn_records[index - 1] if turn_records else
+                f"conversation {conversation.id!r}, its {ordinal(index)} message")
+
+    def probe_record(number: int) -> str:
+        return (probe_records[number - 1] if probe_records else
+                f"conversation {conversation.id!r}, its {ordinal(number)} probe")
+
     seen: dict[str, int] = {}
     previous: Turn | None = None
     early: list[tuple[Turn, Turn]] = []  # (a message, the one before it in the file, dated later)
     for index, turn in enumerate(conversation.turns, start=1):  # in replay order, not the file's
         if not turn.id.strip():
-            raise DatasetError(file, f"conversation {conversation.id!r}, its {ordinal(index)} message", "id",
-                               "is blank")
+            raise DatasetError(file, turn_record(index), "id", "is blank")
         if previous is not None and turn.created_at < previous.created_at:
             early.append((turn, previous))
         previous = turn
         if turn.id in seen:
-            raise DatasetError(file, f"conversation {conversation.id!r}, its {ordinal(index)} message", "id",
-                               f"duplicate message id {turn.id!r} (its {ordinal(seen[turn.id])} message has it too)")
+            first = (turn_records[seen[turn.id] - 1] if turn_records else f"its {ordinal(seen[turn.id])} message")
+            raise DatasetError(file, turn_record(index), "id", f"duplicate message id {turn.id!r} ({first} has it too)")
         seen[turn.id] = index
     if early:
         # Said up front: a replay fails on such a message only once the part of the thread it is
@@ -238,8 +248,9 @@ def finish(conversation: Conversation, file: Path) -> Conversation:
     probe_ids: dict[str, int] = {}
     for number, probe in enumerate(conversation.probes, start=1):
         if probe.id in probe_ids:  # (a replay's probe table is keyed by it: it failed at the end)
-            raise DatasetError(file, f"conversation {conversation.id!r}, its {ordinal(number)} probe", "id",
-                               f"duplicate probe id {probe.id!r} (its {ordinal(probe_ids[probe.id])} probe has it too)")
+            first = (probe_records[probe_ids[probe.id] - 1] if probe_records
+                     else f"its {ordinal(probe_ids[probe.id])} probe")
+            raise DatasetError(file, probe_record(number), "id", f"duplicate probe id {probe.id!r} ({first} has it too)")
         probe_ids[probe.id] = number
     probes = []
     for probe in conversation.probes:

@@ -20,11 +20,14 @@ def sniff(source: Source) -> bool:
 def load(source: Source) -> list[Conversation]:
     file = source.path
     conversations: dict[str, Conversation] = {}
+    # where each message and probe is, for the checks once loaded: "line 9", not "its 4th message"
+    lines: dict[str, tuple[list[str], list[str]]] = {}
     for element in json_lines(file):
         obj, record = element.value, f"line {element.index}"
         conversation_id = require(obj, "conversation_id", file, record)
         conversation = conversations.setdefault(
             conversation_id, Conversation(conversation_id, [], source=str(file), format=NAME))
+        turn_lines, probe_lines = lines.setdefault(conversation_id, ([], []))
         kind = obj.get("type", "probe" if "question" in obj else "message")
         if "type" not in obj and "question" in obj and ("role" in obj or "content" in obj):
             # (read as a probe, its message was dropped without a word)
@@ -45,6 +48,7 @@ def load(source: Source) -> list[Conversation]:
                                           "timestamp"),
                 speaker=speaker,
             ))
+            turn_lines.append(record)
         elif kind == "probe":
             evidence = obj.get("evidence", [])
             if not isinstance(evidence, list) or not all(isinstance(e, str) for e in evidence):
@@ -63,8 +67,10 @@ def load(source: Source) -> list[Conversation]:
                 abstention=abstention,
                 reference=gold,
             ))
+            probe_lines.append(record)
         else:
             raise DatasetError(file, record, "type", f"unknown record type {kind!r}; expected message or probe")
     if not conversations:
         raise DatasetError(file, "file", None, "has no records")
-    return [finish(c, file) for c in conversations.values()]
+    return [finish(c, file, turn_records=lines[c.id][0], probe_records=lines[c.id][1])
+            for c in conversations.values()]
