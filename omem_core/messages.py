@@ -58,9 +58,19 @@ def check_batch(messages: object) -> list[Message]:
     if isinstance(messages, (str, bytes, dict)):
         raise TypeError(f"save_messages takes a list of Message objects, got a {type(messages).__name__}")
     try:
-        return list(messages)  # type: ignore[call-overload]
+        batch = list(messages)  # type: ignore[call-overload]
     except TypeError:
         raise TypeError(f"save_messages takes a list of Message objects, got {type(messages).__name__}") from None
+    # One id twice in the batch with other fields: said as such (each store said the message was
+    # "already saved", when the batch, refused whole, saved nothing). Twice alike is one message.
+    first: dict[tuple[str, str], Message] = {}
+    for message in batch:
+        if isinstance(message, Message) and isinstance(message.id, str) and isinstance(message.thread_id, str):
+            earlier = first.setdefault((message.thread_id, message.id), message)
+            if earlier is not message and earlier != message:
+                raise ValueError(f"message {shown_id(message.id)} is twice in this batch for thread "
+                                 f"{shown_id(message.thread_id)}, with other fields; nothing was saved")
+    return batch
 
 
 def check_message(message: object) -> Message:

@@ -693,11 +693,37 @@ async def schema_version(dsn: str, *, schema: str | None = None) -> int:
         await con.close()
 
 
+_CLOSING: set[asyncio.Task] = set()  # pools of stores dropped unclosed, closing (a task needs a reference)
+
+
+def _dropped(db: _Database, name: str) -> None:
+    """A store garbage-collected without ``close()``: close its pool on its loop if that still
+    runs (else ``asyncio.run``'s end closed it, or ``close()`` from elsewhere was needed and that
+    loop is gone), with a ``ResourceWarning``, as Python does for a file left open. Left alone,
+    the pool and its tasks were collected with the store while pending: "Task was destroyed but
+    it is pending" for each, and its connections were dropped without a goodbye to the server."""
+    with db._claim:
+        pool, loop = db._pool, db._loop
+    if pool is None or pool.closed or loop is None or loop.is_closed():
+        return
+    warnings.warn(f"{name} was not closed: its connection pool is closed now (close the store, or use "
+                  "`async with`, when done with it)", ResourceWarning)
+
+    def start() -> None:
+        task = loop.create_task(db.close(), name="omem: close a store dropped unclosed")
+        _CLOSING.add(task)
+        task.add_done_callback(_CLOSING.discard)
+
+    with contextlib.suppress(RuntimeError):  # (that loop closed meanwhile: its end closed the pool)
+        loop.call_soon_threadsafe(start)
+
+
 class _Store:
     def __init__(self, dsn: str, *, schema: str | None = None, min_size: int = 1, max_size: int = 10,
                  timeout: float = 10.0, connect_timeout: float = 10.0) -> None:
         self._db = _Database(dsn, schema=schema, min_size=min_size, max_size=max_size, timeout=timeout,
                              connect_timeout=connect_timeout)
+        self._finalizer = weakref.finalize(self, _dropped, self._db, repr(self))
 
     def __repr__(self) -> str:  # never the DSN: it may hold a password
         schema = f", schema {self._db.schema!r}" if self._db.schema is not None else ""
@@ -705,6 +731,7 @@ class _Store:
 
     async def close(self) -> None:
         """Close the connection pool (the store cannot be used afterwards)."""
+        self._finalizer.detach()
         await self._db.close()
 
     async def __aenter__(self):  # noqa: ANN204

@@ -763,6 +763,61 @@ async def test_a_loop_ends_even_when_its_stores_were_never_closed(pg, tmp_path) 
     assert done.returncode == 0 and done.stdout.strip() == "finished", done.stderr[-2000:]
 
 
+FORGOTTEN = textwrap.dedent('''
+    import asyncio, gc, sys, warnings
+    from datetime import datetime, timezone
+    import psycopg
+    from omem_core import Message
+    from omem_core.postgres import PostgresMemoryStore, PostgresObservationStore
+
+    warnings.simplefilter("always", ResourceWarning)
+    dsn, schema = sys.argv[1], sys.argv[2]
+
+    def open_connections():
+        with psycopg.connect(dsn, autocommit=True) as con:
+            return con.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'omem_forgotten'"
+                               ).fetchone()[0]
+
+    async def handle(i):  # a request that makes its own stores and forgets to close them
+        named = dsn + " application_name=omem_forgotten"
+        store = PostgresMemoryStore(named, schema=schema)
+        await store.save_messages([Message(id=f"m{i}", thread_id="t", role="user", content="x",
+                                           created_at=datetime(2024, 1, 1, tzinfo=timezone.utc))])
+        records = PostgresObservationStore(named, schema=schema)
+        await records.list("t")
+
+    async def main():
+        for i in range(5):
+            await handle(i)
+            gc.collect()
+            await asyncio.sleep(0.1)
+        for _ in range(100):  # the loop still runs: what the stores held is given back meanwhile
+            if open_connections() == 0:
+                break
+            await asyncio.sleep(0.1)
+        print("open while running:", open_connections(), flush=True)
+
+    asyncio.run(main())
+''')
+
+
+async def test_stores_dropped_unclosed_while_their_loop_runs_close_their_pools(pg, tmp_path) -> None:
+    """Found by an integrator: a store made per request and never closed, garbage-collected while
+    its loop ran, printed "Task was destroyed but it is pending" for the pool's tasks and ours and
+    "coroutine ignored GeneratorExit" tracebacks. Its pool is closed now, with one ResourceWarning
+    naming the store (shown only where ResourceWarnings are, as Python's own unclosed files)."""
+    script = tmp_path / "forgotten.py"
+    script.write_text(FORGOTTEN)
+    done = subprocess.run([sys.executable, str(script), pg.dsn, pg.schema], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "open while running: 0", (done.stdout, done.stderr[-3000:])
+    for noise in ("Task was destroyed", "Exception ignored", "GeneratorExit", "Traceback"):
+        assert noise not in done.stderr, done.stderr[-3000:]
+    unclosed = [line for line in done.stderr.splitlines() if "ResourceWarning" in line]
+    assert len(unclosed) == 10 and all("was not closed" in line for line in unclosed), done.stderr[-3000:]
+
+
 CRASHING = textwrap.dedent('''
     import asyncio, sys
     from datetime import datetime, timezone
