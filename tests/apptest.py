@@ -19,3 +19,18 @@ def app(page: str | None = None) -> AppTest:
         at.switch_page(PAGES.format(page)).run()
     assert not at.exception, at.exception
     return at
+
+
+def finish_experiments(at: AppTest, timeout: float = 300) -> AppTest:
+    """Wait for the experiments the app runs in the background (Start, Resume), then rerun the
+    page as its watch does once they end (not when none was running any more: the page has said
+    their outcome, once); no exception."""
+    from workbench import background
+
+    running = background.running()
+    for experiment_id in running:
+        background.wait(experiment_id, timeout)
+    if running:
+        at.run()
+    assert not at.exception, at.exception
+    return at

@@ -146,12 +146,17 @@ def held_by_another_process(path: Path) -> Iterator[None]:
 
 
 @pytest.fixture
-def db(tmp_path, monkeypatch) -> Path:
+def db(tmp_path, monkeypatch) -> Iterator[Path]:
     """A fresh run store (and model cache) for the app under test: ``$OMEM_DB`` points at it."""
     path = tmp_path / "app.duckdb"
     monkeypatch.setenv("OMEM_DB", str(path))
     monkeypatch.setenv("OMEM_CACHE_DIR", str(tmp_path / "cache"))
-    return path
+    yield path
+    from workbench import background  # an experiment the app left running ends with its test
+
+    for experiment_id in background.running():
+        background.stop(experiment_id)
+        background.wait(experiment_id, 60)
 
 
 @pytest.fixture

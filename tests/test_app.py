@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from apptest import APP, PAGES, app
+from apptest import APP, PAGES, app, finish_experiments
 from streamlit.testing.v1 import AppTest
 
 from workbench import app_data
@@ -730,7 +730,7 @@ def test_launch_an_experiment_then_tune_compare_grid_and_a_trace(db: Path) -> No
     at.number_input(key="xp_concurrency").set_value(1).run()
     assert any("2 runs: 1 conversation × 2 configurations. Estimated cost: free" in shown(i.value)
                for i in at.info)  # the estimate is shown before anything starts
-    at.button(key="xp_start").click().run()
+    finish_experiments(at.button(key="xp_start").click().run())
     assert not at.exception, at.exception
     s = store(db)
     [experiment_id] = list(s.experiments().experiment_id)
@@ -866,7 +866,7 @@ def test_resume_export_and_delete_an_experiment(db: Path) -> None:
     assert any("This experiment was interrupted" in e.value for e in at.error)
     resume = at.button(key="xp_resume")
     assert resume.label == "Resume (2 left)" and not resume.disabled
-    resume.click().run()
+    finish_experiments(resume.click().run())
     assert not at.exception, at.exception
     s = store(db)
     assert s.experiment(experiment_id)["status"] == "completed" and len(s.experiment_runs(experiment_id)) == 2
@@ -939,7 +939,7 @@ def test_a_name_already_taken_is_warned_about_before_the_start(db: Path) -> None
     assert any(f"An experiment named 'baseline' exists already ({experiment_id})" in shown(w.value) for w in at.warning)
     # started under a new name: not then warned about as taken by the experiment just started
     at.text_input(key="xp_name").set_value("second").run()
-    at.button(key="xp_start").click().run()
+    finish_experiments(at.button(key="xp_start").click().run())
     assert not at.exception, at.exception
     assert "second" in set(store(db).experiments().name) and at.text_input(key="xp_name").value == ""
     assert not any("exists already" in w.value for w in at.warning)
@@ -968,7 +968,7 @@ def test_an_experiment_with_a_configuration_that_cannot_run_is_never_shown_as_a_
     assert any("1 configuration cannot run here" in w.value and "obs model gpt-4o-mini: gpt-4o-mini: missing "
                "OPENAI_API_KEY" in shown(w.value) for w in at.warning), [w.value for w in at.warning]
     assert any("Estimated cost: free" in shown(i.value) for i in at.info)  # the blocked one makes no call
-    at.button(key="xp_start").click().run()
+    finish_experiments(at.button(key="xp_start").click().run())
     assert not at.exception, at.exception
     [experiment_id] = list(store(db).experiments().experiment_id)
     assert not at.success  # not green
@@ -1252,7 +1252,7 @@ def test_a_new_experiment_is_the_one_picked_and_shown(db: Path) -> None:
     at.selectbox(key="xp_pick").set_value(first).run()  # picked by hand, as a user would
     at.text_input(key="xp_obs").set_value("150")
     at.number_input(key="xp_concurrency").set_value(1).run()
-    at.button(key="xp_start").click().run()
+    finish_experiments(at.button(key="xp_start").click().run())
     assert not at.exception, at.exception
     newest = store(db).experiments().experiment_id[0]
     assert newest != first
@@ -1446,8 +1446,8 @@ def test_an_experiment_stopped_after_its_last_run_can_be_finished_from_the_app(d
     at = app("experiments")
     button = at.button(key="xp_resume")
     assert button.label == "Resume (to finish)" and not button.disabled
-    button.click().run()
-    assert not at.exception and store(db).experiment(experiment_id)["status"] == "completed"
+    finish_experiments(button.click().run())
+    assert store(db).experiment(experiment_id)["status"] == "completed"
 
 
 def test_the_step_narration_counts_in_english() -> None:
@@ -1499,7 +1499,7 @@ def test_the_backlog_ceiling_is_set_and_shown_in_the_app(db: Path) -> None:
     assert any("Backlog ceilings" in e.value and "lots" in e.value for e in at.error)
     assert at.button(key="xp_start").disabled
     at.text_input(key="xp_backlog").set_value("off, 400").run()
-    at.button(key="xp_start").click().run()
+    finish_experiments(at.button(key="xp_start").click().run())
     assert not at.exception, at.exception
     s = store(db)
     [experiment_id] = list(s.experiments().experiment_id)
@@ -1966,28 +1966,69 @@ def test_a_resume_the_app_refuses_says_why(db: Path, tmp_path) -> None:
         s.finish_experiment(experiment_id, "interrupted", "stopped for the test", 0.0)
     data.write_text(original.replace("puzzle toys", "chew toys"), encoding="utf-8")
     at = app("experiments")
-    at.button(key="xp_resume").click().run()
+    finish_experiments(at.button(key="xp_resume").click().run())
     assert not at.exception, at.exception
     assert any("cannot be resumed: conversation 'tiny' changed in" in shown(e.value) for e in at.error), \
         [e.value for e in at.error]
     assert store(db).experiment(experiment_id)["status"] == "interrupted"
 
 
-def test_a_run_of_the_page_cut_short_by_leaving_it_is_said_on_return(db: Path) -> None:
-    """Found in Chromium: a pick in the experiment picker (or another page) during a resume stopped
-    it without a word. The picker is disabled while it runs; a page left is said on return."""
-    experiment_id = run_experiment_in(db, observation=(300,))
+def slow_experiment(db: Path) -> str:
+    """An interrupted experiment of twelve configurations on the demo, one run at a time: long
+    enough (seconds) to be caught running."""
+    return run_experiment_in(db, observation=tuple(range(100, 1300, 100)), status="interrupted", window=4)
+
+
+def test_an_experiment_started_in_the_app_goes_on_when_its_page_is_left(db: Path) -> None:
+    """Found in Chromium twice: an experiment run in the page's script stopped when its user opened
+    another page or closed the tab (recorded interrupted, at 1 of 12 runs). It runs in a thread of
+    the app's process now: another page, or another session, follows it; Delete waits for it."""
+    from workbench import background
+
+    experiment_id = slow_experiment(db)
     at = app("experiments")
-    at.session_state["xp_in_flight"] = experiment_id  # (what a run the page did not see end leaves)
-    at.run()
-    assert any(f"The run of experiment {experiment_id} stopped when the page was left or changed" in shown(w.value)
-               for w in at.warning), [w.value for w in at.warning]
-    at.run()
-    assert not any("stopped when the page was left" in shown(w.value) for w in at.warning)  # said once
-    assert not at.selectbox(key="xp_pick").disabled
-    at.session_state["xp_resume_now"] = experiment_id  # a run starts below in this run: nothing stops it
-    at.run()
+    at.checkbox(key=f"xp_confirm_{experiment_id}").check().run()  # Delete armed before the resume
+    at.button(key="xp_resume").click().run()
     assert not at.exception, at.exception
+    assert background.job(experiment_id).alive  # running after the page's script ended
+    assert at.text[0].value.startswith(f"{experiment_id} · running · ") or any(
+        t.value.startswith(f"{experiment_id} · running · ") for t in at.text)
+    assert at.button(key="xp_resume").disabled and at.button(key="xp_delete").disabled
+    assert at.checkbox(key=f"xp_confirm_{experiment_id}").disabled
+    assert not at.checkbox(key=f"xp_confirm_{experiment_id}").value  # (ticked, Delete was live when it ended)
+    at.switch_page(PAGES.format("runs")).run()  # the page left: it stopped there
+    other = app("experiments")  # another browser tab sees it running, with its Stop
+    assert any(b.key == "xp_stop" for b in other.button)
+    background.wait(experiment_id, 300)
+    s = store(db)
+    assert s.experiment(experiment_id)["status"] == "completed" and len(s.experiment_runs(experiment_id)) == 12
+    at.switch_page(PAGES.format("experiments")).run()  # back: the outcome is said, once, in its session
+    assert any(experiment_id in shown(m.value) and "completed: 12 runs" in shown(m.value) for m in at.success), \
+        [m.value for m in at.success]
+    at.run()
+    assert not any("completed: 12 runs" in shown(m.value) for m in at.success)
+    assert not any("completed: 12 runs" in shown(m.value) for m in other.run().success)  # (not its own)
+
+
+def test_stop_ends_an_experiment_running_in_the_app_and_resume_finishes_it(db: Path) -> None:
+    from workbench import background
+
+    experiment_id = slow_experiment(db)
+    at = app("experiments")
+    at.button(key="xp_resume").click().run()
+    at.button(key="xp_stop").click().run()
+    assert not at.exception, at.exception
+    background.wait(experiment_id, 120)
+    at.run()
+    assert any(f"Experiment {experiment_id} was stopped" in shown(w.value) for w in at.warning), \
+        [w.value for w in at.warning]
+    s = store(db)
+    assert s.experiment(experiment_id)["status"] == "interrupted"
+    kept = len(s.experiment_runs(experiment_id))
+    assert kept < 12 and not at.button(key="xp_resume").disabled
+    finish_experiments(at.button(key="xp_resume").click().run())
+    assert store(db).experiment(experiment_id)["status"] == "completed"
+    assert len(store(db).experiment_runs(experiment_id)) == 12
 
 
 def test_the_experiment_picker_says_resuming_while_the_page_resumes_it(db: Path) -> None:

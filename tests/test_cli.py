@@ -620,6 +620,30 @@ def test_llm_judged_retention_through_litellm(scripted: Scripted, tmp_path) -> N
     assert judged[judged.score == 1.0].answer.iloc[0] == "The dog is Biscuit."
 
 
+def test_a_judge_that_names_no_verdict_is_said_not_scored_as_zero(scripted: Scripted, tmp_path) -> None:
+    """Found by a researcher: a judge answering off script scored every probe 0 and printed
+    "LLM-judged accuracy: 0.000", read as a measurement; `experiment show` likewise."""
+    def answer(messages):
+        prompt = messages[-1]["content"]
+        if prompt.startswith("You grade answers"):
+            return "I'd need more context to grade this."
+        return "- noted" if "<messages>" in prompt else "The dog is Biscuit."
+
+    scripted.default = answer
+    code, out, err = invoke("replay", "--dataset", TINY, *SMALL, "--answerer", "scripted/model", "--judge",
+                            "scripted/model", "--yes", "--no-cache")
+    assert code == 0, err
+    assert "LLM-judged accuracy: none over 0 probes" in out
+    assert "warning: 3 judge replies named no verdict (neither CORRECT nor WRONG): those probes are not scored" in err
+    code, out, err = invoke("experiment", "run", "--dataset", TINY, "--answerer", "scripted/model", "--judge",
+                            "scripted/model", "--window", "2", "--concurrency", "1", "--yes", "--no-cache",
+                            "--db", str(tmp_path / "x.duckdb"))
+    assert code == 0, err
+    said = " ".join(out.split())
+    assert "LLM-judged accuracy: obs 1000 · ref 2000 · window 2 – (the cost includes" in said, said  # not 0.000
+    assert "warning: 3 judge replies named no verdict" in said, said
+
+
 def test_a_replays_judge_is_checked_before_the_replay_and_its_failure_is_said_cleanly(
         scripted: Scripted, tmp_path, monkeypatch) -> None:
     """A judge that could not be called was found only after the replay, and its failure ended

@@ -478,7 +478,13 @@ def test_labels_name_only_what_varies() -> None:
 
 @pytest.mark.parametrize("verdict, score", [("**CORRECT**", 1.0), ("Verdict: Correct.", 1.0), ("INCORRECT", 0.0),
                                             ("**Incorrect** - it names another dog", 0.0), ("WRONG", 0.0),
-                                            ("I cannot tell", 0.0)])
+                                            # negated or partial verdicts read as CORRECT (found by a researcher)
+                                            ("Not correct.", 0.0), ("The answer is not correct", 0.0),
+                                            ("not entirely correct: the year is missing", 0.0),
+                                            ("Partially correct, but missing the date", 0.0),
+                                            ("It isn't correct", 0.0), ("Correct, not wrong", 1.0),
+                                            # no verdict: not scored (it was a silent 0)
+                                            ("I cannot tell", None), ("", None)])
 def test_the_judges_verdict_is_read_whatever_its_markdown(verdict, score) -> None:
     """A judge that answered "**CORRECT**" was scored wrong (only a bare first word was read)."""
     from conftest import scripted_provider
@@ -490,7 +496,7 @@ def test_the_judges_verdict_is_read_whatever_its_markdown(verdict, score) -> Non
     with scripted_provider() as scripted:
         scripted.default = lambda messages: verdict if messages[-1]["content"].startswith("You grade") else "x"
         [row] = asyncio.run(judge_probes(probes, "no context", answerer="scripted/model", judge="scripted/model"))
-    assert row["score"] == score
+    assert row["score"] == score if score is not None else row["score"] is None
 
 
 def test_the_judge_grades_abstention_probes_by_declining() -> None:

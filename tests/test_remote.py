@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from pathlib import Path
 
@@ -175,6 +176,30 @@ def test_the_cost_limit_stops_cleanly_and_resume_finishes(tmp_path) -> None:
     assert code == 0, err
     finished = json.loads(out.strip().splitlines()[-1])
     assert finished["status"] == "completed" and [c["runs"] for c in finished["configs"]] == [1, 1, 1]
+
+
+def test_the_calls_of_runs_the_cost_limit_cut_off_are_counted_in_the_spend(tmp_path) -> None:
+    """Found by a researcher: the stop said "$0.0202 spent" and `experiment show` "$0.0060": the
+    calls of the runs in flight when the limit stopped them were paid, and recorded nowhere."""
+    import litellm
+
+    db = tmp_path / "x.duckdb"
+    price = sum(litellm.cost_per_token(model=MODEL, prompt_tokens=200_000, completion_tokens=1_000))
+    with OpenAIServer(reply=note, usage=(200_000, 1_000), delay=0.2) as server:
+        code, data, err = run(server, db, "--reflection-threshold", "60,200,400", "--concurrency", "3",
+                              "--max-cost", "0.1", "--no-cache")
+        paid = len(server.ok())
+    assert code == 1 and data["status"] == "stopped", err
+    with RunStore(db) as store:
+        runs = store.experiment_runs(data["experiment_id"])
+        assert len(runs) < 3 and paid > (runs.observer_calls + runs.reflector_calls).sum()  # some cut off
+    said = float(re.search(r"\(\$([0-9.]+) spent\)", err).group(1))
+    code, out, err = invoke("experiment", "show", data["experiment_id"], "--json", "--db", str(db))
+    spent = json.loads(out.strip().splitlines()[-1])["spent_usd"]
+    assert spent == pytest.approx(said, abs=5e-5)  # what the stop said is what `show` says
+    # every call whose answer came back; the calls cancelled in flight (at most one per run in
+    # flight) answered the server but not us: their price is unknown here (docs/experiments.md)
+    assert (paid - 3) * price - 1e-9 <= spent <= paid * price + 1e-9 and spent > 0
 
 
 def test_the_rate_limiter_spaces_calls() -> None:

@@ -203,6 +203,19 @@ def column_spec(frame: pd.DataFrame, *, scores: bool = False) -> dict[str, tuple
 
 # -- experiments -----------------------------------------------------------------------------------
 
+def progress_text(p: Any, experiment_id: str) -> tuple[float, str]:
+    """A running experiment's progress bar: its fraction and text, from its latest
+    ``experiments.Progress`` (``None`` before its first report)."""
+    if p is None:
+        return 0.0, f"Starting {experiment_id}…"
+    eta = f", about {p.eta_s:.0f} s left" if p.eta_s is not None and p.done < p.total else ""
+    failed = f" · {p.failed} not completed" if p.failed else ""
+    flying = (f" · {p.in_flight} in progress, {100 * p.running / p.in_flight:.0f}% through their messages"
+              if p.in_flight else "")
+    last = f" · last finished: {p.label} on {p.conversation_id} ({p.status})" if p.finished else ""
+    return p.fraction, f"{p.done}/{p.total} runs done{failed}{flying}{last}{eta}"
+
+
 def experiment_label(row: Any) -> str:
     """``thresholds · completed · 4 runs · exp-…`` for a picker: what tells experiments apart first
     (its name, else its dataset's file name), the id last (a sidebar cuts the end off)."""

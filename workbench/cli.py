@@ -706,11 +706,16 @@ def _run_judge(store, result, conv, config, answerer, judge, yes, quiet) -> None
         raise failure from None
     total = judging.total_cost(costs)
     store.record_judging(result.run_id, rows, len(costs), total)
-    scores = [r["score"] for r in rows]
-    if scores and not quiet:
+    scores = [r["score"] for r in rows if r["score"] is not None]
+    unread = len(rows) - len(scores)
+    if rows and not quiet:
         spent = "cost unknown (a model's price is not known)" if total is None else f"cost {money(total, 4)}"
-        click.echo(f"LLM-judged accuracy: {sum(scores) / len(scores):.3f} over {count(len(scores), 'probe')} "
+        accuracy = f"{sum(scores) / len(scores):.3f}" if scores else "none"
+        click.echo(f"LLM-judged accuracy: {accuracy} over {count(len(scores), 'probe')} "
                    f"({count(len(costs), 'call')}, {spent})")
+    if unread:  # (said even with --json: a judge off script is not a measurement)
+        click.echo(f"warning: {count(unread, 'judge reply', 'judge replies')} named no verdict (neither CORRECT nor "
+                   "WRONG): those probes are not scored; check the judge model", err=True)
 
 
 @cli.command()
@@ -1058,6 +1063,10 @@ def _print_report(data: dict[str, Any], db: str) -> None:
         _echo_wrapped("LLM-judged accuracy: " + "; ".join(
             f"{c['label']} {display(c['judged_accuracy'])}" for c in judged)
             + f" (the cost includes {count(sum(c['judge_calls'] for c in judged), 'answerer and judge call')})")
+        unread = sum(c.get("judge_unscored") or 0 for c in judged)
+        if unread:
+            _echo_wrapped(f"warning: {count(unread, 'judge reply', 'judge replies')} named no verdict (neither CORRECT "
+                          "nor WRONG): those probes are not scored; check the judge model")
     if data.get("uneven_note"):
         _echo_wrapped(data["uneven_note"])
     if asked := _probes_asked(data):

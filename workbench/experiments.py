@@ -472,7 +472,7 @@ def _replay_one(dataset: str, dataset_format: str | None, task: Task, extra: dic
 
 
 async def _replay_one_async(dataset: str, dataset_format: str | None, task: Task, extra: dict[str, Any],
-                            cache_dir: str | None, traces: bool, on_cost: Callable[[float], None] | None = None,
+                            cache_dir: str | None, traces: bool, on_cost: Callable[[float | None], None] | None = None,
                             on_progress: Callable[[int, int, str], None] | None = None) -> dict[str, Any]:
     from omem_core import token_counter
 
@@ -712,6 +712,28 @@ async def run_experiment(store: Any, experiment_id: str, *, progress: Callable[[
         if options.max_cost is not None and state["cost"] > options.max_cost:
             stop.set()
 
+    # What each run in flight has paid so far ([known cost, a price unknown]), until it is written:
+    # a run cut off (the cost limit, Ctrl-C, the app's Stop) records nothing, and its calls were
+    # left out of the experiment's spend ("$0.0202 spent" at the stop, "$0.0060" in `show`).
+    unrecorded: dict[tuple[int, str], list] = {}
+
+    def cost_of(task: Task) -> Callable[[float | None], None]:
+        entry = unrecorded.setdefault(_run_key(task), [0.0, False])
+
+        def paid(amount: float | None) -> None:
+            if amount is None:
+                entry[1] = True
+            else:
+                entry[0] += amount
+                add_cost(amount)
+        return paid
+
+    def count_unrecorded() -> None:
+        lost = [entry for key, entry in unrecorded.items() if key not in finished_keys and (entry[0] or entry[1])]
+        unrecorded.clear()
+        if lost:
+            store.add_other_cost(experiment_id, sum(entry[0] for entry in lost), any(entry[1] for entry in lost))
+
     def write(payload: dict[str, Any], task: Task) -> None:
         finished_keys.add(_run_key(task))
         messages = payload.pop("messages")
@@ -742,7 +764,7 @@ async def run_experiment(store: Any, experiment_id: str, *, progress: Callable[[
         if runnable and _all_offline([t.config for t in runnable]) and options.concurrency > 1:
             await _run_in_processes(runnable, options, dataset, dataset_format, extra, folder, write, moved)
         elif runnable:
-            await _run_in_tasks(runnable, options, dataset, dataset_format, extra, folder, write, add_cost, stop,
+            await _run_in_tasks(runnable, options, dataset, dataset_format, extra, folder, write, cost_of, stop,
                                 moved)
         if state["done"] and state["failed"] == state["done"] and not stop.is_set() and not _any_completed(
                 store, experiment_id):  # (a resume whose retries all failed keeps the runs completed before)
@@ -757,11 +779,13 @@ async def run_experiment(store: Any, experiment_id: str, *, progress: Callable[[
         interrupted = not isinstance(exc, Exception) or isinstance(exc, asyncio.CancelledError)
         with ctrl_c_held_back(), (stopping() if interrupted else contextlib.nullcontext()):
             # (a second Ctrl-C left the experiment 'running'; a held run store is waited for briefly)
+            count_unrecorded()
             store.finish_experiment(experiment_id, "interrupted" if interrupted else "failed",
                                     ("stopped before the end" if interrupted else f"{type(exc).__name__}: {exc}")
                                     + "; finish it with: " + cli_command(f"experiment resume {experiment_id}", store.path),
                                     time.perf_counter() - started)
         raise
+    count_unrecorded()  # (runs the cost limit cut off)
     if status == "completed" and options.judge and options.answerer:
         from .judge import JudgeFailed
 
@@ -894,16 +918,18 @@ async def _collect(pending: dict[Any, Task], write: Callable[[dict[str, Any], Ta
 
 async def _run_in_tasks(tasks: Sequence[Task], options: ExperimentOptions, dataset: str,
                         dataset_format: str | None, extra: dict[str, Any], folder: str | None,
-                        write: Callable[[dict[str, Any], Task], None], add_cost: Callable[[float], None],
+                        write: Callable[[dict[str, Any], Task], None],
+                        cost_of: Callable[[Task], Callable[[float | None], None]],
                         stop: asyncio.Event, moved: Callable[[tuple[int, str], float], None] | None = None) -> None:
-    """Remote replays (or one at a time): asyncio tasks in this process under one semaphore."""
+    """Remote replays (or one at a time): asyncio tasks in this process under one semaphore;
+    ``cost_of(task)`` is told each of the task's calls' cost as it is paid (``None``: unknown)."""
     gate = asyncio.Semaphore(options.concurrency)
 
     async def one(task: Task) -> None:
         async with gate:
             if stop.is_set():
                 return
-            payload = await _replay_one_async(dataset, dataset_format, task, extra, folder, options.traces, add_cost,
+            payload = await _replay_one_async(dataset, dataset_format, task, extra, folder, options.traces, cost_of(task),
                                               on_progress=_throttled(moved, task) if moved is not None else None)
         if payload["run"]["status"] == "interrupted":
             return  # cancelled by the cost limit: replayed again by a resume
@@ -1043,6 +1069,7 @@ class ConfigSummary:
     per_category: dict[str, dict[str, Any]] = field(default_factory=dict)
     funnel: dict[str, int] = field(default_factory=dict)
     judged_accuracy: float | None = None
+    judge_unscored: int = 0  # judge replies that named no verdict (not scored)
     judge_calls: int = 0  # answerer + judge calls (their cost is in cost_usd)
     errors: list[str] = field(default_factory=list)
     missing: int = 0  # planned runs with no record: never started (an interrupted grid), or deleted
@@ -1214,6 +1241,7 @@ def summaries_of(experiment: dict, runs: pd.DataFrame, probes: pd.DataFrame, los
             latency_ms_per_call=latency, per_category=per_category,
             funnel=funnel(losses[losses.config_label == label].to_dict("records")),
             judged_accuracy=_mean(judged.score),
+            judge_unscored=int(((scores.method == "llm_judge") & scores.score.isna()).sum()),
             errors=_errors_by_conversation(mine[mine.status != "completed"]),
         ))
     return out
@@ -1328,7 +1356,8 @@ def report(store: Any, experiment_id: str) -> dict[str, Any]:
         # (None: never measured — its process died before any part of it ended)
         "elapsed_s": None if is_missing(experiment["elapsed_s"]) else float(experiment["elapsed_s"]),
         "configs": [{k: s.to_json()[k] for k in keys} | {"per_category": s.per_category, "funnel": s.funnel,
-                                                          "judged_accuracy": s.judged_accuracy, "judge_calls": s.judge_calls, "errors": s.errors}
+                                                          "judged_accuracy": s.judged_accuracy, "judge_unscored": s.judge_unscored,
+                                                          "judge_calls": s.judge_calls, "errors": s.errors}
                     for s in summaries],
         "comparisons": comparisons, "uneven_note": uneven_note(runs),
         "per_conversation": conversations,

@@ -141,11 +141,20 @@ async def _ask(model: str, role: str, prompt: str, spent: Callable[[float | None
     return redact_secrets(text.strip())
 
 
+_VERDICT = re.compile(
+    r"\b(?P<negated>(?:NOT|ISN'T|ISN’T|NEVER)\s+(?:\w+\s+){0,2}CORRECT|(?:PARTIALLY|PARTLY|HALF)[\s-]+CORRECT)\b"
+    r"|\b(?P<word>INCORRECT|CORRECT|WRONG)\b")
+
+
 def verdict_word(verdict: str) -> str:
-    """``CORRECT``, ``INCORRECT`` or ``WRONG``: the first of them in a judge's reply, whatever its
-    case or Markdown ("**Correct**", "Verdict: CORRECT"); ``""`` when it names none."""
-    found = re.search(r"\b(INCORRECT|CORRECT|WRONG)\b", verdict.upper())
-    return found.group(1) if found else ""
+    """``CORRECT``, ``INCORRECT`` or ``WRONG``: the first verdict in a judge's reply, whatever its
+    case or Markdown ("**Correct**", "Verdict: CORRECT"); a negated or partial one ("Not correct",
+    "not entirely correct", "Partially correct, but …") is ``WRONG`` (it was read as CORRECT);
+    ``""`` when it names none."""
+    found = _VERDICT.search(verdict.upper())
+    if found is None:
+        return ""
+    return "WRONG" if found.group("negated") else found.group("word")
 
 
 def left_the_window(store: Any, run_id: str, probes: Sequence[Probe]) -> list[Probe]:
@@ -187,9 +196,11 @@ async def judge_probes(
         if progress is not None:
             progress(done, len(scorable))
         word = verdict_word(verdict)
+        # A reply that names no verdict is not scored (it read as a 0: a judge that answers off
+        # script looked like a measured accuracy of 0.000); the counts say how many.
         return {"probe_id": probe.id, "method": "llm_judge", "question": probe.question, "gold": probe.gold,
                 "category": probe.category, "evidence": json.dumps(list(probe.evidence)),
-                "evidence_in_window": None, "score": 1.0 if word == "CORRECT" else 0.0,
+                "evidence_in_window": None, "score": None if not word else 1.0 if word == "CORRECT" else 0.0,
                 "answer": answer}
 
     tasks = [asyncio.ensure_future(one(p)) for p in scorable]

@@ -207,7 +207,9 @@ class ExperimentRecorder(MemoryRecorder):
     """An experiment's run in memory: reports each call's cost as it happens (for the cost limit)
     and keeps or drops the call traces."""
 
-    def __init__(self, *, on_cost: Callable[[float], None] | None = None, traces: bool = True) -> None:
+    def __init__(self, *, on_cost: Callable[[float | None], None] | None = None, traces: bool = True) -> None:
+        """``on_cost``: told each paid call's cost, and ``None`` for a call whose price is unknown
+        (a failed call has none)."""
         super().__init__()
         self._on_cost = on_cost
         self._traces = traces
@@ -218,6 +220,8 @@ class ExperimentRecorder(MemoryRecorder):
             self.calls[-1]["request"] = self.calls[-1]["response"] = None
         if self._on_cost is not None and event.cost_usd:
             self._on_cost(float(event.cost_usd))
+        elif self._on_cost is not None and event.cost_usd is None and event.error is None:
+            self._on_cost(None)
 
 
 class RunRecorder:

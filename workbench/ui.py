@@ -551,38 +551,6 @@ def _open_experiment(key: str) -> None:
     st.session_state[EXPERIMENT_KEY] = st.session_state[key]
 
 
-EXPERIMENT_ERROR_KEY = "omem_experiment_error"  # why the last run of an experiment here stopped
-
-
-def run_experiment_with_progress(store: RunStore, experiment_id: str):
-    """Run (or resume) an experiment in this script thread with a progress bar; the app is the
-    only writer while it runs. Returns the outcome, or ``None`` after showing an error."""
-    from .experiments import run_experiment
-
-    if store.read_only:
-        st.error("The run store is a read-only snapshot here; an experiment cannot be recorded.")
-        return None
-    bar = st.progress(0.0, text=plain(f"Starting {experiment_id}…"))
-
-    def progress(p) -> None:
-        eta = f", about {p.eta_s:.0f} s left" if p.eta_s is not None and p.done < p.total else ""
-        failed = f" · {p.failed} not completed" if p.failed else ""
-        flying = (f" · {p.in_flight} in progress, {100 * p.running / p.in_flight:.0f}% through their messages"
-                  if p.in_flight else "")
-        last = (f" · last finished: {p.label} on {p.conversation_id} ({p.status})" if p.finished else "")
-        bar.progress(p.fraction, text=plain(f"{p.done}/{p.total} runs done{failed}{flying}{last}{eta}"))
-
-    try:
-        outcome = asyncio.run(run_experiment(store, experiment_id, progress=progress))
-    except WorkbenchError as exc:
-        bar.empty()
-        error("The experiment stopped: ", exc)
-        st.session_state[EXPERIMENT_ERROR_KEY] = f"The experiment stopped: {exc}"  # (said again after a rerun)
-        return None
-    bar.empty()
-    return outcome
-
-
 OPENED_FOR_KEY = "omem_opened_for"  # (run id, why it was opened): said at the top of the explorer
 
 

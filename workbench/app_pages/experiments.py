@@ -4,7 +4,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from workbench import app_data, export_html, ui
+from workbench import app_data, background, export_html, ui
 from workbench import formatting as fmt
 from workbench.catalog import DEMO_DATASET, known_datasets
 from workbench.datasets import DatasetError
@@ -27,7 +27,6 @@ from workbench.experiments import (
 )
 from workbench.models import usable_models
 from workbench.replay import TOKEN_COUNTERS, configuration_problem
-from workbench.runstore import RunBusy
 
 store = ui.get_store()
 st.title("Experiments")
@@ -35,23 +34,18 @@ st.caption("An experiment replays every conversation of a dataset under every co
            "pools the figures per configuration. Tune and Compare read them.")
 
 
-def run_and_report(experiment_id: str) -> None:
-    """Run (or resume) the experiment with a progress bar, then rerun with its outcome's banner."""
-    st.session_state.pop(ui.EXPERIMENT_ERROR_KEY, None)
-    st.session_state["xp_in_flight"] = experiment_id  # (left set: the run was cut short, said on return)
-    outcome = ui.run_experiment_with_progress(store, experiment_id)
-    st.session_state.pop("xp_in_flight", None)
-    if outcome is not None:
-        st.session_state["xp_done"] = outcome_message(experiment_id, outcome, store.experiment(experiment_id).get("name"))
-    elif said := st.session_state.pop(ui.EXPERIMENT_ERROR_KEY, None):  # (the rerun below wiped it off the page)
-        st.session_state["xp_done"] = ("error", said)
+def launch(experiment_id: str) -> None:
+    """Run (or resume) the experiment in a thread of the app's process, then rerun: run in this
+    page's script, it stopped when its user opened another page or closed the tab."""
+    try:
+        background.start(store, experiment_id)
+    except WorkbenchError as exc:
+        st.session_state["xp_done"] = ("error", f"The experiment cannot start: {exc}")
+    else:
+        st.session_state.setdefault("xp_watched", set()).add(experiment_id)  # its outcome is said here, once
+        st.session_state.pop(f"xp_confirm_{experiment_id}", None)  # (left ticked, Delete was live when it ended)
     st.rerun()
 
-
-# An experiment started or resumed by the last click runs in this run, below its buttons: every
-# control that would stop it is disabled meanwhile (the picker too: a pick cancelled the run).
-resume_now = st.session_state.get("xp_resume_now")
-starting = resume_now is not None and st.session_state.pop("xp_starting", None) == resume_now
 
 existing = store.experiments()
 if existing.empty and not st.session_state.get("xp_start"):
@@ -175,8 +169,7 @@ with st.expander("New experiment", expanded=existing.empty):
             ui.warning(f"**{fmt.count(len(blocked), 'configuration')} cannot run here** and will be recorded "
                        "as failed: ", "; ".join(f"{n}: {p}" for n, p in blocked.items()))
     start = st.button("Start experiment", type="primary", key="xp_start",
-                      disabled=bool(problems) or not grid or not conversations or store.read_only
-                      or resume_now is not None)
+                      disabled=bool(problems) or not grid or not conversations or store.read_only)
     if start:
         try:
             options = ExperimentOptions(concurrency=int(concurrency), max_cost=float(max_cost) or None)
@@ -189,20 +182,23 @@ with st.expander("New experiment", expanded=existing.empty):
             st.session_state[ui.EXPERIMENT_KEY] = experiment_id  # the picker shows it after the rerun
             # (kept, the name would be warned about as taken: by the experiment just started)
             st.session_state["xp_clear_name"] = True
-            # Run after the rerun, below its own disabled buttons, as a resume: run here, the page
-            # below stayed clickable (another experiment's Resume among it) until it ended.
-            st.session_state["xp_resume_now"] = experiment_id
-            st.session_state["xp_starting"] = experiment_id
-            st.rerun()
-
-if cut := st.session_state.pop("xp_in_flight", None):  # a run of this page stopped by leaving it
-    st.warning(ui.plain(f"The run of experiment {cut} stopped when the page was left or changed: the runs it "
-                        "finished are kept, and Resume finishes it."))
+            launch(experiment_id)
 
 existing = store.experiments()
-if resume_now is not None and not existing.empty:
-    existing.loc[existing.experiment_id == resume_now, ["status", "error"]] = [
-        "starting" if starting else "resuming", None]
+here = set(background.running())  # (a resume is "running" here before its thread claims it in the store)
+if here and not existing.empty:
+    existing.loc[existing.experiment_id.isin(here), ["status", "error"]] = ["running", None]
+for watched in sorted(st.session_state.get("xp_watched", set())):  # experiments this session started
+    ended = background.job(watched)
+    # (running when this run looked: said once a run sees it ended, not lost to the rerun its end makes)
+    if watched in here or (ended is not None and ended.alive):
+        continue
+    st.session_state["xp_watched"].discard(watched)
+    if ended is not None and ended.outcome is not None:
+        named = existing.loc[existing.experiment_id == watched, "name"]
+        st.session_state["xp_done"] = outcome_message(watched, ended.outcome, named.iloc[0] if len(named) else None)
+    elif ended is not None and ended.error:
+        st.session_state["xp_done"] = ("warning" if ended.stop_asked else "error", ended.error)
 if st.session_state.get("xp_done"):  # (before the stop below: deleting the last experiment said nothing)
     kind, text = st.session_state.pop("xp_done")
     {"success": st.success, "warning": st.warning, "error": st.error}[kind](ui.plain(text))
@@ -213,7 +209,7 @@ st.subheader("Experiments")
 listing = app_data.sortable(app_data.experiments_numbers(existing), app_data.EXPERIMENTS_FORMATS)
 ui.figures(listing, hide_index=True, key="xp_table", column_order=app_data.key_first(listing.columns, app_data.EXPERIMENTS_FIRST))
 # (the picker's label said "interrupted" for the experiment resuming here, as the list did before)
-experiment_id = ui.experiment_picker(store, "Experiment", "xp_pick", disabled=resume_now is not None, frame=existing)
+experiment_id = ui.experiment_picker(store, "Experiment", "xp_pick", frame=existing)
 tables = ui.experiment_tables(store, experiment_id)
 experiment, runs = tables["experiment"], tables["runs"]
 planned = len(experiment["conversations"]) * len(experiment["configs"])
@@ -222,13 +218,27 @@ pending = planned - done
 
 failed_runs = int((runs.status != "completed").sum()) if not runs.empty else 0
 missing_runs = max(0, planned - done - failed_runs)  # never started, or deleted since
-# A Resume clicked in the last run: the run starts below the page's buttons, drawn disabled first
-# (run above them, the buttons of the run before stayed on screen, faded but clickable, until it ended).
-resuming = st.session_state.pop("xp_resume_now", None) == experiment_id
-shown_status = (("starting" if starting else "resuming") if resuming
-                else status_text(experiment["status"], failed_runs, planned, missing_runs))
+resuming = experiment_id in here  # running in a thread of this process (started by any session)
+shown_status = ("running" if resuming else status_text(experiment["status"], failed_runs, planned, missing_runs))
 st.text(f"{experiment_id} · {shown_status} · {fmt.short_path(experiment['dataset'])}")
-if experiment["status"] == "running" and not resuming:  # (a new one is "running" from its creation)
+if resuming:
+    @st.fragment(run_every=1)
+    def follow() -> None:  # the thread's progress, and the page again once it ends
+        current = background.job(experiment_id)
+        if current is None or not current.alive:
+            st.rerun()
+        fraction, text = app_data.progress_text(current.progress, experiment_id)
+        st.progress(fraction, text=ui.plain(text))
+        if current.stop_asked:
+            st.caption("Stopping: the runs in flight are dropped (Resume replays them).")
+        elif st.button("Stop", key="xp_stop", help="Stop the experiment: the runs it finished are kept, and "
+                                                   "Resume finishes it"):
+            background.stop(experiment_id)
+            st.caption("Stopping: the runs in flight are dropped (Resume replays them).")
+        else:
+            st.caption("It runs in the app's process: other pages can be opened, and this tab closed, meanwhile.")
+    follow()
+elif experiment["status"] == "running":  # (in another process: the CLI)
     st.progress(done / max(planned, 1), text=f"{done} of {planned} runs completed")
 
     @st.fragment(run_every=3)
@@ -236,7 +246,7 @@ if experiment["status"] == "running" and not resuming:  # (a new one is "running
         if store.experiment(experiment_id)["status"] != "running":
             st.rerun()
     watch()
-elif experiment["status"] != "completed" and not resuming:  # (it said "interrupted" while it resumed)
+elif experiment["status"] != "completed":
     prefix, detail, suffix = app_data.unfinished_banner(
         experiment_id, experiment["status"], done, planned, experiment.get("error"),
         resumable=not store.read_only, db=store.path)  # (an unfinished experiment resumes: its last runs, or its end)
@@ -245,10 +255,10 @@ elif experiment["status"] != "completed" and not resuming:  # (it said "interrup
 # One row that wraps (in five equal columns of a 900 px page the labels read "Resu…", "Delet…").
 actions = st.container(horizontal=True, vertical_alignment="center")
 # (in their experiment mode: the pages keep the mode they were left in, another perhaps)
-if actions.button("Tune", key="xp_open_tune", disabled=resuming, help="Retention vs compression over the grid"):
+if actions.button("Tune", key="xp_open_tune", help="Retention vs compression over the grid"):
     st.session_state["tune_mode"] = "An experiment"
     st.switch_page("workbench/app_pages/tune.py")
-if actions.button("Compare", key="xp_open_compare", disabled=resuming, help="Two configurations, probe by probe"):
+if actions.button("Compare", key="xp_open_compare", help="Two configurations, probe by probe"):
     st.session_state["cmp_mode"] = "Two configurations of an experiment"
     st.switch_page("workbench/app_pages/compare.py")
 running = experiment["status"] == "running" and not resuming  # (running in another process)
@@ -267,21 +277,23 @@ if (pending or unfinished) and not running:
 resume = (pending or unfinished) and actions.button(
     f"Resume ({pending} left{priced})" if pending else f"Resume (to finish{priced})", key="xp_resume",
     disabled=running or resuming or store.read_only or bool(stuck),
-    help=stuck or ("Running in another process" if running else "Running here…" if resuming else
+    help=stuck or ("Running in another process" if running else "Running (Stop ends it)" if resuming else
                    "Paid models: the cost is an estimate meant to err high" if priced else None))
-if actions.button("Prepare HTML export", key="xp_prepare", disabled=resuming):
+if actions.button("Prepare HTML export", key="xp_prepare"):
     st.session_state["xp_html"] = (experiment_id, export_html.experiment_html(store, experiment_id))
 prepared = st.session_state.get("xp_html")
 if prepared and prepared[0] == experiment_id:
     actions.download_button("Download HTML", prepared[1], file_name=f"{experiment_id}.html", mime="text/html",
                                key="xp_download")
-if resuming:  # (left ticked through the run, Delete was live the moment it ended)
-    st.session_state[f"xp_confirm_{experiment_id}"] = False
-confirm = actions.checkbox("Confirm delete", key=f"xp_confirm_{experiment_id}", disabled=resuming)  # one experiment's only
+confirm = actions.checkbox("Confirm delete", key=f"xp_confirm_{experiment_id}", disabled=resuming,
+                           help="Stop it first" if resuming else None)  # one experiment's only
 if actions.button("Delete experiment", key="xp_delete", disabled=not confirm or store.read_only or resuming):
     try:
+        if background.job(experiment_id) is not None and background.job(experiment_id).alive:
+            raise WorkbenchError(f"experiment {experiment_id} is running here: stop it first")
         store.delete_experiment(experiment_id)
-    except RunBusy as exc:  # another process is running it: nothing is deleted
+        background.forget(experiment_id)
+    except WorkbenchError as exc:  # running, here or in another process (RunBusy): nothing is deleted
         ui.error("", exc)
     else:
         st.session_state.pop(ui.EXPERIMENT_KEY, None)
@@ -290,10 +302,7 @@ if actions.button("Delete experiment", key="xp_delete", disabled=not confirm or 
         st.session_state["xp_done"] = ("success", f"Deleted {experiment_id} and its {fmt.count(len(runs), 'run')}.")
         st.rerun()
 if resume:
-    st.session_state["xp_resume_now"] = experiment_id
-    st.rerun()
-if resuming:
-    run_and_report(experiment_id)
+    launch(experiment_id)
 
 summaries = tables["summaries"]
 st.subheader("Figures per configuration")
