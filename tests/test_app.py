@@ -713,6 +713,27 @@ def test_compare_sets_two_configurations_side_by_side_on_the_conversations_both_
     assert json.loads(table.proto.columns)["figure"].get("width", 0) >= 7 * longest
 
 
+def test_compare_charts_a_conversation_both_sides_ran_first_and_says_why_another_has_none(db: Path) -> None:
+    """Found in Chromium: A's run on the first conversation deleted, the conversation picker stayed
+    on it and the charts and final memories were left out without a word."""
+    experiment_id = run_experiment_in(db, observation=(150, 600), dataset=LONGMEMEVAL, window=2)
+    s = store(db)
+    runs = s.experiment_runs(experiment_id)
+    first = s.experiment(experiment_id)["conversations"][0]
+    s.delete_run(runs[(runs.config_label == "obs 150") & (runs.conversation_id == first)].run_id.iloc[0])
+    at = app("compare")
+    at.sidebar.selectbox(key="cmp_xp_a").set_value("obs 150")
+    at.sidebar.selectbox(key="cmp_xp_b").set_value("obs 600").run()
+    assert not at.exception, at.exception
+    conversation = next(b for b in at.sidebar.selectbox if b.label == "Conversation (charts and memories)")
+    assert conversation.value != first and conversation.options[-1] == f"{first} (no run of A)"
+    assert any(h.value.startswith("Token volumes and thresholds on") for h in at.subheader)
+    conversation.set_value(first).run()
+    assert not at.exception, at.exception
+    assert any(f"No run of A on {first}" in shown(i.value) for i in at.info), [i.value for i in at.info]
+    assert not any(h.value.startswith("Token volumes and thresholds on") for h in at.subheader)
+
+
 def picker(at: AppTest, label: str):
     """The main area's select box labelled ``label`` (Compare's pickers have keys that change with their options)."""
     return next(s for s in at.selectbox if s.label == label)

@@ -43,11 +43,18 @@ def experiment_comparison() -> None:
     ui.whole_label(st.sidebar, a)
     b = st.sidebar.selectbox("Configuration B", labels, key="cmp_xp_b")
     ui.whole_label(st.sidebar, b)
-    conversations = experiment["conversations"]
-    # (a new widget for another experiment's conversations: the browser kept showing the old one's)
-    conversation = ui.choice(st.sidebar, "Conversation (charts and memories)", conversations, key="cmp_xp_conv") \
-        if len(conversations) > 1 else conversations[0]
     summaries, probes, losses, runs = (tables[k] for k in ("summaries", "probes", "losses", "runs"))
+    # The conversations with a run of A and of B first (the charts and memories need both: the
+    # first listed had none of A after its run was deleted, and those sections were left out
+    # without a word); the others say which side they lack.
+    lacking = {c: [n for n, label in (("A", a), ("B", b))
+                   if not ((runs.config_label == label) & (runs.conversation_id == c)).any()]
+               for c in experiment["conversations"]} if not runs.empty else {c: ["A", "B"] for c in experiment["conversations"]}
+    conversations = sorted(experiment["conversations"], key=lambda c: bool(lacking[c]))
+    # (a new widget for another experiment's conversations: the browser kept showing the old one's)
+    conversation = ui.choice(st.sidebar, "Conversation (charts and memories)", conversations, key="cmp_xp_conv",
+                             format_func=lambda c: f"{c} (no run of {' and '.join(lacking[c])})" if lacking[c] else c) \
+        if len(conversations) > 1 else conversations[0]
 
     st.text(f"{experiment_id} · A = {a} · B = {b}")
     if a == b:
@@ -208,6 +215,10 @@ def experiment_comparison() -> None:
         st.plotly_chart(charts.funnel_chart(funnel), key="cmp_xp_funnel")
         ui.figures(funnel, key="cmp_xp_funnel_table")
 
+    if not all(pick.values()):
+        st.info(ui.plain(f"No run of {' and '.join(n for n, r in pick.items() if r is None)} on {conversation} (it did "
+                         "not run, or was deleted): its charts and final memories need a run of A and of B. Pick "
+                         "another conversation in the sidebar, or Resume the experiment to replay it."))
     st.subheader("Final memories")
     if all(pick.values()):
         texts = {}
