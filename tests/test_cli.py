@@ -440,6 +440,31 @@ def test_datasets_json_lists_each_dataset_with_its_figures_or_its_error(tmp_path
     assert listed["tiny"]["origin"] == "project" and listed["tiny"]["conversation_ids"] == ["tiny"]
 
 
+def test_a_sweep_shows_the_blind_spot_and_says_which_configurations_fell_behind(tmp_path) -> None:
+    """Found by a researcher: a sweep showed 26.4x compression where half the history was in
+    neither memory nor window (a replay of it said so; the sweep said nothing)."""
+    lines = [json.dumps({"type": "message", "conversation_id": "long", "id": f"m{i}", "role": ("user", "assistant")[i % 2],
+                         "content": " ".join(f"fact {j} of message {i} matters here" for j in range(12)),
+                         "timestamp": f"2024-01-01T10:{i:02d}:00Z"}) for i in range(60)]
+    data = tmp_path / "long.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    db = str(tmp_path / "s.duckdb")
+    code, out, err = invoke("sweep", "--dataset", str(data), "--observation-threshold", "150,3000",
+                            "--reflection-threshold", "4000", "--window", "2", "--db", db)
+    assert code == 0, err
+    said = " ".join(out.split())
+    assert re.search(r"the observer fell behind in obs 150: at the end, [\d,]+ tokens of messages \(\d+% of the "
+                     r"history\) are neither in memory nor in the window", said), said
+    assert "fell behind in obs 3000" not in said
+    header, *rows = out.splitlines()[:3]
+    assert "blind spot" in header and all(re.search(r" [\d,]+ tok ", row) for row in rows)
+    code, out, err = invoke("sweep", "--dataset", str(data), "--observation-threshold", "150,3000",
+                            "--reflection-threshold", "4000", "--window", "2", "--db", db, "--json")
+    runs = json.loads(out.strip().splitlines()[-1])["runs"]
+    with RunStore(db) as store:  # the mean backlog per read, as the run store has it
+        assert [r["blind_spot_tokens"] for r in runs] == [store.steps(r["run_id"]).backlog_tokens.mean() for r in runs]
+
+
 def test_without_a_reflector_the_reflection_thresholds_make_no_more_configurations(tmp_path) -> None:
     """`sweep --reflector none` crossed the default reflection thresholds with the others: six runs
     of two configurations, each replayed three times under different names (experiments too)."""
@@ -943,6 +968,38 @@ def test_ctrl_c_names_the_run_to_resume_and_leaves_no_warning_noise(tmp_path) ->
     assert run["status"] == "interrupted"
     assert f"resume with: python -m workbench replay --resume {run['run_id']} --db {db}\n" in err
     assert "never awaited" not in err and "Traceback" not in err and "KeyboardInterrupt" not in err, err
+
+
+def test_ctrl_c_during_a_sweep_names_the_runs_to_resume(tmp_path) -> None:
+    """Found by a researcher: an interrupted sweep said only "finished runs are kept", not which
+    runs it left interrupted nor how to finish them (`replay` and `experiment` say both)."""
+    import os
+    import signal
+
+    from workbench.catalog import ROOT
+
+    db = tmp_path / "sweep.duckdb"
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "workbench", "sweep", "--dataset", str(DEMO_DATASET), "--db", str(db),
+         "--observation-threshold", "40,60,80", "--reflection-threshold", "400", "--concurrency", "1"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, bufsize=0,
+        env={**os.environ, "OMEM_CACHE_DIR": str(tmp_path / "cache")})
+    seen = ""
+    while "[1/3]" not in seen:  # the first run is done and the second under way: interrupt it
+        char = worker.stderr.read(1)
+        assert char, f"the sweep ended before it could be interrupted: {seen}"
+        seen += char
+    time.sleep(1.0)  # (the second run under way)
+    worker.send_signal(signal.SIGINT)
+    err = seen + worker.stderr.read()
+    assert worker.wait(timeout=120) in (130, -signal.SIGINT), err
+    with RunStore(db) as store:
+        runs = store.runs()
+    cut = runs[runs.status != "completed"]
+    assert len(cut) >= 1 and (runs.status == "completed").sum() >= 1, runs[["run_id", "status"]]
+    commands = "; ".join(f"python -m workbench replay --resume {r} --db {db}" for r in cut.run_id)
+    assert (f"interrupted: finished runs are kept; {len(cut)} run{'s' if len(cut) > 1 else ''} did not finish: "
+            f"resume {'each' if len(cut) > 1 else 'it'} with: {commands}") in " ".join(err.split()), err
 
 
 def test_the_window_and_the_name_have_the_same_options_on_every_command(tmp_path) -> None:

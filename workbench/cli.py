@@ -679,6 +679,18 @@ def _replay_interrupted(store: RunStore, run_id: str | None) -> str:
     return f"\ninterrupted: what was recorded is kept; resume with: {cli_command(f'replay --resume {run_id}', store.path)}"
 
 
+def _sweep_interrupted(store: RunStore, known: set[str]) -> str:
+    """What a Ctrl-C during a sweep kept, and how to finish the runs it cut short (it said only
+    "finished runs are kept")."""
+    runs = store.runs()
+    cut = runs[~runs.run_id.isin(known) & (runs.status != "completed")] if not runs.empty else runs
+    if cut.empty:
+        return "\ninterrupted: finished runs are kept"
+    commands = "; ".join(cli_command(f"replay --resume {run_id}", store.path) for run_id in cut.run_id)
+    return (f"\ninterrupted: finished runs are kept; {count(len(cut), 'run')} did not finish: "
+            f"resume {'it' if len(cut) == 1 else 'each'} with: {commands}")
+
+
 def _run_judge(store, result, conv, config, answerer, judge, yes, quiet) -> None:
     from . import judge as judging
     from .retention import render_context
@@ -761,6 +773,7 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
     from .replay import ReplayConfig, run_sweep
 
     with _using_store(db) as store:
+        known = set(store.runs().run_id)  # (an interruption names the runs this sweep left unfinished)
         try:
             for warning in conv.warnings:
                 click.echo(f"warning: {conv.id}: {warning}", err=True)
@@ -810,24 +823,48 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
             _ask_before_paying(grid, ConversationInfo.of(conv).tokens, yes,
                                f"sweep of {count(len(grid), 'configuration')} on {conv.id}")
             results = _run_async(run_sweep(conv, grid, store, concurrency, on_done=report))
-            table = [{**r.summary(), "config": config.label()} for config, r in zip(grid, results)]
+            import pandas as pd
+
+            from .analysis import findings
+            from .formatting import MISSING
+            from .formatting import tokens as tokens_text
+
+            def blind_spot(result: ReplayResult) -> float | None:  # the mean backlog per read, as experiments say
+                backlog = [r["backlog_tokens"] for r in result.step_rows if r.get("backlog_tokens") is not None]
+                return sum(backlog) / len(backlog) if backlog else None
+
+            table = [{**r.summary(), "blind_spot_tokens": blind_spot(r), "config": config.label()}
+                     for config, r in zip(grid, results)]
             if as_json:
                 _say_json({"runs": table}, code=1 if any(r.status != "completed" for r in results) else 0)
             else:
-                click.echo(f"{'run':<24} {'compr':>7} {'retention':>9} {'cost':>8} {'status':>10}  configuration")
-                for name, result in zip(short, results):
+                click.echo(f"{'run':<24} {'compr':>7} {'retention':>9} {'blind spot':>10} {'cost':>8} {'status':>10}  "
+                           "configuration")
+                behind = []
+                for name, config, result in zip(short, grid, results):
                     row = result.summary()
                     done = result.status == "completed"
+                    blind = blind_spot(result)
                     click.echo(f"{row['run_id'] or '-':<24} {ratio(row['compression'] if done else None):>7} "
-                               f"{share(row.get('retention')):>9} {money(row['cost_usd']):>8} {row['status']:>10}  "
-                               f"{name}")
+                               f"{share(row.get('retention')):>9} "
+                               f"{MISSING if blind is None else tokens_text(blind) + ' tok':>10} "
+                               f"{money(row['cost_usd']):>8} {row['status']:>10}  {name}")
+                    notes = findings(pd.DataFrame(result.step_rows), config.observation_threshold,
+                                     max_backlog=config.max_backlog, recall_on=config.recall_on) if done else []
+                    behind += [f"{name}: {n.split(', and the backlog')[0].removeprefix('The observer is falling behind: ')}"
+                               for n in notes if n.startswith("The observer is falling behind")]
+                for line in behind:  # (26.4x read as the best compression while half the history was seen nowhere)
+                    _echo_wrapped(f"the observer fell behind in {line}, and the backlog was still growing: that "
+                                  "compression counts what the agent sees nowhere; `replay` of it says what to change",
+                                  first="note: ", rest="      ")
                 failed = [(c, r) for c, r in zip(grid, results) if r.status != "completed"]
                 for config, result in failed:
                     click.echo(f"failed: {names.get(id(config), config.label())}: {result.error}", err=True)
                 if failed:
                     click.echo(f"{len(failed)} of {len(grid)} configurations failed", err=True)
         except KeyboardInterrupt:
-            _exit_interrupted("\ninterrupted: finished runs are kept", as_json=as_json)
+            _exit_interrupted(lambda: _sweep_interrupted(store, known), "\ninterrupted: finished runs are kept",
+                              as_json=as_json)
     if any(r.status != "completed" for r in results):
         sys.exit(1)
 
