@@ -1128,6 +1128,24 @@ def test_a_chatgpt_export_folder_reads_its_conversations_file(tmp_path) -> None:
         load_dataset(export)
 
 
+def test_chat_messages_with_no_text_are_skipped_and_said(tmp_path) -> None:
+    """Found by a researcher: a ShareGPT turn with "value": null loaded as an empty message,
+    counted among the messages, without a word (ChatGPT exports skip and count them)."""
+    chats = write(tmp_path, "share.json", json.dumps([{"id": "s", "conversations": [
+        {"from": "human", "value": "I adopted a beagle."}, {"from": "gpt", "value": None},
+        {"from": "human", "value": "  "}, {"from": "gpt", "value": "Congratulations!"}]}]))
+    [conversation] = load_dataset(chats)
+    assert [t.text for t in conversation.turns] == ["I adopted a beagle.", "Congratulations!"]
+    assert [t.id for t in conversation.turns] == ["s-0", "s-3"]  # ids by place in the file, as before
+    assert conversation.warnings == ["2 messages with no text were skipped (first: 'conversation 0 message 1')"]
+    lines = write(tmp_path, "openai.jsonl", json.dumps({"id": "o", "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": ""},
+        {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}]}) + "\n")
+    [conversation] = load_dataset(lines)
+    assert [t.text for t in conversation.turns] == ["hi", "[tool call: f({})]"]  # a call is not "no text"
+    assert len(conversation.warnings) == 1 and "1 message with no text was skipped" in conversation.warnings[0]
+
+
 def test_sharegpt_function_calling_sets_keep_their_system_prompt_tools_and_calls(tmp_path) -> None:
     """Glaive/xLAM-style ShareGPT: the top-level system prompt and tools were dropped and a call
     stayed raw JSON; they read as the OpenAI format's do."""

@@ -78,6 +78,7 @@ def from_messages(conv_id: str, messages: list[Any], source: Source, record: str
     file = source.path
     turns: list[Turn] = []
     stamps: list[datetime | None] = []
+    empty: list[str] = []  # messages with no text (null, "", no tool call), skipped
     for index, item in enumerate(messages):
         where = f"{record} message {index}"
         raw_role = require(item, role_key, file, where)
@@ -95,12 +96,20 @@ def from_messages(conv_id: str, messages: list[Any], source: Source, record: str
             raise DatasetError(file, where, text_key, f"expected text or a list of content parts, got "
                                f"{type(content).__name__} {str(content)[:40]!r}")
         key = "timestamp" if item.get("timestamp") not in (None, "") else "created_at"
-        stamps.append(None if item.get(key) in (None, "") else parse_datetime(item[key], file, where, key))
+        stamp = None if item.get(key) in (None, "") else parse_datetime(item[key], file, where, key)
         text = "\n".join(part for part in (text_of(content), calls) if part)
+        if not text.strip():  # ("value": null or "" was kept as an empty message, counted as one)
+            empty.append(where)
+            continue
+        stamps.append(stamp)
         turns.append(Turn(named(item.get("id")) or f"{conv_id}-{index}", role, text,
                           EPOCH, item.get("name") if isinstance(item.get("name"), str) else None))
     turns = [dataclasses.replace(turn, created_at=when) for turn, when in zip(turns, fill_times(stamps))]
-    return finish(Conversation(conv_id, turns, [], str(file), fmt), file)
+    conversation = Conversation(conv_id, turns, [], str(file), fmt)
+    if empty:  # said, as for ChatGPT exports: not silent
+        conversation.warnings.append(f"{len(empty)} message{'s' if len(empty) > 1 else ''} with no text "
+                                     f"{'were' if len(empty) > 1 else 'was'} skipped (first: {empty[0]!r})")
+    return finish(conversation, file)
 
 
 def fill_times(stamps: list[datetime | None]) -> list[datetime]:
