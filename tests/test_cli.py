@@ -1002,6 +1002,18 @@ def test_ctrl_c_during_a_sweep_names_the_runs_to_resume(tmp_path) -> None:
             f"resume {'each' if len(cut) > 1 else 'it'} with: {commands}") in " ".join(err.split()), err
 
 
+def test_a_conversation_id_with_control_characters_prints_on_one_line(tmp_path) -> None:
+    """Found by a researcher: an id holding a newline or a right-to-left override scrambled the
+    replay's summary (the runs table escaped it)."""
+    data = tmp_path / "odd.jsonl"
+    data.write_text(json.dumps({"type": "message", "conversation_id": "two\nlines\u202eevil", "id": "m1", "role": "user",
+                                "content": "hello there", "timestamp": "2024-01-02T10:00:00Z"}) + "\n")
+    code, out, err = invoke("replay", "--dataset", str(data), "--db", str(tmp_path / "o.duckdb"))
+    assert code == 0, err
+    assert "· conversation two\\nlines\\u202eevil of " in out.splitlines()[0]
+    assert "\u202e" not in out + err
+
+
 def test_the_window_and_the_name_have_the_same_options_on_every_command(tmp_path) -> None:
     """`replay`/`sweep` called the window --last-messages and `experiment run` --window (and a run's
     name --label, an experiment's --name): options copied from one command to another failed."""

@@ -25,7 +25,8 @@ import click
 from .catalog import DEMO_DATASET, ROOT, known_datasets
 from .datasets import FORMATS  # the format registry (imports no model library)
 from .errors import WorkbenchError
-from .formatting import DEFAULT_DB, about_money, cli_command, count, money, ratio, share, short_path, split_list
+from .formatting import (DEFAULT_DB, about_money, cli_command, count, money, ratio, share, short_path, split_list,
+                         terminal_text)
 from .models import OFFLINE_MODEL
 
 if TYPE_CHECKING:
@@ -459,10 +460,10 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
                 reflector_prompt=_resolve_prompt(store, "reflector", reflector_prompt),
                 timeout=timeout, cache=not no_cache, max_backlog=max_backlog)
         for warning in conv.warnings:  # (named by conversation, as an experiment's are)
-            click.echo(f"warning: {conv.id}: {warning}", err=True)
+            click.echo(f"warning: {terminal_text(conv.id)}: {warning}", err=True)
         from .datasets.base import ConversationInfo, rough_tokens
 
-        tokens, what = ConversationInfo.of(conv).tokens, f"replay of {conv.id}"
+        tokens, what = ConversationInfo.of(conv).tokens, f"replay of {terminal_text(conv.id)}"
         if resume:  # what is left: the messages past the recorded cursor (not the whole conversation)
             steps = store.steps(resume)
             cursor = steps.cursor_index.dropna()
@@ -473,7 +474,7 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
         known = set() if resume else set(store.runs().run_id)
         try:
             result = _run_async(replay(conv, config, store, resume=resume, label=label,
-                                       progress=_progress_printer(f"replay {conv.id}", as_json)))
+                                       progress=_progress_printer(f"replay {terminal_text(conv.id)}", as_json)))
         except ConfigurationError as exc:
             failure = click.ClickException(str(exc) + (f" (recorded as failed run {exc.run_id})" if exc.run_id else ""))
             failure.json_fields = {"run_id": exc.run_id, "error": str(exc)}  # type: ignore[attr-defined]
@@ -506,7 +507,7 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
 
             from .analysis import findings
 
-            _print_summary(result, len(conv.probes), f"conversation {conv.id} of {_dataset_name(conv.source)}",
+            _print_summary(result, len(conv.probes), f"conversation {terminal_text(conv.id)} of {_dataset_name(conv.source)}",
                            sum(1 for p in conv.probes if p.gold is None and p.abstention),
                            sum(1 for p in conv.probes if p.gold is None))
             calls = store.model_calls(result.run_id) if result.run_id else None
@@ -776,7 +777,7 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
         known = set(store.runs().run_id)  # (an interruption names the runs this sweep left unfinished)
         try:
             for warning in conv.warnings:
-                click.echo(f"warning: {conv.id}: {warning}", err=True)
+                click.echo(f"warning: {terminal_text(conv.id)}: {warning}", err=True)
             from .experiments import config_grid, labels, offline_prompt_warning
 
             # (as an experiment's grid: without a reflector, one configuration per other setting,
@@ -821,7 +822,7 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
             from .datasets.base import ConversationInfo
 
             _ask_before_paying(grid, ConversationInfo.of(conv).tokens, yes,
-                               f"sweep of {count(len(grid), 'configuration')} on {conv.id}")
+                               f"sweep of {count(len(grid), 'configuration')} on {terminal_text(conv.id)}")
             results = _run_async(run_sweep(conv, grid, store, concurrency, on_done=report))
             import pandas as pd
 
@@ -1034,7 +1035,7 @@ def _experiment_progress(quiet: bool):
 
     def show(p) -> None:
         for warning in p.warnings:
-            click.echo(f"warning: {p.conversation_id}: {warning}", err=True)
+            click.echo(f"warning: {terminal_text(p.conversation_id)}: {warning}", err=True)
         if quiet or not p.finished:  # (a line per finished run; the app's bar follows the runs in flight)
             return
         width = 20
@@ -1043,7 +1044,8 @@ def _experiment_progress(quiet: bool):
         eta = f", about {p.eta_s:,.0f} s left" if p.eta_s is not None and p.done < p.total else ""
         cost = f", ${p.cost_usd:.4f} spent" if p.cost_usd else ""
         state = "" if p.status == "completed" else f" ({p.status})"
-        click.echo(f"[{p.done}/{p.total}] {bar} {p.conversation_id} · {p.label}{state}{cost}{eta}", err=True)
+        click.echo(f"[{p.done}/{p.total}] {bar} {terminal_text(p.conversation_id)} · {p.label}{state}{cost}{eta}",
+                   err=True)
 
     return show
 

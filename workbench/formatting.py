@@ -178,6 +178,19 @@ def runs_table(frame: Any) -> Any:
     return shown.astype(object).map(lambda v: MISSING if missing(v) else v)
 
 
+_BIDI_CONTROLS = {0x202A, 0x202B, 0x202C, 0x202D, 0x202E, 0x2066, 0x2067, 0x2068, 0x2069}
+
+
+def terminal_text(text: str) -> str:
+    """``text`` safe to print on one terminal line: control characters (a newline, an escape
+    sequence) and the bidirectional embedding/override/isolate characters (which reorder the rest
+    of the line) written as Python escapes (``\\n``, ``\\u202e``); anything else as it is (an emoji
+    with its joiners included). An id holding them scrambled the CLI's summary lines."""
+    return "".join(ch.encode("unicode_escape").decode("ascii")
+                   if (ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 or ord(ch) in _BIDI_CONTROLS) else ch
+                   for ch in text)
+
+
 def whole_text(text: str) -> str:
     """``text`` with each lone surrogate (half an emoji: JSON's ``"\\ud83d"`` alone decodes to
     one) replaced by U+FFFD; a pair left as two code points is joined back. Neither UTF-8 nor
