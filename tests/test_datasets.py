@@ -1077,6 +1077,20 @@ def test_a_zip_given_as_a_dataset_is_named_as_one(tmp_path) -> None:
         list_conversations(path)
 
 
+def test_a_gzip_or_a_table_given_as_a_dataset_is_named_as_one(tmp_path) -> None:
+    """Found by a researcher: a CSV said "line 1 column 1: invalid JSON" (a gzip, "not valid UTF-8")."""
+    import gzip
+
+    packed = tmp_path / "tiny.jsonl.gz"
+    packed.write_bytes(gzip.compress((ROOT / "datasets" / "tiny.jsonl").read_bytes()))
+    with pytest.raises(DatasetError, match=r"the file is gzip-compressed: decompress it first \(gunzip -k FILE\)"):
+        list_conversations(packed)
+    table = write(tmp_path, "chats.csv", "role,content\nuser,hi\n")
+    with pytest.raises(DatasetError, match=r"the file is a \.csv file: datasets are JSON or JSON Lines, in one of "
+                                           r"the formats read \(omem, locomo"):
+        load_dataset(table)
+
+
 def test_a_chatgpt_export_folder_reads_its_conversations_file(tmp_path) -> None:
     """A ChatGPT data export unpacks to conversations.json beside user.json, chat.html,
     message_feedback.json…: the folder (and so the app's upload of the export's zip, which it

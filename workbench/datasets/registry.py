@@ -75,7 +75,7 @@ def content_formats(path: Path) -> tuple[str, ...]:
         _CONTENT.move_to_end(key)
         return _CONTENT[key]
     found: tuple[str, ...] = ()
-    if path.is_file() and not _blank(path) and not _zipped(path):
+    if path.is_file() and not _blank(path) and not _zipped(path) and not _gzipped(path):
         source = Source(path)
         try:
             found = tuple(f.name for f in REGISTRY if f.sniff(source))
@@ -149,6 +149,17 @@ def _blank(path: Path) -> bool:
         return False  # the loader says what is wrong with reading it
 
 
+_TABLES = {".csv", ".tsv", ".parquet", ".xlsx", ".xls", ".feather", ".arrow"}
+
+
+def _gzipped(path: Path) -> bool:
+    try:
+        with path.open("rb") as handle:
+            return path.is_file() and handle.read(2) == b"\x1f\x8b"
+    except OSError:
+        return False
+
+
 def _zipped(path: Path) -> bool:
     try:
         with path.open("rb") as handle:
@@ -192,6 +203,12 @@ def _open(path: str | Path | Source, format: str | None) -> tuple[Source, Datase
     if _zipped(source.path):  # (read as text it was "byte 11: not valid UTF-8")
         raise DatasetError(source.path, "file", None, "is a zip archive: unpack it and give the file or folder "
                            "(the app's upload takes a zip as it is)")
+    if _gzipped(source.path):  # (read as text it was "not valid UTF-8")
+        raise DatasetError(source.path, "file", None, "is gzip-compressed: decompress it first (gunzip -k FILE) "
+                           "and give the JSON or JSON Lines file")
+    if source.path.suffix.lower() in _TABLES and not source.is_dir:  # (it was "line 1 column 1: invalid JSON")
+        raise DatasetError(source.path, "file", None, f"is a {source.path.suffix.lower()} file: datasets are JSON or "
+                           f"JSON Lines, in one of the formats read ({', '.join(FORMATS)}; see datasets/README.md)")
     if format is not None and format not in _BY_NAME:
         raise DatasetError(source.path, "--format", None, f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
     if source.is_dir:
