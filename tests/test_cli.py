@@ -286,6 +286,8 @@ def test_sweep_compare_runs_export(tmp_path) -> None:
     assert (tmp_path / "export" / "runs.parquet").read_bytes() == before
     code, out, _ = invoke("export", b, "--parquet", str(tmp_path / "export"), "--overwrite")
     assert code == 0 and (tmp_path / "export" / "runs.parquet").read_bytes() != before
+    code, _, err = invoke("export", b, "--parquet", str(tmp_path / "export" / "runs.parquet"))  # a file
+    assert code == 1 and "runs.parquet is a file, not a folder" in err, err  # (it said "File exists")
     code, _, err = invoke("compare", a, "nope")
     assert code != 0 and "no run nope in" in err and "'nope'" not in err
 

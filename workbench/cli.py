@@ -965,6 +965,9 @@ def _export_folder_free(folder: Path, overwrite: bool) -> None:
     its files were replaced without a word."""
     from .runstore import RUN_TABLES
 
+    if folder.exists() and not folder.is_dir():  # (it said "cannot create the export folder …: File exists")
+        raise click.ClickException(f"{folder} is a file, not a folder: the export writes one Parquet file per "
+                                   "table into a folder; give a folder's path (made if missing)")
     held = [f"{t}.parquet" for t in ("experiments", *reversed(RUN_TABLES)) if (folder / f"{t}.parquet").exists()]
     if held and not overwrite:
         raise click.ClickException(f"{folder} already holds {', '.join(held[:3])}{' …' if len(held) > 3 else ''} "
