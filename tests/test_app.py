@@ -1598,6 +1598,12 @@ def test_tune_says_when_an_experiments_figures_stand_on_fewer_runs_than_planned(
         [w.value for w in at.warning]
     table = dataframe(at, "configuration", "not completed").set_index("configuration")
     assert table.loc["obs 600", "not completed"] == 1 and table.loc["obs 150", "not completed"] == 0
+    # the header says it as the Experiments page does (it said "· completed", Experiments "completed; 1 of 2
+    # runs missing")
+    header = next(t.value for t in at.text if t.value.startswith(experiment_id))
+    assert header.endswith(" · completed; 1 of 2 runs missing"), header
+    at.switch_page(PAGES.format("experiments")).run()
+    assert any(t.value.startswith(f"{experiment_id} · completed; 1 of 2 runs missing · ") for t in at.text)
 
 
 def test_experiment_tables_sort_their_figures_by_value(db: Path) -> None:

@@ -203,6 +203,17 @@ def column_spec(frame: pd.DataFrame, *, scores: bool = False) -> dict[str, tuple
 
 # -- experiments -----------------------------------------------------------------------------------
 
+def experiment_status(experiment: dict[str, Any], runs: pd.DataFrame) -> str:
+    """An experiment's status as every page says it: "completed; 1 of 12 runs missing" (runs
+    deleted since), "completed; 1 of 4 runs failed", else its status."""
+    from .experiments import status_text
+
+    planned = len(experiment["conversations"]) * len(experiment["configs"])
+    failed = int((runs.status != "completed").sum()) if not runs.empty else 0
+    missing_runs = max(0, planned - completed_pairs(runs) - failed)  # never started, or deleted since
+    return status_text(experiment["status"], failed, planned, missing_runs)
+
+
 def progress_text(p: Any, experiment_id: str) -> tuple[float, str]:
     """A running experiment's progress bar: its fraction and text, from its latest
     ``experiments.Progress`` (``None`` before its first report)."""

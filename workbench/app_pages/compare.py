@@ -159,8 +159,9 @@ def experiment_comparison() -> None:
         differs, flips = app_data.grid_differences(grid, ordered)
         st.caption(f"{len(view):,} of {fmt.count(len(grid), 'probe')} shown: {int(differs.sum()):,} scored "
                    f"differently, {int(flips.sum()):,} of them kept by one configuration and lost by another"
-                   + (f"; {listed - scored:,} without a gold answer or with their evidence still in the window are listed "
-                      "as not scored" if listed > scored
+                   + (f"; {listed - scored:,} without a gold answer or with their evidence still in the window "
+                      + ("are left out here (they score alike: not scored)" if differs_only else
+                         "are listed as not scored") if listed > scored
                       else "")
                    + ". Each cell: the probe's score with that configuration and, when lost, the stage and step "
                    "where its answer was lost. Select a cell to open that run at that step.")

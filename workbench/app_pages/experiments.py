@@ -21,7 +21,6 @@ from workbench.experiments import (
     offline_prompt_warning,
     outcome_message,
     per_conversation,
-    status_text,
     uneven_note,
     unscored_warning,
 )
@@ -216,10 +215,8 @@ planned = len(experiment["conversations"]) * len(experiment["configs"])
 done = app_data.completed_pairs(runs)
 pending = planned - done
 
-failed_runs = int((runs.status != "completed").sum()) if not runs.empty else 0
-missing_runs = max(0, planned - done - failed_runs)  # never started, or deleted since
 resuming = experiment_id in here  # running in a thread of this process (started by any session)
-shown_status = ("running" if resuming else status_text(experiment["status"], failed_runs, planned, missing_runs))
+shown_status = "running" if resuming else app_data.experiment_status(experiment, runs)
 st.text(f"{experiment_id} · {shown_status} · {fmt.short_path(experiment['dataset'])}")
 if resuming:
     @st.fragment(run_every=1)

@@ -28,7 +28,7 @@ if mode == "An experiment":
     experiment, summaries, runs = tables["experiment"], tables["summaries"], tables["runs"]
     st.text(f"{experiment_id} · {fmt.short_path(experiment['dataset'])} · "
             f"{fmt.count(len(experiment['conversations']), 'conversation')} × "
-            f"{fmt.count(len(experiment['configs']), 'configuration')} · {experiment['status']}")
+            f"{fmt.count(len(experiment['configs']), 'configuration')} · {app_data.experiment_status(experiment, runs)}")
     failed = app_data.failed_configs(runs)
     if not failed.empty:  # never just fewer points: say which configurations did not finish, and why
         st.warning(f"{fmt.count(len(failed), 'run')} did not complete (listed below). Each configuration's "
