@@ -1358,3 +1358,44 @@ def test_a_stop_raised_in_several_runs_at_once_is_not_logged_as_never_retrieved(
         gc.collect()
         assert store.experiment(experiment_id)["status"] == "interrupted"
     assert not [r for r in caplog.records if "never retrieved" in r.getMessage()], caplog.text
+
+
+BACKGROUND_EXIT = '''
+import sys, time
+from workbench import background
+from workbench.experiments import ExperimentOptions, config_grid, create_experiment
+from workbench.runstore import RunStore
+from omem_core.prompts import BUILTIN_PROMPTS
+
+if __name__ == "__main__":  # (the worker processes import this module)
+    store = RunStore(sys.argv[1])
+    grid = config_grid(observers=["omem/extractive"], reflectors=["omem/extractive"],
+                       observation=list(range(100, 2100, 100)), reflection=[600], windows=[4],
+                       observer_prompts=[BUILTIN_PROMPTS["observer"][0]],
+                       reflector_prompts=[BUILTIN_PROMPTS["reflector"][0]], max_backlogs=[None])
+    experiment_id = create_experiment(store, dataset=sys.argv[2], grid=grid, options=ExperimentOptions(concurrency=2))
+    background.start(store, experiment_id)
+    while background.job(experiment_id).progress is None:  # (under way, its worker processes up)
+        time.sleep(0.1)
+    print(experiment_id, flush=True)
+'''
+
+
+def test_the_process_exit_stops_an_experiment_running_in_the_background(tmp_path) -> None:
+    """Review: an app server stopped mid-experiment either waited for the process pool's queued
+    runs (minutes) or was aborted mid-write ("terminate called … FATAL: exception not rethrown"):
+    the exit now stops it as Stop does, recorded interrupted, what finished kept."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "exit.py"
+    script.write_text(BACKGROUND_EXIT)
+    db = tmp_path / "x.duckdb"
+    done = subprocess.run([sys.executable, str(script), str(db), str(ROOT / "datasets" / "demo.jsonl")],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "FATAL" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
+    experiment_id = done.stdout.split()[0]
+    with RunStore(db) as store:
+        experiment = store.experiment(experiment_id)
+        assert experiment["status"] == "interrupted" and len(store.experiment_runs(experiment_id)) < 20

@@ -2,9 +2,11 @@
 
 Streamlit stops a page's script when its user opens another page or closes the tab: an experiment
 run there stopped with it (recorded interrupted, to resume). Started here, it goes on whatever the
-browser does; any page of any session follows it from :func:`job` and can :func:`stop` it. The
-server's end ends it (a daemon thread): the run store then finds its owner process gone and
-records it interrupted, as for a CLI process that died. No Streamlit import: tested without it.
+browser does; any page of any session follows it from :func:`job` and can :func:`stop` it. When
+the server stops, Python's exit stops every running one first (as Stop does: recorded interrupted,
+its worker processes ended; without that, the exit waited for a process pool's queued runs, minutes),
+for at most :data:`EXIT_WAIT_S`; a server killed outright leaves it to the run store, which finds
+its owner process gone and records it interrupted. No Streamlit import: tested without it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +46,9 @@ class Job:
 
 
 _JOBS: dict[str, Job] = {}
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()
+EXIT_WAIT_S = 10.0  # how long the process's exit waits for its running experiments to stop
+_exit_hook: list[bool] = []
 
 
 def job(experiment_id: str) -> Job | None:
@@ -62,6 +67,9 @@ def start(store: Any, experiment_id: str) -> Job:
     """Run (or resume) ``experiment_id`` in a new thread, writing to ``store``; refused while it
     already runs here (two runs of one experiment would replay the same pairs)."""
     with _LOCK:
+        if not _exit_hook:  # (registered after concurrent.futures' own: run before it, which waits for the pools)
+            threading._register_atexit(_stop_all)  # type: ignore[attr-defined]
+            _exit_hook.append(True)
         previous = _JOBS.get(experiment_id)
         if previous is not None and previous.alive:
             raise AlreadyRunning(f"experiment {experiment_id} is already running here")
@@ -98,12 +106,25 @@ def wait(experiment_id: str, timeout: float | None = None) -> Job | None:
     return found
 
 
-def forget(experiment_id: str) -> None:
-    """Drop an ended job (its experiment deleted)."""
+def delete(store: Any, experiment_id: str) -> None:
+    """Delete the experiment from ``store``, refused while it runs here; under the lock
+    :func:`start` takes, so a Start or Resume in another session cannot slip in between."""
     with _LOCK:
         found = _JOBS.get(experiment_id)
-        if found is not None and not found.alive:
-            del _JOBS[experiment_id]
+        if found is not None and found.alive:
+            raise AlreadyRunning(f"experiment {experiment_id} is running here: stop it first")
+        store.delete_experiment(experiment_id)
+        _JOBS.pop(experiment_id, None)
+
+
+def _stop_all() -> None:
+    """At the process's exit: stop every running experiment and wait (bounded) for it to record
+    that it stopped."""
+    for experiment_id in running():
+        stop(experiment_id)
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for experiment_id in running():
+        wait(experiment_id, max(0.0, deadline - time.monotonic()))
 
 
 def _run(job: Job, store: Any) -> None:

@@ -728,18 +728,22 @@ async def run_experiment(store: Any, experiment_id: str, *, progress: Callable[[
                 add_cost(amount)
         return paid
 
-    def count_unrecorded() -> None:
-        lost = [entry for key, entry in unrecorded.items() if key not in finished_keys and (entry[0] or entry[1])]
+    cut_off = [0.0, False]  # what runs cut off paid: recorded with the experiment's end (one write)
+
+    def count_unrecorded() -> tuple[float, bool]:
+        for key, entry in unrecorded.items():
+            if key not in finished_keys:
+                cut_off[0] += entry[0]
+                cut_off[1] = cut_off[1] or entry[1]
         unrecorded.clear()
-        if lost:
-            store.add_other_cost(experiment_id, sum(entry[0] for entry in lost), any(entry[1] for entry in lost))
+        return cut_off[0], cut_off[1]
 
     def write(payload: dict[str, Any], task: Task) -> None:
-        finished_keys.add(_run_key(task))
         messages = payload.pop("messages")
         warnings = payload.pop("warnings", [])
         payload["run"]["experiment_id"] = experiment_id
         store.write_run(payload, messages=messages)
+        finished_keys.add(_run_key(task))  # (after the write: a run whose write failed is counted as cut off)
         report(task, payload["run"]["status"], warnings)
 
     # Configurations that cannot run here fail at once, for every conversation, with the reason.
@@ -779,13 +783,12 @@ async def run_experiment(store: Any, experiment_id: str, *, progress: Callable[[
         interrupted = not isinstance(exc, Exception) or isinstance(exc, asyncio.CancelledError)
         with ctrl_c_held_back(), (stopping() if interrupted else contextlib.nullcontext()):
             # (a second Ctrl-C left the experiment 'running'; a held run store is waited for briefly)
-            count_unrecorded()
             store.finish_experiment(experiment_id, "interrupted" if interrupted else "failed",
                                     ("stopped before the end" if interrupted else f"{type(exc).__name__}: {exc}")
                                     + "; finish it with: " + cli_command(f"experiment resume {experiment_id}", store.path),
-                                    time.perf_counter() - started)
+                                    time.perf_counter() - started, other_cost=count_unrecorded())
         raise
-    count_unrecorded()  # (runs the cost limit cut off)
+    count_unrecorded()  # (runs the cost limit cut off: recorded with the end, below)
     if status == "completed" and options.judge and options.answerer:
         from .judge import JudgeFailed
 
@@ -798,14 +801,14 @@ async def run_experiment(store: Any, experiment_id: str, *, progress: Callable[[
             with ctrl_c_held_back(), stopping():
                 store.finish_experiment(experiment_id, "interrupted", "stopped while judging; finish it with: "
                                         + cli_command(f"experiment resume {experiment_id}", store.path),
-                                        time.perf_counter() - started)
+                                        time.perf_counter() - started, other_cost=count_unrecorded())
             raise
         if stop.is_set() and status == "completed":
             status, error = "stopped", (f"the cost limit of ${options.max_cost:.4f} was reached while judging "
                                         f"(${state['cost']:.4f} spent); finish it with: "
                                         + cli_command(f"experiment resume {experiment_id}", store.path))
     elapsed = time.perf_counter() - started
-    store.finish_experiment(experiment_id, status, error, elapsed)
+    store.finish_experiment(experiment_id, status, error, elapsed, other_cost=count_unrecorded())
     return ExperimentOutcome(experiment_id, status, error, elapsed, state["done"], state["failed"], state["cost"],
                              warned)
 

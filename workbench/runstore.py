@@ -995,8 +995,14 @@ class RunStore:
             cur.execute("UPDATE experiments SET options = ?, updated_at = ? WHERE experiment_id = ?",
                         [json.dumps(options, sort_keys=True), _now(), experiment_id])
 
-    def finish_experiment(self, experiment_id: str, status: str, error: str | None, elapsed_s: float) -> None:
+    def finish_experiment(self, experiment_id: str, status: str, error: str | None, elapsed_s: float,
+                          other_cost: tuple[float, bool] | None = None) -> None:
+        """Record the experiment's end; ``other_cost`` (amount, a price unknown): what calls no run
+        records cost (runs cut off in flight), in the same write (a separate one that failed, the
+        run store held, left the experiment "running")."""
         with self._write_lock, self._writing() as cur:
+            if other_cost is not None and (other_cost[0] or other_cost[1]):
+                _add_other_cost(cur, experiment_id, float(other_cost[0]), bool(other_cost[1]))
             cur.execute("UPDATE experiments SET status = ?, error = ?, elapsed_s = coalesce(elapsed_s, 0) + ?, "
                         "updated_at = ? WHERE experiment_id = ?",
                         [status, redact_secrets(error), elapsed_s, _now(), experiment_id])

@@ -286,10 +286,7 @@ confirm = actions.checkbox("Confirm delete", key=f"xp_confirm_{experiment_id}", 
                            help="Stop it first" if resuming else None)  # one experiment's only
 if actions.button("Delete experiment", key="xp_delete", disabled=not confirm or store.read_only or resuming):
     try:
-        if background.job(experiment_id) is not None and background.job(experiment_id).alive:
-            raise WorkbenchError(f"experiment {experiment_id} is running here: stop it first")
-        store.delete_experiment(experiment_id)
-        background.forget(experiment_id)
+        background.delete(store, experiment_id)  # (refused while it runs here)
     except WorkbenchError as exc:  # running, here or in another process (RunBusy): nothing is deleted
         ui.error("", exc)
     else:
