@@ -483,6 +483,13 @@ def test_labels_name_only_what_varies() -> None:
                                             ("not entirely correct: the year is missing", 0.0),
                                             ("Partially correct, but missing the date", 0.0),
                                             ("It isn't correct", 0.0), ("Correct, not wrong", 1.0),
+                                            # review: Markdown inside, other negations, explanations
+                                            ("**Not** correct", 0.0), ("not *correct*", 0.0),
+                                            ("cannot be correct", 0.0), ("doesn't seem correct", 0.0),
+                                            ("The correct answer is Paris; the candidate says London. WRONG", 0.0),
+                                            ("WRONG - the correct answer is 2019", 0.0),
+                                            ("Not only correct but complete", 1.0), ("not wrong", 1.0),
+                                            ("## Final verdict\nCORRECT", 1.0),
                                             # no verdict: not scored (it was a silent 0)
                                             ("I cannot tell", None), ("", None)])
 def test_the_judges_verdict_is_read_whatever_its_markdown(verdict, score) -> None:

@@ -141,20 +141,34 @@ async def _ask(model: str, role: str, prompt: str, spent: Callable[[float | None
     return redact_secrets(text.strip())
 
 
+_NEGATION = r"(?:NOT|NEVER|CANNOT|\w+N'T)"
 _VERDICT = re.compile(
-    r"\b(?P<negated>(?:NOT|ISN'T|ISN’T|NEVER)\s+(?:\w+\s+){0,2}CORRECT|(?:PARTIALLY|PARTLY|HALF)[\s-]+CORRECT)\b"
+    rf"\b(?P<negated>{_NEGATION}\s+(?!ONLY\b)(?:\w+\s+){{0,2}}(?P<what>INCORRECT|CORRECT|WRONG)"
+    r"|(?:PARTIALLY|PARTLY|HALF)[\s-]+CORRECT)\b"
     r"|\b(?P<word>INCORRECT|CORRECT|WRONG)\b")
 
 
 def verdict_word(verdict: str) -> str:
-    """``CORRECT``, ``INCORRECT`` or ``WRONG``: the first verdict in a judge's reply, whatever its
-    case or Markdown ("**Correct**", "Verdict: CORRECT"); a negated or partial one ("Not correct",
-    "not entirely correct", "Partially correct, but …") is ``WRONG`` (it was read as CORRECT);
-    ``""`` when it names none."""
-    found = _VERDICT.search(verdict.upper())
-    if found is None:
-        return ""
-    return "WRONG" if found.group("negated") else found.group("word")
+    """``CORRECT`` or ``WRONG`` as a judge's reply says it, whatever its case or Markdown
+    ("**Correct**", "Verdict: CORRECT"); ``""`` when it names none (then the probe is not scored).
+
+    A negated verdict is the other one ("Not correct", "**Not** correct", "cannot be correct",
+    "wasn't correct" are WRONG; "not wrong" is CORRECT), a partial one is WRONG ("Partially
+    correct, but …"). A reply that opens with its verdict is read by it ("WRONG - the correct answer
+    is 2019"); one that explains first is read by its last ("The correct answer is Paris; the
+    candidate says London. WRONG")."""
+    plain = re.sub(r"[*_`~#>]", "", verdict.upper()).replace("’", "'")
+    opening = re.match(r"\W*(?:(?:FINAL\s+)?(?:VERDICT|ANSWER|GRADE|JUDG(?:E)?MENT|RESULT|DECISION)\s*[:=-]?\W*)?", plain)
+    found = []
+    for match in _VERDICT.finditer(plain):
+        if match.group("negated"):
+            word = "CORRECT" if match.group("what") in ("WRONG", "INCORRECT") else "WRONG"
+        else:
+            word = "CORRECT" if match.group("word") == "CORRECT" else "WRONG"
+        if match.start() == opening.end():
+            return word
+        found.append(word)
+    return found[-1] if found else ""
 
 
 def left_the_window(store: Any, run_id: str, probes: Sequence[Probe]) -> list[Probe]:
