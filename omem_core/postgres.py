@@ -706,7 +706,8 @@ def _dropped(db: _Database, name: str) -> None:
         pool, loop = db._pool, db._loop
     if pool is None or pool.closed or loop is None or loop.is_closed():
         return
-    warnings.warn(f"{name} was not closed: its connection pool is closed now (close the store, or use "
+    when = "now" if loop.is_running() else "when its event loop runs again (it is stopped)"
+    warnings.warn(f"{name} was not closed: its connection pool is closed {when} (close the store, or use "
                   "`async with`, when done with it)", ResourceWarning)
 
     def start() -> None:

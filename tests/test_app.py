@@ -939,6 +939,14 @@ def test_the_explorer_judges_the_opened_run(db: Path, scripted, monkeypatch) -> 
     assert any("Judging failed (nothing judged was stored)" in e.value and "judge is down" in shown(e.value)
                for e in at.error)
     assert store(db).probes(run_id).query("method == 'llm_judge'").score.tolist() == judged.score.tolist()
+    # a judge off script: its replies name no verdict; not scored, and said (review: the CLI only)
+    scripted.default = lambda messages: ("I would need more context." if messages[-1]["content"].startswith(
+        "You grade answers") else "Lisbon.")
+    at.button(key="ex_judge_run").click().run()
+    assert not at.exception, at.exception
+    assert store(db).probes(run_id).query("method == 'llm_judge'").score.isna().all()
+    assert any(f"{len(judged)} judge repl" in w.value and "named no verdict" in w.value for w in at.warning), \
+        [w.value for w in at.warning]
 
 
 def test_a_paid_replay_shows_its_estimated_cost_before_the_click(db: Path, monkeypatch) -> None:

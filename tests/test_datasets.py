@@ -1089,6 +1089,13 @@ def test_a_gzip_or_a_table_given_as_a_dataset_is_named_as_one(tmp_path) -> None:
     with pytest.raises(DatasetError, match=r"the file is a \.csv file: datasets are JSON or JSON Lines, in one of "
                                            r"the formats read \(omem, locomo"):
         load_dataset(table)
+    import zipfile
+
+    sheet = tmp_path / "chats.xlsx"  # (a zip inside: it was told to unpack it)
+    with zipfile.ZipFile(sheet, "w") as archive:
+        archive.writestr("xl/workbook.xml", "<workbook/>")
+    with pytest.raises(DatasetError, match=r"the file is a \.xlsx file: datasets are JSON"):
+        load_dataset(sheet)
 
 
 def test_a_chatgpt_export_folder_reads_its_conversations_file(tmp_path) -> None:

@@ -200,15 +200,15 @@ def _open(path: str | Path | Source, format: str | None) -> tuple[Source, Datase
         raise DatasetError(source.path, "file", None, "does not exist")
     if _blank(source.path):  # whatever its format (an empty .json read as "invalid JSON" at line 1)
         raise DatasetError(source.path, "file", None, "is empty")
-    if _zipped(source.path):  # (read as text it was "byte 11: not valid UTF-8")
-        raise DatasetError(source.path, "file", None, "is a zip archive: unpack it and give the file or folder "
-                           "(the app's upload takes a zip as it is)")
     if _gzipped(source.path):  # (read as text it was "not valid UTF-8")
         raise DatasetError(source.path, "file", None, "is gzip-compressed: decompress it first (gunzip -k FILE) "
                            "and give the JSON or JSON Lines file")
     if source.path.suffix.lower() in _TABLES and not source.is_dir:  # (it was "line 1 column 1: invalid JSON")
         raise DatasetError(source.path, "file", None, f"is a {source.path.suffix.lower()} file: datasets are JSON or "
                            f"JSON Lines, in one of the formats read ({', '.join(FORMATS)}; see datasets/README.md)")
+    if _zipped(source.path):  # (read as text it was "byte 11: not valid UTF-8")
+        raise DatasetError(source.path, "file", None, "is a zip archive: unpack it and give the file or folder "
+                           "(the app's upload takes a zip as it is)")
     if format is not None and format not in _BY_NAME:
         raise DatasetError(source.path, "--format", None, f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
     if source.is_dir:
