@@ -2008,32 +2008,46 @@ def test_a_resume_the_app_refuses_says_why(db: Path, tmp_path) -> None:
     assert store(db).experiment(experiment_id)["status"] == "interrupted"
 
 
-def slow_experiment(db: Path) -> str:
-    """An interrupted experiment of twelve configurations on the demo, one run at a time: long
-    enough (seconds) to be caught running."""
-    return run_experiment_in(db, observation=tuple(range(100, 1300, 100)), status="interrupted", window=4)
+@pytest.fixture
+def held(scripted):
+    """A model (``scripted/model``) whose every answer waits until the test lets it go
+    (``held.set()``): an experiment on it is caught running however fast the machine."""
+    import threading
+
+    gate = threading.Event()
+    scripted.default = lambda messages: "- noted" if gate.wait(120) else "- timed out"
+    yield gate
+    gate.set()
 
 
-def test_an_experiment_started_in_the_app_goes_on_when_its_page_is_left(db: Path) -> None:
+def held_experiment(db: Path) -> str:
+    """An interrupted experiment of twelve configurations on the held model, one run at a time."""
+    return run_experiment_in(db, observation=tuple(range(20, 260, 20)), status="interrupted", window=2,
+                             observers=("scripted/model",), dataset=PROJECT_DEMO.parent / "tiny.jsonl")
+
+
+def test_an_experiment_started_in_the_app_goes_on_when_its_page_is_left(db: Path, held) -> None:
     """Found in Chromium twice: an experiment run in the page's script stopped when its user opened
     another page or closed the tab (recorded interrupted, at 1 of 12 runs). It runs in a thread of
     the app's process now: another page, or another session, follows it; Delete waits for it."""
     from workbench import background
 
-    experiment_id = slow_experiment(db)
+    experiment_id = held_experiment(db)
     at = app("experiments")
     at.checkbox(key=f"xp_confirm_{experiment_id}").check().run()  # Delete armed before the resume
     at.button(key="xp_resume").click().run()
     assert not at.exception, at.exception
     assert background.job(experiment_id).alive  # running after the page's script ended
-    assert at.text[0].value.startswith(f"{experiment_id} · running · ") or any(
-        t.value.startswith(f"{experiment_id} · running · ") for t in at.text)
+    assert any(t.value.startswith(f"{experiment_id} · running · ") for t in at.text)
+    # (the picker too: it said "interrupted" while the header said it ran)
+    assert [o for o in at.selectbox(key="xp_pick").options if experiment_id in o][0].split(" · ")[1] == "running"
     assert at.button(key="xp_resume").disabled and at.button(key="xp_delete").disabled
     assert at.checkbox(key=f"xp_confirm_{experiment_id}").disabled
     assert not at.checkbox(key=f"xp_confirm_{experiment_id}").value  # (ticked, Delete was live when it ended)
     at.switch_page(PAGES.format("runs")).run()  # the page left: it stopped there
     other = app("experiments")  # another browser tab sees it running, with its Stop
     assert any(b.key == "xp_stop" for b in other.button)
+    held.set()
     background.wait(experiment_id, 300)
     s = store(db)
     assert s.experiment(experiment_id)["status"] == "completed" and len(s.experiment_runs(experiment_id)) == 12
@@ -2045,14 +2059,15 @@ def test_an_experiment_started_in_the_app_goes_on_when_its_page_is_left(db: Path
     assert not any("completed: 12 runs" in shown(m.value) for m in other.run().success)  # (not its own)
 
 
-def test_stop_ends_an_experiment_running_in_the_app_and_resume_finishes_it(db: Path) -> None:
+def test_stop_ends_an_experiment_running_in_the_app_and_resume_finishes_it(db: Path, held) -> None:
     from workbench import background
 
-    experiment_id = slow_experiment(db)
+    experiment_id = held_experiment(db)
     at = app("experiments")
     at.button(key="xp_resume").click().run()
     at.button(key="xp_stop").click().run()
     assert not at.exception, at.exception
+    held.set()  # (the model's answer comes back, and the stop lands)
     background.wait(experiment_id, 120)
     at.run()
     assert any(f"Experiment {experiment_id} was stopped" in shown(w.value) for w in at.warning), \
@@ -2064,31 +2079,6 @@ def test_stop_ends_an_experiment_running_in_the_app_and_resume_finishes_it(db: P
     finish_experiments(at.button(key="xp_resume").click().run())
     assert store(db).experiment(experiment_id)["status"] == "completed"
     assert len(store(db).experiment_runs(experiment_id)) == 12
-
-
-def test_the_experiment_picker_says_resuming_while_the_page_resumes_it(db: Path) -> None:
-    """Left out last round: the list and header said "resuming" and the picker "interrupted"."""
-    experiment_id = run_experiment_in(db, observation=(300,))
-    with RunStore(db) as s:
-        s.finish_experiment(experiment_id, "interrupted", "stopped for the test", 0.0)
-
-    def page() -> None:
-        import streamlit as st
-
-        from workbench import ui
-        from workbench.runstore import RunStore
-
-        with RunStore(st.session_state["db"]) as s:
-            shown = s.experiments()
-            shown.loc[shown.experiment_id == st.session_state["resuming"], "status"] = "resuming"
-            ui.experiment_picker(s, "Experiment", "pick", frame=shown)
-
-    at = AppTest.from_function(page)
-    at.session_state["db"], at.session_state["resuming"] = str(db), experiment_id
-    at.run(timeout=60)
-    assert not at.exception, at.exception
-    (label,) = at.selectbox(key="pick").options
-    assert " · resuming · " in label and "interrupted" not in label, label
 
 
 def test_the_explorer_keeps_its_step_across_pages(db: Path) -> None:
