@@ -335,7 +335,7 @@ def test_an_experiment_the_app_resumes_goes_on_when_the_page_is_left(server) -> 
         page.get_by_text("Confirm delete").click()  # Delete armed before the resume
         settle(page)
         page.get_by_role("button", name=re.compile(r"^Resume \(12 left")).click()
-        page.get_by_text(re.compile(r"\d+/12 runs done")).wait_for(timeout=60_000)  # running now
+        page.get_by_text(re.compile(r"\d+ of 12 runs to replay done")).wait_for(timeout=60_000)  # running now
         resume = page.get_by_role("button", name=re.compile(r"^Resume \(12 left"))
         # (the progress is drawn above the buttons: the run before's are on screen a moment more)
         page.wait_for_function("() => [...document.querySelectorAll('button')].some(b => "

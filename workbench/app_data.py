@@ -224,7 +224,8 @@ def progress_text(p: Any, experiment_id: str) -> tuple[float, str]:
     flying = (f" · {p.in_flight} in progress, {100 * p.running / p.in_flight:.0f}% through their messages"
               if p.in_flight else "")
     last = f" · last finished: {p.label} on {p.conversation_id} ({p.status})" if p.finished else ""
-    return p.fraction, f"{p.done}/{p.total} runs done{failed}{flying}{last}{eta}"
+    # (p.total: the runs this start or resume replays, not the grid: "0/39" beside "81 of 120" read as a reset)
+    return p.fraction, f"{p.done} of {p.total} runs to replay done{failed}{flying}{last}{eta}"
 
 
 def experiment_label(row: Any) -> str:

@@ -551,6 +551,27 @@ def _open_experiment(key: str) -> None:
     st.session_state[EXPERIMENT_KEY] = st.session_state[key]
 
 
+def running_notice(store: RunStore, experiment: dict, runs: pd.DataFrame) -> bool:
+    """On a page of an experiment still running (here or in another process): say that its
+    figures are partial, and rerun the page as runs finish. ``True`` when it is running."""
+    from .app_data import completed_pairs
+
+    if experiment.get("status") != "running":
+        return False
+    planned = len(experiment["conversations"]) * len(experiment["configs"])
+    st.info(plain(f"This experiment is running ({completed_pairs(runs)} of {planned} runs so far): every figure "
+                  "below is partial, and the page follows it as runs finish."))
+    experiment_id, seen = experiment["experiment_id"], (len(runs), experiment.get("status"))
+
+    @st.fragment(run_every=5)
+    def follow() -> None:
+        now = store.experiment_runs(experiment_id)
+        if (len(now), store.experiment(experiment_id).get("status")) != seen:
+            st.rerun()
+    follow()
+    return True
+
+
 OPENED_FOR_KEY = "omem_opened_for"  # (run id, why it was opened): said at the top of the explorer
 
 

@@ -57,6 +57,7 @@ def experiment_comparison() -> None:
         if len(conversations) > 1 else conversations[0]
 
     st.text(f"{experiment_id} · A = {a} · B = {b}")
+    ui.running_notice(store, experiment, runs)  # (partial figures read as final: "CI excludes 0: yes")
     if a == b:
         st.warning("A and B are the same configuration.")
     shared, note = app_data.pair_conversations(runs, a, b)

@@ -38,6 +38,8 @@ def launch(experiment_id: str) -> None:
     page's script, it stopped when its user opened another page or closed the tab."""
     try:
         background.start(store, experiment_id)
+    except background.AlreadyRunning:  # (started from another tab since this one drew it: followed, not an error)
+        pass
     except WorkbenchError as exc:
         st.session_state["xp_done"] = ("error", f"The experiment cannot start: {exc}")
     else:
@@ -235,6 +237,17 @@ if resuming:
         else:
             st.caption("It runs in the app's process: other pages can be opened, and this tab closed, meanwhile.")
     follow()
+else:
+    @st.fragment(run_every=2)
+    def watch_here() -> None:
+        """An experiment started, or ended, here from another tab (or this one, shown another
+        experiment): the page follows without a click (it showed "interrupted" with Resume live,
+        or "running" long after the end)."""
+        if set(background.running()) != here:
+            st.rerun()
+    watch_here()
+if resuming:
+    pass  # (followed above)
 elif experiment["status"] == "running":  # (in another process: the CLI)
     st.progress(done / max(planned, 1), text=f"{done} of {planned} runs completed")
 

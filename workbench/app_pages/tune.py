@@ -34,8 +34,9 @@ if mode == "An experiment":
         st.warning(f"{fmt.count(len(failed), 'run')} did not complete (listed below). Each configuration's "
                    "figures pool only its completed runs; a configuration with none is not drawn.")
         st.dataframe(failed, hide_index=True, key="tune_xp_failed")
+    running = ui.running_notice(store, experiment, runs)  # (it said "never started, or deleted: Resume")
     unrecorded = sum(s.missing for s in summaries)
-    if unrecorded:  # an interrupted grid (or deleted runs): the points stand on fewer conversations
+    if unrecorded and not running:  # an interrupted grid (or deleted runs): the points stand on fewer conversations
         done = sum(s.runs for s in summaries)
         planned = len(experiment["conversations"]) * len(experiment["configs"])
         st.warning(f"{fmt.count(unrecorded, 'planned run')} {'has' if unrecorded == 1 else 'have'} no record "
