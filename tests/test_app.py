@@ -1614,6 +1614,23 @@ def test_tune_says_when_an_experiments_figures_stand_on_fewer_runs_than_planned(
     assert any(t.value.startswith(f"{experiment_id} · completed; 1 of 2 runs missing · ") for t in at.text)
 
 
+def test_tune_and_compare_say_a_running_experiments_figures_are_partial(db: Path) -> None:
+    """Found in Chromium: during a run Tune said its missing runs were "never started, or deleted"
+    and to Resume (disabled then), and Compare highlighted "CI excludes 0" from one conversation
+    of four, with nothing saying the experiment was still running."""
+    experiment_id = run_experiment_in(db, observation=(150, 600), dataset=LONGMEMEVAL, window=2)
+    with RunStore(db) as s:
+        runs = s.experiment_runs(experiment_id)
+        for run_id in runs[runs.conversation_id != runs.conversation_id.iloc[0]].run_id:
+            s.delete_run(run_id)
+        s.finish_experiment(experiment_id, "running", None, 0.0)  # (as while this process runs it)
+    for page in ("tune", "compare"):
+        at = app(page)
+        assert any(shown(i.value).startswith("This experiment is running (2 of 8 runs so far): every figure below "
+                                             "is partial") for i in at.info), (page, [i.value for i in at.info])
+        assert not any("never started, or deleted" in w.value for w in at.warning), page
+
+
 def test_experiment_tables_sort_their_figures_by_value(db: Path) -> None:
     """The experiments list and the per-configuration figures were text ("12.1x", "1,234"), so
     sorting a column in the browser put 12.1x before 7.2x. They now hand Streamlit numbers, drawn
