@@ -338,9 +338,12 @@ def test_an_experiment_the_app_resumes_goes_on_when_the_page_is_left(server) -> 
         page.get_by_text(re.compile(r"\d+ of 12 runs to replay done")).wait_for(timeout=60_000)  # running now
         resume = page.get_by_role("button", name=re.compile(r"^Resume \(12 left"))
         # (the progress is drawn above the buttons: the run before's are on screen a moment more)
-        page.wait_for_function("() => [...document.querySelectorAll('button')].some(b => "
-                               "b.innerText.startsWith('Resume (12 left') && b.disabled)", timeout=30_000)
-        assert resume.count() == 1 and resume.is_disabled()
+        # (a disabled button with a tooltip is drawn twice by Streamlit, once inside the tooltip: the one
+        # on screen is the one with a size)
+        page.wait_for_function("() => { const r = [...document.querySelectorAll('button')].filter(b => "
+                               "b.innerText.startsWith('Resume (12 left') && b.getBoundingClientRect().width > 0); "
+                               "return r.length == 1 && r[0].disabled; }", timeout=30_000)
+        assert resume.first.is_disabled()
         assert page.get_by_role("button", name="Delete experiment").is_disabled()
         assert page.get_by_role("checkbox", name="Confirm delete").is_disabled()
         assert page.get_by_text(re.compile(rf"^{experiment_id} · running · ")).count() == 1
