@@ -12,6 +12,7 @@ its owner process gone and records it interrupted. No Streamlit import: tested w
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import threading
 import time
@@ -68,7 +69,7 @@ def start(store: Any, experiment_id: str) -> Job:
     already runs here (two runs of one experiment would replay the same pairs)."""
     with _LOCK:
         if not _exit_hook:  # (registered after concurrent.futures' own: run before it, which waits for the pools)
-            threading._register_atexit(_stop_all)  # type: ignore[attr-defined]
+            getattr(threading, "_register_atexit", atexit.register)(_stop_all)
             _exit_hook.append(True)
         previous = _JOBS.get(experiment_id)
         if previous is not None and previous.alive:

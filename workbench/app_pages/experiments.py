@@ -237,17 +237,6 @@ if resuming:
         else:
             st.caption("It runs in the app's process: other pages can be opened, and this tab closed, meanwhile.")
     follow()
-else:
-    @st.fragment(run_every=2)
-    def watch_here() -> None:
-        """An experiment started, or ended, here from another tab (or this one, shown another
-        experiment): the page follows without a click (it showed "interrupted" with Resume live,
-        or "running" long after the end)."""
-        if set(background.running()) != here:
-            st.rerun()
-    watch_here()
-if resuming:
-    pass  # (followed above)
 elif experiment["status"] == "running":  # (in another process: the CLI)
     st.progress(done / max(planned, 1), text=f"{done} of {planned} runs completed")
 
@@ -261,6 +250,15 @@ elif experiment["status"] != "completed":
         experiment_id, experiment["status"], done, planned, experiment.get("error"),
         resumable=not store.read_only, db=store.path)  # (an unfinished experiment resumes: its last runs, or its end)
     st.error(prefix + ui.plain(detail) + suffix)
+if not resuming:
+    @st.fragment(run_every=2)
+    def watch_here() -> None:
+        """An experiment started, or ended, here from another tab (or this one, shown another
+        experiment): the page follows without a click (it showed "interrupted" with Resume live,
+        or "running" long after the end)."""
+        if set(background.running()) != here:
+            st.rerun()
+    watch_here()
 
 # One row that wraps (in five equal columns of a 900 px page the labels read "Resu…", "Delet…").
 actions = st.container(horizontal=True, vertical_alignment="center")
