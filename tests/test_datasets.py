@@ -1098,6 +1098,22 @@ def test_a_gzip_or_a_table_given_as_a_dataset_is_named_as_one(tmp_path) -> None:
         load_dataset(sheet)
 
 
+def test_a_file_of_a_folder_dataset_given_alone_points_to_its_folder(tmp_path) -> None:
+    """Found by a researcher: MemoryBank's probing_questions_en.jsonl given alone said "format not
+    recognised"; `{}` said it too, where `[]` said the file holds no conversations."""
+    folder = tmp_path / "memorybank"
+    folder.mkdir()
+    (folder / "memory_bank_en.json").write_text(json.dumps({"Ann": {"history": {"2023-05-01": [
+        {"query": "I adopted a beagle.", "response": "Lovely!"}]}}}))
+    probes = write(folder, "probing_questions_en.jsonl", json.dumps({"Ann": ["What dog?"]}) + "\n")
+    with pytest.raises(DatasetError, match=rf"the file is one file of a memorybank dataset: give its folder "
+                                           rf"\({re.escape(str(folder))}\)"):
+        load_dataset(probes)
+    assert [c.id for c in load_dataset(folder)] == ["memorybank-Ann"]
+    with pytest.raises(DatasetError, match=r"holds no conversations \(its JSON is empty: null, \[\] or \{\}\)"):
+        load_dataset(write(tmp_path, "empty.json", "{}"))
+
+
 def test_a_chatgpt_export_folder_reads_its_conversations_file(tmp_path) -> None:
     """A ChatGPT data export unpacks to conversations.json beside user.json, chat.html,
     message_feedback.json…: the folder (and so the app's upload of the export's zip, which it

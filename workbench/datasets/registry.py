@@ -134,9 +134,25 @@ def _detect(source: Source) -> DatasetFormat:
         marks = ", ".join(f"{file} ({f.name})" for f in REGISTRY for file in f.folder_files)
         raise DatasetError(source.path, "folder", None,
                            f"format not recognised: holds none of {marks}{_inside(source.path)}")
-    if source.first() is None:  # (not blank: that was said before) ``null``, ``[]``, ``{}``
+    if source.first() in (None, {}):  # (not blank: that was said before) ``null``, ``[]``, ``{}``
         raise DatasetError(source.path, "file", None, "holds no conversations (its JSON is empty: null, [] or {})")
+    if (beside := _folder_format_of(source.path)) is not None:  # (a file of a folder format's folder, alone)
+        raise DatasetError(source.path, "file", None, f"is one file of a {beside} dataset: give its folder "
+                           f"({source.path.parent}), which the {beside} format reads whole")
     raise DatasetError(source.path, "top level", None, f"format not recognised; choose its format (the app's Format picker, the CLI's --format): {', '.join(FORMATS)}")
+
+
+def _folder_format_of(path: Path) -> str | None:
+    """The folder format whose folder ``path`` is one of the files of (MemoryBank's
+    ``probing_questions_en.jsonl`` given alone), else ``None``."""
+    for fmt in REGISTRY:
+        if fmt.folder and path.is_file():
+            try:
+                if fmt.sniff(Source(path.parent)):
+                    return fmt.name
+            except DatasetError:
+                return None
+    return None
 
 
 def _blank(path: Path) -> bool:
