@@ -981,8 +981,14 @@ def test_ctrl_c_during_a_sweep_names_the_runs_to_resume(tmp_path) -> None:
     from workbench.catalog import ROOT
 
     db = tmp_path / "sweep.duckdb"
+    long = tmp_path / "long.jsonl"  # (runs of seconds each, however fast the machine: the second is caught)
+    long.write_text("".join(json.dumps({"type": "message", "conversation_id": "long", "id": f"m{i}",
+                                        "role": ("user", "assistant")[i % 2],
+                                        "content": f"Message {i}: the fact number {i} is worth keeping here.",
+                                        "timestamp": f"2024-01-{1 + i // 1440:02d}T{i // 60 % 24:02d}:{i % 60:02d}:00Z"})
+                            + "\n" for i in range(3000)))
     worker = subprocess.Popen(
-        [sys.executable, "-m", "workbench", "sweep", "--dataset", str(DEMO_DATASET), "--db", str(db),
+        [sys.executable, "-m", "workbench", "sweep", "--dataset", str(long), "--db", str(db),
          "--observation-threshold", "40,60,80", "--reflection-threshold", "400", "--concurrency", "1"],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, bufsize=0,
         env={**os.environ, "OMEM_CACHE_DIR": str(tmp_path / "cache")})
