@@ -233,6 +233,20 @@ def narrate(step_row: pd.Series, previous: pd.Series | None, records: pd.DataFra
     return f"Step {step}: {sentence[0].upper()}{sentence[1:]}. {end}"
 
 
+def falling_behind(steps: pd.DataFrame, observation_threshold: int) -> tuple[int, float] | None:
+    """``(tokens, share of the history)`` in neither memory nor the window at a run's end when
+    the observer fell behind (that backlog over 3 observation thresholds and still growing since
+    the run's middle), else ``None``."""
+    if len(steps) < 4:
+        return None
+    ordered = steps.sort_values("step")
+    backlog, history = ordered.backlog_tokens.to_numpy(), ordered.history_tokens.to_numpy()
+    final, middle = int(backlog[-1]), int(backlog[len(backlog) // 2])
+    if final > 3 * observation_threshold and final > middle:
+        return final, final / max(int(history[-1]), 1)
+    return None
+
+
 def findings(steps: pd.DataFrame, observation_threshold: int, calls: pd.DataFrame | None = None,
              max_backlog: int | None = None, reflection_threshold: int | None = None,
              recall_on: str | None = None) -> list[str]:
@@ -246,27 +260,24 @@ def findings(steps: pd.DataFrame, observation_threshold: int, calls: pd.DataFram
     * The reflection threshold is below what one observer pass writes.
     """
     notes: list[str] = []
-    if len(steps) >= 4:
-        ordered = steps.sort_values("step")
-        backlog = ordered.backlog_tokens.to_numpy()
-        history = ordered.history_tokens.to_numpy()
-        final, middle = int(backlog[-1]), int(backlog[len(backlog) // 2])
-        if final > 3 * observation_threshold and final > middle:
-            added = pd.Series(history).diff().dropna()
-            per_read = int(added.median()) if not added.empty else 0
-            notes.append(
-                f"The observer is falling behind: at the end, {final:,} tokens of messages "
-                f"({final / max(int(history[-1]), 1):.0%} of the history) are neither in memory nor in the window, "
-                f"and the backlog was still growing. A read observes at most one segment of up to "
-                f"{observation_threshold:,} tokens (or one longer message), while this conversation adds about "
-                f"{per_read:,} tokens per read. Raise the observation threshold well above that (segments are "
-                f"whole messages), "
-                + ("read memory more often (recall before every message), or " if recall_on != "every" else "or ")
-                + ("set a backlog ceiling (--max-backlog; max_backlog in the library): past it, a read observes "
-                   "a larger segment, so the backlog stops growing." if max_backlog is None else
-                   f"lower the backlog ceiling ({max_backlog:,} tokens in this run: past it, a read observes a "
-                   f"larger segment, up to the observer's input cap).")
-            )
+    if (behind := falling_behind(steps, observation_threshold)) is not None:
+        final, share = behind
+        history = steps.sort_values("step").history_tokens.to_numpy()
+        added = pd.Series(history).diff().dropna()
+        per_read = int(added.median()) if not added.empty else 0
+        notes.append(
+            f"The observer is falling behind: at the end, {final:,} tokens of messages "
+            f"({share:.0%} of the history) are neither in memory nor in the window, "
+            f"and the backlog was still growing. A read observes at most one segment of up to "
+            f"{observation_threshold:,} tokens (or one longer message), while this conversation adds about "
+            f"{per_read:,} tokens per read. Raise the observation threshold well above that (segments are "
+            f"whole messages), "
+            + ("read memory more often (recall before every message), or " if recall_on != "every" else "or ")
+            + ("set a backlog ceiling (--max-backlog; max_backlog in the library): past it, a read observes "
+               "a larger segment, so the backlog stops growing." if max_backlog is None else
+               f"lower the backlog ceiling ({max_backlog:,} tokens in this run: past it, a read observes a "
+               f"larger segment, up to the observer's input cap).")
+        )
     observe = calls[calls.stage == "observe"] if calls is not None and not calls.empty else None
     if reflection_threshold and observe is not None and "output_tokens" in observe:
         written = observe.output_tokens.dropna()

@@ -727,8 +727,7 @@ def _run_judge(store, result, conv, config, answerer, judge, yes, quiet) -> None
         click.echo(f"LLM-judged accuracy: {accuracy} over {count(len(scores), 'probe')} "
                    f"({count(len(costs), 'call')}, {spent})")
     if unread:  # (said even with --json: a judge off script is not a measurement)
-        click.echo(f"warning: {count(unread, 'judge reply', 'judge replies')} named no verdict (neither CORRECT nor "
-                   "WRONG): those probes are not scored; check the judge model", err=True)
+        click.echo(f"warning: {judging.unscored_note(unread)}", err=True)
 
 
 @cli.command()
@@ -826,7 +825,7 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
             results = _run_async(run_sweep(conv, grid, store, concurrency, on_done=report))
             import pandas as pd
 
-            from .analysis import findings
+            from .analysis import falling_behind
             from .formatting import MISSING
             from .formatting import tokens as tokens_text
 
@@ -850,14 +849,13 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
                                f"{share(row.get('retention')):>9} "
                                f"{MISSING if blind is None else tokens_text(blind) + ' tok':>10} "
                                f"{money(row['cost_usd']):>8} {row['status']:>10}  {name}")
-                    notes = findings(pd.DataFrame(result.step_rows), config.observation_threshold,
-                                     max_backlog=config.max_backlog, recall_on=config.recall_on) if done else []
-                    behind += [f"{name}: {n.split(', and the backlog')[0].removeprefix('The observer is falling behind: ')}"
-                               for n in notes if n.startswith("The observer is falling behind")]
-                for line in behind:  # (26.4x read as the best compression while half the history was seen nowhere)
-                    _echo_wrapped(f"the observer fell behind in {line}, and the backlog was still growing: that "
-                                  "compression counts what the agent sees nowhere; `replay` of it says what to change",
-                                  first="note: ", rest="      ")
+                    fell = falling_behind(pd.DataFrame(result.step_rows), config.observation_threshold) if done else None
+                    behind += [(name, *fell)] if fell else []
+                for name, final, part in behind:  # (26.4x read as the best compression, half the history seen nowhere)
+                    _echo_wrapped(f"the observer fell behind in {name}: at the end, {final:,} tokens of messages "
+                                  f"({part:.0%} of the history) are neither in memory nor in the window, and the "
+                                  "backlog was still growing: that compression counts what the agent sees nowhere; "
+                                  "`replay` of it says what to change", first="note: ", rest="      ")
                 failed = [(c, r) for c, r in zip(grid, results) if r.status != "completed"]
                 for config, result in failed:
                     click.echo(f"failed: {names.get(id(config), config.label())}: {result.error}", err=True)
@@ -1105,10 +1103,10 @@ def _print_report(data: dict[str, Any], db: str) -> None:
         _echo_wrapped("LLM-judged accuracy: " + "; ".join(
             f"{c['label']} {display(c['judged_accuracy'])}" for c in judged)
             + f" (the cost includes {count(sum(c['judge_calls'] for c in judged), 'answerer and judge call')})")
-        unread = sum(c.get("judge_unscored") or 0 for c in judged)
-        if unread:
-            _echo_wrapped(f"warning: {count(unread, 'judge reply', 'judge replies')} named no verdict (neither CORRECT "
-                          "nor WRONG): those probes are not scored; check the judge model")
+        if unread := sum(c.get("judge_unscored") or 0 for c in judged):
+            from .judge import unscored_note
+
+            _echo_wrapped(f"warning: {unscored_note(unread)}")
     if data.get("uneven_note"):
         _echo_wrapped(data["uneven_note"])
     if asked := _probes_asked(data):

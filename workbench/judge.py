@@ -171,6 +171,12 @@ def verdict_word(verdict: str) -> str:
     return found[-1] if found else ""
 
 
+def unscored_note(replies: int) -> str:
+    """What every place that shows judged accuracy says of judge replies that named no verdict."""
+    return (f"{replies:,} judge {'reply' if replies == 1 else 'replies'} named no verdict (neither CORRECT nor WRONG): "
+            "those probes are not scored, and the accuracy is over the others; check the judge model")
+
+
 def left_the_window(store: Any, run_id: str, probes: Sequence[Probe]) -> list[Probe]:
     """``probes`` without those the run's word retention left unscored because their evidence is
     still in the final window: the judge scores the same probes (nothing had to survive yet)."""

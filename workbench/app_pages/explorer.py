@@ -285,9 +285,9 @@ def judged_section(run: dict, run_id: str, probes) -> None:
                                 f"{'unknown' if fmt.missing(spent) else fmt.money(spent, 4)}. Judging again "
                                 "replaces these verdicts."))
             if unread := int(judged.score.isna().sum()):  # (as the CLI warns: not a measured 0)
-                st.warning(f"{fmt.count(unread, 'judge reply', 'judge replies')} named no verdict (neither CORRECT "
-                           "nor WRONG): those probes are not scored, and the accuracy is over the others. Check "
-                           "the judge model.")
+                from workbench.judge import unscored_note
+
+                st.warning(unscored_note(unread) + ".")
         models = usable_models()
         left, right = st.columns(2)
         answerer = left.selectbox("Answerer model", models, key="ex_answerer", accept_new_options=True)
