@@ -279,6 +279,11 @@ def test_a_killed_experiment_is_resumed_without_redoing_finished_runs(tmp_path) 
         assert listed["completed"].tolist() == [1] and listed["not completed"].tolist() == [2]
         # (it read "1 run, 2 not completed": as if the one run recorded had not completed)
         assert "1 of 3 runs completed" in experiment_label(experiment)
+        # its grid in a few words: experiments alike in their labels ("obs 150") differ in it (found by
+        # a newcomer: the app's ref 600 and the CLI's ref 2000 looked the same in every list)
+        grid = " · ".join(experiment_label(experiment).split(" · ")[1:4])
+        assert grid == "obs 150/300/600 · ref 2000 · window 10", experiment_label(experiment)
+        assert listed["grid"].tolist() == [grid]
     code, out, _ = invoke("experiment", "list", "--db", str(db))
     header, row = out.splitlines()[:2]
     assert code == 0 and row.split()[header.split().index("not")] == "2"  # "not completed" (two words)

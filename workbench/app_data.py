@@ -228,6 +228,14 @@ def progress_text(p: Any, experiment_id: str) -> tuple[float, str]:
     return p.fraction, f"{p.done} of {p.total} runs to replay done{failed}{flying}{last}{eta}"
 
 
+def _grid_of(configs: Any) -> str:
+    """``experiments.grid_summary`` of an experiment's stored ``configs`` (JSON or parsed)."""
+    from .experiments import grid_summary
+
+    entries = json.loads(configs) if isinstance(configs, str) else (configs or [])
+    return grid_summary([entry["config"] for entry in entries])
+
+
 def experiment_label(row: Any) -> str:
     """``thresholds · completed · 4 runs · exp-…`` for a picker: what tells experiments apart first
     (its name, else its dataset's file name), the id last (a sidebar cuts the end off)."""
@@ -239,7 +247,8 @@ def experiment_label(row: Any) -> str:
     # (it read "1 run, 1 not completed" for 1 of 2 completed: as if the one run had not completed)
     runs = (f"{planned - unfinished} of {planned} runs completed" if unfinished
             else f"{planned} run{'s' if planned != 1 else ''}")
-    parts = [*([name] if name else []), str(row["status"]), runs, str(row["experiment_id"])]
+    grid = _grid_of(row["configs"]) if not missing(row.get("configs")) else ""
+    parts = [*([name] if name else []), *([grid] if grid else []), str(row["status"]), runs, str(row["experiment_id"])]
     return " · ".join(parts)
 
 
@@ -255,7 +264,7 @@ EXPERIMENTS_FORMATS = {"conversations": _whole, "configurations": _whole, "compl
 def experiments_numbers(frame: pd.DataFrame) -> pd.DataFrame:
     """The experiments list: counts of conversations and configurations as numbers (NaN where
     there are none); :data:`EXPERIMENTS_FORMATS` says how they read."""
-    columns = ["experiment", "name", "status", "dataset", "conversations", "configurations", "completed",
+    columns = ["experiment", "name", "grid", "status", "dataset", "conversations", "configurations", "completed",
                "not completed", "elapsed (s)", "created", "error"]
     if frame.empty:
         return pd.DataFrame(columns=columns)
@@ -264,6 +273,7 @@ def experiments_numbers(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         "experiment": frame.experiment_id,
         "name": frame.name,
+        "grid": frame.configs.map(_grid_of),
         "status": [listed_status(row) for row in frame.to_dict("records")],
         "dataset": frame.dataset.map(short_path),
         "conversations": frame.conversations.map(lambda c: len(json.loads(c)) if isinstance(c, str) else len(c)),
@@ -1110,7 +1120,7 @@ def already_swept(runs: pd.DataFrame, grid: list[Any]) -> list[int]:
 # scroll off to the right (the others follow in their own order).
 SUMMARY_FIRST = ("configuration", "retention", "95% CI", "compression", "cost", "observer calls", "reflector calls",
                  "completed", "not completed")
-EXPERIMENTS_FIRST = ("name", "status", "completed", "not completed", "configurations", "conversations", "dataset",
+EXPERIMENTS_FIRST = ("name", "grid", "status", "completed", "not completed", "configurations", "conversations", "dataset",
                      "created", "experiment")
 
 

@@ -1384,6 +1384,8 @@ def experiment_resume(experiment_id: str, max_cost: float | None, yes: bool, as_
 @json_errors
 def experiment_list(as_json: bool, db: str) -> None:
     """The recorded experiments, newest first."""
+    from .app_data import _grid_of
+
     if _no_store(db):  # nothing recorded yet: say so without creating the file
         click.echo("[]" if as_json else f"no experiments in {db} (no such file yet)")
         return
@@ -1393,7 +1395,8 @@ def experiment_list(as_json: bool, db: str) -> None:
     if as_json:
         from .experiments import listed_status
 
-        listed = frame[[*columns, "failed_runs"]].assign(status_text=[listed_status(r) for r in frame.to_dict("records")])
+        listed = frame[[*columns, "failed_runs"]].assign(status_text=[listed_status(r) for r in frame.to_dict("records")],
+                                                         grid=frame.configs.map(_grid_of))
         click.echo(listed.to_json(orient="records", date_format="iso"))
     elif frame.empty:
         click.echo(f"no experiments in {db}")
@@ -1407,7 +1410,9 @@ def experiment_list(as_json: bool, db: str) -> None:
         shown = shown.rename(columns={"experiment_id": "experiment", "planned_runs": "planned",
                                       "runs": "recorded", "unfinished_runs": "not completed",
                                       "created_at": "created"})
-        click.echo(shown.astype(object).map(lambda v: MISSING if missing(v) else v).to_string(index=False))
+        shown["grid"] = frame.configs.map(_grid_of)  # (what tells experiments of one dataset apart)
+        click.echo(shown.astype(object).map(lambda v: MISSING if missing(v) else v).to_string(
+            index=False, formatters={"grid": lambda v: f"  {v}"}))
 
 
 @experiment.command("show")

@@ -159,6 +159,23 @@ def _naming(configs: Sequence[dict[str, Any]], parts: Sequence[tuple], *, every:
     return [" · ".join(fmt.format(get(c)) for name, get, fmt in shown if used(name, c)) for c in configs]
 
 
+def grid_summary(configs: Sequence[dict[str, Any]]) -> str:
+    """A whole grid in a few words, for lists that show experiments side by side: its thresholds
+    and window (each value once, ``/`` between), and whatever else varies ("obs 150/300/600 · ref
+    600 · window 10"). Experiments labelled by what varies within them ("obs 150") looked alike
+    across experiments whose fixed settings differ (the app's reflection threshold, the CLI's)."""
+    if not configs:
+        return ""
+    always = ("observation", "reflection", "window")
+    parts = []
+    for name, get, fmt in _LABEL_PARTS:
+        used = [c for c in configs if name not in _REFLECTOR_ONLY or c.get("reflector") is not None]
+        values = list(dict.fromkeys(str(get(c)) for c in used))
+        if values and (name in always or len(values) > 1):
+            parts.append(fmt.format("/".join(values)))
+    return " · ".join(parts)
+
+
 def labels(configs: Sequence[dict[str, Any]]) -> list[str]:
     """Short labels naming only what varies across the grid ("obs 500 · ref 1000"); a grid of one
     configuration is named by its thresholds and window ("obs 1000 · ref 2000 · window 10")."""
