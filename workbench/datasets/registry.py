@@ -143,8 +143,8 @@ def _detect(source: Source) -> DatasetFormat:
 
 
 def _folder_format_of(path: Path) -> str | None:
-    """The folder format whose folder ``path`` is one of the files of (MemoryBank's
-    ``probing_questions_en.jsonl`` given alone), else ``None``."""
+    """The folder format that reads the folder ``path`` is in, given a file of it alone (MemoryBank's
+    ``probing_questions_en.jsonl``), else ``None``."""
     for fmt in REGISTRY:
         if fmt.folder and path.is_file():
             try:
