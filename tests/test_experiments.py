@@ -1411,3 +1411,30 @@ def test_the_process_exit_stops_an_experiment_running_in_the_background(tmp_path
     with RunStore(db) as store:
         experiment = store.experiment(experiment_id)
         assert experiment["status"] == "interrupted" and len(store.experiment_runs(experiment_id)) < 20
+
+
+def test_an_experiment_whose_end_cannot_be_written_does_not_stay_running_in_a_long_lived_process(tmp_path) -> None:
+    """When the file was held by another process past the wait as the experiment's end was
+    written, it stayed 'running' under its own process: in the app (one process for hours) it read
+    as running until a restart, and Resume said it was already running. The end is written at the
+    store's next open of the file, once it is free: what finished kept, its elapsed time too."""
+    from conftest import held_by_another_process
+    from workbench.runstore import RunStoreLocked
+
+    db = tmp_path / "x.duckdb"
+    store = RunStore(db, wait_s=0.3)
+    grid = [ReplayConfig(observation_threshold=150, reflection_threshold=300),
+            ReplayConfig(observation_threshold=600, reflection_threshold=1200)]
+    experiment_id = ex.create_experiment(store, dataset=DEMO, grid=grid, options=ex.ExperimentOptions(concurrency=1))
+    holding = contextlib.ExitStack()
+
+    def progress(p: ex.Progress) -> None:
+        if p.finished and p.done == p.total:  # the last run is written: its end is next
+            holding.enter_context(held_by_another_process(db))
+
+    with holding, pytest.raises(RunStoreLocked):
+        asyncio.run(ex.run_experiment(store, experiment_id, progress=progress))
+    experiment = store.experiment(experiment_id)  # the file is free again
+    assert experiment["status"] == "completed" and experiment["elapsed_s"] > 0
+    assert set(store.experiment_runs(experiment_id).status) == {"completed"}
+    assert asyncio.run(ex.run_experiment(store, experiment_id)).status == "completed"  # (not "already running")

@@ -407,10 +407,15 @@ def _record_values(row: dict[str, Any]) -> list[Any]:
             json.dumps(list(record.source_ids)), redact_secrets(record.text), row["tokens"], record.created_at]
 
 
+def _other_cost(experiment_id: str, cost_usd: float, unknown: bool) -> tuple[str, list[Any]]:
+    """The statement that adds to an experiment's ``other_cost_usd`` (and its price unknown)."""
+    return ("UPDATE experiments SET other_cost_usd = coalesce(other_cost_usd, 0) + ?, "
+            "other_cost_unknown = coalesce(other_cost_unknown, false) OR ? WHERE experiment_id = ?",
+            [cost_usd, unknown, experiment_id])
+
+
 def _add_other_cost(cur: duckdb.DuckDBPyConnection, experiment_id: str, cost_usd: float, unknown: bool) -> None:
-    cur.execute("UPDATE experiments SET other_cost_usd = coalesce(other_cost_usd, 0) + ?, "
-                "other_cost_unknown = coalesce(other_cost_unknown, false) OR ? WHERE experiment_id = ?",
-                [cost_usd, unknown, experiment_id])
+    cur.execute(*_other_cost(experiment_id, cost_usd, unknown))
 
 
 def _redacted_answer(row: dict[str, Any]) -> dict[str, Any]:
@@ -475,8 +480,8 @@ def process_token(pid: int | None = None) -> str | None:
         return None
 
 
-# Claims (resumes) made by this process, per file and run: a failure settled later (see
-# RunStore.settle_run) is dropped once the run was claimed again, by any store of this process.
+# Claims (resumes) made by this process, per file and run or experiment: an end settled later (see
+# RunStore.settle_run) is dropped once it was claimed again, by any store of this process.
 _claims: dict[tuple[str, str], int] = {}
 _claims_lock = threading.Lock()
 
@@ -524,7 +529,8 @@ class RunStore:
         self._write_lock = threading.RLock()
         self._seq: dict[tuple[str, str], int] = {}
         self._keep: duckdb.DuckDBPyConnection | None = None  # ":memory:" and snapshots stay open
-        self._unsettled: dict[str, tuple[str, str | None, int]] = {}  # see settle_run
+        # (table, id) -> (the statements of its end, claims when deferred): see settle_run
+        self._unsettled: dict[tuple[str, str], tuple[list[tuple[str, list[Any]]], int]] = {}
         self._file_key = f":memory:{id(self)}" if self.path == ":memory:" else os.path.realpath(self.path)
         if self.path == ":memory:":
             self._keep = self._open()
@@ -735,8 +741,7 @@ class RunStore:
             with _claims_lock:  # (with the update: a settle of another store never falls in between)
                 cur.execute(f"UPDATE {table} SET status = 'running', error = NULL, owner_host = ?, owner_pid = ?, "
                             f"owner_token = ?, updated_at = ? WHERE {key} = ?", [*_owner(), _now(), value])
-                if table == "runs":
-                    _claims[self._file_key, value] = _claims.get((self._file_key, value), 0) + 1
+                _claims[self._file_key, value] = _claims.get((self._file_key, value), 0) + 1
 
     def claim_run(self, run_id: str) -> None:
         self._claim("runs", "run_id", run_id)
@@ -809,10 +814,16 @@ class RunStore:
         process's, and not resumed since (by any store of this process): one deleted, taken over
         or resumed meanwhile is left alone. Before, such a run stayed ``running`` for as long as
         its process lived, and the app showed it as still running."""
+        self._defer_end("runs", run_id, [("UPDATE runs SET status = ?, error = ?, updated_at = ? WHERE run_id = ?",
+                                          [status, redact_secrets(error), _now(), run_id])])
+
+    def _defer_end(self, table: str, value: str, statements: list[tuple[str, list[Any]]]) -> None:
+        """Write ``statements`` (the end of a run or experiment) now if the file can be written
+        at once, else at this store's next open of it: see :meth:`settle_run`."""
         with self._write_lock:
             with _claims_lock:
-                claims = _claims.get((self._file_key, run_id), 0)
-            self._unsettled[run_id] = (status, error, claims)
+                claims = _claims.get((self._file_key, value), 0)
+            self._unsettled[table, value] = (statements, claims)
             previous = getattr(self._local, "wait_s", None)
             self._local.wait_s = 0.0
             try:
@@ -825,19 +836,28 @@ class RunStore:
 
     def _settle(self, cur: duckdb.DuckDBPyConnection) -> None:
         with self._write_lock:
-            for run_id, (status, error, claims) in list(self._unsettled.items()):
+            for (table, value), (statements, claims) in list(self._unsettled.items()):
+                key = "run_id" if table == "runs" else "experiment_id"
                 try:
                     with _claims_lock:  # (checked and written as one: see _claim)
-                        if _claims.get((self._file_key, run_id), 0) != claims:
-                            del self._unsettled[run_id]  # resumed since: the run is its resume's now
+                        if _claims.get((self._file_key, value), 0) != claims:
+                            del self._unsettled[table, value]  # resumed since: it is its resume's now
                             continue
-                        cur.execute("UPDATE runs SET status = ?, error = ?, updated_at = ? WHERE run_id = ? "
-                                    "AND status = 'running' AND owner_host = ? AND owner_pid = ? "
-                                    "AND owner_token IS NOT DISTINCT FROM ?",
-                                    [status, redact_secrets(error), _now(), run_id, *_owner()])
+                        cur.execute("BEGIN TRANSACTION")
+                        try:
+                            ours = cur.execute(f"SELECT count(*) FROM {table} WHERE {key} = ? AND status = 'running' "
+                                               "AND owner_host = ? AND owner_pid = ? AND owner_token IS NOT "
+                                               "DISTINCT FROM ?", [value, *_owner()]).fetchall()[0][0]
+                            if ours:  # (deleted or taken over since: left alone)
+                                for sql, params in statements:
+                                    cur.execute(sql, params)
+                        except BaseException:
+                            cur.execute("ROLLBACK")
+                            raise
+                        cur.execute("COMMIT")
                 except duckdb.Error:
                     return  # (tried again at the next open)
-                del self._unsettled[run_id]
+                del self._unsettled[table, value]
 
     def update_run(self, run_id: str, **figures: Any) -> None:
         if not figures:
@@ -999,13 +1019,23 @@ class RunStore:
                           other_cost: tuple[float, bool] | None = None) -> None:
         """Record the experiment's end; ``other_cost`` (amount, a price unknown): what calls no run
         records cost (runs cut off in flight), in the same write (a separate one that failed, the
-        run store held, left the experiment "running")."""
-        with self._write_lock, self._writing() as cur:
-            if other_cost is not None and (other_cost[0] or other_cost[1]):
-                _add_other_cost(cur, experiment_id, float(other_cost[0]), bool(other_cost[1]))
-            cur.execute("UPDATE experiments SET status = ?, error = ?, elapsed_s = coalesce(elapsed_s, 0) + ?, "
-                        "updated_at = ? WHERE experiment_id = ?",
-                        [status, redact_secrets(error), elapsed_s, _now(), experiment_id])
+        run store held, left the experiment "running"). When the file cannot be written (held by
+        another process past the wait), the end is written at this store's next open of it, as
+        :meth:`settle_run` does (it stayed "running" while this process lived: the app's, for
+        hours), and the error raised."""
+        statements: list[tuple[str, list[Any]]] = []
+        if other_cost is not None and (other_cost[0] or other_cost[1]):
+            statements.append(_other_cost(experiment_id, float(other_cost[0]), bool(other_cost[1])))
+        statements.append(("UPDATE experiments SET status = ?, error = ?, elapsed_s = coalesce(elapsed_s, 0) + ?, "
+                           "updated_at = ? WHERE experiment_id = ?",
+                           [status, redact_secrets(error), elapsed_s, _now(), experiment_id]))
+        try:
+            with self._transaction() as cur:
+                for sql, params in statements:
+                    cur.execute(sql, params)
+        except RunStoreError:
+            self._defer_end("experiments", experiment_id, statements)
+            raise
 
     def experiment(self, experiment_id: str) -> dict[str, Any]:
         frame = self._df("SELECT * FROM experiments WHERE experiment_id = ?", [experiment_id])
