@@ -22,6 +22,7 @@ import json
 import threading
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from .memory import SyncClosing
 from .messages import ObservationRecord, check_thread_id
@@ -69,7 +70,7 @@ class DuckDBObservationStore(SyncClosing):
                              "'DUCK' at byte 8); give a new or a DuckDB file. The file was not changed.")
         # No extension is ever fetched from the network (this store needs none).
         try:
-            self._con = duckdb.connect(self.path, config={"autoinstall_known_extensions": False,
+            self._connection = duckdb.connect(self.path, config={"autoinstall_known_extensions": False,
                                                           "autoload_known_extensions": False})
         except duckdb.IOException as exc:
             if "lock" not in str(exc).lower():
@@ -78,12 +79,22 @@ class DuckDBObservationStore(SyncClosing):
                           "process open a file for writing). Share observations between processes with "
                           f"the SQLite or PostgreSQL stores. ({exc})") from exc
         self._lock = threading.Lock()
+        self._closed = False
         with self._lock:
             self._con.execute(_SCHEMA)
 
+    @property
+    def _con(self) -> Any:
+        """The connection; a ``RuntimeError`` naming the file once the store is closed (DuckDB's
+        own "Connection already closed!" named neither the store nor the file)."""
+        if self._closed:
+            raise RuntimeError(f"this store (DuckDB file {self.path}) is closed")
+        return self._connection
+
     def _close(self) -> None:
         with self._lock:
-            self._con.close()
+            self._closed = True
+            self._connection.close()
 
     def _rows(self, thread_id: str) -> builtins.list[ObservationRecord]:
         rows = self._con.execute("SELECT id, thread_id, resource_id, created_at, kind, source_ids, text "

@@ -105,12 +105,16 @@ def whole_number(value: object) -> int | None:
     return int(value)
 
 
+MAX_LAST = 2**62  # more messages than any store holds: a larger ``last`` reads the same
+
+
 def check_last(last: object) -> int:
-    """``last`` if it is a non-negative integer, else a ``ValueError``."""
+    """``last`` if it is a non-negative integer (at most :data:`MAX_LAST`: ``sys.maxsize``, "all
+    of them", overflowed a database's 64-bit integer once doubled), else a ``ValueError``."""
     number = whole_number(last)
     if number is None or number < 0:
         raise ValueError(f"last must be a non-negative integer, got {last!r}")
-    return number
+    return min(number, MAX_LAST)
 
 
 def check_read(thread_id: object, last: object) -> int:

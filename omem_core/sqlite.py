@@ -122,8 +122,9 @@ class _Database:
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         self.lock = threading.Lock()
+        self._closed = False
         try:
-            self.con = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+            self._con = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:  # sqlite3 names no file ("unable to open database file")
             raise type(exc)(f"cannot open the SQLite file {self.path}: {exc}") from exc
         try:
@@ -132,8 +133,16 @@ class _Database:
             self.con.execute("PRAGMA busy_timeout=30000")
             self.migrate()
         except sqlite3.Error as exc:  # "file is not a database", a read-only file, …
-            self.con.close()
+            self._con.close()
             raise type(exc)(f"cannot use the SQLite file {self.path}: {exc}") from exc
+
+    @property
+    def con(self) -> sqlite3.Connection:
+        """The connection; a ``RuntimeError`` naming the file once the store is closed (sqlite3's
+        own "Cannot operate on a closed database." named neither the store nor the file)."""
+        if self._closed:
+            raise RuntimeError(f"this store (SQLite file {self.path}) is closed")
+        return self._con
 
     def migrate(self) -> None:
         """Apply the migrations this file lacks. The version is read again under the write lock:
@@ -162,7 +171,8 @@ class _Database:
                     raise
 
     def close(self) -> None:
-        self.con.close()
+        self._closed = True
+        self._con.close()
 
 
 def schema_version(path: str | Path) -> int:

@@ -46,7 +46,7 @@ import litellm
 from ._env import error_text, redact_secrets
 from .errors import CompactionError, Stage
 from .extractive import trim
-from .memory import InMemoryMemoryStore, MemoryStore, check_read, check_store, whole_number
+from .memory import InMemoryMemoryStore, MemoryStore, MAX_LAST, check_read, check_store, whole_number
 from .messages import Message, ObservationRecord, check_batch, check_message, check_thread_id
 from .observations import (
     DeleteEpochs,
@@ -675,7 +675,7 @@ class ObservationalMemoryStore:
             return []  # an empty thread
         if cursor is not None and any(m.id == cursor for m in window):
             return []
-        size = max(64, 2 * last)
+        size = max(64, min(2 * last, MAX_LAST))
         if last == 0:
             backlog, _ = await self._page_back(thread_id, None, cursor, size)
             return backlog
@@ -719,7 +719,7 @@ class ObservationalMemoryStore:
             if len(page) < size:
                 return _flatten(pages), None
             before = page[0].id
-            size *= 2
+            size = min(size * 2, MAX_LAST)
 
     async def _stored_part(self, thread_id: str, page: list[Message]) -> list[Message]:
         """A cursorless read of the inner store without the messages it put ahead of the

@@ -683,3 +683,53 @@ async def test_a_numpy_integer_reads_as_an_integer_in_every_store(make_memory_st
     assert [m.id for m in await store.recall("t", last=np.int32(2), before="m3")] == ["m1", "m2"]
     wrapped = create_observational_memory_store(store, observer="omem/extractive")
     assert [m.id for m in await wrapped.recall("t", last=np.int64(2))] == ["m3", "m4"]
+
+
+async def test_a_read_of_every_message_by_a_huge_last_works_through_the_memory_layer(make_memory_store) -> None:
+    """``last=sys.maxsize`` ("all of them") worked on a store alone but failed through the memory
+    layer on SQLite and PostgreSQL with the driver's overflow error: it doubled ``last`` for its
+    page size, past a database's 64-bit integer. A larger count than any store holds reads the same."""
+    import sys
+
+    from omem_core import create_observational_memory_store
+
+    inner = make_memory_store()
+    await inner.save_messages([msg(i) for i in range(3)])
+    wrapped = create_observational_memory_store(inner, observer="omem/extractive")
+    for last in (sys.maxsize, 10**20):
+        assert [m.id for m in await inner.recall("t", last=last)] == ["m0", "m1", "m2"]
+        assert [m.id for m in await wrapped.recall("t", last=last)] == ["m0", "m1", "m2"]
+    assert [m.id for m in await Memory(inner, last_messages=10**20).recall("t")] == ["m0", "m1", "m2"]
+
+
+@pytest.fixture(params=["sqlite messages", "sqlite observations", "duckdb observations", "postgres messages",
+                        "postgres observations"])
+def closed_store(request, tmp_path):
+    """A store of each adapter that holds a connection, closed."""
+    adapter, kind = request.param.split()
+    if adapter == "postgres":
+        space = request.getfixturevalue("pg")
+        store = getattr(space.fresh(), "memory" if kind == "messages" else "observations")()
+    elif adapter == "duckdb":
+        from omem_core.duckdb_store import DuckDBObservationStore
+
+        store = DuckDBObservationStore(tmp_path / "o.duckdb")
+    else:
+        store = (SQLiteMemoryStore if kind == "messages" else SQLiteObservationStore)(tmp_path / "s.db")
+    return store
+
+
+async def test_a_closed_store_says_it_is_closed_alike_in_every_adapter(closed_store) -> None:
+    """After ``close()``, SQLite said "Cannot operate on a closed database." and DuckDB "Connection
+    already closed!" (naming neither the store nor the file), PostgreSQL "this store (…) is closed":
+    the stores close the same way, and say so the same way."""
+    await closed_store.close()
+    await closed_store.close()  # (idempotent)
+    s = closed_store
+    calls = ([lambda: s.recall("t", last=1), lambda: s.save_messages([msg(0)]), lambda: s.delete_thread("t")]
+             if isinstance(s, MemoryStore)
+             else [lambda: s.list("t"), lambda: s.list_recent("t"), lambda: s.save(record(0)),
+                   lambda: s.delete_by_thread("t")])
+    for call in calls:
+        with pytest.raises(RuntimeError, match=r"^this store \(.+\) is closed$"):
+            await call()
