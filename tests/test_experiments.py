@@ -142,6 +142,29 @@ def test_progress_follows_the_runs_in_flight_not_only_the_finished_ones(tmp_path
     assert [p.done for p in reports if p.finished] == [1, 2]
 
 
+def test_runs_replayed_and_waiting_to_be_written_are_not_counted_in_progress(tmp_path) -> None:
+    """Short runs end in the worker processes faster than this process writes them: the progress
+    counted every run replayed and not yet written as in flight ("26 in progress, 31% through
+    their messages" at a concurrency of 2). They are counted apart, as being recorded."""
+    reports: list[ex.Progress] = []
+    with RunStore(tmp_path / "x.duckdb") as store:
+        grid = [ReplayConfig(observation_threshold=o, reflection_threshold=r) for o in (100, 150, 200, 300)
+                for r in (400, 800)]
+        experiment_id = ex.create_experiment(store, dataset=LONGMEMEVAL, grid=grid,
+                                             options=ex.ExperimentOptions(concurrency=2))
+        outcome = asyncio.run(ex.run_experiment(store, experiment_id, progress=reports.append))
+    assert outcome.status == "completed" and outcome.runs == reports[-1].total == 32
+    assert all(p.in_flight <= 2 and p.done + p.recording + p.in_flight <= p.total for p in reports)
+    fractions = [p.fraction for p in reports]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+    from workbench.app_data import progress_text
+
+    waiting = ex.Progress(6, 32, 0, 0.0, "obs 100", "c", "completed", 1.0, in_flight=2, running=0.5, recording=24)
+    assert progress_text(waiting, experiment_id) == (
+        (6 + 24 + 0.5) / 32, "6 of 32 runs to replay done · 2 in progress, 25% through their messages · 24 replayed, "
+        "being recorded · last finished: obs 100 on c (completed), about 4 s left")
+
+
 def test_the_cost_estimate_is_not_below_what_the_calls_it_estimates_cost(tmp_path, shared_datasets) -> None:
     """The estimate (notes a fifth of their input, reflections writing 0.55 of their threshold)
     came in below the cost of the calls made: $0.0358 against $0.0401 on LoCoMo at gpt-4o-mini's

@@ -223,6 +223,8 @@ def progress_text(p: Any, experiment_id: str) -> tuple[float, str]:
     failed = f" · {p.failed} not completed" if p.failed else ""
     flying = (f" · {p.in_flight} in progress, {100 * p.running / p.in_flight:.0f}% through their messages"
               if p.in_flight else "")
+    if getattr(p, "recording", 0):
+        flying += f" · {p.recording} replayed, being recorded"
     last = f" · last finished: {p.label} on {p.conversation_id} ({p.status})" if p.finished else ""
     # (p.total: the runs this start or resume replays, not the grid: "0/39" beside "81 of 120" read as a reset)
     return p.fraction, f"{p.done} of {p.total} runs to replay done{failed}{flying}{last}{eta}"

@@ -327,6 +327,10 @@ class Progress:
     in_flight: int = 0
     running: float = 0.0
     finished: bool = True
+    # Runs replayed (in a worker process) and waiting for this process to write them: a short
+    # conversation's runs end faster than they are written, and were counted in flight ("26 in
+    # progress" at a concurrency of 2).
+    recording: int = 0
 
     @property
     def eta_s(self) -> float | None:
@@ -335,7 +339,7 @@ class Progress:
     @property
     def fraction(self) -> float:
         """How far the whole experiment is, counting the runs in flight by their messages replayed."""
-        return min(1.0, (self.done + self.running) / max(self.total, 1))
+        return min(1.0, (self.done + self.recording + self.running) / max(self.total, 1))
 
 
 @dataclass
@@ -704,25 +708,33 @@ async def run_experiment(store: Any, experiment_id: str, *, progress: Callable[[
         state["done"] += 1
         state["failed"] += status != "completed"
         flight.pop(_run_key(task), None)
+        replayed.discard(_run_key(task))
         new = () if task.conversation_id in warned else tuple(warnings)
         if new:
             warned[task.conversation_id] = list(new)
         if progress is not None:
             progress(Progress(state["done"], len(tasks), state["failed"], state["cost"], task.label,
                               task.conversation_id, status, time.perf_counter() - started, new,
-                              in_flight=len(flight), running=sum(flight.values())))
+                              in_flight=len(flight), running=sum(flight.values()), recording=len(replayed)))
 
-    def moved(key: tuple[int, str], fraction: float) -> None:
-        """A run in flight replayed more of its messages (a late report of a finished run is dropped)."""
-        if key not in labels or key in finished_keys:
+    def moved(key: tuple[int, str], fraction: float | None) -> None:
+        """A run in flight replayed more of its messages; ``None``: its replay ended, its write is
+        next (said with the next report: called from a future's callback, where a progress
+        callback's error would go unseen). A late report of a run replayed or written is dropped."""
+        if key not in labels or key in finished_keys or key in replayed:
+            return
+        if fraction is None:
+            flight.pop(key, None)
+            replayed.add(key)
             return
         flight[key] = fraction
         if progress is not None:
             progress(Progress(state["done"], len(tasks), state["failed"], state["cost"], labels[key], key[1],
                               "running", time.perf_counter() - started, in_flight=len(flight),
-                              running=sum(flight.values()), finished=False))
+                              running=sum(flight.values()), finished=False, recording=len(replayed)))
 
     finished_keys: set[tuple[int, str]] = set()
+    replayed: set[tuple[int, str]] = set()  # replayed in a worker, not yet written
 
     def add_cost(amount: float) -> None:
         state["cost"] += amount
@@ -859,9 +871,10 @@ def spent_usd(store: Any, experiment_id: str) -> float | None:
 async def _run_in_processes(tasks: Sequence[Task], options: ExperimentOptions, dataset: str,
                             dataset_format: str | None, extra: dict[str, Any], folder: str | None,
                             write: Callable[[dict[str, Any], Task], None],
-                            moved: Callable[[tuple[int, str], float], None] | None = None) -> None:
+                            moved: Callable[[tuple[int, str], float | None], None] | None = None) -> None:
     """Offline replays: CPU-bound, one worker process per slot; this process writes. The workers
-    say how far their runs are through a queue this process reads between writes."""
+    say how far their runs are through a queue this process reads between writes; a run whose
+    replay ended is reported (``None``) until it is written."""
     import queue as queues
 
     from .runstore import process_token
@@ -874,6 +887,9 @@ async def _run_in_processes(tasks: Sequence[Task], options: ExperimentOptions, d
                                initargs=(os.getpid(), process_token(), reports))
     pending = {loop.run_in_executor(pool, _replay_one, dataset, dataset_format, task, extra, folder,
                                     options.traces): task for task in tasks}
+    if moved is not None:
+        for future, task in pending.items():
+            future.add_done_callback(lambda f, key=_run_key(task): None if f.cancelled() else moved(key, None))
 
     async def relay() -> None:
         while True:
