@@ -2108,3 +2108,34 @@ def test_the_explorer_keeps_its_step_across_pages(db: Path) -> None:
     at.switch_page(PAGES.format("explorer")).run()
     assert not at.exception, at.exception
     assert at.slider(key=f"ex_step_{run_id}").value == 2 and at.query_params["step"] == "2"
+
+
+def test_an_experiment_stopped_by_its_cost_limit_resumes_in_the_app_with_a_higher_one(db: Path, scripted) -> None:
+    """The app's Resume had no way to raise a cost limit: an experiment stopped by its limit,
+    resumed, paid for a call and stopped again. Beside Resume, a new limit (a higher one offered);
+    Resume runs under it."""
+    import asyncio
+
+    from conftest import priced_scripted_model
+    from workbench import background
+
+    with priced_scripted_model() as model:  # $0.025 a call
+        from omem_core.prompts import BUILTIN_PROMPTS
+
+        grid = ex.config_grid(observers=[model], reflectors=[None], observation=[30], reflection=[600], windows=[2],
+                              observer_prompts=[BUILTIN_PROMPTS["observer"][0]],
+                              reflector_prompts=[BUILTIN_PROMPTS["reflector"][0]])
+        with RunStore(db) as s:
+            experiment_id = ex.create_experiment(s, dataset=PROJECT_DEMO.parent / "tiny.jsonl", grid=grid,
+                                                 options=ex.ExperimentOptions(concurrency=1, max_cost=0.03))
+            assert asyncio.run(ex.run_experiment(s, experiment_id)).status == "stopped"
+        calls = len(scripted.calls)
+        at = app("experiments")
+        limit = at.number_input(key=f"xp_new_limit_{experiment_id}")
+        assert limit.value == 0.08 and "$0.0500 of the $0.0300 limit is spent" in limit.help
+        limit.set_value(10.0).run()
+        finish_experiments(at.button(key="xp_resume").click().run())
+        background.wait(experiment_id, 60)
+        assert store(db).experiment(experiment_id)["status"] == "completed"
+        assert store(db).experiment(experiment_id)["options"]["max_cost"] == 10.0 and len(scripted.calls) > calls
+        assert not [n for n in at.number_input if n.key == f"xp_new_limit_{experiment_id}"]  # (nothing to resume)

@@ -1461,3 +1461,36 @@ def test_an_experiment_whose_end_cannot_be_written_does_not_stay_running_in_a_lo
     assert experiment["status"] == "completed" and experiment["elapsed_s"] > 0
     assert set(store.experiment_runs(experiment_id).status) == {"completed"}
     assert asyncio.run(ex.run_experiment(store, experiment_id)).status == "completed"  # (not "already running")
+
+
+def test_a_resume_of_an_experiment_that_spent_its_limit_is_refused_before_any_call(scripted, tmp_path) -> None:
+    """Resumed with the limit it had spent, an experiment stopped by its cost limit made a paid
+    call, spent more, and stopped again ("resume --help" says it needs a higher one). Refused
+    before any call now, with the command that raises the limit; a higher limit resumes it."""
+    db = tmp_path / "x.duckdb"
+    with priced_scripted_model() as model:  # $0.025 a call
+        code, out, err = invoke("experiment", "run", "--dataset", str(ROOT / "datasets" / "tiny.jsonl"), "--observer",
+                                model, "--reflector", "none", "--observation-threshold", "30", "--window", "2",
+                                "--concurrency", "1", "--no-cache", "--max-cost", "0.03", "--yes", "--json",
+                                "--db", str(db))
+        stopped = json.loads(out.strip().splitlines()[-1])
+        assert stopped["status"] == "stopped", err
+        calls = len(scripted.calls)
+        for extra in ((), ("--max-cost", "0.04")):  # (0.04: still spent, past 0.05)
+            code, out, err = invoke("experiment", "resume", stopped["experiment_id"], *extra, "--yes", "--db", str(db))
+            assert code == 1 and len(scripted.calls) == calls
+            assert "has spent $0.0500 of its $0.0" in err and "--max-cost 0.08 " in err
+        with RunStore(str(db)) as store:
+            assert store.experiment(stopped["experiment_id"])["status"] == "stopped"  # (untouched)
+        code, out, err = invoke("experiment", "resume", stopped["experiment_id"], "--max-cost", "10", "--yes",
+                                "--db", str(db))
+        assert code == 0, err
+        assert len(scripted.calls) > calls
+        with RunStore(str(db)) as store:  # the app's Resume, on the limit it spent: refused, as the CLI's
+            code, out, err = invoke("experiment", "run", "--dataset", str(ROOT / "datasets" / "tiny.jsonl"),
+                                    "--observer", model, "--reflector", "none", "--observation-threshold", "30",
+                                    "--window", "2", "--concurrency", "1", "--no-cache", "--max-cost", "0.03",
+                                    "--yes", "--json", "--db", str(db))
+        again = json.loads(out.strip().splitlines()[-1])["experiment_id"]
+        with RunStore(str(db)) as store, pytest.raises(ex.ExperimentError, match="give it a higher limit"):
+            asyncio.run(ex.run_experiment(store, again))

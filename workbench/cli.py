@@ -1364,6 +1364,12 @@ def experiment_resume(experiment_id: str, max_cost: float | None, yes: bool, as_
             raise ex.ExperimentError("no run left can replay here: " + "; ".join(sorted(set(blocked.values()))))
         if (changed := ex.dataset_changed(store, experiment_id)) is not None:  # (before the cost is asked)
             raise ex.ExperimentError(f"experiment {experiment_id} cannot be resumed: {changed}")
+        if (reached := ex.limit_reached(store, experiment_id, max_cost)) is not None:
+            spent, limit = reached
+            raise ex.ExperimentError(
+                f"experiment {experiment_id} has spent ${spent:.4f} of its ${limit:.4f} cost limit, and a resume "
+                "would stop again at its first paid call: give it a higher limit, e.g. "
+                + cli_command(f"experiment resume {experiment_id} --max-cost {ex.higher_limit(spent, limit):g}", db))
         for label, problem in blocked.items():
             click.echo(f"warning: {label} cannot run here and will be recorded as failed: {problem}", err=True)
         # What is left, and what it should cost, asked as a new experiment asks (a resume of a paid

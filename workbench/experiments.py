@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import itertools
 import json
+import math
 import os
 import time
 import warnings
@@ -254,6 +255,28 @@ def estimate_judging(conversations: Sequence[Any], grid: Sequence[Any], answerer
             total += info.probes * (answer_in * answering[0] + answer_out * answering[1]
                                     + judge_in * grading[0] + judge_out * grading[1])
     return total
+
+
+def limit_reached(store: Any, experiment_id: str, max_cost: float | None = None) -> tuple[float, float] | None:
+    """``(spent, limit)`` when the experiment has already spent its cost limit (``max_cost`` if
+    given, else its own) and paid work is left, else ``None``: a resume would stop again at its
+    first paid call, after paying for it (a resume of an experiment stopped by its limit, the limit
+    left as it was, spent more and stopped again)."""
+    limit = max_cost if max_cost is not None else store.experiment(experiment_id)["options"].get("max_cost")
+    if not limit:
+        return None
+    spent = _spent(store, experiment_id)
+    if spent < limit or estimate_resume(store, experiment_id)[2] == 0:
+        return None
+    return spent, float(limit)
+
+
+def higher_limit(spent: float, limit: float) -> float:
+    """A round cost limit to suggest after ``limit`` was spent: twice it or 1.5x the spend,
+    rounded up to one significant digit (0.075 → 0.08)."""
+    higher = max(2 * limit, spent * 1.5)
+    exponent = math.floor(math.log10(higher))
+    return round(math.ceil(higher / 10**exponent - 1e-9) * 10**exponent, max(0, -exponent))
 
 
 def blocked_runs(store: Any, experiment_id: str) -> tuple[dict[str, str], bool]:
@@ -689,6 +712,9 @@ async def run_experiment(store: Any, experiment_id: str, *, progress: Callable[[
         options = dataclasses.replace(options, api_base=restore_secrets(options.api_base))
     if (changed := dataset_changed(store, experiment_id)) is not None:
         raise ExperimentError(f"experiment {experiment_id} cannot be resumed: {changed}")
+    if (reached := limit_reached(store, experiment_id)) is not None:
+        raise ExperimentError(f"experiment {experiment_id} has spent ${reached[0]:.4f} of its ${reached[1]:.4f} cost "
+                              "limit: a resume would stop again at its first paid call; give it a higher limit")
     store.claim_experiment(experiment_id)
     _clear_unfinished(store, experiment_id)
     tasks = pending_tasks(store, experiment_id)

@@ -16,7 +16,9 @@ from workbench.experiments import (
     create_experiment,
     estimate_cost,
     estimate_resume,
+    higher_limit,
     labels,
+    limit_reached,
     name_warning,
     offline_prompt_warning,
     outcome_message,
@@ -281,6 +283,19 @@ if (pending or unfinished) and not running:
     except DatasetError:
         cost = 0.0  # (the dataset moved: the resume says so)
     priced = "" if cost == 0 else ", cost unknown" if cost is None else f", {fmt.about_money(cost, 2)}"
+# A limit already spent stops a resume at its first paid call (refused): the resume takes a new one.
+reached = None
+if priced and not running and not resuming and not store.read_only:
+    try:
+        reached = limit_reached(store, experiment_id)
+    except DatasetError:
+        pass  # (the dataset moved: the resume says so)
+new_limit = None
+if reached is not None:
+    new_limit = actions.number_input(
+        "New cost limit (USD)", min_value=0.0, value=higher_limit(*reached), step=higher_limit(*reached) / 2,
+        format="%.4f", key=f"xp_new_limit_{experiment_id}", width=180,
+        help=f"${reached[0]:.4f} of the ${reached[1]:.4f} limit is spent: Resume needs a higher one (0 for none)")
 # (no Resume on an experiment with nothing to finish: a greyed "Resume (to finish)" read as if it had)
 resume = (pending or unfinished) and actions.button(
     f"Resume ({pending} left{priced})" if pending else f"Resume (to finish{priced})", key="xp_resume",
@@ -307,6 +322,8 @@ if actions.button("Delete experiment", key="xp_delete", disabled=not confirm or 
         st.session_state["xp_done"] = ("success", f"Deleted {experiment_id} and its {fmt.count(len(runs), 'run')}.")
         st.rerun()
 if resume:
+    if new_limit is not None:
+        store.update_experiment_options(experiment_id, max_cost=float(new_limit) or None)
     launch(experiment_id)
 
 summaries = tables["summaries"]
