@@ -58,7 +58,7 @@ def test_the_experiments_page_banner_reads_right(db: Path) -> None:
         s.finish_experiment(experiment_id, "interrupted", "stopped before the end; finish it with: python -m "
                             f"workbench experiment resume {experiment_id}", 0.0)
     at = app("experiments")
-    [banner] = [e.value.replace("\\", "") for e in at.error if "This experiment was interrupted" in e.value]
+    [banner] = [e.value.replace("\\", "") for e in at.warning if "This experiment was interrupted" in e.value]
     assert ". Stopped before the end. To finish it, press **Resume** below" in banner, banner
     assert ". stopped" not in banner and "finish it with:" not in banner
     assert not at.button(key="xp_resume").disabled

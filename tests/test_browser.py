@@ -314,6 +314,9 @@ def test_a_new_experiment_is_the_one_the_picker_shows(server) -> None:
 
 
 
+RUNS = 40  # runs of the experiment the app resumes (long enough to be seen running, ~1 s each)
+
+
 def test_an_experiment_the_app_resumes_goes_on_when_the_page_is_left(server) -> None:
     """Found in Chromium (twice): an experiment run in the page's script stopped when its user
     opened another page or closed the tab. It runs in the app's process now, its buttons disabled
@@ -324,7 +327,7 @@ def test_an_experiment_the_app_resumes_goes_on_when_the_page_is_left(server) -> 
 
     url, tmp = server
     grid = [ReplayConfig(observation_threshold=o, reflection_threshold=600, last_messages=4)
-            for o in range(100, 1300, 100)]
+            for o in range(100, 100 * (RUNS + 1), 100)]
     with RunStore(tmp / "e2e.duckdb") as store:  # recorded, then interrupted before its first run
         experiment_id = create_experiment(store, dataset=ROOT / "datasets" / "demo.jsonl", grid=grid,
                                           options=ExperimentOptions(concurrency=1))
@@ -334,14 +337,14 @@ def test_an_experiment_the_app_resumes_goes_on_when_the_page_is_left(server) -> 
         settle(page)
         page.get_by_text("Confirm delete").click()  # Delete armed before the resume
         settle(page)
-        page.get_by_role("button", name=re.compile(r"^Resume \(12 left")).click()
-        page.get_by_text(re.compile(r"\d+ of 12 runs to replay done")).wait_for(timeout=60_000)  # running now
-        resume = page.get_by_role("button", name=re.compile(r"^Resume \(12 left"))
+        page.get_by_role("button", name=re.compile(rf"^Resume \({RUNS} left")).click()
+        page.get_by_text(re.compile(rf"\d+ of {RUNS} runs to replay done")).wait_for(timeout=60_000)  # running now
+        resume = page.get_by_role("button", name=re.compile(r"^Resume \(\d+ left"))
         # (the progress is drawn above the buttons: the run before's are on screen a moment more)
         # (a disabled button with a tooltip is drawn twice by Streamlit, once inside the tooltip: the one
         # on screen is the one with a size)
         page.wait_for_function("() => { const r = [...document.querySelectorAll('button')].filter(b => "
-                               "b.innerText.startsWith('Resume (12 left') && b.getBoundingClientRect().width > 0); "
+                               "/^Resume \\(\\d+ left/.test(b.innerText) && b.getBoundingClientRect().width > 0); "
                                "return r.length == 1 && r[0].disabled; }", timeout=30_000)
         assert resume.first.is_disabled()
         assert page.get_by_role("button", name="Delete experiment").is_disabled()
@@ -354,9 +357,24 @@ def test_an_experiment_the_app_resumes_goes_on_when_the_page_is_left(server) -> 
         page.get_by_role("link", name="Experiments").click()
         settle(page)
         assert page.get_by_text("This experiment was interrupted").count() == 0
-        page.get_by_text(re.compile(r"completed: 12 runs replayed in")).wait_for(timeout=300_000)
+        # While it runs, the page follows the runs written: Resume's count of runs left (and the
+        # picker's of runs completed) stayed as the page was drawn ("Resume (30 left)" beside "4 of
+        # 32 runs to replay done").
+        def counts() -> tuple[int, int] | None:
+            text = page.inner_text("body")
+            done, left = re.search(rf"(\d+) of {RUNS} runs to replay done", text), re.search(r"Resume \((\d+) left", text)
+            return (int(done.group(1)), int(left.group(1))) if done and left else None
+
+        start = counts()
+        while (now := counts()) is not None and now[0] < (start[0] if start else 0) + 3:
+            page.wait_for_timeout(200)
+        assert now is not None, "it ended before three more runs were written: the check needs a longer experiment"
+        page.wait_for_timeout(2500)
+        later = counts()
+        assert later is None or later[1] <= RUNS - now[0], (start, now, later)
+        page.get_by_text(re.compile(rf"completed: {RUNS} runs replayed in")).wait_for(timeout=300_000)
         settle(page)
         assert not page.get_by_role("checkbox", name="Confirm delete").is_checked()  # (Delete was live at once)
     with RunStore(tmp / "e2e.duckdb") as store:
         assert store.experiment(experiment_id)["status"] == "completed"
-        assert len(store.experiment_runs(experiment_id)) == 12
+        assert len(store.experiment_runs(experiment_id)) == RUNS

@@ -223,10 +223,17 @@ resuming = experiment_id in here  # running in a thread of this process (started
 shown_status = "running" if resuming else app_data.experiment_status(experiment, runs)
 st.text(f"{experiment_id} · {shown_status} · {fmt.short_path(experiment['dataset'])}")
 if resuming:
+    seen = background.job(experiment_id)
+    seen_done = seen.progress.done if seen is not None and seen.progress is not None else 0
+
     @st.fragment(run_every=1)
     def follow() -> None:  # the thread's progress, and the page again once it ends
         current = background.job(experiment_id)
         if current is None or not current.alive:
+            st.rerun()
+        if current.progress is not None and current.progress.done != seen_done:
+            # A run was written: the page again (the picker's "2 of 32 runs completed", Resume's
+            # "30 left" and the figures stayed as the page last drew them, beside "4 of 32 done").
             st.rerun()
         fraction, text = app_data.progress_text(current.progress, experiment_id)
         st.progress(fraction, text=ui.plain(text))
@@ -251,7 +258,9 @@ elif experiment["status"] != "completed":
     prefix, detail, suffix = app_data.unfinished_banner(
         experiment_id, experiment["status"], done, planned, experiment.get("error"),
         resumable=not store.read_only, db=store.path)  # (an unfinished experiment resumes: its last runs, or its end)
-    st.error(prefix + ui.plain(detail) + suffix)
+    # (an experiment interrupted, by its user's Stop too, or stopped by its cost limit is no error: red
+    # said so, as runs once did)
+    (st.error if experiment["status"] == "failed" else st.warning)(prefix + ui.plain(detail) + suffix)
 if not resuming:
     @st.fragment(run_every=2)
     def watch_here() -> None:
