@@ -1896,7 +1896,7 @@ def test_the_experiments_page_shows_retention_per_conversation(db: Path) -> None
     at = app("experiments")
     assert not at.exception, at.exception
     assert any(h.value == "Retention per conversation" for h in at.subheader)
-    table = dataframe(at, "conversation", "probes", "obs 20", "obs 40")
+    table = dataframe(at, "conversation", "probes scored", "obs 20", "obs 40")
     assert table.conversation.tolist() == [c.id for c in list_conversations(dataset)]
     with RunStore(db) as s:
         probes = s.experiment_probes(experiment_id)
@@ -1912,7 +1912,7 @@ def test_the_experiments_page_shows_retention_per_conversation(db: Path) -> None
                 assert cell == f"{mine.score.mean():.3f}"
             else:
                 assert cell == pytest.approx(mine.score.mean())
-    assert pd.api.types.is_numeric_dtype(table["probes"])
+    assert pd.api.types.is_numeric_dtype(table["probes scored"])
     assert table.isna().sum().sum() == 0
     # Compare's verdict says on how many conversations each keeps more (a pooled lead one carries)
     at = app("compare")

@@ -10,6 +10,7 @@ import contextlib
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from click.testing import CliRunner
 
@@ -1297,11 +1298,14 @@ def test_the_per_conversation_table_says_when_configurations_scored_different_pr
                 "retention": retention, "compression": 5.0}
 
     same = conversation_numbers([row("w4", "c1", 10, 0.5), row("w40", "c1", 10, 0.6), row("w4", "c2", 3, 0.1),
-                                 row("w40", "c2", 0, None, "failed")])
-    assert same.columns.tolist() == ["conversation", "probes", "w4", "w40"] and same.probes.tolist() == [10, 3]
+                                 row("w40", "c2", 0, None, "failed"), row("w4", "c3", 0, None, "running"),
+                                 row("w40", "c3", 0, None, "missing")])
+    assert same.columns.tolist() == ["conversation", "probes scored", "w4", "w40"]
+    # (a conversation no run completed yet: no count — "0" read as a conversation without questions)
+    assert same["probes scored"].tolist()[:2] == [10, 3] and pd.isna(same["probes scored"][2])
     differ = conversation_numbers([row("w4", "c1", 12, 0.5), row("w40", "c1", 10, 0.6)])
-    assert differ.columns.tolist() == ["conversation", "probes (most scored)", "w4", "w40"]
-    assert differ["probes (most scored)"].tolist() == [12]
+    assert differ.columns.tolist() == ["conversation", "probes scored (most)", "w4", "w40"]
+    assert differ["probes scored (most)"].tolist() == [12]
 
 
 def test_an_experiment_is_not_resumed_on_a_dataset_edited_since_its_runs(tmp_path) -> None:

@@ -376,8 +376,9 @@ def conversation_numbers(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
               for c in conversations]
     # Windows of different sizes score different probes (evidence still in the larger window is not
     # scored): then the column says it gives the most any configuration scored.
-    probes = "probes" if all(len(set(n)) <= 1 for n in counts) else "probes (most scored)"
-    table = {"conversation": conversations, probes: [max(n, default=0) for n in counts]}
+    probes = "probes scored" if all(len(set(n)) <= 1 for n in counts) else "probes scored (most)"
+    # (no completed run: a dash, not 0 — "probes 0" for a conversation of 199 read as one without any)
+    table = {"conversation": conversations, probes: [max(n, default=None) for n in counts]}
     for label in labels:
         table[label] = [cell[(label, c)]["retention"] for c in conversations]
     return pd.DataFrame(table, columns=["conversation", probes, *labels])

@@ -347,7 +347,8 @@ if uneven := uneven_note(runs):
 if len(experiment["conversations"]) > 1:
     st.subheader("Retention per conversation")
     st.caption("The spread between conversations, which the interval above (a bootstrap over probes) does not "
-               "show. A dash: the run did not complete, or scored no probe.")
+               "show. Probes scored: the questions with a gold answer whose evidence has left the window (fewer "
+               "than the dataset's questions). A dash: no run of it completed yet, or it scored no probe.")
     by_conversation = app_data.conversation_numbers(per_conversation(experiment, runs, tables["probes"]))
     ui.figures(app_data.sortable(by_conversation, app_data.conversation_formats(by_conversation)),
                hide_index=True, key="xp_by_conversation", column_config={"conversation": st.column_config.Column(pinned=True)})
