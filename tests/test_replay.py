@@ -263,6 +263,23 @@ def test_findings_flag_an_observer_that_falls_behind_and_tightened_reflections()
     assert findings(steps([0, 0, 0, 0]), 500, writes) == []  # no reflector: nothing to say
 
 
+def test_a_replay_in_which_nothing_was_observed_says_so_beside_its_figures(tmp_path) -> None:
+    """A conversation below the observation threshold: the explorer showed "Model calls 0",
+    "Compression 4.0x" and "Retention 1.000" without a word that the memory never ran (the 4x is
+    only the messages left out of the window)."""
+    from workbench.analysis import findings
+
+    conversation = load_conversation(DEMO_DATASET)
+    with RunStore(tmp_path / "r.duckdb") as store:
+        quiet = asyncio.run(replay(conversation, ReplayConfig(observation_threshold=16_000, cache=False), store))
+        busy = asyncio.run(replay(conversation, ReplayConfig(observation_threshold=300, reflection_threshold=600,
+                                                             cache=False), store))
+        [note] = findings(store.steps(quiet.run_id), 16_000, store.model_calls(quiet.run_id))
+        assert quiet.compression > 1 and note.startswith("Nothing was observed: the backlog (messages older than ")
+        assert "never reached the observation threshold (16,000 tokens), so no model ran" in note
+        assert not any(n.startswith("Nothing was observed") for n in findings(store.steps(busy.run_id), 300))
+
+
 def test_figures_are_displayed_as_people_read_them() -> None:
     import numpy as np
 

@@ -260,6 +260,18 @@ def findings(steps: pd.DataFrame, observation_threshold: int, calls: pd.DataFram
     * The reflection threshold is below what one observer pass writes.
     """
     notes: list[str] = []
+    if not steps.empty and "observed" in steps and not steps.observed.astype(bool).any():
+        # (a conversation below the threshold showed "Compression 4.0x" and "Retention 1.000" beside
+        # "Model calls 0", and no word that the memory never ran)
+        ordered = steps.sort_values("step")
+        left_out = int(ordered.backlog_tokens.iloc[-1])
+        notes.append(
+            f"Nothing was observed: the backlog (messages older than the window, {left_out:,} tokens at the end; "
+            f"at most {int(ordered.backlog_tokens.max()):,}) never reached the observation threshold "
+            f"({observation_threshold:,} tokens), so no model ran and memory stayed empty. The compression "
+            "is only what leaving those messages out of the window saves, and retention counts what the "
+            "window holds: lower the observation threshold to see the memory at work on this conversation."
+        )
     if (behind := falling_behind(steps, observation_threshold)) is not None:
         final, share = behind
         history = steps.sort_values("step").history_tokens.to_numpy()
