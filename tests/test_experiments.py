@@ -482,6 +482,20 @@ def test_a_name_given_twice_is_warned_about(tmp_path) -> None:
     assert code == 0 and f"warning: an experiment named 'baseline' exists already ({first})" in err
 
 
+def test_a_grid_in_a_few_words_names_its_models_apart() -> None:
+    """Found by a newcomer: "obs model omem/extractive/openai/gpt-4o-mini" read as one model (model
+    names hold "/"), and a grid of one paid model listed as "obs 50 · window 10", as if offline."""
+    def config(observer: str, reflector: str | None = "omem/extractive", observation: int = 50) -> dict:
+        return ReplayConfig(observer=observer, reflector=reflector, observation_threshold=observation).to_json()
+
+    assert ex.grid_summary([config("omem/extractive"), config("openai/gpt-4o-mini")]) == \
+        "obs model omem/extractive, openai/gpt-4o-mini · obs 50 · ref 2000 · window 10"
+    assert ex.grid_summary([config("openai/my-local-llm", None)]) == \
+        "obs model openai/my-local-llm · obs 50 · window 10"
+    assert ex.grid_summary([config("omem/extractive", observation=o) for o in (50, 100)]) == \
+        "obs 50/100 · ref 2000 · window 10"  # (the offline model: not named, as before)
+
+
 def test_labels_name_only_what_varies() -> None:
     grid = [ReplayConfig(observation_threshold=o, reflection_threshold=r).to_json() for o in (500, 1000)
             for r in (1000, 2000)]

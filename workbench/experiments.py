@@ -172,8 +172,11 @@ def grid_summary(configs: Sequence[dict[str, Any]]) -> str:
     for name, get, fmt in _LABEL_PARTS:
         used = [c for c in configs if name not in _REFLECTOR_ONLY or c.get("reflector") is not None]
         values = list(dict.fromkeys(str(get(c)) for c in used))
-        if values and (name in always or len(values) > 1):
-            parts.append(fmt.format("/".join(values)))
+        # A model other than the offline one is named even when it does not vary (a paid experiment
+        # read as an offline one), and models are listed with commas: their names hold "/".
+        other_model = name in ("observer", "reflector") and values not in (["none"], [OFFLINE_MODEL])
+        if values and (name in always or len(values) > 1 or other_model):
+            parts.append(fmt.format((", " if name in ("observer", "reflector") else "/").join(values)))
     return " · ".join(parts)
 
 
