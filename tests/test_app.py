@@ -1519,6 +1519,26 @@ def test_a_value_left_out_of_a_grid_is_named_not_skipped(db: Path) -> None:
     assert not at.error and not at.button(key="xp_start").disabled
 
 
+def test_a_grid_value_that_cannot_be_read_is_said_under_its_field(db: Path) -> None:
+    """Found in Chromium: "abc" in Observation thresholds was said near Start experiment, below
+    the fold of a 900 px window; the field itself only showed its focus border."""
+    def in_order(node) -> list:
+        children = getattr(node, "children", None)
+        return [node] if not children else [n for child in children.values() for n in in_order(child)]
+
+    at = app("experiments")
+    at.text_input(key="xp_obs").set_value("abc").run()
+    at.text_input(key="xp_backlog").set_value("lots").run()
+    order = in_order(at.main)
+    where = {getattr(n, "key", None): i for i, n in enumerate(order)}
+    said = [(i, shown(n.value)) for i, n in enumerate(order) if n.type == "error"]
+    [(obs_at, obs)] = [(i, t) for i, t in said if t.startswith("Observation thresholds: ")]
+    [(backlog_at, _)] = [(i, t) for i, t in said if t.startswith("Backlog ceilings: ")]
+    assert "'abc'" in obs and where["xp_win"] < obs_at < where["xp_oprompts"], (obs, where)
+    assert where["xp_concurrency"] < backlog_at < where["xp_max_cost"]
+    assert at.button(key="xp_start").disabled
+
+
 def test_the_backlog_ceiling_is_set_and_shown_in_the_app(db: Path) -> None:
     """The opt-in backlog ceiling, until now only in the CLI: a grid of ceilings on the Experiments
     page (a bad one named), one in Compare's form, and the setting shown wherever a run's

@@ -96,6 +96,15 @@ with st.expander("New experiment", expanded=existing.empty):
     obs_text = first.text_input("Observation thresholds", key="xp_obs", help="Comma-separated token volumes")
     ref_text = second.text_input("Reflection thresholds", key="xp_ref")
     win_text = third.text_input("Windows (last messages)", "10", key="xp_win")
+    problems, grid = [], []
+    values = {}
+    for label, text in (("Observation thresholds", obs_text), ("Reflection thresholds", ref_text),
+                        ("Windows", win_text)):
+        try:
+            values[label] = app_data.parse_values(text)
+        except ValueError as exc:
+            problems.append(f"{label}: {exc}")
+            ui.error("", problems[-1])  # (under its field: at the form's end it was below the fold)
     observer_prompts = ui.prompt_choices(store, "observer")
     reflector_prompts = ui.prompt_choices(store, "reflector")
     left, right = st.columns(2)
@@ -110,6 +119,12 @@ with st.expander("New experiment", expanded=existing.empty):
                                           "segments until the backlog is under it again. 'off, 2000' compares both.")
     concurrency = third.number_input("Runs at once", 1, 16, 2, key="xp_concurrency",
                                      help="Offline replays run in worker processes; remote ones as parallel calls")
+    backlogs = []
+    try:
+        backlogs = app_data.parse_backlogs(backlog_text)
+    except ValueError as exc:
+        problems.append(f"Backlog ceilings: {exc}")
+        ui.error("", problems[-1])
     left, right = st.columns(2, vertical_alignment="bottom")
     max_cost = left.number_input("Cost limit (USD, 0 for none)", 0.0, 10_000.0, 0.0, step=1.0, key="xp_max_cost")
     if st.session_state.pop("xp_clear_name", False):  # (started: the name is the new experiment's now)
@@ -118,18 +133,7 @@ with st.expander("New experiment", expanded=existing.empty):
     if same_name := name_warning(store, name):
         st.warning(ui.plain(app_data.as_sentence(same_name)))
 
-    problems, grid = [], []
-    values = {}
-    for label, text in (("Observation thresholds", obs_text), ("Reflection thresholds", ref_text),
-                        ("Windows", win_text)):
-        try:
-            values[label] = app_data.parse_values(text)
-        except ValueError as exc:
-            problems.append(f"{label}: {exc}")
-    try:
-        backlogs = app_data.parse_backlogs(backlog_text)
-    except ValueError as exc:
-        problems.append(f"Backlog ceilings: {exc}")
+    shown_problems = len(problems)
     if not observers or not reflectors or not picked_op or not picked_rp:
         problems.append("choose at least one observer, reflector and prompt of each kind")
     if not problems:
@@ -142,7 +146,7 @@ with st.expander("New experiment", expanded=existing.empty):
                                max_backlogs=backlogs)
         except WorkbenchError as exc:
             problems.append(str(exc))
-    for problem in problems:
+    for problem in problems[shown_problems:]:
         ui.error("", problem)
     conversations = [c for c in listed if not chosen or c.id in chosen]
     if grid and conversations:
