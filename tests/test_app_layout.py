@@ -127,6 +127,10 @@ def test_funnel_labels_wrap_level_and_counts_do_not_pile_up() -> None:
     few = charts.funnel_chart(many.iloc[:, :2])
     assert all(bar.textposition == "outside" for bar in few.data)
     assert charts.wrap("<b>x</b> y") == "&lt;b&gt;x&lt;/b&gt; y"  # dataset text stays text
+    # Every configuration its own colour (of eight, two pairs were drawn alike: the palette had six)
+    for n in (6, 8, 12):
+        grid = pd.DataFrame({f"obs {i}": [22, 17, 16, 16] for i in range(n)}, index=stages)
+        assert len({bar.marker.color for bar in charts.funnel_chart(grid).data}) == n
 
 
 def test_one_value_draws_no_colour_bar() -> None:

@@ -368,6 +368,10 @@ def funnel_chart(table: pd.DataFrame) -> go.Figure:
     printed over each other: the table under the chart has them)."""
     fig = go.Figure()
     palette = ["#0984E3", "#E17055", "#00B894", "#6C5CE7", "#FDCB6E", "#636E72"]
+    if len(table.columns) > len(palette):  # (8 configurations: two pairs of bars looked alike)
+        import plotly.colors
+
+        palette = plotly.colors.qualitative.Dark24
     stages = [wrap(v) for v in table.index]
     few = len(table.columns) <= 3
     for i, label in enumerate(table.columns):
