@@ -380,6 +380,18 @@ def test_prompts_save_a_version(db: Path) -> None:
     assert at.error and "already exists" in at.error[0].value
 
 
+def test_saving_a_prompt_unchanged_says_it_is_the_same_as_its_version(db: Path) -> None:
+    """Found in Chromium: a version saved from v2's text unchanged, under a new name, gave no hint
+    that it is v2 (an experiment over both compares one prompt with itself)."""
+    at = app("prompts")
+    at.text_input(key="pr_new_observer").set_value("v3").run()
+    assert [shown(i.value) for i in at.info] == [
+        "This text is the same as observer v2's: a version saved from it gives the same notes as that one. "
+        "Edit the text first to compare a new wording."]
+    at.text_area(key="pr_text_observer_v2").set_value("Write short dated notes.").run()
+    assert not at.info
+
+
 def test_runs_page_filters_and_deletes(db: Path, monkeypatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     at = app("runs")

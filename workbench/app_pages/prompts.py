@@ -20,11 +20,15 @@ st.text(f"{prompt.label} · sha256 {prompt.sha256[:16]}… · {len(prompt.text)}
 text = st.text_area("Text (the system message of each compaction call)", prompt.text, height=360,
                     key=f"pr_text_{name}_{version}")
 new_version = st.text_input("Save as version", value="", placeholder="e.g. v2-shorter", key=f"pr_new_{name}")
+same = [v for v, p in choices.items() if p.text == text and v != new_version.strip()]
+if new_version.strip() and same:  # (saved unchanged, a version compared equal to another under a new name)
+    st.info(ui.plain(f"This text is the same as {name} {same[0]}'s: a version saved from it gives the same "
+                     "notes as that one. Edit the text first to compare a new wording."))
 if st.button("Save version", type="primary", key="pr_save", disabled=not new_version.strip() or store.read_only):
     try:
         candidate = Prompt(name=name, version=new_version.strip(), text=text)
         store.save_prompt(candidate)
-        st.success(ui.plain(f"Saved {candidate.label} (sha256 {candidate.sha256[:16]}…).") + " Pick it in Compare.")
+        st.success(ui.plain(f"Saved {candidate.label} (sha256 {candidate.sha256[:16]}…).") + " Pick it in Compare or in a new experiment.")
     except (ValueError, RunStoreError) as exc:
         ui.error("", exc)
 
