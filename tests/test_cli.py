@@ -1131,3 +1131,27 @@ def test_a_hint_names_the_run_store_unless_it_is_the_default_everywhere(monkeypa
     # --db runs.duckdb given while OMEM_DB names another file: without --db the hint would read that one
     monkeypatch.setenv("OMEM_DB", "other.duckdb")
     assert cli_command("runs", "runs.duckdb") == "python -m workbench runs --db runs.duckdb"
+
+
+def test_runs_of_one_experiment_are_listed_apart_from_another_s(tmp_path) -> None:
+    """Found by a newcomer: with two experiments in one store, `runs` listed "obs 20" twice per
+    conversation (labels name what varies within an experiment) with nothing to tell them apart."""
+    db = str(tmp_path / "r.duckdb")
+    ids = []
+    for reflection in ("60", "80"):
+        code, out, err = invoke("experiment", "run", "--dataset", TINY, "--observation-threshold", "20,40",
+                                "--reflection-threshold", reflection, "--window", "2", "--json", "--db", db)
+        assert code == 0, err
+        ids.append(json.loads(out.strip().splitlines()[-1])["experiment_id"])
+    code, out, _ = invoke("runs", "--db", db)
+    assert code == 0 and out.strip().endswith("(runs of 2 experiments: `runs --experiment ID` lists one's, "
+                                              "`experiment list` names them)")
+    with RunStore(db) as store:
+        mine = set(store.experiment_runs(ids[0]).run_id)
+    code, out, _ = invoke("runs", "--experiment", ids[0], "--db", db)
+    listed = {line.split()[0] for line in out.strip().splitlines()[1:]}
+    assert code == 0 and listed == mine and "experiments:" not in out
+    code, out, _ = invoke("runs", "--experiment", ids[0], "--json", "--db", db)
+    assert {row["run_id"] for row in json.loads(out)} == mine
+    code, _, err = invoke("runs", "--experiment", "exp-nope", "--db", db)
+    assert code == 1 and "no experiment exp-nope in" in err

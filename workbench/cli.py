@@ -895,18 +895,24 @@ def compare(run_a: str, run_b: str, as_json: bool, db: str) -> None:
 
 
 @cli.command("runs")
+@click.option("--experiment", "experiment_id", metavar="ID",
+              help="Only the runs of this experiment (their labels name only what varies within it).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @DB_OPTION
 @json_errors
-def runs_command(as_json: bool, db: str) -> None:
+def runs_command(experiment_id: str | None, as_json: bool, db: str) -> None:
     """List the recorded runs, newest first."""
     from .formatting import runs_table
 
-    if _no_store(db):  # nothing recorded yet: say so without creating the file
+    if _no_store(db) and experiment_id is None:  # nothing recorded yet: say so without creating the file
         click.echo("[]" if as_json else f"no runs in {db} (no such file yet)")
         return
-    with _using_store(db) as store:
+    with _using_store(db, existing=experiment_id is not None) as store:
         frame = store.runs()
+        if experiment_id is not None:
+            store.experiment(experiment_id)  # (an unknown one: an error naming it, not an empty list)
+            frame = frame[frame.experiment_id == experiment_id].reset_index(drop=True)
+    several = frame.experiment_id.dropna().nunique() if "experiment_id" in frame else 0
     columns = ["run_id", "status", "conversation_id", "messages", "steps", "compression", "retention", "label"]
     if as_json:  # (with what tells runs of two experiments apart: their ids, datasets, costs and times)
         more = ["created_at", "dataset", "experiment_id", "config_label", "planned_steps", "observer_calls",
@@ -931,6 +937,9 @@ def runs_command(as_json: bool, db: str) -> None:
             else:  # a long status (a failed run's) and configuration: the configuration below, indented
                 click.echo(line)
                 click.echo(f"    {name}")
+        if several > 1:  # ("obs 1000" of two experiments read alike: their labels name what varies in each)
+            click.echo(f"(runs of {several} experiments: `runs --experiment ID` lists one's, `experiment list` "
+                       "names them)")
 
 
 @cli.command("delete")
