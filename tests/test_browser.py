@@ -314,7 +314,7 @@ def test_a_new_experiment_is_the_one_the_picker_shows(server) -> None:
 
 
 
-RUNS = 40  # runs of the experiment the app resumes (long enough to be seen running, ~1 s each)
+RUNS = 80  # runs of the experiment the app resumes (long enough to be seen running: about 0.5 s each)
 
 
 def test_an_experiment_the_app_resumes_goes_on_when_the_page_is_left(server) -> None:
@@ -369,7 +369,7 @@ def test_an_experiment_the_app_resumes_goes_on_when_the_page_is_left(server) -> 
         while (now := counts()) is not None and now[0] < (start[0] if start else 0) + 3:
             page.wait_for_timeout(200)
         assert now is not None, "it ended before three more runs were written: the check needs a longer experiment"
-        page.wait_for_timeout(2500)
+        page.wait_for_timeout(4500)  # (the page is drawn again at most every 3 s)
         later = counts()
         assert later is None or later[1] <= RUNS - now[0], (start, now, later)
         page.get_by_text(re.compile(rf"completed: {RUNS} runs replayed in")).wait_for(timeout=300_000)

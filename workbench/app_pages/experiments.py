@@ -1,5 +1,6 @@
 """Experiments: launch a dataset × grid of configurations, watch it, resume, list, export, delete."""
 
+import time
 from pathlib import Path
 
 import streamlit as st
@@ -28,6 +29,8 @@ from workbench.experiments import (
 )
 from workbench.models import usable_models
 from workbench.replay import TOKEN_COUNTERS, configuration_problem
+
+FOLLOW_EVERY_S = 3.0  # while an experiment runs here, the page is drawn again at most this often
 
 store = ui.get_store()
 st.title("Experiments")
@@ -229,15 +232,18 @@ st.text(f"{experiment_id} · {shown_status} · {fmt.short_path(experiment['datas
 if resuming:
     seen = background.job(experiment_id)
     seen_done = seen.progress.done if seen is not None and seen.progress is not None else 0
+    drawn_at = time.monotonic()
 
     @st.fragment(run_every=1)
     def follow() -> None:  # the thread's progress, and the page again once it ends
         current = background.job(experiment_id)
         if current is None or not current.alive:
             st.rerun()
-        if current.progress is not None and current.progress.done != seen_done:
+        if (current.progress is not None and current.progress.done != seen_done
+                and time.monotonic() - drawn_at >= FOLLOW_EVERY_S):
             # A run was written: the page again (the picker's "2 of 32 runs completed", Resume's
-            # "30 left" and the figures stayed as the page last drew them, beside "4 of 32 done").
+            # "30 left" and the figures stayed as the page last drew them, beside "4 of 32 done"),
+            # at most every few seconds (short runs are written several a second).
             st.rerun()
         fraction, text = app_data.progress_text(current.progress, experiment_id)
         st.progress(fraction, text=ui.plain(text))
