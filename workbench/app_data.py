@@ -1123,7 +1123,8 @@ def already_swept(runs: pd.DataFrame, grid: list[Any]) -> list[int]:
 # scroll off to the right (the others follow in their own order).
 SUMMARY_FIRST = ("configuration", "retention", "95% CI", "compression", "cost", "observer calls", "reflector calls",
                  "completed", "not completed")
-EXPERIMENTS_FIRST = ("name", "grid", "status", "completed", "not completed", "configurations", "conversations", "dataset",
+# (status and counts before the grid: at 800 px, a long name and grid pushed them out of sight)
+EXPERIMENTS_FIRST = ("name", "status", "completed", "not completed", "grid", "configurations", "conversations", "dataset",
                      "created", "experiment")
 
 
