@@ -114,6 +114,11 @@ def test_label_side_counts_markers_in_the_label_box() -> None:
     assert charts.label_side("observation threshold 100", 100, True, passes, (0, 100), 1000) == "left"
     assert charts.label_side("observation threshold 100", 100, False, passes, (0, 100), 1000) == "right"
     assert charts.label_side("x", 100, True, passes.iloc[:0], (0, 100), 1000) == "right"
+    # The current step's dotted line (the last step, where the explorer opens) crossed the labels at
+    # the right end: they take the left one, unless the step is there too.
+    assert charts.label_side("observation threshold 100", 100, False, passes, (0, 100), 1000, step=100) == "left"
+    assert charts.label_side("observation threshold 100", 100, False, passes, (0, 100), 1000, step=2) == "right"
+    assert charts.label_side("observation threshold 100", 100, False, passes, (0, 100), 1000, step=50) == "right"
 
 
 def test_funnel_labels_wrap_level_and_counts_do_not_pile_up() -> None:

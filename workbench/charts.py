@@ -30,19 +30,23 @@ _PLOT_PX = SIDE_BY_SIDE_WIDTH - 90  # the plot area of such a chart (the y axis 
 
 
 def label_side(text: str, level: float, above: bool, passes: pd.DataFrame, x_range: tuple[float, float],
-               top: float) -> str:
+               top: float, step: float | None = None) -> str:
     """Which end of its line a threshold's label goes to ("left" or "right"): the one where fewer
     pass markers sit in the box the label covers (its width estimated for a side-by-side chart; on
     the same level, above or under the line), the right on a tie. ``passes``: the markers' ``step``
-    and ``tokens``."""
+    and ``tokens``. The current ``step``'s line counts as more than every marker: at the last
+    step (where the explorer opens) it crossed the right-hand labels."""
     low, high = x_range
     span = max(high - low, 1e-9)
     width = min(1.0, len(text) * _LABEL_PX / _PLOT_PX) * span
     band = 0.1 * max(top, 1)
     ys = (level, level + band) if above else (level - band, level)
     near = passes[(passes.tokens >= ys[0]) & (passes.tokens <= ys[1])] if not passes.empty else passes
-    counts = {side: int(((near.step >= a) & (near.step <= b)).sum()) if not near.empty else 0
-              for side, (a, b) in (("right", (high - width, high)), ("left", (low, low + width)))}
+    boxes = (("right", (high - width, high)), ("left", (low, low + width)))
+    counts = {side: int(((near.step >= a) & (near.step <= b)).sum()) if not near.empty else 0 for side, (a, b) in boxes}
+    if step is not None:
+        for side, (a, b) in boxes:
+            counts[side] += (len(passes) + 1) * (a <= step <= b)
     return "left" if counts["left"] < counts["right"] else "right"
 
 
@@ -123,7 +127,7 @@ def thresholds_chart(steps: pd.DataFrame, observation: int, reflection: int, ste
     label = dict(annotation_bgcolor="rgba(255,255,255,0.85)", annotation_font_size=11)
 
     def line(level: int, text: str, color: str, above: bool, side: str | None = None) -> str:
-        side = side or label_side(text, level, above, passes, x_range, top)
+        side = side or label_side(text, level, above, passes, x_range, top, step)
         fig.add_hline(y=level, line_dash="dash", line_color=color, annotation_text=text,
                       annotation_position=("top " if above else "bottom ") + side, **label)
         return side
