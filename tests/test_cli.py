@@ -442,6 +442,25 @@ def test_datasets_json_lists_each_dataset_with_its_figures_or_its_error(tmp_path
     assert listed["tiny"]["origin"] == "project" and listed["tiny"]["conversation_ids"] == ["tiny"]
 
 
+def test_datasets_checks_files_of_ones_own_given_by_path(tmp_path) -> None:
+    """Found by a researcher: `datasets` took no path, so checking a file of one's own took
+    setting OMEM_SHARED_DATASETS to its folder."""
+    mine = tmp_path / "mine.json"
+    mine.write_bytes((PROJECT_DATASETS / "samples" / "longmemeval-sample.json").read_bytes())
+    cut = tmp_path / "cut.json"
+    cut.write_text('{"broken": ')
+    code, out, err = invoke("datasets", "--json", str(mine), str(cut), str(tmp_path / "absent.json"))
+    assert code == 0, err
+    rows = json.loads(out)
+    assert [row["name"] for row in rows] == ["mine.json", "cut.json", "absent.json"]  # these only, in order
+    assert (rows[0]["origin"], rows[0]["conversations"], rows[0]["probes"]) == ("given", 4, 4)
+    assert "invalid JSON" in rows[1]["error"] and "does not exist" in rows[2]["error"]
+    code, out, _ = invoke("datasets", str(mine), str(cut))
+    header, first, second = out.splitlines()
+    assert first.split()[:4] == ["mine.json", "given", "4", "18"]
+    assert second.split()[:3] == ["cut.json", "given", "unreadable"]
+
+
 def test_a_sweep_shows_the_blind_spot_and_says_which_configurations_fell_behind(tmp_path) -> None:
     """Found by a researcher: a sweep showed 26.4x compression where half the history was in
     neither memory nor window (a replay of it said so; the sweep said nothing)."""

@@ -69,6 +69,10 @@ def test_project_datasets_load() -> None:
         (line(content=None), "line 1", "content", "is null; expected str"),  # was "missing": it is there
         (line(timestamp=True), "line 1", "timestamp", "expected str or int or float, got bool"),
         (line(timestamp="yesterday"), "line 1", "timestamp", "unrecognised date-time 'yesterday'"),
+        (line(timestamp="yesterday"), "line 1", "timestamp", "or a Unix time as a JSON number"),  # (accepted too)
+        # (a Unix time in quotes: "unrecognised" and a list of forms that never named Unix time)
+        (line(timestamp="1704067300"), "line 1", "timestamp",
+         "'1704067300' looks like a Unix time written as text: write it as a JSON number (1704067300, no quotes)"),
         (line(content=5), "line 1", "content", "expected str"),
         # the file's lines, which an editor goes to (it said "conversation 'c', its 2nd message")
         (line() + line(), "line 2", "id", "duplicate message id 'm1' (line 1 has it too)"),

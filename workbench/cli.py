@@ -996,16 +996,22 @@ def export(run_id: str, folder: Path, overwrite: bool, db: str) -> None:
 
 
 @cli.command()
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path), metavar="[PATH]...")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def datasets(as_json: bool) -> None:
-    """List the datasets the workbench knows (project and ../shared)."""
+def datasets(paths: tuple[Path, ...], as_json: bool) -> None:
+    """List the datasets the workbench knows (project and ../shared), or check files or folders of
+    your own: what each holds (conversations, messages, probes), or why it cannot be read."""
     from .datasets import DatasetError, list_conversations
 
-    from .catalog import shared_datasets_dir
+    from .catalog import DatasetEntry, shared_datasets_dir
 
-    if not shared_datasets_dir().is_dir():
-        click.echo(f"(no shared datasets at {shared_datasets_dir()}; set OMEM_SHARED_DATASETS to add them)", err=True)
-    entries = known_datasets()
+    if paths:  # (checking a file of one's own took setting OMEM_SHARED_DATASETS to its folder)
+        entries = [DatasetEntry(path.name or str(path), path, None, "given") for path in paths]
+    else:
+        if not shared_datasets_dir().is_dir():
+            click.echo(f"(no shared datasets at {shared_datasets_dir()}; set OMEM_SHARED_DATASETS to add them)",
+                       err=True)
+        entries = known_datasets()
     rows: list[dict[str, Any]] = []
     for entry in entries:
         row: dict[str, Any] = {"name": entry.name, "origin": entry.origin, "format": entry.format,
@@ -1029,7 +1035,7 @@ def datasets(as_json: bool) -> None:
     click.echo(f"{'name':<{width}} {'origin':<8} {'conversations':>13} {'messages':>8} {'probes':>6} {'gold':>6}  path")
     for row in rows:
         where = short_path(row["path"])
-        detail = (f"{'unreadable':>36}  {where}: {row['error']}" if "error" in row else
+        detail = (f"{'unreadable':<36}  {where}: {row['error']}" if "error" in row else
                   f"{row['conversations']:>13,} {row['messages']:>8,} {row['probes']:>6,} {row['gold']:>6,}  {where}")
         click.echo(f"{row['name']:<{width}} {row['origin']:<8} {detail}")
 

@@ -93,7 +93,11 @@ def parse_datetime(value: Any, file: str | Path, record: str, field: str | None)
     except (ValueError, OverflowError):
         parsed = None
     if parsed is None:
-        raise DatasetError(file, record, field, f"unrecognised date-time {value!r}; expected {EXPECTED}")
+        if value.strip().isdigit():  # (a Unix time written as text: said as such, not as an unknown form)
+            raise DatasetError(file, record, field, f"{value!r} looks like a Unix time written as text: write it as a "
+                               f"JSON number ({value.strip()}, no quotes), or as a date-time: {EXPECTED}")
+        raise DatasetError(file, record, field, f"unrecognised date-time {value!r}; expected {EXPECTED}, "
+                           "or a Unix time as a JSON number")
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
 
 
