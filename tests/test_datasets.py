@@ -996,6 +996,12 @@ def test_positions_in_the_loaded_conversation_cannot_be_read_as_the_files_0_base
     with pytest.raises(DatasetError) as caught:
         load_dataset(chats)
     assert caught.value.record == "conversation 'b', its 2nd message" and "its 1st message has it too" in str(caught.value)
+    # One object, not a list: its messages are the top level's (`.messages[1]`), not "conversation 0"'s
+    chats.write_text(json.dumps({"id": "b", "messages": [{"role": "user", "content": "a"},
+                                                         {"role": "narrator", "content": "c"}]}))
+    with pytest.raises(DatasetError) as caught:
+        load_dataset(chats)
+    assert caught.value.record == "top level message 1"
 
 
 def test_a_json_lines_file_may_start_with_a_byte_order_mark(tmp_path) -> None:

@@ -206,7 +206,9 @@ def load_objects(source: Source, convert: Callable[[dict[str, Any], int, str], C
         items = ((e.index, e.value, f"line {e.index}") for e in source.elements())
     else:
         document = source.document()
-        items = ((i, v, f"conversation {i}") for i, v in enumerate(document if isinstance(document, list) else [document]))
+        # (one object, not a list: its records are the top level's, `.messages[4]` to jq, not "conversation 0")
+        items = (((i, v, f"conversation {i}") for i, v in enumerate(document)) if isinstance(document, list)
+                 else iter([(0, document, "top level")]))
     conversations: list[Conversation] = []
     empty: list[str] = []
     for index, obj, record in items:
