@@ -2172,3 +2172,26 @@ def test_an_experiment_stopped_by_its_cost_limit_resumes_in_the_app_with_a_highe
         assert store(db).experiment(experiment_id)["status"] == "completed"
         assert store(db).experiment(experiment_id)["options"]["max_cost"] == 10.0 and len(scripted.calls) > calls
         assert not [n for n in at.number_input if n.key == f"xp_new_limit_{experiment_id}"]  # (nothing to resume)
+
+
+def test_the_new_experiment_form_keeps_what_was_typed_across_pages(db: Path) -> None:
+    """Found in Chromium: a grid set up in the form (dataset, windows, name), then a look at Tune,
+    and the form was back to the demo's defaults: the next Start launched the demo grid instead."""
+    at = app("experiments")
+    at.selectbox(key="xp_dataset").set_value("tiny (project)").run()
+    at.text_input(key="xp_obs").set_value("40,80").run()
+    at.text_input(key="xp_win").set_value("2,4").run()
+    at.text_input(key="xp_backlog").set_value("off, 500").run()
+    at.number_input(key="xp_max_cost").set_value(2.5).run()
+    at.text_input(key="xp_name").set_value("mine").run()
+    at.switch_page(PAGES.format("tune")).run()
+    at.switch_page(PAGES.format("experiments")).run()
+    assert not at.exception, at.exception
+    assert at.selectbox(key="xp_dataset").value == "tiny (project)"
+    assert [at.text_input(key=k).value for k in ("xp_obs", "xp_win", "xp_backlog", "xp_name")] == \
+        ["40,80", "2,4", "off, 500", "mine"]
+    assert at.number_input(key="xp_max_cost").value == 2.5
+    at.button(key="xp_start").click().run()
+    finish_experiments(at)
+    [experiment] = store(db).experiments().to_dict("records")
+    assert experiment["name"] == "mine" and experiment["dataset"].endswith("tiny.jsonl")
