@@ -1711,6 +1711,15 @@ def test_a_sortable_table_reads_as_the_text_table_and_a_gap_stays_a_dash() -> No
     assert cells == ["a", "12.1x", "1,235", "1204", "b", "7.3x", "–", "3"]
     assert styled.data.compression.tolist() == [12.05, 7.25]  # what the browser sorts by
     assert styled.data["tokens in"].tolist() == ["1,235", "–"]  # a gap: Streamlit would draw None
+    # A count with a gap ("probes scored" of a conversation not yet replayed): all text, which Arrow
+    # takes (ints beside a dash failed its conversion, with a traceback logged at every draw)
+    gappy = app_data.sortable(pd.DataFrame({"conversation": ["c1", "c2"], "probes scored": [152, None]}),
+                              {"probes scored": app_data.conversation_formats(
+                                  pd.DataFrame(columns=["conversation", "probes scored"]))["probes scored"]})
+    assert gappy.data["probes scored"].tolist() == ["152", "–"]
+    import pyarrow as pa
+
+    pa.Table.from_pandas(gappy.data)  # (raised ArrowTypeError: "Expected bytes, got a 'int' object")
 
 
 def test_text_widths_count_wide_characters_and_survive_shared_column_names() -> None:

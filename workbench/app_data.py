@@ -423,7 +423,8 @@ def sortable(frame: pd.DataFrame, formats: dict[str, Any]) -> Any:
         if name not in shown.columns:
             continue
         if drawn_as_text(shown[name]):
-            shown[name] = shown[name].map(form).astype(object)
+            # (all text: a count's ints beside its dash made Arrow fail on the column, logged per draw)
+            shown[name] = shown[name].map(lambda v, form=form: str(form(v))).astype(object)
         else:
             numeric[name] = form
     text = [n for n in shown.columns if n not in numeric]
