@@ -2130,7 +2130,7 @@ def test_stop_ends_an_experiment_running_in_the_app_and_resume_finishes_it(db: P
     held.set()  # (the model's answer comes back, and the stop lands)
     background.wait(experiment_id, 120)
     at.run()
-    assert any(f"Experiment {experiment_id} was stopped" in shown(w.value) for w in at.warning), \
+    assert any(f"Experiment {experiment_id} was interrupted by Stop" in shown(w.value) for w in at.warning), \
         [w.value for w in at.warning]
     s = store(db)
     assert s.experiment(experiment_id)["status"] == "interrupted"

@@ -1142,6 +1142,12 @@ def test_the_apps_banner_after_an_experiment_mentions_the_datasets_warnings() ->
     assert kind == "warning" and "1 warning on 1 conversation" in sentence and "'nope'" in sentence
     # an experiment given a name is called by it (it was named by its id alone)
     assert ex.outcome_message("exp-1", outcome, "thresholds")[1].startswith("thresholds (exp-1) completed: ")
+    # no name (the list's NaN): its id alone (Chromium: "nan (exp-…) completed: 64 runs")
+    assert ex.outcome_message("exp-1", outcome, float("nan"))[1].startswith("exp-1 completed: ")
+    # the cost limit's stop is no failure: a warning, as Resume finishes it (it was red, "…s. the cost limit")
+    stopped = ex.ExperimentOutcome("exp-1", "stopped", "the cost limit of $0.0200 was reached", 2.5, 0, 0, 0.03)
+    assert ex.outcome_message("exp-1", stopped) == (
+        "warning", "exp-1 stopped: 0 runs replayed in 2.5 s. The cost limit of $0.0200 was reached")
 
 
 def test_an_experiment_on_questions_without_answers_says_retention_cannot_be_scored(tmp_path) -> None:

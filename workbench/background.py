@@ -146,8 +146,9 @@ def _run(job: Job, store: Any) -> None:
     except WorkbenchError as exc:  # refused (its dataset changed) or stopped by the run store
         job.error = f"The experiment stopped: {exc}"
     except (asyncio.CancelledError, KeyboardInterrupt):
-        job.error = (f"Experiment {job.experiment_id} was stopped: the runs it finished are kept, and Resume "
-                     "finishes it.")
+        # (in the words of its status, "interrupted": "stopped" is the cost limit's)
+        job.error = (f"Experiment {job.experiment_id} was interrupted by Stop: the runs it finished are kept, "
+                     "and Resume finishes it.")
     except BaseException as exc:  # a bug: said on the page, its traceback in the server's log
         log.exception("experiment %s failed", job.experiment_id)
         job.error = f"The experiment failed: {type(exc).__name__}: {exc}"

@@ -435,8 +435,9 @@ def listed_status(row: Any) -> str:
 def outcome_message(experiment_id: str, outcome: ExperimentOutcome, name: str | None = None) -> tuple[str, str]:
     """``(kind, sentence)`` for the app's banner after a start or a resume: ``success`` only when
     every run replayed completed; ``warning`` when some failed; ``error`` when none did or it stopped.
-    An experiment given a ``name`` is called by it (its id after it)."""
-    if name:
+    An experiment given a ``name`` is called by it (its id after it); a ``stopped`` one (its cost
+    limit) is a ``warning``: nothing failed, Resume with a higher limit finishes it."""
+    if name and not is_missing(name):  # (a list's missing name is NaN: "nan (exp-…) completed")
         experiment_id = f"{name} ({experiment_id})"
     runs = f"{count(outcome.runs, 'run')} replayed in {outcome.elapsed_s:.1f} s"
     if outcome.warnings:
@@ -451,8 +452,10 @@ def outcome_message(experiment_id: str, outcome: ExperimentOutcome, name: str | 
     failed = f"{outcome.failed} of them did not complete (listed below with their errors)"
     if outcome.status == "completed":
         return "warning", f"{experiment_id} completed with failures: {runs}; {failed}."
-    return "error", f"{experiment_id} {outcome.status}: {runs}" + (f"; {failed}" if outcome.failed else "") + (
-        f". {outcome.error}" if outcome.error else ".")
+    kind = "warning" if outcome.status == "stopped" else "error"  # (the cost limit's stop is no failure)
+    error = outcome.error[:1].upper() + outcome.error[1:] if outcome.error else ""
+    return kind, f"{experiment_id} {outcome.status}: {runs}" + (f"; {failed}" if outcome.failed else "") + (
+        f". {error}" if error else ".")
 
 
 def dataset_changed(store: Any, experiment_id: str) -> str | None:
