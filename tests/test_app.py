@@ -2173,6 +2173,9 @@ def test_an_experiment_stopped_by_its_cost_limit_resumes_in_the_app_with_a_highe
             assert asyncio.run(ex.run_experiment(s, experiment_id)).status == "stopped"
         calls = len(scripted.calls)
         at = app("experiments")
+        # What it spent, which no completed run's cost says (the app showed only the cost column)
+        assert any(shown(c.value).startswith("Spent in all: $0.0500 — the cost column counts the completed runs")
+                   for c in at.caption), [c.value for c in at.caption]
         limit = at.number_input(key=f"xp_new_limit_{experiment_id}")
         assert limit.value == 0.08 and "$0.0500 of the $0.0300 limit is spent" in limit.help
         limit.set_value(10.0).run()
@@ -2181,6 +2184,12 @@ def test_an_experiment_stopped_by_its_cost_limit_resumes_in_the_app_with_a_highe
         assert store(db).experiment(experiment_id)["status"] == "completed"
         assert store(db).experiment(experiment_id)["options"]["max_cost"] == 10.0 and len(scripted.calls) > calls
         assert not [n for n in at.number_input if n.key == f"xp_new_limit_{experiment_id}"]  # (nothing to resume)
+        spent = ex.spent_usd(store(db), experiment_id)
+        column = sum(s.cost_usd for s in ex.summarise(store(db), experiment_id))
+        assert spent > column + 0.04  # (the calls of the run the limit cut off)
+        for page in (at, app("tune")):
+            assert any(shown(c.value).startswith(f"Spent in all: ${spent:.4f} — ") for c in page.caption), \
+                [c.value for c in page.caption]
 
 
 def test_the_new_experiment_form_keeps_what_was_typed_across_pages(db: Path) -> None:

@@ -230,6 +230,24 @@ def progress_text(p: Any, experiment_id: str) -> tuple[float, str]:
     return p.fraction, f"{p.done} of {p.total} runs to replay done{failed}{flying}{last}{eta}"
 
 
+def spent_note(store: Any, experiment_id: str, summaries: Sequence[Any]) -> str | None:
+    """What the experiment spent in all, when the configurations' cost column (their completed
+    runs) does not say it: failed runs, runs a resume replaced, runs cut off by the cost limit or
+    Stop, judging. As ``experiment show`` says it; the app showed only the column ($0.0891 of a
+    $0.1353 spend)."""
+    from .experiments import spent_usd
+
+    spent = spent_usd(store, experiment_id)
+    shown = [s.cost_usd for s in summaries]
+    if spent is None:
+        return ("Spent in all: unknown — a model's price is unknown to litellm, so no total is given (a "
+                "partial sum would read as the whole).")
+    if not spent or (None not in shown and abs(spent - sum(shown)) <= 1e-9):
+        return None
+    return (f"Spent in all: {money(spent)} — the cost column counts the completed runs; this also counts the "
+            "failed runs, the runs a resume replaced and the calls of runs the cost limit or Stop cut off.")
+
+
 def _grid_of(configs: Any) -> str:
     """``experiments.grid_summary`` of an experiment's stored ``configs`` (JSON or parsed)."""
     from .experiments import grid_summary
