@@ -339,12 +339,12 @@ def test_an_experiment_the_app_resumes_goes_on_when_the_page_is_left(server) -> 
         settle(page)
         page.get_by_role("button", name=re.compile(rf"^Resume \({RUNS} left")).click()
         page.get_by_text(re.compile(rf"\d+ of {RUNS} runs to replay done")).wait_for(timeout=60_000)  # running now
-        resume = page.get_by_role("button", name=re.compile(r"^Resume \(\d+ left"))
+        resume = page.get_by_role("button", name=re.compile(r"^Resume$"))  # (bare while it runs)
         # (the progress is drawn above the buttons: the run before's are on screen a moment more)
         # (a disabled button with a tooltip is drawn twice by Streamlit, once inside the tooltip: the one
         # on screen is the one with a size)
         page.wait_for_function("() => { const r = [...document.querySelectorAll('button')].filter(b => "
-                               "/^Resume \\(\\d+ left/.test(b.innerText) && b.getBoundingClientRect().width > 0); "
+                               "b.innerText.trim() == 'Resume' && b.getBoundingClientRect().width > 0); "
                                "return r.length == 1 && r[0].disabled; }", timeout=30_000)
         assert resume.first.is_disabled()
         assert page.get_by_role("button", name="Delete experiment").is_disabled()
@@ -357,13 +357,14 @@ def test_an_experiment_the_app_resumes_goes_on_when_the_page_is_left(server) -> 
         page.get_by_role("link", name="Experiments").click()
         settle(page)
         assert page.get_by_text("This experiment was interrupted").count() == 0
-        # While it runs, the page follows the runs written: Resume's count of runs left (and the
-        # picker's of runs completed) stayed as the page was drawn ("Resume (30 left)" beside "4 of
-        # 32 runs to replay done").
+        # While it runs, the page follows the runs written: its counts of runs completed (the
+        # picker's, Resume's "N left") stayed as the page was drawn ("2 of 32 runs completed" beside
+        # "4 of 32 runs to replay done").
         def counts() -> tuple[int, int] | None:
             text = page.inner_text("body")
-            done, left = re.search(rf"(\d+) of {RUNS} runs to replay done", text), re.search(r"Resume \((\d+) left", text)
-            return (int(done.group(1)), int(left.group(1))) if done and left else None
+            done = re.search(rf"(\d+) of {RUNS} runs to replay done", text)
+            completed = re.search(rf" · running · (\d+) of {RUNS} runs completed", text)
+            return (int(done.group(1)), RUNS - int(completed.group(1))) if done and completed else None
 
         start = counts()
         while (now := counts()) is not None and now[0] < (start[0] if start else 0) + 3:

@@ -241,7 +241,8 @@ done = app_data.completed_pairs(runs)
 pending = planned - done
 
 resuming = experiment_id in here  # running in a thread of this process (started by any session)
-shown_status = "running" if resuming else app_data.experiment_status(experiment, runs)
+shown_status = (f"running · {done} of {planned} runs completed" if resuming
+                else app_data.experiment_status(experiment, runs))
 st.text(f"{experiment_id} · {shown_status} · {fmt.short_path(experiment['dataset'])}")
 if resuming:
     seen = background.job(experiment_id)
@@ -330,8 +331,11 @@ if reached is not None:
         format="%.4f", key=f"xp_new_limit_{experiment_id}", width=180,
         help=f"${reached[0]:.4f} of the ${reached[1]:.4f} limit is spent: Resume needs a higher one (0 for none)")
 # (no Resume on an experiment with nothing to finish: a greyed "Resume (to finish)" read as if it had)
-resume = (pending or unfinished) and actions.button(
-    f"Resume ({pending} left{priced})" if pending else f"Resume (to finish{priced})", key="xp_resume",
+# (while it runs here, a bare "Resume": greyed, its count of runs left lagged the progress above and
+# its price read as still owed)
+resume = (pending or unfinished or resuming) and actions.button(
+    "Resume" if resuming else f"Resume ({pending} left{priced})" if pending else f"Resume (to finish{priced})",
+    key="xp_resume",
     disabled=running or resuming or store.read_only or bool(stuck),
     help=stuck or ("Running in another process" if running else "Running (Stop ends it)" if resuming else
                    "Paid models: the cost is an estimate meant to err high" if priced else None))
