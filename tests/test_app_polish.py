@@ -90,6 +90,39 @@ def test_a_crowd_at_the_right_edge_keeps_its_labels_inside() -> None:
     assert figure.layout.xaxis.range[1] > 3.33 + 0.1 * (3.33 - 3.1)
 
 
+def test_a_crowd_whose_labels_would_overlap_gets_a_stack_of_labels_with_leader_lines() -> None:
+    """Found in Chromium: six configurations within 0.2x and 0.01 of retention; two labels on one
+    side of the crowd a pixel apart ("obs 400 · window 6" over "obs 400 · window 4")."""
+    labels = ["obs 100 · window 6", "obs 100 · window 4", "obs 200 · window 6", "obs 200 · window 4",
+              "obs 300 · window 6", "obs 300 · window 4", "obs 400 · window 6", "obs 400 · window 4"]
+    crowd = points([5.47, 5.53, 7.09, 7.13, 7.15, 7.13, 7.17, 7.29], [0.716, 0.714, 0.691, 0.689, 0.686, 0.683,
+                                                                      0.690, 0.688], labels)
+    figure = charts.experiment_pareto_chart(crowd)
+    marks = figure.data[-1]
+    stacked = {a.text: a for a in figure.layout.annotations}
+    assert sorted(stacked) == sorted(labels[2:])  # the crowd that collided; obs 100's two fit beside their points
+    assert [t for t, label in zip(marks.text, labels) if t] == labels[:2]
+    low, high = figure.layout.yaxis.range
+    line = charts._LINE_PX * (high - low) / charts._PARETO_PLOT_PX
+    levels = sorted(a.ay for a in stacked.values())
+    assert all(b - a >= line - 1e-9 for a, b in zip(levels, levels[1:])) and low < levels[0] and levels[-1] < high
+    for label, note in stacked.items():  # each points at its own configuration
+        row = crowd[crowd.label == label].iloc[0]
+        assert (note.x, note.y, note.showarrow) == (row.compression, row.retention, True)
+    # the stack's order is the points' (the highest retention on top): no leader lines cross needlessly
+    assert [a.text for a in sorted(stacked.values(), key=lambda a: -a.ay)] == \
+        list(crowd[crowd.label.isin(stacked)].sort_values("retention", ascending=False).label)
+    assert list(marks.hovertext) == labels  # the hover still names every point
+    # Fifteen configurations (the most a user tried): every label drawn once, stacks inside the axis.
+    many = points([6 + 0.02 * i for i in range(15)], [0.70 + 0.001 * (i % 4) for i in range(15)],
+                  [f"obs {100 * (i + 1)}" for i in range(15)])
+    figure = charts.experiment_pareto_chart(many)
+    drawn = [t for t in figure.data[-1].text if t] + [a.text for a in figure.layout.annotations]
+    assert sorted(drawn) == sorted(many.label)
+    low, high = figure.layout.yaxis.range
+    assert all(low < a.ay < high for a in figure.layout.annotations)
+
+
 # -- heatmap colours -------------------------------------------------------------------------------
 
 def cells(values, value) -> pd.DataFrame:

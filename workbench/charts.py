@@ -268,6 +268,49 @@ def _padded_range(x: pd.Series, positions: list[str], labels: list[str]) -> list
     return [low - left, high + right]
 
 
+_PARETO_PLOT_PX = 300  # the height of the experiment chart's plot area (440 px less title, axis, legend)
+_LINE_PX = 15  # a label's line (11-12 px font): two labels closer than this overlap
+
+
+def _stacked_labels(points: pd.DataFrame, positions: list[str], y_range: tuple[float, float]
+                    ) -> list[tuple[int, float, float, str]]:
+    """Labels of a crowd whose side-by-side labels would overlap (two on one side closer in y than
+    a line: "obs 400 · window 6" over "obs 400 · window 4"), as ``(point, label x, label y,
+    xanchor)``: stacked a line apart in a column beside the crowd, each with a leader line to its
+    point. Crowds whose labels fit beside their markers are left to ``positions``."""
+    xs, ys = [float(v) for v in points.compression], [float(v) for v in points.retention]
+    span_x = (max(xs) - min(xs)) or 1.0
+    low, high = y_range
+    gap = _LINE_PX * (high - low) / _PARETO_PLOT_PX
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    crowds: list[list[int]] = []
+    for i in order:  # the crowds label_positions sees (points close in x)
+        if crowds and xs[i] - xs[crowds[-1][-1]] <= CROWDED * span_x:
+            crowds[-1].append(i)
+        else:
+            crowds.append([i])
+    stacked = []
+    for crowd in crowds:
+        sides: dict[str, list[float]] = {}
+        for i in crowd:
+            sides.setdefault(positions[i], []).append(ys[i])
+        if not any(min(abs(v[a] - v[b]) for a in range(len(v)) for b in range(a + 1, len(v))) < gap
+                   for v in sides.values() if len(v) > 1):
+            continue
+        left_room, right_room = min(xs[i] for i in crowd) - min(xs), max(xs) - max(xs[i] for i in crowd)
+        right = right_room >= left_room
+        x = (max(xs[i] for i in crowd) + 0.06 * span_x) if right else (min(xs[i] for i in crowd) - 0.06 * span_x)
+        members = sorted(crowd, key=lambda i: -ys[i])
+        levels = []
+        for i in members:  # a line apart, top down, then centred on the crowd and kept inside the axis
+            levels.append(min(ys[i], levels[-1] - gap) if levels else ys[i])
+        shift = sum(ys[i] for i in members) / len(members) - sum(levels) / len(levels)
+        shift = min(shift, high - gap / 2 - levels[0])
+        shift = max(shift, low + gap / 2 - levels[-1])
+        stacked += [(i, x, level + shift, "left" if right else "right") for i, level in zip(members, levels)]
+    return stacked
+
+
 def experiment_pareto_chart(points: pd.DataFrame) -> go.Figure:
     """Pooled retention (with its 95% CI as error bars) vs compression, one point per configuration
     of an experiment; the Pareto front drawn first, under the points, and never hovered."""
@@ -277,16 +320,36 @@ def experiment_pareto_chart(points: pd.DataFrame) -> go.Figure:
         fig.add_scatter(x=front.compression, y=front.retention, mode="lines", name="Pareto front",
                         line=dict(color="#d63031", dash="dot", width=2), hoverinfo="skip")
         positions = label_positions(points.compression, points.retention)
-        fig.update_xaxes(range=_padded_range(points.compression, positions, list(points.label)))
+        low, high = float(points.low.min()), float(points.high.max())
+        pad = max(high - low, 0.02) * 0.06
+        y_range = (low - pad, high + pad)
+        stacked = _stacked_labels(points, positions, y_range)
+        labels = [_esc(v) for v in points.label]
+        x_range = _padded_range(points.compression, positions, list(points.label))
+        if stacked:
+            fig.update_yaxes(range=list(y_range))  # (the stack is placed for this range)
+            span = float(points.compression.max() - points.compression.min()) or 1.0
+            for i, x, y, anchor in stacked:
+                fig.add_annotation(x=float(points.compression.iloc[i]), y=float(points.retention.iloc[i]),
+                                   ax=x, ay=y, axref="x", ayref="y", text=labels[i], xanchor=anchor,
+                                   showarrow=True, arrowhead=0, arrowwidth=1, arrowcolor="#b2bec3",
+                                   standoff=7, font=dict(size=11, color="#2d3436"),
+                                   bgcolor="rgba(255,255,255,0.85)")
+                width = min(1.0, len(str(points.label.iloc[i])) * _LABEL_PX / _PLOT_PX) * span * 1.1
+                if x_range is not None:  # (room for the stacked labels beside the crowd)
+                    x_range = [min(x_range[0], x - width if anchor == "right" else x_range[0]),
+                               max(x_range[1], x + width if anchor == "left" else x_range[1])]
+                labels[i] = ""
+        fig.update_xaxes(range=x_range)
         fig.add_scatter(
             x=points.compression, y=points.retention, mode="markers+text", name="configurations",
-            text=[_esc(v) for v in points.label], textposition=positions, cliponaxis=False,
+            text=labels, textposition=positions, cliponaxis=False,
             textfont=dict(shadow="auto"),  # a halo: where a label crosses an error bar it still reads
-            customdata=points.label,
+            customdata=points.label, hovertext=[_esc(v) for v in points.label],  # (a stacked label's text is "")
             error_y=dict(type="data", symmetric=False, array=(points.high - points.retention).clip(lower=0),
                          arrayminus=(points.retention - points.low).clip(lower=0), color="#636e72", thickness=1.2),
             marker=dict(size=13, color=COLORS["window"], line=dict(width=1, color="white")),
-            hovertemplate="%{text}<br>compression %{x:.1f}x<br>retention %{y:.3f}<extra></extra>")
+            hovertemplate="%{hovertext}<br>compression %{x:.1f}x<br>retention %{y:.3f}<extra></extra>")
     fig.update_layout(title="Pooled retention (95% CI) vs compression", xaxis_title="compression (x)",
                       yaxis_title="retention (pooled over probes)", height=440, margin=dict(l=40, r=20, t=50, b=40),
                       clickmode="event+select", showlegend=True, legend=dict(orientation="h", y=-0.2))
