@@ -30,7 +30,4 @@ if __name__ == "__main__":
             st.Page("workbench/app_pages/prompts.py", title="Prompts", icon=":material/edit_note:"),
         ],
     }
-    from workbench import ui
-
-    ui.keep_across_pages()  # (the New experiment form's values, while another page is shown)
     st.navigation(pages).run()

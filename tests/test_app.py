@@ -2209,6 +2209,11 @@ def test_the_new_experiment_form_keeps_what_was_typed_across_pages(db: Path) -> 
     assert [at.text_input(key=k).value for k in ("xp_obs", "xp_win", "xp_backlog", "xp_name")] == \
         ["40,80", "2,4", "off, 500", "mine"]
     assert at.number_input(key="xp_max_cost").value == 2.5
+    # kept without re-sending the values at every run (the page reruns every few seconds while an
+    # experiment runs: a value sent back to the browser could overwrite what is being typed)
+    at.run()
+    assert not any(at.text_input(key=k).proto.set_value for k in ("xp_obs", "xp_win", "xp_backlog", "xp_name"))
+    assert not at.selectbox(key="xp_dataset").proto.set_value
     at.button(key="xp_start").click().run()
     finish_experiments(at)
     [experiment] = store(db).experiments().to_dict("records")

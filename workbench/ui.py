@@ -47,22 +47,6 @@ DEMO_THRESHOLDS = (300, 600)  # the demo chat is ~3.6k tokens: scaled so every s
 APP_WAIT_S = 10.0  # how long a page waits for the run store while a CLI command writes it ($OMEM_DB_WAIT)
 
 
-# The New experiment form's widgets: kept when their page is left (Streamlit drops a widget's value
-# at the end of a run that did not draw it: a grid set up, a look at Tune, and the form was back to
-# the demo's defaults, which the next Start launched).
-KEPT_ACROSS_PAGES = ("xp_dataset", "xp_path", "xp_conversations", "xp_observers", "xp_reflectors", "xp_obs", "xp_ref",
-                     "xp_win", "xp_oprompts", "xp_rprompts", "xp_counter", "xp_backlog", "xp_concurrency",
-                     "xp_max_cost", "xp_name")
-
-
-def keep_across_pages() -> None:
-    """Re-save the :data:`KEPT_ACROSS_PAGES` values (Streamlit's documented way to keep a
-    widget's value while its page is not shown); called by the entry script before each page."""
-    for key in KEPT_ACROSS_PAGES:
-        if key in st.session_state:
-            st.session_state[key] = st.session_state[key]
-
-
 def db_path() -> str:
     return os.environ.get("OMEM_DB", "runs.duckdb")
 

@@ -63,13 +63,15 @@ with st.expander("New experiment", expanded=existing.empty):
     entries = known_datasets()
     names = [f"{e.name} ({e.origin})" for e in entries] + [ui.BY_PATH]
     default = next((i for i, e in enumerate(entries) if e.path == DEMO_DATASET), 0)
-    # The form's values outlive a visit to another page (app.py keeps them: the next Start launched
-    # the demo's defaults); its defaults are set here once, a kept value that no longer fits dropped.
+    # The form's values outlive a visit to another page (persist_state: without it, a grid set up, a
+    # look at Tune, and the next Start launched the demo's defaults); its defaults are set here once
+    # (set again on every run, each rerun sent the browser every value), a kept value that no longer
+    # fits dropped.
     if st.session_state.get("xp_dataset") not in names:
         st.session_state["xp_dataset"] = names[default]
-    choice = st.selectbox("Dataset", names, key="xp_dataset")
+    choice = st.selectbox("Dataset", names, key="xp_dataset", persist_state="session")
     if choice == ui.BY_PATH:
-        typed = st.text_input("Path", key="xp_path", placeholder="/data/locomo10.json").strip()
+        typed = st.text_input("Path", key="xp_path", persist_state="session", placeholder="/data/locomo10.json").strip()
         dataset, dataset_format = (Path(typed).expanduser() if typed else None), None
     else:
         entry = entries[names.index(choice)]
@@ -81,8 +83,10 @@ with st.expander("New experiment", expanded=existing.empty):
         except DatasetError as exc:
             ui.error("Cannot read the dataset: ", exc)
     ids = [c.id for c in listed]
-    st.session_state["xp_conversations"] = [c for c in st.session_state.get("xp_conversations", []) if c in ids]
-    chosen = st.multiselect("Conversations (all when none is chosen)", ids, key="xp_conversations")
+    if (kept := [c for c in st.session_state.get("xp_conversations", []) if c in ids]) != \
+            st.session_state.get("xp_conversations", []):
+        st.session_state["xp_conversations"] = kept  # (of another dataset: gone)
+    chosen = st.multiselect("Conversations (all when none is chosen)", ids, key="xp_conversations", persist_state="session")
     # Rows of two for what holds chips (models, prompts: in a third of a 900 px page a model's
     # chip read "o.. ×"), rows of three aligned at the bottom (a label that wraps to two lines
     # left its box lower than its neighbours').
@@ -92,10 +96,10 @@ with st.expander("New experiment", expanded=existing.empty):
     st.session_state.setdefault("xp_reflectors", models[:1])
     # (a model typed in before is an option again: a kept value must be one)
     observers = left.multiselect("Observer models", list(dict.fromkeys([*models, *st.session_state["xp_observers"]])),
-                                 key="xp_observers", accept_new_options=True)
+                                 key="xp_observers", persist_state="session", accept_new_options=True)
     reflectors = right.multiselect("Reflector models",
                                    list(dict.fromkeys([*models, "none", *st.session_state["xp_reflectors"]])),
-                                   key="xp_reflectors", accept_new_options=True)
+                                   key="xp_reflectors", persist_state="session", accept_new_options=True)
     is_demo = dataset is not None and Path(dataset) == DEMO_DATASET
     # Thresholds around the demo's scaled ones (300 / 600) or the library's defaults (1000 / 2000),
     # set again when the dataset switches between the two kinds (through the widgets' state: a
@@ -105,10 +109,10 @@ with st.expander("New experiment", expanded=existing.empty):
         st.session_state["xp_defaults"] = defaults
         st.session_state["xp_obs"], st.session_state["xp_ref"] = defaults
     first, second, third = st.columns(3, vertical_alignment="bottom")
-    obs_text = first.text_input("Observation thresholds", key="xp_obs", help="Comma-separated token volumes")
-    ref_text = second.text_input("Reflection thresholds", key="xp_ref")
+    obs_text = first.text_input("Observation thresholds", key="xp_obs", persist_state="session", help="Comma-separated token volumes")
+    ref_text = second.text_input("Reflection thresholds", key="xp_ref", persist_state="session")
     st.session_state.setdefault("xp_win", "10")
-    win_text = third.text_input("Windows (last messages)", key="xp_win")
+    win_text = third.text_input("Windows (last messages)", key="xp_win", persist_state="session")
     problems, grid = [], []
     values = {}
     for label, text in (("Observation thresholds", obs_text), ("Reflection thresholds", ref_text),
@@ -122,19 +126,20 @@ with st.expander("New experiment", expanded=existing.empty):
     reflector_prompts = ui.prompt_choices(store, "reflector")
     left, right = st.columns(2)
     for key, versions in (("xp_oprompts", observer_prompts), ("xp_rprompts", reflector_prompts)):
-        kept = [v for v in st.session_state.get(key, list(versions)[:1]) if v in versions]
-        st.session_state[key] = kept or list(versions)[:1]  # (a version deleted since: the default)
-    picked_op = left.multiselect("Observer prompts", list(observer_prompts), key="xp_oprompts")
-    picked_rp = right.multiselect("Reflector prompts", list(reflector_prompts), key="xp_rprompts")
+        kept = [v for v in st.session_state.get(key, list(versions)[:1]) if v in versions] or list(versions)[:1]
+        if kept != st.session_state.get(key):
+            st.session_state[key] = kept  # (a version deleted since: the default)
+    picked_op = left.multiselect("Observer prompts", list(observer_prompts), key="xp_oprompts", persist_state="session")
+    picked_rp = right.multiselect("Reflector prompts", list(reflector_prompts), key="xp_rprompts", persist_state="session")
     first, second, third = st.columns(3, vertical_alignment="bottom")
-    counter = first.selectbox("Token counter", TOKEN_COUNTERS, key="xp_counter")
+    counter = first.selectbox("Token counter", TOKEN_COUNTERS, key="xp_counter", persist_state="session")
     st.session_state.setdefault("xp_backlog", "off")
     st.session_state.setdefault("xp_concurrency", 2)
     st.session_state.setdefault("xp_max_cost", 0.0)
-    backlog_text = second.text_input("Backlog ceilings (tokens, or off)", key="xp_backlog",
+    backlog_text = second.text_input("Backlog ceilings (tokens, or off)", key="xp_backlog", persist_state="session",
                                      help="Opt-in, comma-separated: past a ceiling the observer takes larger "
                                           "segments until the backlog is under it again. 'off, 2000' compares both.")
-    concurrency = third.number_input("Runs at once", 1, 16, key="xp_concurrency",
+    concurrency = third.number_input("Runs at once", 1, 16, key="xp_concurrency", persist_state="session",
                                      help="Offline replays run in worker processes; remote ones as parallel calls")
     backlogs = []
     try:
@@ -143,10 +148,10 @@ with st.expander("New experiment", expanded=existing.empty):
         problems.append(f"Backlog ceilings: {exc}")
         ui.error("", problems[-1])
     left, right = st.columns(2, vertical_alignment="bottom")
-    max_cost = left.number_input("Cost limit (USD, 0 for none)", 0.0, 10_000.0, step=1.0, key="xp_max_cost")
+    max_cost = left.number_input("Cost limit (USD, 0 for none)", 0.0, 10_000.0, step=1.0, key="xp_max_cost", persist_state="session")
     if st.session_state.pop("xp_clear_name", False):  # (started: the name is the new experiment's now)
         st.session_state["xp_name"] = ""
-    name = right.text_input("Name (optional)", key="xp_name")
+    name = right.text_input("Name (optional)", key="xp_name", persist_state="session")
     if same_name := name_warning(store, name):
         st.warning(ui.plain(app_data.as_sentence(same_name)))
 
