@@ -517,8 +517,12 @@ def _replay_one(dataset: str, dataset_format: str | None, task: Task, extra: dic
     a model failure (the payload says ``failed``)."""
     queue = _progress_queue
     on_progress = None if queue is None else _throttled(lambda key, fraction: queue.put((key, fraction)), task)
-    return asyncio.run(_replay_one_async(dataset, dataset_format, task, extra, cache_dir, traces,
-                                         on_progress=on_progress))
+    try:
+        return asyncio.run(_replay_one_async(dataset, dataset_format, task, extra, cache_dir, traces,
+                                             on_progress=on_progress))
+    finally:
+        if queue is not None:  # its end, through the queue its reports took: before the next run's first
+            queue.put((_run_key(task), None))  # (by the future alone, that report could come first: 3 "in flight" of 2)
 
 
 async def _replay_one_async(dataset: str, dataset_format: str | None, task: Task, extra: dict[str, Any],
@@ -926,10 +930,11 @@ async def _run_in_processes(tasks: Sequence[Task], options: ExperimentOptions, d
     async def relay() -> None:
         while True:
             await asyncio.sleep(PROGRESS_EVERY_S)
-            latest: dict[tuple[int, str], float] = {}
+            latest: dict[tuple[int, str], float | None] = {}
             with contextlib.suppress(queues.Empty, OSError, EOFError, ValueError):
                 while True:
                     key, fraction = reports.get_nowait()
+                    latest.pop(tuple(key), None)  # (in the order of their last report: a run's end before the next's start)
                     latest[tuple(key)] = fraction
             for key, fraction in latest.items():
                 moved(key, fraction)
