@@ -6,6 +6,7 @@ Set OMEM_SCREENSHOT_DIR to keep the screenshots (the README's come from this tes
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -314,7 +315,7 @@ def test_a_new_experiment_is_the_one_the_picker_shows(server) -> None:
 
 
 
-RUNS = 80  # runs of the experiment the app resumes (long enough to be seen running: about 0.5 s each)
+RUNS = 40  # runs of the experiment the app resumes
 
 
 def test_an_experiment_the_app_resumes_goes_on_when_the_page_is_left(server) -> None:
@@ -326,11 +327,23 @@ def test_an_experiment_the_app_resumes_goes_on_when_the_page_is_left(server) -> 
     from workbench.runstore import RunStore
 
     url, tmp = server
-    grid = [ReplayConfig(observation_threshold=o, reflection_threshold=600, last_messages=4)
+    # The demo told four times over (a year apart): runs long enough to be seen running, in a grid
+    # small enough that the page is drawn again every few seconds (it waits 4 draws' time between)
+    records = [json.loads(line) for line in (ROOT / "datasets" / "demo.jsonl").read_text().splitlines()]
+    long = tmp / "long.jsonl"
+    with long.open("w") as out:
+        for k in range(4):
+            for r in records:
+                if r["type"] == "message":
+                    year = int(r["timestamp"][:4]) + k
+                    out.write(json.dumps({**r, "id": f"{r['id']}-{k}", "timestamp": f"{year}{r['timestamp'][4:]}"}) + "\n")
+        for r in records:
+            if r["type"] == "probe":
+                out.write(json.dumps({**r, "evidence": [f"{e}-0" for e in r.get("evidence", [])]}) + "\n")
+    grid = [ReplayConfig(observation_threshold=o, reflection_threshold=1200, last_messages=4)
             for o in range(100, 100 * (RUNS + 1), 100)]
     with RunStore(tmp / "e2e.duckdb") as store:  # recorded, then interrupted before its first run
-        experiment_id = create_experiment(store, dataset=ROOT / "datasets" / "demo.jsonl", grid=grid,
-                                          options=ExperimentOptions(concurrency=1))
+        experiment_id = create_experiment(store, dataset=long, grid=grid, options=ExperimentOptions(concurrency=1))
         store.finish_experiment(experiment_id, "interrupted", "stopped for the test", 0.0)
     with chromium(tmp / "profile6") as page:
         page.goto(f"{url}/experiments")
@@ -366,12 +379,21 @@ def test_an_experiment_the_app_resumes_goes_on_when_the_page_is_left(server) -> 
             completed = re.search(rf" · running · (\d+) of {RUNS} runs completed", text)
             return (int(done.group(1)), RUNS - int(completed.group(1))) if done and completed else None
 
-        start = counts()
-        while (now := counts()) is not None and now[0] < (start[0] if start else 0) + 3:
+        def running_counts(until: float) -> tuple[int, int] | None:  # (None for a moment: a redraw)
+            while (seen := counts()) is None and time.monotonic() < until and not page.get_by_text(
+                    re.compile(rf"completed: {RUNS} runs replayed in")).count():
+                page.wait_for_timeout(100)
+            return seen
+
+        start = running_counts(time.monotonic() + 10)
+        assert start is not None, "not seen running: the check needs a longer experiment"
+        while (now := running_counts(time.monotonic() + 10)) is not None and now[0] < start[0] + 3:
             page.wait_for_timeout(200)
         assert now is not None, "it ended before three more runs were written: the check needs a longer experiment"
-        page.wait_for_timeout(4500)  # (the page is drawn again at most every 3 s)
-        later = counts()
+        deadline = time.monotonic() + 20  # (drawn again every 3 s or more: 4 times as long as a draw takes)
+        while (later := running_counts(deadline)) is not None and later[1] > RUNS - now[0] \
+                and time.monotonic() < deadline:
+            page.wait_for_timeout(200)
         assert later is None or later[1] <= RUNS - now[0], (start, now, later)
         page.get_by_text(re.compile(rf"completed: {RUNS} runs replayed in")).wait_for(timeout=300_000)
         settle(page)

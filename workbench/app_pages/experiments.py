@@ -30,8 +30,10 @@ from workbench.experiments import (
 from workbench.models import usable_models
 from workbench.replay import TOKEN_COUNTERS, configuration_problem
 
-FOLLOW_EVERY_S = 3.0  # while an experiment runs here, the page is drawn again at most this often
+FOLLOW_EVERY_S = 3.0  # while an experiment runs here, the page is drawn again at most this often ...
+FOLLOW_SHARE = 0.25  # ... and it spends at most about this share of the time drawing (it slowed the run)
 
+page_started = time.monotonic()
 store = ui.get_store()
 st.title("Experiments")
 st.caption("An experiment replays every conversation of a dataset under every configuration of a grid and "
@@ -259,8 +261,8 @@ if resuming:
         current = background.job(experiment_id)
         if current is None or not current.alive:
             st.rerun()
-        if (current.progress is not None and current.progress.done != seen_done
-                and time.monotonic() - drawn_at >= FOLLOW_EVERY_S):
+        every = max(FOLLOW_EVERY_S, st.session_state.get("xp_draw_s", 0.0) / FOLLOW_SHARE)
+        if current.progress is not None and current.progress.done != seen_done and time.monotonic() - drawn_at >= every:
             # A run was written: the page again (the picker's "2 of 32 runs completed", Resume's
             # "30 left" and the figures stayed as the page last drew them, beside "4 of 32 done"),
             # at most every few seconds (short runs are written several a second).
@@ -399,3 +401,4 @@ if not failed.empty:
 with st.expander("The grid"):
     st.dataframe(app_data.config_table(experiment["configs"]), hide_index=True, key="xp_grid")
     st.text("Conversations: " + ", ".join(experiment["conversations"]))
+st.session_state["xp_draw_s"] = time.monotonic() - page_started  # (how often to draw it while one runs)
