@@ -2178,7 +2178,11 @@ def test_an_experiment_stopped_by_its_cost_limit_resumes_in_the_app_with_a_highe
                    for c in at.caption), [c.value for c in at.caption]
         limit = at.number_input(key=f"xp_new_limit_{experiment_id}")
         assert limit.value == 0.08 and "$0.0500 of the $0.0300 limit is spent" in limit.help
-        limit.set_value(10.0).run()
+        limit.set_value(0.04).run()  # (below the spend: refused, the stored limit left as it was)
+        at.button(key="xp_resume").click().run()
+        assert any("must be above the $0.0500 already spent" in e.value for e in at.error)
+        assert store(db).experiment(experiment_id)["options"]["max_cost"] == 0.03 and not background.running()
+        at.number_input(key=f"xp_new_limit_{experiment_id}").set_value(10.0).run()
         finish_experiments(at.button(key="xp_resume").click().run())
         background.wait(experiment_id, 60)
         assert store(db).experiment(experiment_id)["status"] == "completed"

@@ -73,6 +73,7 @@ def test_project_datasets_load() -> None:
         # (a Unix time in quotes: "unrecognised" and a list of forms that never named Unix time)
         (line(timestamp="1704067300"), "line 1", "timestamp",
          "'1704067300' looks like a Unix time written as text: write it as a JSON number (1704067300, no quotes)"),
+        (line(timestamp="2024"), "line 1", "timestamp", "unrecognised date-time '2024'"),  # a year, not Unix time
         (line(content=5), "line 1", "content", "expected str"),
         # the file's lines, which an editor goes to (it said "conversation 'c', its 2nd message")
         (line() + line(), "line 2", "id", "duplicate message id 'm1' (line 1 has it too)"),

@@ -278,6 +278,13 @@ def test_a_replay_in_which_nothing_was_observed_says_so_beside_its_figures(tmp_p
         assert quiet.compression > 1 and note.startswith("Nothing was observed: the backlog (messages older than ")
         assert "never reached the observation threshold (16,000 tokens), so no model ran" in note
         assert not any(n.startswith("Nothing was observed") for n in findings(store.steps(busy.run_id), 300))
+        # not of a run still going or failed (its first call may be what failed), nor beside an observer call
+        steps = store.steps(quiet.run_id)
+        assert not any(n.startswith("Nothing was observed") for n in findings(steps, 16_000, complete=False))
+        import pandas as pd
+
+        failed_call = pd.DataFrame({"stage": ["observe"], "attempts": [1], "trimmed": [False]})
+        assert not any(n.startswith("Nothing was observed") for n in findings(steps, 16_000, failed_call))
 
 
 def test_figures_are_displayed_as_people_read_them() -> None:

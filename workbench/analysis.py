@@ -249,7 +249,7 @@ def falling_behind(steps: pd.DataFrame, observation_threshold: int) -> tuple[int
 
 def findings(steps: pd.DataFrame, observation_threshold: int, calls: pd.DataFrame | None = None,
              max_backlog: int | None = None, reflection_threshold: int | None = None,
-             recall_on: str | None = None) -> list[str]:
+             recall_on: str | None = None, complete: bool = True) -> list[str]:
     """Plain-language warnings about a run a user tuning thresholds should know about.
 
     * The observer falls behind: each read observes at most one segment (at most the observation
@@ -258,9 +258,12 @@ def findings(steps: pd.DataFrame, observation_threshold: int, calls: pd.DataFram
       suggested only when ``recall_on`` is not already ``"every"``.)
     * Reflections came back over the reflection threshold and were sent back or trimmed.
     * The reflection threshold is below what one observer pass writes.
+    * Nothing was observed in a ``complete`` run without an observer call (its figures are the
+      window's alone).
     """
     notes: list[str] = []
-    if not steps.empty and "observed" in steps and not steps.observed.astype(bool).any():
+    called = calls is not None and not calls.empty and bool((calls.stage == "observe").any())
+    if complete and not called and not steps.empty and "observed" in steps and not steps.observed.astype(bool).any():
         # (a conversation below the threshold showed "Compression 4.0x" and "Retention 1.000" beside
         # "Model calls 0", and no word that the memory never ran)
         ordered = steps.sort_values("step")

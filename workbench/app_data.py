@@ -147,7 +147,7 @@ def run_findings(run: dict[str, Any], steps: pd.DataFrame, calls: pd.DataFrame |
     config = run["config"]
     return findings(steps, config["observation_threshold"], calls, config.get("max_backlog"),
                     config.get("reflection_threshold") if config.get("reflector") else None,
-                    config.get("recall_on"))
+                    config.get("recall_on"), complete=run.get("status") == "completed")
 
 
 def text_widths(frame: pd.DataFrame, *, px_per_char: float = 7.5, padding: int = 28, cap: int = 360) -> dict[str, int]:

@@ -365,7 +365,9 @@ if actions.button("Delete experiment", key="xp_delete", disabled=not confirm or 
         st.session_state.pop(f"xp_confirm_{experiment_id}", None)
         st.session_state["xp_done"] = ("success", f"Deleted {experiment_id} and its {fmt.count(len(runs), 'run')}.")
         st.rerun()
-if resume:
+if resume and new_limit is not None and 0 < new_limit <= reached[0]:  # (saved, then refused: the limit lowered)
+    st.error(f"A new cost limit must be above the ${reached[0]:.4f} already spent (or 0 for none).")
+elif resume:
     if new_limit is not None:
         store.update_experiment_options(experiment_id, max_cost=float(new_limit) or None)
     launch(experiment_id)

@@ -93,7 +93,8 @@ def parse_datetime(value: Any, file: str | Path, record: str, field: str | None)
     except (ValueError, OverflowError):
         parsed = None
     if parsed is None:
-        if value.strip().isdigit():  # (a Unix time written as text: said as such, not as an unknown form)
+        digits = value.strip()
+        if digits.isascii() and digits.isdigit() and len(digits) >= 9:  # (a Unix time as text; "2024" is a year)
             raise DatasetError(file, record, field, f"{value!r} looks like a Unix time written as text: write it as a "
                                f"JSON number ({value.strip()}, no quotes), or as a date-time: {EXPECTED}")
         raise DatasetError(file, record, field, f"unrecognised date-time {value!r}; expected {EXPECTED}, "
