@@ -484,6 +484,9 @@ def process_token(pid: int | None = None) -> str | None:
 # RunStore.settle_run) is dropped once it was claimed again, by any store of this process.
 _claims: dict[tuple[str, str], int] = {}
 _claims_lock = threading.Lock()
+# Ends of runs and experiments not yet written, per file, (table, id) -> (statements, claims when
+# deferred): written at the next open of the file by any store of this process (RunStore._settle).
+_pending: dict[str, dict[tuple[str, str], tuple[list[tuple[str, list[Any]]], int]]] = {}
 
 
 def _owner() -> list[Any]:
@@ -529,8 +532,6 @@ class RunStore:
         self._write_lock = threading.RLock()
         self._seq: dict[tuple[str, str], int] = {}
         self._keep: duckdb.DuckDBPyConnection | None = None  # ":memory:" and snapshots stay open
-        # (table, id) -> (the statements of its end, claims when deferred): see settle_run
-        self._unsettled: dict[tuple[str, str], tuple[list[tuple[str, list[Any]]], int]] = {}
         self._file_key = f":memory:{id(self)}" if self.path == ":memory:" else os.path.realpath(self.path)
         if self.path == ":memory:":
             self._keep = self._open()
@@ -616,7 +617,7 @@ class RunStore:
         cur = con.cursor()
         self._local.cursor = cur
         try:
-            if self._unsettled and not self.read_only:
+            if _pending.get(self._file_key) and not self.read_only:
                 self._settle(cur)
             yield cur
         except (duckdb.IOException, duckdb.SerializationException, duckdb.InternalException) as exc:
@@ -823,7 +824,7 @@ class RunStore:
         with self._write_lock:
             with _claims_lock:
                 claims = _claims.get((self._file_key, value), 0)
-            self._unsettled[table, value] = (statements, claims)
+                _pending.setdefault(self._file_key, {})[table, value] = (statements, claims)
             previous = getattr(self._local, "wait_s", None)
             self._local.wait_s = 0.0
             try:
@@ -835,29 +836,39 @@ class RunStore:
                 self._local.wait_s = previous
 
     def _settle(self, cur: duckdb.DuckDBPyConnection) -> None:
+        """Write the ends deferred by any store of this process for this file (a store the app
+        replaced, its cache cleared, held one that no store would ever write)."""
         with self._write_lock:
-            for (table, value), (statements, claims) in list(self._unsettled.items()):
-                key = "run_id" if table == "runs" else "experiment_id"
-                try:
+            with _claims_lock:  # (taken: another store opening the file meanwhile does not write them too)
+                pending = _pending.pop(self._file_key, {})
+            left = dict(pending)
+            try:
+                for (table, value), (statements, claims) in pending.items():
+                    key = "run_id" if table == "runs" else "experiment_id"
                     with _claims_lock:  # (checked and written as one: see _claim)
-                        if _claims.get((self._file_key, value), 0) != claims:
-                            del self._unsettled[table, value]  # resumed since: it is its resume's now
-                            continue
-                        cur.execute("BEGIN TRANSACTION")
-                        try:
-                            ours = cur.execute(f"SELECT count(*) FROM {table} WHERE {key} = ? AND status = 'running' "
-                                               "AND owner_host = ? AND owner_pid = ? AND owner_token IS NOT "
-                                               "DISTINCT FROM ?", [value, *_owner()]).fetchall()[0][0]
-                            if ours:  # (deleted or taken over since: left alone)
-                                for sql, params in statements:
-                                    cur.execute(sql, params)
-                        except BaseException:
-                            cur.execute("ROLLBACK")
-                            raise
-                        cur.execute("COMMIT")
-                except duckdb.Error:
-                    return  # (tried again at the next open)
-                del self._unsettled[table, value]
+                        if _claims.get((self._file_key, value), 0) == claims:  # (else resumed since: its resume's)
+                            cur.execute("BEGIN TRANSACTION")
+                            try:
+                                ours = cur.execute(
+                                    f"SELECT count(*) FROM {table} WHERE {key} = ? AND status = 'running' AND "
+                                    "owner_host = ? AND owner_pid = ? AND owner_token IS NOT DISTINCT FROM ?",
+                                    [value, *_owner()]).fetchall()[0][0]
+                                if ours:  # (deleted or taken over since: left alone)
+                                    for sql, params in statements:
+                                        cur.execute(sql, params)
+                            except BaseException:
+                                cur.execute("ROLLBACK")
+                                raise
+                            cur.execute("COMMIT")
+                    del left[table, value]
+            except duckdb.Error:
+                pass  # (tried again at the next open)
+            finally:
+                if left:
+                    with _claims_lock:
+                        bucket = _pending.setdefault(self._file_key, {})
+                        for item, end in left.items():
+                            bucket.setdefault(item, end)
 
     def update_run(self, run_id: str, **figures: Any) -> None:
         if not figures:
