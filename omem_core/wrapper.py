@@ -46,7 +46,7 @@ import litellm
 from ._env import error_text, redact_secrets
 from .errors import CompactionError, Stage
 from .extractive import trim
-from .memory import InMemoryMemoryStore, MemoryStore, MAX_LAST, check_read, check_store, whole_number
+from .memory import MAX_LAST, InMemoryMemoryStore, MemoryStore, check_read, check_store, whole_number
 from .messages import Message, ObservationRecord, check_batch, check_message, check_thread_id
 from .observations import (
     DeleteEpochs,

@@ -811,16 +811,17 @@ class RunStore:
     def settle_run(self, run_id: str, status: str, error: str | None = None) -> None:
         """The last word of a run whose writes failed (the file held by another process past the
         wait, unreadable): its status, set now if the file can be written at once, else the next
-        time this store opens the file. Only while the run is still ``running`` and still this
-        process's, and not resumed since (by any store of this process): one deleted, taken over
-        or resumed meanwhile is left alone. Before, such a run stayed ``running`` for as long as
+        time a store of this process opens the file. Only while the run is still ``running`` and
+        still this process's, and not resumed since (by any store of this process): one deleted,
+        taken over or resumed meanwhile is left alone. Before, such a run stayed ``running`` for as long as
         its process lived, and the app showed it as still running."""
         self._defer_end("runs", run_id, [("UPDATE runs SET status = ?, error = ?, updated_at = ? WHERE run_id = ?",
                                           [status, redact_secrets(error), _now(), run_id])])
 
     def _defer_end(self, table: str, value: str, statements: list[tuple[str, list[Any]]]) -> None:
         """Write ``statements`` (the end of a run or experiment) now if the file can be written
-        at once, else at this store's next open of it: see :meth:`settle_run`."""
+        at once, else at the next open of the file by any store of this process: see
+        :meth:`settle_run`."""
         with self._write_lock:
             with _claims_lock:
                 claims = _claims.get((self._file_key, value), 0)
@@ -1031,8 +1032,8 @@ class RunStore:
         """Record the experiment's end; ``other_cost`` (amount, a price unknown): what calls no run
         records cost (runs cut off in flight), in the same write (a separate one that failed, the
         run store held, left the experiment "running"). When the file cannot be written (held by
-        another process past the wait), the end is written at this store's next open of it, as
-        :meth:`settle_run` does (it stayed "running" while this process lived: the app's, for
+        another process past the wait), the end is written at the next open of the file by a store
+        of this process, as :meth:`settle_run` does (it stayed "running" while this process lived: the app's, for
         hours), and the error raised."""
         statements: list[tuple[str, list[Any]]] = []
         if other_cost is not None and (other_cost[0] or other_cost[1]):
