@@ -434,7 +434,8 @@ def listed_status(row: Any) -> str:
 
 def outcome_message(experiment_id: str, outcome: ExperimentOutcome, name: str | None = None) -> tuple[str, str]:
     """``(kind, sentence)`` for the app's banner after a start or a resume: ``success`` only when
-    every run replayed completed; ``warning`` when some failed; ``error`` when none did or it stopped.
+    every run replayed completed; ``warning`` when some failed; ``error`` when none did, or it was
+    interrupted or failed.
     An experiment given a ``name`` is called by it (its id after it); a ``stopped`` one (its cost
     limit) is a ``warning``: nothing failed, Resume with a higher limit finishes it."""
     if name and not is_missing(name):  # (a list's missing name is NaN: "nan (exp-…) completed")
@@ -522,7 +523,7 @@ def _replay_one(dataset: str, dataset_format: str | None, task: Task, extra: dic
                                              on_progress=on_progress))
     finally:
         if queue is not None:  # its end, through the queue its reports took: before the next run's first
-            queue.put((_run_key(task), None))  # (by the future alone, that report could come first: 3 "in flight" of 2)
+            queue.put((_run_key(task), None))  # (by the future alone it could come after: 3 "in flight" of 2)
 
 
 async def _replay_one_async(dataset: str, dataset_format: str | None, task: Task, extra: dict[str, Any],
@@ -934,7 +935,7 @@ async def _run_in_processes(tasks: Sequence[Task], options: ExperimentOptions, d
             with contextlib.suppress(queues.Empty, OSError, EOFError, ValueError):
                 while True:
                     key, fraction = reports.get_nowait()
-                    latest.pop(tuple(key), None)  # (in the order of their last report: a run's end before the next's start)
+                    latest.pop(tuple(key), None)  # (ordered by last report: a run's end before the next's start)
                     latest[tuple(key)] = fraction
             for key, fraction in latest.items():
                 moved(key, fraction)

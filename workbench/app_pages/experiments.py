@@ -88,7 +88,8 @@ with st.expander("New experiment", expanded=existing.empty):
     if (kept := [c for c in st.session_state.get("xp_conversations", []) if c in ids]) != \
             st.session_state.get("xp_conversations", []):
         st.session_state["xp_conversations"] = kept  # (of another dataset: gone)
-    chosen = st.multiselect("Conversations (all when none is chosen)", ids, key="xp_conversations", persist_state="session")
+    chosen = st.multiselect("Conversations (all when none is chosen)", ids, key="xp_conversations",
+                            persist_state="session")
     # Rows of two for what holds chips (models, prompts: in a third of a 900 px page a model's
     # chip read "o.. ×"), rows of three aligned at the bottom (a label that wraps to two lines
     # left its box lower than its neighbours').
@@ -111,7 +112,8 @@ with st.expander("New experiment", expanded=existing.empty):
         st.session_state["xp_defaults"] = defaults
         st.session_state["xp_obs"], st.session_state["xp_ref"] = defaults
     first, second, third = st.columns(3, vertical_alignment="bottom")
-    obs_text = first.text_input("Observation thresholds", key="xp_obs", persist_state="session", help="Comma-separated token volumes")
+    obs_text = first.text_input("Observation thresholds", key="xp_obs", persist_state="session",
+                                help="Comma-separated token volumes")
     ref_text = second.text_input("Reflection thresholds", key="xp_ref", persist_state="session")
     st.session_state.setdefault("xp_win", "10")
     win_text = third.text_input("Windows (last messages)", key="xp_win", persist_state="session")
@@ -132,7 +134,8 @@ with st.expander("New experiment", expanded=existing.empty):
         if kept != st.session_state.get(key):
             st.session_state[key] = kept  # (a version deleted since: the default)
     picked_op = left.multiselect("Observer prompts", list(observer_prompts), key="xp_oprompts", persist_state="session")
-    picked_rp = right.multiselect("Reflector prompts", list(reflector_prompts), key="xp_rprompts", persist_state="session")
+    picked_rp = right.multiselect("Reflector prompts", list(reflector_prompts), key="xp_rprompts",
+                                  persist_state="session")
     first, second, third = st.columns(3, vertical_alignment="bottom")
     counter = first.selectbox("Token counter", TOKEN_COUNTERS, key="xp_counter", persist_state="session")
     st.session_state.setdefault("xp_backlog", "off")
@@ -150,7 +153,8 @@ with st.expander("New experiment", expanded=existing.empty):
         problems.append(f"Backlog ceilings: {exc}")
         ui.error("", problems[-1])
     left, right = st.columns(2, vertical_alignment="bottom")
-    max_cost = left.number_input("Cost limit (USD, 0 for none)", 0.0, 10_000.0, step=1.0, key="xp_max_cost", persist_state="session")
+    max_cost = left.number_input("Cost limit (USD, 0 for none)", 0.0, 10_000.0, step=1.0, key="xp_max_cost",
+                                 persist_state="session")
     if st.session_state.pop("xp_clear_name", False):  # (started: the name is the new experiment's now)
         st.session_state["xp_name"] = ""
     name = right.text_input("Name (optional)", key="xp_name", persist_state="session")

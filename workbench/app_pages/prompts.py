@@ -28,7 +28,8 @@ if st.button("Save version", type="primary", key="pr_save", disabled=not new_ver
     try:
         candidate = Prompt(name=name, version=new_version.strip(), text=text)
         store.save_prompt(candidate)
-        st.success(ui.plain(f"Saved {candidate.label} (sha256 {candidate.sha256[:16]}…).") + " Pick it in Compare or in a new experiment.")
+        st.success(ui.plain(f"Saved {candidate.label} (sha256 {candidate.sha256[:16]}…).")
+                   + " Pick it in Compare or in a new experiment.")
     except (ValueError, RunStoreError) as exc:
         ui.error("", exc)
 
