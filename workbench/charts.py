@@ -224,6 +224,19 @@ def _label_sides(x: pd.Series) -> list[str]:
 CROWDED = 0.2  # points closer than this share of the x span: their labels (about 0.15 of it wide) would touch
 
 
+def _crowds(xs: list[float], ys: list[float]) -> list[list[int]]:
+    """The points (their positions) in runs whose neighbours are closer in x than :data:`CROWDED`
+    of the x span, each run ordered by x then y (a single point is a run of its own)."""
+    span = max(xs) - min(xs) if xs else 0.0
+    crowds: list[list[int]] = []
+    for i in sorted(range(len(xs)), key=lambda i: (xs[i], ys[i])):
+        if crowds and (xs[i] - xs[crowds[-1][-1]] <= CROWDED * span if span else True):
+            crowds[-1].append(i)
+        else:
+            crowds.append([i])
+    return crowds
+
+
 def label_positions(x: pd.Series, y: pd.Series) -> list[str]:
     """Where each point's label goes (plotly ``textposition``). Points far apart in x: above them, the
     edge ones pointing inwards (:func:`_label_sides`). Points crowded together in x (a label over one
@@ -232,16 +245,7 @@ def label_positions(x: pd.Series, y: pd.Series) -> list[str]:
     so that no two labels of a crowd share a place."""
     xs, ys = [float(v) for v in x], [float(v) for v in y]
     positions = _label_sides(pd.Series(xs, dtype=float)) if xs else []
-    span = max(xs) - min(xs) if xs else 0.0
-    order = sorted(range(len(xs)), key=lambda i: (xs[i], ys[i]))
-    clusters: list[list[int]] = []
-    for i in order:
-        near = clusters and (xs[i] - xs[clusters[-1][-1]] <= CROWDED * span if span else True)
-        if near:
-            clusters[-1].append(i)
-        else:
-            clusters.append([i])
-    for crowd in clusters:
+    for crowd in _crowds(xs, ys):
         if len(crowd) < 2:
             continue
         half = len(crowd) / 2
@@ -282,15 +286,8 @@ def _stacked_labels(points: pd.DataFrame, positions: list[str], y_range: tuple[f
     span_x = (max(xs) - min(xs)) or 1.0
     low, high = y_range
     gap = _LINE_PX * (high - low) / _PARETO_PLOT_PX
-    order = sorted(range(len(xs)), key=lambda i: xs[i])
-    crowds: list[list[int]] = []
-    for i in order:  # the crowds label_positions sees (points close in x)
-        if crowds and xs[i] - xs[crowds[-1][-1]] <= CROWDED * span_x:
-            crowds[-1].append(i)
-        else:
-            crowds.append([i])
     stacked = []
-    for crowd in crowds:
+    for crowd in _crowds(xs, ys):  # (the crowds label_positions sees)
         sides: dict[str, list[float]] = {}
         for i in crowd:
             sides.setdefault(positions[i], []).append(ys[i])
