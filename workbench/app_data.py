@@ -230,14 +230,14 @@ def progress_text(p: Any, experiment_id: str) -> tuple[float, str]:
     return p.fraction, f"{p.done} of {p.total} runs to replay done{failed}{flying}{last}{eta}"
 
 
-def spent_note(store: Any, experiment_id: str, summaries: Sequence[Any]) -> str | None:
+def spent_note(experiment: dict[str, Any], runs: pd.DataFrame, summaries: Sequence[Any]) -> str | None:
     """What the experiment spent in all, when the configurations' cost column (their completed
     runs) does not say it: failed runs, runs a resume replaced, runs cut off by the cost limit or
     Stop, judging. As ``experiment show`` says it; the app showed only the column ($0.0891 of a
     $0.1353 spend)."""
-    from .experiments import spent_usd
+    from .experiments import spent_of
 
-    spent = spent_usd(store, experiment_id)
+    spent = spent_of(experiment, runs)  # (from the page's tables: no query of its own at every draw)
     shown = [s.cost_usd for s in summaries]
     if spent is None:
         return ("Spent in all: unknown — a model's price is unknown to litellm, so no total is given (a "

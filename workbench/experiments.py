@@ -886,8 +886,12 @@ def _any_completed(store: Any, experiment_id: str) -> bool:
 def _spent(store: Any, experiment_id: str) -> float:
     """What the experiment's priced calls have cost so far: every run's (failed ones too), their
     judging, and calls no run records (runs a resume replaced, judging that failed part-way)."""
-    runs = store.experiment_runs(experiment_id)
-    other = store.experiment(experiment_id).get("other_cost_usd")
+    return _spent_of(store.experiment(experiment_id), store.experiment_runs(experiment_id))
+
+
+def _spent_of(experiment: dict[str, Any], runs: pd.DataFrame) -> float:
+    """:func:`_spent` from the experiment's row and its runs (a page has them already)."""
+    other = experiment.get("other_cost_usd")
     other = 0.0 if is_missing(other) else float(other)
     if runs.empty:
         return other
@@ -897,12 +901,15 @@ def _spent(store: Any, experiment_id: str) -> float:
 def spent_usd(store: Any, experiment_id: str) -> float | None:
     """:func:`_spent`, or ``None`` when some call's price is unknown (a partial sum would read
     as the whole)."""
-    runs = store.experiment_runs(experiment_id)
-    experiment = store.experiment(experiment_id)
+    return spent_of(store.experiment(experiment_id), store.experiment_runs(experiment_id))
+
+
+def spent_of(experiment: dict[str, Any], runs: pd.DataFrame) -> float | None:
+    """:func:`spent_usd` from the experiment's row and its runs (``experiment_runs``)."""
     calls = runs.observer_calls.fillna(0) + runs.reflector_calls.fillna(0)
     unknown = (bool(experiment.get("other_cost_unknown")) or bool((runs.cost_usd.isna() & (calls > 0)).any())
                or bool((runs.judge_cost_usd.isna() & (runs.judge_calls.fillna(0) > 0)).any()))
-    return None if unknown else _spent(store, experiment_id)
+    return None if unknown else _spent_of(experiment, runs)
 
 
 async def _run_in_processes(tasks: Sequence[Task], options: ExperimentOptions, dataset: str,

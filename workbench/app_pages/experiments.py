@@ -383,7 +383,7 @@ st.caption("Retention pools every probe of the conversations each configuration 
 summary = app_data.sortable(app_data.summary_numbers(summaries), app_data.SUMMARY_FORMATS)  # sorts by value
 ui.figures(summary, hide_index=True, key="xp_summary", column_order=app_data.key_first(summary.columns, app_data.SUMMARY_FIRST),
            column_config={"configuration": st.column_config.Column(pinned=True)})
-if spent := app_data.spent_note(store, experiment_id, summaries):
+if spent := app_data.spent_note(experiment, runs, summaries):
     st.caption(spent)
 if uneven := uneven_note(runs):
     st.warning(uneven)

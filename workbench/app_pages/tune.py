@@ -34,7 +34,7 @@ if mode == "An experiment":
         st.warning(f"{fmt.count(len(failed), 'run')} did not complete (listed below). Each configuration's "
                    "figures pool only its completed runs; a configuration with none is not drawn.")
         st.dataframe(failed, hide_index=True, key="tune_xp_failed")
-    if spent := app_data.spent_note(store, experiment_id, summaries):
+    if spent := app_data.spent_note(experiment, runs, summaries):
         st.caption(spent)
     running = ui.running_notice(store, experiment, runs)  # (it said "never started, or deleted: Resume")
     unrecorded = sum(s.missing for s in summaries)
