@@ -30,7 +30,7 @@ from omem_core.prompts import render_message_line, unescape_structure
 from workbench.catalog import shared_datasets_dir
 from workbench.datasets import Conversation, load_dataset
 from workbench.replay import ReplayConfig, replay
-from workbench.retention import content_words, evidence_in_window, newest_tokens, probe_score, render_context
+from workbench.retention import Scorer, Visible, content_words, evidence_in_window, newest_tokens
 
 
 CUTS = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
@@ -55,19 +55,20 @@ def probe_rows(conversation: Conversation, result, window: int) -> list[dict]:
     latest evidence turn as a fraction of the conversation) and by whom (the roles of its turns).
     A probe whose evidence is all in the final ``window`` messages is not scored, as in a replay."""
     count = token_counter("heuristic")
+    scorer = Scorer(conversation)
     history = [t.to_message(conversation.id) for t in conversation.turns]
-    memory = content_words(render_context(result.context))
-    recent = content_words(render_context(newest_tokens(history, result.final_context_tokens, count)))
+    memory = Visible(result.context)
+    recent = Visible(newest_tokens(history, result.final_context_tokens, count))
     index = {t.id: i for i, t in enumerate(conversation.turns)}
     role = {t.id: t.role for t in conversation.turns}
     rows = []
     in_window = {t.id for t in conversation.turns[-window:]}
     for probe in conversation.probes:
-        score = probe_score(probe.gold, memory)
+        score = scorer.score(probe, memory)
         evidence = [e for e in probe.evidence if e in index]
         if score is None or not evidence or evidence_in_window(probe, in_window):
             continue
-        rows.append({"probe": f"{conversation.id}/{probe.id}", "memory": score, "recent": probe_score(probe.gold, recent),
+        rows.append({"probe": f"{conversation.id}/{probe.id}", "memory": score, "recent": scorer.score(probe, recent),
                      "position": max(index[e] for e in evidence) / len(conversation.turns),
                      "roles": {role[e] for e in evidence}})
     return rows
@@ -183,14 +184,15 @@ def one_shot(locomo: list[Conversation], budget: int, window_size: int, *, answe
         notes = unescape_structure(algorithm.observe(block, budget, weigh=weigh))
         size = count([notes])[0] + sum(count([m.content for m in window]))
         compressions.append(sum(count([m.content for m in history])) / size)
-        visible = content_words(notes + "\n" + render_context(window))
-        recent = content_words(render_context(newest_tokens(history, size, count)))
+        scorer = Scorer(conversation)
+        visible = Visible(window, notes=[notes])
+        recent = Visible(newest_tokens(history, size, count))
         window_ids = {m.id for m in window}
         for probe in conversation.probes:
-            score = probe_score(probe.gold, visible)
+            score = scorer.score(probe, visible)
             if score is not None and probe.evidence and not evidence_in_window(probe, window_ids):
                 scores.append(score)
-                recents.append(probe_score(probe.gold, recent))
+                recents.append(scorer.score(probe, recent))
     return mean(compressions), mean(scores), mean(recents)
 
 

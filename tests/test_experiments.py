@@ -103,6 +103,39 @@ def test_pooled_figures_intervals_and_the_funnel_are_computed_from_the_recorded_
         assert set(lost.lost_at) <= {"observation", "reflection", "end"}
 
 
+def test_an_experiment_scores_every_run_with_the_rule_it_started_with(tmp_path) -> None:
+    """The retention rule changed (a date counts only beside its question's words): an experiment
+    recorded before rules had numbers was scored under rule 1, so the runs a resume adds are scored
+    under rule 1 too (one experiment never pools two rules) and its report says so; a new
+    experiment records the current rule; every run records the rule it was scored with."""
+    import dataclasses
+
+    from workbench.retention import SCORING
+
+    db = tmp_path / "x.duckdb"
+    with RunStore(db) as store:
+        grid = [ReplayConfig(observation_threshold=150, reflection_threshold=300)]
+        new = ex.create_experiment(store, dataset=DEMO, grid=grid, options=ex.ExperimentOptions(concurrency=1))
+        options = dataclasses.asdict(ex.ExperimentOptions(concurrency=1))
+        del options["scoring"]  # as recorded before the rule was
+        old = store.create_experiment(name=None, dataset=str(DEMO), dataset_format=None,
+                                      conversations=[c.id for c in ex.list_conversations(DEMO)],
+                                      configs=[{"label": "obs 150", "config": grid[0].to_json()}], options=options)
+        for experiment_id in (new, old):
+            assert asyncio.run(ex.run_experiment(store, experiment_id)).status == "completed"
+        new_runs, old_runs = store.experiment_runs(new), store.experiment_runs(old)
+        assert set(new_runs.scoring) == {SCORING} and set(old_runs.scoring) == {1}
+        # the same replays, scored two ways: rule 1 credited the window every message's date
+        assert old_runs.retention_window_only.sum() > new_runs.retention_window_only.sum()
+        assert (ex.report(store, new)["scoring"], ex.report(store, old)["scoring"]) == (SCORING, 1)
+    code, out, _ = invoke("experiment", "show", old, "--db", str(db))
+    assert code == 0 and "scored under rule 1" in out
+    code, out, _ = invoke("experiment", "show", new, "--db", str(db))
+    assert code == 0 and "scored under rule" not in out
+    code, _, err = invoke("compare", old_runs.run_id.iloc[0], new_runs.run_id.iloc[0], "--db", str(db))
+    assert code == 0 and "scored under different rules: A under rule 1" in err
+
+
 def test_the_same_scores_give_the_same_interval_whatever_order_they_were_read_in(tmp_path) -> None:
     """The bootstrap draws by position, and the probes came ordered by run id (random): identical
     experiments printed [0.721, 0.801] and [0.722, 0.800]."""

@@ -15,7 +15,7 @@ from conftest import SHARED_DATASETS, SHARED_MISSING
 
 from workbench.datasets import load_dataset
 from workbench.replay import ReplayConfig, replay
-from workbench.retention import content_words, probe_score, render_context
+from workbench.retention import Scorer, Visible
 
 DEFAULTS = ReplayConfig(cache=False)
 
@@ -36,11 +36,11 @@ def locomo(locomo_pairs):
 
 def probe_scores(conversation, result):
     """(memory score, position of the latest evidence turn in [0, 1), roles of the evidence turns)."""
-    visible = content_words(render_context(result.context))
+    scorer, visible = Scorer(conversation), Visible(result.context)  # (the current scoring rule)
     index = {t.id: i for i, t in enumerate(conversation.turns)}
     role = {t.id: t.role for t in conversation.turns}
     for probe in conversation.probes:
-        score = probe_score(probe.gold, visible)
+        score = scorer.score(probe, visible)
         evidence = [e for e in probe.evidence if e in index]
         if score is not None and evidence:
             yield score, max(index[e] for e in evidence) / len(conversation.turns), {role[e] for e in evidence}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pandas as pd
 import pytest
 from conftest import Scripted, held_by_another_process
 
@@ -137,9 +138,13 @@ def test_a_version_1_store_is_upgraded_and_keeps_its_rows(tmp_path) -> None:
     con.execute("INSERT INTO model_calls (run_id, seq, stage, model) VALUES ('old', 0, 'reflect', 'm')")
     con.execute("INSERT INTO runs (run_id, created_at, updated_at, dataset, conversation_id, config, status, "
                 "messages) VALUES ('old', now(), now(), 'd', 'c', '{}', 'running', 3)")
+    con.execute("INSERT INTO runs (run_id, created_at, updated_at, dataset, conversation_id, config, status, "
+                "messages, retention) VALUES ('scored', now(), now(), 'd', 'c', '{}', 'completed', 3, 0.5)")
     con.close()
     with RunStore(path) as s:
-        assert s.schema_version() == len(MIGRATIONS) == 5
+        assert s.schema_version() == len(MIGRATIONS) == 6
+        # a run scored before the rule was recorded was scored with rule 1; one not scored has none
+        assert s.run("scored")["scoring"] == 1 and pd.isna(s.run("old")["scoring"])
         [row] = s.model_calls("old").to_dict("records")
         assert row["stage"] == "reflect" and row["attempts"] == 1 and row["trimmed"] == False  # noqa: E712
         run = s.run("old")  # an old 'running' row names no owner: nothing says it died, so it stays
@@ -370,6 +375,50 @@ def test_a_probe_is_scored_once_its_evidence_has_left_the_window_and_clock_times
     assert (summary.scored, summary.in_window) == (2, 1)
     assert summary.full_history == 0.5  # "Biscuit" 1, "13" 0: the 13:05 timestamps do not answer it
     assert summary.retention == 0.0  # only the window is visible: neither answer is
+
+
+def test_a_date_counts_only_beside_a_distinctive_word_of_its_question() -> None:
+    """Rule 1 credited a date's words wherever a date was written: "How many siblings? 2" scored 1.0
+    on any conversation with a message dated the 2nd, and window-only scores doubled on LoCoMo. Under
+    rule 2 a line's date counts for a question it shares a distinctive word with (not a speaker's
+    name, said in most lines); a date written into a line, or in a note under its date heading,
+    counts as before."""
+    from datetime import datetime, timedelta, timezone
+
+    from omem_core import Message
+    from workbench.datasets import Conversation, Probe, Turn
+    from workbench.retention import SCORING, Scorer, Visible, score_retention
+
+    start = datetime(2024, 5, 2, 9, 0, tzinfo=timezone.utc)
+    texts = ["Ana: I went to a support group today.", "Bo: How was it?", "Ana: Good. I also baked bread.",
+             "Bo: Nice.", "Ana: My cat is called Miso.", "Bo: Cute.", "Ana: I read a lot.", "Bo: Me too.",
+             "Ana: Bye for now.", "Bo: Bye."]
+    turns = [Turn(f"m{i}", "user" if i % 2 == 0 else "assistant", text, start + timedelta(minutes=i))
+             for i, text in enumerate(texts)]
+    siblings = Probe("siblings", "How many siblings does Ana have?", "2", "single", ("m4",))  # never said
+    group = Probe("group", "When did Ana go to the support group?", "2 May 2024", "temporal", ("m0",))
+    conversation = Conversation("c", turns, [siblings, group])
+    history = [t.to_message("c") for t in turns]
+    assert SCORING == 2
+    old, new = Scorer(conversation, 1), Scorer(conversation)
+    full = Visible(history)
+    assert old.score(siblings, full) == 1.0 and new.score(siblings, full) == 0.0  # "ana" is in half the lines
+    assert old.score(group, full) == new.score(group, full) == 1.0  # the support group's own line is dated
+    # the memory's notes: a line is dated by the heading above it, however the heading is written
+    for heading in ("2 May 2024", "## Thursday, 2 May 2024", "**2 May 2024**", "2024-05-02"):
+        notes = Message(id="n", thread_id="c", role="system", created_at=start,
+                        content=f"{heading}\n- Ana went to a support group.")
+        assert new.score(group, Visible([notes])) == (1.0 if heading != "2024-05-02" else 1 / 3), heading
+        assert new.score(siblings, Visible([notes])) == 0.0
+    # a note line of a number alone is not a heading; a date written into a line always counts
+    notes = Message(id="n", thread_id="c", role="system", created_at=start,
+                    content="2 May 2024\n- 42\n- Ana: siblings: 2")
+    assert new.score(siblings, Visible([notes])) == 1.0
+    assert new.score(Probe("x", "What number?", "42", "single"), Visible([notes])) == 1.0
+    # the whole run: a window of two messages dated 2 May no longer answers "2"
+    window = history[-2:]
+    assert score_retention(conversation, window, window, 100, lambda t: [1] * len(t), rule=1).window_only == 1.0
+    assert score_retention(conversation, window, window, 100, lambda t: [1] * len(t)).window_only == 0.0
 
 
 def test_resuming_a_run_on_a_conversation_that_changed_is_refused(tmp_path) -> None:

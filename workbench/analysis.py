@@ -28,6 +28,7 @@ SUMMARY_ROWS = [
     ("retention_full_history", "retention (full history)"),
     ("retention_window_only", "retention (window only)"),
     ("retention_recent", "retention (newest K tokens)"),
+    ("scoring", "retention scoring rule"),
     ("cost_usd", "cost (USD)"),
 ]
 

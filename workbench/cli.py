@@ -878,12 +878,17 @@ def compare(run_a: str, run_b: str, as_json: bool, db: str) -> None:
     """Two runs side by side: calls, tokens, cost, compression, retention per category."""
     from .analysis import compare_runs, comparison_shown, display
 
+    from .retention import scoring_note
+
     with _using_store(db, existing=True) as store:
         table = compare_runs(store, run_a, run_b)
-        conversations = [store.run(r)["conversation_id"] for r in (run_a, run_b)]
+        runs = [store.run(r) for r in (run_a, run_b)]
+    conversations = [run["conversation_id"] for run in runs]
     if conversations[0] != conversations[1]:  # (named as A, B: a sorted pair read the wrong way round)
         click.echo(f"warning: the two runs replayed different conversations (A {conversations[0]}, "
                    f"B {conversations[1]}); their figures are not directly comparable", err=True)
+    if note := scoring_note([run.get("scoring") for run in runs]):
+        click.echo(f"warning: {note}", err=True)
     if as_json:
         click.echo(table.to_json(orient="columns"))
     else:  # the long configuration labels above the table, so that it fits a terminal
@@ -1090,6 +1095,10 @@ def _print_report(data: dict[str, Any], db: str) -> None:
         header += (f"; the figures below come from the {data['completed_runs']} of {data['planned_runs']} "
                    f"planned runs that completed, on {count(data['completed_conversations'], 'conversation')}")
     _echo_wrapped(header)
+    from .retention import earlier_rule_note
+
+    if note := earlier_rule_note(data.get("scoring")):
+        _echo_wrapped(f"note: {note}")
     # A label longer than the column is written on a line of its own above its figures (cut, two
     # labels could read the same; in full, the table would not fit 100 columns).
     width = len("configuration")

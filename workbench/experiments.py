@@ -43,6 +43,7 @@ from .formatting import cli_command, count
 from .formatting import missing as is_missing
 from .interrupts import ctrl_c_held_back, stopping
 from .losses import STAGES, funnel
+from .retention import SCORING, check_scoring
 from .models import OFFLINE_MODEL
 from .stats import bootstrap_ci, paired_difference
 
@@ -73,6 +74,15 @@ class ExperimentOptions:
     api_base: str | None = None  # a self-hosted OpenAI-compatible server, for every remote call
     judge: str | None = None
     answerer: str | None = None
+    # the retention scoring rule every run is scored with (workbench.retention.SCORING_RULES): the
+    # current one for a new experiment; an experiment recorded before rules had numbers used rule 1
+    scoring: int = SCORING
+
+    @classmethod
+    def stored(cls, options: dict[str, Any]) -> ExperimentOptions:
+        """The options an experiment was recorded with (one recorded before the scoring rule was
+        is scored with rule 1, as its first runs were)."""
+        return cls(**{"scoring": 1, **options})
 
     def __post_init__(self) -> None:
         if not isinstance(self.concurrency, int) or self.concurrency < 1:
@@ -83,6 +93,10 @@ class ExperimentOptions:
             raise ExperimentError(f"rpm must be positive, got {self.rpm!r}")
         if bool(self.judge) != bool(self.answerer):
             raise ExperimentError("judge and answerer go together")
+        try:
+            check_scoring(self.scoring)
+        except ValueError as exc:
+            raise ExperimentError(str(exc)) from None
 
     def completion_extra(self) -> dict[str, Any]:
         extra: dict[str, Any] = {"num_retries": self.num_retries}
@@ -374,6 +388,7 @@ class Task:
     index: int  # the configuration's position in the grid
     label: str
     config: dict[str, Any]
+    scoring: int = SCORING  # the experiment's retention scoring rule
 
 
 def pending_tasks(store: Any, experiment_id: str) -> list[Task]:
@@ -381,11 +396,12 @@ def pending_tasks(store: Any, experiment_id: str) -> list[Task]:
     experiment = store.experiment(experiment_id)
     runs = store.experiment_runs(experiment_id)
     done = {(r.conversation_id, r.config_label) for r in runs.itertuples() if r.status == "completed"}
+    scoring = ExperimentOptions.stored(experiment["options"]).scoring
     tasks = []
     for conversation_id in experiment["conversations"]:
         for index, entry in enumerate(experiment["configs"]):
             if (conversation_id, entry["label"]) not in done:
-                tasks.append(Task(conversation_id, index, entry["label"], entry["config"]))
+                tasks.append(Task(conversation_id, index, entry["label"], entry["config"], scoring))
     return tasks
 
 
@@ -540,7 +556,7 @@ async def _replay_one_async(dataset: str, dataset_format: str | None, task: Task
     started = time.perf_counter()
     try:
         await replay(conversation, config, recorder=recorder, cache_dir=cache_dir, completion_extra=extra,
-                     progress=on_progress)
+                     progress=on_progress, scoring=task.scoring)
     except ReplayFailed:
         pass  # the recorder holds the partial run, status failed
     except ConfigurationError as exc:
@@ -718,7 +734,7 @@ async def run_experiment(store: Any, experiment_id: str, *, progress: Callable[[
     from .replay import ReplayConfig, configuration_problem, planned_reads
 
     experiment = store.experiment(experiment_id)
-    options = ExperimentOptions(**experiment["options"])
+    options = ExperimentOptions.stored(experiment["options"])
     if options.api_base:  # recorded with any key in it written as its variable's name
         options = dataclasses.replace(options, api_base=restore_secrets(options.api_base))
     if (changed := dataset_changed(store, experiment_id)) is not None:
@@ -1448,6 +1464,8 @@ def report(store: Any, experiment_id: str) -> dict[str, Any]:
         "per_conversation": conversations,
         # every call paid for: completed runs (the configurations' cost_usd), failed and replaced ones
         "spent_usd": spent_usd(store, experiment_id),
+        # the retention scoring rule of every run (workbench.retention.SCORING_RULES)
+        "scoring": ExperimentOptions.stored(experiment["options"]).scoring,
     }
 
 

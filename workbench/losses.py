@@ -5,7 +5,8 @@ takes: the evidence is *said*; an observation covers it (which one, and does tha
 answer's words?); a reflection merges that note (does the reflection keep them?); and what the agent
 sees at the end keeps them or not. Evidence still in the window at the end skips the first two
 stages (it is seen verbatim). A stage keeps the answer when at least :data:`KEPT` of the gold
-answer's content words are in its text (the word-retention rule of :mod:`workbench.retention`).
+answer's content words are in its text (the word-retention rule of :mod:`workbench.retention`, the
+run's scoring rule: a note's date heading counts as retention counts it).
 
 The per-configuration *loss funnel* counts the probes that reach each stage:
 said → observed with the answer → survived reflection → visible at the end.
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from omem_core import ObservationRecord
 
-from .retention import content_words, evidence_in_window, probe_score, render_context
+from .retention import SCORING, Scorer, Visible, content_words, evidence_in_window
 
 KEPT = 0.5
 STAGES = ("said", "observed", "reflected", "visible")
@@ -27,19 +28,21 @@ STAGE_NAMES = {"said": "evidence said", "observed": "observed with the answer",
                "reflected": "survived reflection", "visible": "visible at the end"}
 
 
-def _score(gold: str, texts: Sequence[str]) -> float | None:
-    return probe_score(gold, content_words("\n".join(texts))) if texts else 0.0
-
-
 def attribute_losses(conversation: Any, records: Sequence[ObservationRecord], state: Any,
                      steps: Sequence[Mapping[str, Any]] = (), record_steps: Mapping[str, int] | None = None,
-                     ) -> list[dict[str, Any]]:
+                     rule: int = SCORING) -> list[dict[str, Any]]:
     """One row per scored probe with evidence (not one whose evidence is all still in the window):
     how far its answer got, and where it was lost.
 
     ``state`` is the thread's final :class:`omem_core.ThreadState`; ``record_steps`` maps record
-    ids to the step that wrote them (for ``lost_step``: where the explorer should open).
+    ids to the step that wrote them (for ``lost_step``: where the explorer should open); ``rule``
+    is the scoring rule (:data:`workbench.retention.SCORING_RULES`).
     """
+    scorer = Scorer(conversation, rule)
+
+    def score(probe: Any, texts: Sequence[str]) -> float | None:
+        return scorer.score(probe, Visible(notes=texts)) if texts else 0.0
+
     record_steps = dict(record_steps or {})
     observations = [r for r in records if r.kind == "observation"]
     covering: dict[str, list[ObservationRecord]] = {}
@@ -50,7 +53,7 @@ def attribute_losses(conversation: Any, records: Sequence[ObservationRecord], st
     reflection = state.reflection
     reflected_ids = set(reflection.source_ids) if reflection is not None else set()
     unreflected_ids = {r.id for r in state.unreflected}
-    visible = content_words(render_context(state.context))
+    visible = Visible(state.context)
     rows = []
     for probe in conversation.probes:
         if not probe.evidence or probe.gold is None or not content_words(probe.gold):
@@ -60,7 +63,7 @@ def attribute_losses(conversation: Any, records: Sequence[ObservationRecord], st
         evidence = list(probe.evidence)
         notes = {r.id: r for e in evidence for r in covering.get(e, [])}
         observed_all = all(e in window_ids or e in covering for e in evidence)
-        observation_score = _score(probe.gold, [r.text for r in notes.values()]) if notes else 0.0
+        observation_score = score(probe, [r.text for r in notes.values()]) if notes else 0.0
         observed = observed_all and (observation_score or 0.0) >= KEPT
         # A note not merged yet is shown as it is; a merged one survives only in the reflection.
         pending = [r for r in notes.values() if r.id in unreflected_ids]
@@ -68,9 +71,9 @@ def attribute_losses(conversation: Any, records: Sequence[ObservationRecord], st
         if not merged:
             reflection_score = observation_score
         else:
-            reflection_score = _score(probe.gold, [reflection.text, *[r.text for r in pending]])
+            reflection_score = score(probe, [reflection.text, *[r.text for r in pending]])
         reflected = observed and (reflection_score or 0.0) >= KEPT
-        visible_score = probe_score(probe.gold, visible)
+        visible_score = scorer.score(probe, visible)
         shown = (visible_score or 0.0) >= KEPT
         lost_at, lost_step = None, None
         if not observed:

@@ -41,7 +41,7 @@ from .datasets import Conversation
 from .errors import ConfigurationError, WorkbenchError
 from .formatting import cli_command, default_run_label
 from .interrupts import ctrl_c_held_back, stopping
-from .retention import RetentionSummary, score_retention
+from .retention import SCORING, RetentionSummary, check_scoring, score_retention
 from .losses import attribute_losses
 from .recorder import MemoryRecorder, RunRecorder
 from .runstore import RunDeleted, RunStore, RunStoreError, new_run_id
@@ -307,6 +307,7 @@ async def replay(
     cache_dir: str | Path | None = None,
     recorder: MemoryRecorder | None = None,
     completion_extra: dict[str, Any] | None = None,
+    scoring: int = SCORING,
 ) -> ReplayResult:
     """Replay ``conversation`` under ``config``; record into ``store`` when given.
 
@@ -322,7 +323,13 @@ async def replay(
     Without ``store``, the run is kept by ``recorder`` (a :class:`MemoryRecorder`, made here when
     not given): an experiment's worker replays that way and hands the run to the one writer.
     ``completion_extra`` adds litellm arguments to every call (``num_retries``, ``api_base``, …).
+    ``scoring`` is the retention scoring rule (:data:`workbench.retention.SCORING_RULES`; the
+    current one by default), recorded with the run's figures.
     """
+    try:
+        check_scoring(scoring)
+    except ValueError as exc:
+        raise ConfigurationError(f"cannot replay: {exc}") from None
     started = time.perf_counter()
     count = token_counter(config.token_counter)
     turns = conversation.turns
@@ -417,7 +424,7 @@ async def replay(
     try:
         with recorder.session():  # the end of a run: one open of the run store for all its writes
             result = await _finish(conversation, config, recorder, wrapper, count, status, error, started, rows,
-                                   history, planned_reads(conversation, config))
+                                   history, planned_reads(conversation, config), scoring)
     except BaseException as exc:
         _finish_quietly(recorder, "failed", f"{type(exc).__name__}: {exc}", exc)
         raise
@@ -456,7 +463,7 @@ def _finish_quietly(recorder: Any, status: str, error: str, cause: BaseException
 
 
 async def _finish(conversation, config, recorder, wrapper, count, status, error, started, rows, history,
-                  planned) -> ReplayResult:
+                  planned, scoring) -> ReplayResult:
     """The run's figures, computed once from what was recorded (a resumed run's earlier steps and
     calls included); for a failed run they describe the prefix replayed (``partial``)."""
     thread = conversation.id
@@ -470,10 +477,10 @@ async def _finish(conversation, config, recorder, wrapper, count, status, error,
     retention = None
     if completed:
         retention = score_retention(conversation, state.context, list(state.window), final_context, count,
-                                    recorder)
+                                    recorder, scoring)
         records = await recorder.observations.list(thread)
         written = {c["record_id"]: c["step"] for c in calls if c.get("record_id")}
-        recorder.save_losses(attribute_losses(conversation, records, state, rows, written))
+        recorder.save_losses(attribute_losses(conversation, records, state, rows, written, scoring))
     costs = [c["cost_usd"] for c in calls if c.get("cost_usd") is not None and c["cost_usd"] == c["cost_usd"]]
     # A call answered at no known price (a model litellm has no price for) makes the total
     # unknown: a sum of the priced ones would read as the whole cost. A failed call has no
@@ -509,7 +516,8 @@ async def _finish(conversation, config, recorder, wrapper, count, status, error,
     }
     if retention is not None and retention.scored:
         figures.update(retention=retention.retention, retention_full_history=retention.full_history,
-                       retention_window_only=retention.window_only, retention_recent=retention.recent_tokens)
+                       retention_window_only=retention.window_only, retention_recent=retention.recent_tokens,
+                       scoring=scoring)
     recorder.finish(status, error, figures)
     return result
 

@@ -1,9 +1,22 @@
 """Model-free retention: does the gold answer survive in what the agent would see?
 
 A probe's score is the share of its gold answer's content words (lower-cased alphanumeric
-words, common stop words removed) present anywhere in the visible text. Messages are rendered
-for scoring as ``[8 May 2023] Speaker: text``, so dates in the timestamps count (clock times do
-not: "13:56" would hand a gold answer of "13" a word it never had).
+words, common stop words removed) present in the visible text. What the agent sees is read as
+*lines* with their dates: a message is a line dated by its timestamp (the day, not the clock time:
+"13:56" would hand a gold answer of "13" a word it never had), and a note line is dated by the
+date heading above it (a line of a date alone, "8 May 2023", as the observer prompts ask).
+
+Scoring rules (:data:`SCORING_RULES`; a run records the one it was scored with, and an experiment
+scores every run with the rule it started with, so no figure pools two):
+
+1. every word counts, dates included: a line's date counts for every question wherever it is
+   written, so "How many siblings? 2" scored 1.0 on a conversation with a message dated the 2nd;
+2. (the current rule, :data:`SCORING`) a line's words count for every question, but its *date*
+   counts only for a question it shares a distinctive word with: a word of the question said in at
+   most one in ten of the conversation's messages (speakers' names, said in about half, are not
+   distinctive). "When did Caroline go to the support group?" is credited the date of a line about
+   the support group, not of every line of that day. A date written into a line ("yesterday
+   (7 May 2023)") is part of the line and always counts.
 
 Retention measures what survives once a probe's evidence has left the window: a probe whose
 evidence messages are all still in the final window is not scored (its row says
@@ -47,6 +60,19 @@ STOP_WORDS = frozenset(
 
 METHODS = ("memory", "full_history", "window_only", "recent_tokens")
 
+SCORING = 2
+"""The scoring rule new runs and experiments are scored with (see the module's docstring)."""
+SCORING_RULES = {1: "dates count wherever they are written",
+                 2: "a date counts beside a distinctive word of its question"}
+DISTINCTIVE = 0.1
+"""A question word is distinctive when at most this share of the conversation's messages say it."""
+
+_MONTHS = ("january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
+           "november", "december")
+_WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+_DATE_NAMES = frozenset({*_MONTHS, *(m[:3] for m in _MONTHS), "sept", *_WEEKDAYS, *(d[:3] for d in _WEEKDAYS)})
+_ORDINAL = regex.compile(r"\d{1,2}(?:st|nd|rd|th)")
+
 
 def content_words(text: str) -> set[str]:
     """The words retention compares: letters and digits of any script, lower-cased, no stop words."""
@@ -61,6 +87,129 @@ def render_for_scoring(message: Message) -> str:
 
 def render_context(messages: Sequence[Message]) -> str:
     return "\n".join(render_for_scoring(m) for m in messages)
+
+
+def check_scoring(rule: object) -> int:
+    """``rule`` if it is a known scoring rule, else a ``ValueError`` naming the known ones."""
+    if isinstance(rule, bool) or not isinstance(rule, int) or rule not in SCORING_RULES:
+        known = "; ".join(f"{k}: {v}" for k, v in SCORING_RULES.items())
+        raise ValueError(f"unknown scoring rule {rule!r} (known: {known})")
+    return rule
+
+
+def scoring_rule(value: Any) -> int | None:
+    """A run's recorded scoring rule as a number (``None``: not scored)."""
+    try:
+        return None if value is None or value != value else int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def scoring_note(rules: Sequence[Any], names: Sequence[str] = ("A", "B")) -> str | None:
+    """Why retention figures side by side are not comparable: runs scored under different rules
+    (``rules``: each run's recorded ``scoring``; a run not scored is left out), else ``None``."""
+    scored = [(name, rule) for name, rule in zip(names, map(scoring_rule, rules)) if rule is not None]
+    if len({rule for _, rule in scored}) < 2:
+        return None
+    said = ", ".join(f"{name} under rule {rule} ({SCORING_RULES.get(rule, 'unknown')})" for name, rule in scored)
+    return (f"the runs' retention was scored under different rules: {said}; their retention figures are not "
+            "directly comparable (the rules are in docs/benchmarks.md)")
+
+
+def earlier_rule_note(rule: Any) -> str | None:
+    """What to say of figures scored under a rule other than the current one (``None``: current
+    or not scored)."""
+    rule = scoring_rule(rule)
+    if rule is None or rule == SCORING:
+        return None
+    return (f"retention here was scored under rule {rule} ({SCORING_RULES.get(rule, 'unknown')}), not the current "
+            f"rule {SCORING} ({SCORING_RULES[SCORING]}): compare it only with figures scored under rule {rule} "
+            "(the rules are in docs/benchmarks.md)")
+
+
+def _date_heading(line: str) -> set[str] | None:
+    """The words of ``line`` when it is a date alone ("8 May 2023", "## Tuesday, 9 May 2023",
+    "2023-05-08"), else ``None``."""
+    words = content_words(line)
+    if not words or not all(w in _DATE_NAMES or w.isdigit() or _ORDINAL.fullmatch(w) for w in words):
+        return None
+    if any(not w.isdigit() for w in words) or regex.fullmatch(r"\W*\d{4}-\d{1,2}-\d{1,2}\W*", line):
+        return words
+    return None  # a line of numbers alone ("- 42") is a note, not a date
+
+
+class Visible:
+    """What one method shows the agent, read as lines and their dates, for scoring probes.
+
+    ``messages`` are rendered as :func:`render_for_scoring` does: a message is a line dated by its
+    timestamp; a ``system`` message (the memory) and each of ``notes`` is read line by line, a
+    line under a date heading dated by it.
+    """
+
+    def __init__(self, messages: Sequence[Message] = (), notes: Sequence[str] = ()) -> None:
+        self.words: set[str] = set()  # the lines' own words
+        self.dates: set[str] = set()  # every date's words (rule 1)
+        self._dates_by_word: dict[str, set[str]] = {}  # a line's word -> the words of that line's date
+        for message in messages:
+            if message.role == "system":
+                self._notes(message.content)
+            else:
+                self._line(content_words(message.content),
+                           content_words(f"{message.created_at.day} {message.created_at:%B %Y}"))
+        for text in notes:
+            self._notes(text)
+
+    def _notes(self, text: str) -> None:
+        date: set[str] = set()
+        for line in text.splitlines():
+            heading = _date_heading(line)
+            if heading is not None:
+                date = heading
+                self.dates |= heading
+            else:
+                self._line(content_words(line), date)
+
+    def _line(self, words: set[str], date: set[str]) -> None:
+        self.words |= words
+        if date:
+            self.dates |= date
+            for word in words:
+                self._dates_by_word.setdefault(word, set()).update(date)
+
+    def for_question(self, question_words: set[str] | None) -> set[str]:
+        """The words that count for a question: every word and date under rule 1 (``None``);
+        under rule 2 the lines' words and the dates of the lines sharing ``question_words``."""
+        if question_words is None:
+            return self.words | self.dates
+        found = set(self.words)
+        for word in question_words:
+            found |= self._dates_by_word.get(word, set())
+        return found
+
+
+class Scorer:
+    """Scores the probes of one conversation under one rule (see the module's docstring)."""
+
+    def __init__(self, conversation: Any, rule: int = SCORING) -> None:
+        self.rule = check_scoring(rule)
+        turns = [t for t in conversation.turns if t.role != "system"]
+        said: dict[str, int] = {}
+        for turn in turns:
+            for word in content_words(turn.content):
+                said[word] = said.get(word, 0) + 1
+        self._said = said
+        self._limit = DISTINCTIVE * len(turns)
+
+    def question_words(self, question: str | None) -> set[str] | None:
+        """The words of ``question`` a date must share a line with to count (``None``: any date
+        counts, rule 1)."""
+        if self.rule == 1:
+            return None
+        return {w for w in content_words(question or "") if self._said.get(w, 0) <= self._limit}
+
+    def score(self, probe: Any, visible: Visible) -> float | None:
+        """``probe``'s score against ``visible`` (``None``: unscorable, no gold words)."""
+        return probe_score(probe.gold, visible.for_question(self.question_words(probe.question)))
 
 
 def probe_score(gold: str | None, visible: set[str]) -> float | None:
@@ -139,15 +288,17 @@ def evidence_in_window(probe: Any, window_ids: set[str]) -> bool:
 
 def score_retention(conversation: Any, context: Sequence[Message], window: Sequence[Message], budget: int,
                     count: Callable[[list[str]], list[int]],
-                    recorder: Any = None) -> RetentionSummary:
+                    recorder: Any = None, rule: int = SCORING) -> RetentionSummary:
     """Score every probe of ``conversation`` against the final context and the three baselines
-    (full history, window only, the newest ``budget`` tokens); ``recorder`` keeps the rows."""
+    (full history, window only, the newest ``budget`` tokens) under scoring rule ``rule``;
+    ``recorder`` keeps the rows."""
+    scorer = Scorer(conversation, rule)
     history = [t.to_message(conversation.id) for t in conversation.turns]
     visible = {
-        "memory": content_words(render_context(context)),
-        "full_history": content_words(render_context(history)),
-        "window_only": content_words(render_context(window)),
-        "recent_tokens": content_words(render_context(newest_tokens(history, budget, count))),
+        "memory": Visible(context),
+        "full_history": Visible(history),
+        "window_only": Visible(window),
+        "recent_tokens": Visible(newest_tokens(history, budget, count)),
     }
     window_ids = {m.id for m in window}
     rows = []
@@ -157,7 +308,7 @@ def score_retention(conversation: Any, context: Sequence[Message], window: Seque
             rows.append({
                 "probe_id": probe.id, "method": method, "question": probe.question, "gold": probe.gold,
                 "category": probe.category, "evidence": list(probe.evidence), "evidence_in_window": waiting,
-                "score": None if waiting else probe_score(probe.gold, visible[method]), "answer": None,
+                "score": None if waiting else scorer.score(probe, visible[method]), "answer": None,
             })
     if recorder is not None:
         recorder.save_probes([{**r, "evidence": json.dumps(r["evidence"])} for r in rows], METHODS)

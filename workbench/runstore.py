@@ -248,10 +248,18 @@ ALTER TABLE experiments ADD COLUMN other_cost_usd DOUBLE DEFAULT 0;  -- spent by
 ALTER TABLE experiments ADD COLUMN other_cost_unknown BOOLEAN DEFAULT false;  -- ... (replaced runs, failed judging)
 """
 
+# The retention scoring rule a run's figures were computed with (workbench.retention.SCORING_RULES):
+# the runs scored before it was recorded were scored with rule 1; NULL is a run not scored (yet).
+_M006 = """
+ALTER TABLE runs ADD COLUMN scoring INTEGER;
+UPDATE runs SET scoring = 1 WHERE retention IS NOT NULL OR status = 'completed';
+"""
+
 MIGRATIONS: list[tuple[int, str, str]] = [(1, "initial", _M001), (2, "reflection tightening", _M002),
                                           (3, "run owners and planned steps", _M003),
                                           (4, "experiments, loss attribution, traces", _M004),
-                                          (5, "judging calls and cost", _M005)]
+                                          (5, "judging calls and cost", _M005),
+                                          (6, "retention scoring rule", _M006)]
 
 RUN_TABLES = ("probe_losses", "probes", "model_calls", "records", "steps", "messages", "runs")
 

@@ -8,6 +8,7 @@ import streamlit as st
 from workbench import analysis, app_data, charts, ui
 from workbench import formatting as fmt
 from workbench.experiments import conversation_tally, summaries_of, tally_text
+from workbench.retention import scoring_note
 from workbench.stats import MIN_PAIRED
 
 store = ui.get_store()
@@ -291,6 +292,8 @@ if info_a["conversation_id"] != info_b["conversation_id"]:
     st.warning("The two runs replayed different conversations; their figures are not directly comparable.")
 if note := app_data.offline_prompt_note(info_a["config"], info_b["config"]):  # (as for an experiment's pair)
     st.warning(note)
+if note := scoring_note([info_a.get("scoring"), info_b.get("scoring")]):
+    st.warning(ui.plain(note[0].upper() + note[1:] + "."))
 
 st.subheader("Figures")
 table = analysis.comparison_shown(analysis.compare_runs(store, run_a, run_b))

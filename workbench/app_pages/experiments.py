@@ -29,6 +29,7 @@ from workbench.experiments import (
 )
 from workbench.models import usable_models
 from workbench.replay import TOKEN_COUNTERS, configuration_problem
+from workbench.retention import earlier_rule_note
 
 FOLLOW_EVERY_S = 3.0  # while an experiment runs here, the page is drawn again at most this often ...
 FOLLOW_SHARE = 0.25  # ... and it spends at most about this share of the time drawing (it slowed the run)
@@ -385,6 +386,8 @@ ui.figures(summary, hide_index=True, key="xp_summary", column_order=app_data.key
            column_config={"configuration": st.column_config.Column(pinned=True)})
 if spent := app_data.spent_note(experiment, runs, summaries):
     st.caption(spent)
+if earlier := earlier_rule_note(ExperimentOptions.stored(experiment["options"]).scoring):
+    st.warning(ui.plain(earlier[0].upper() + earlier[1:] + "."))
 if uneven := uneven_note(runs):
     st.warning(uneven)
 if len(experiment["conversations"]) > 1:

@@ -8,6 +8,7 @@ from workbench import analysis, app_data, charts, ui
 from workbench import formatting as fmt
 from workbench.datasets import DatasetError, load_conversation
 from workbench.replay import ReplayConfig, stopped_by_dataset
+from workbench.retention import earlier_rule_note
 
 store = ui.get_store()
 
@@ -161,6 +162,8 @@ cols.metric("Cost", fmt.money(run["cost_usd"]))
 end_note = app_data.compression_note(run, steps)
 if end_note:
     st.caption(ui.plain(end_note))
+if earlier := earlier_rule_note(run.get("scoring")):  # (a run scored before the rule changed)
+    st.caption(ui.plain(earlier[0].upper() + earlier[1:] + "."))
 
 if steps.empty:
     st.warning("This run recorded no steps yet." if run["status"] == "running" else
