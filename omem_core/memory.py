@@ -152,12 +152,17 @@ class _Thread:
         self.key_of[message.id] = key
 
 
-class InMemoryMemoryStore:
+class InMemoryMemoryStore(SyncClosing):
     """The zero-dependency ``MemoryStore``: ordered by ``created_at``, ties by insertion.
 
     Saving a message whose id is already stored is a no-op when the message is identical and a
     ``ValueError`` otherwise (messages are immutable). Has the working-memory capability.
+    ``close()``, ``with`` and ``async with`` work as for the SQLite store, so code can close any
+    store the same way; there is nothing to release, and the messages stay readable.
     """
+
+    def _close(self) -> None:
+        pass  # (nothing held: the messages live as long as the object)
 
     def __init__(self) -> None:
         self._threads: dict[str, _Thread] = {}

@@ -18,6 +18,7 @@ import itertools
 from collections import OrderedDict
 from typing import Protocol, runtime_checkable
 
+from .memory import SyncClosing
 from .messages import ObservationRecord, check_text, check_thread_id, shown_id
 
 
@@ -158,12 +159,16 @@ class _ThreadRecords:
         self.uncovered: list[int] = []  # the observations before the newest reflection it does not cover
 
 
-class InMemoryObservationStore:
+class InMemoryObservationStore(SyncClosing):
     """The default ``ObservationStore``, with the ``list_recent`` and delete-epoch capabilities.
 
     Records live as long as the process; losing them (a restart) costs correctness nothing: the
-    next read re-observes. A deleted thread leaves nothing behind (no tombstone).
+    next read re-observes. A deleted thread leaves nothing behind (no tombstone). ``close()``,
+    ``with`` and ``async with`` work as for the SQLite store; there is nothing to release.
     """
+
+    def _close(self) -> None:
+        pass  # (nothing held: the records live as long as the object)
 
     def __init__(self) -> None:
         self._threads: dict[str, _ThreadRecords] = {}

@@ -572,6 +572,24 @@ async def test_every_store_closes_alike(tmp_path) -> None:
             await used(opened)
 
 
+async def test_the_in_memory_stores_close_like_the_others() -> None:
+    """Code closing its stores generically (``async with memory, observations:``, ``await
+    store.close()``) failed on the in-memory stores, the defaults, with an AttributeError or
+    "does not support the asynchronous context manager protocol"; they have nothing to release,
+    so closing keeps what they hold."""
+    from omem_core import InMemoryMemoryStore
+    from omem_core.observations import InMemoryObservationStore
+
+    async with InMemoryMemoryStore() as memory, InMemoryObservationStore() as observations:
+        await memory.save_messages([msg(0)])
+    with memory, observations:
+        pass
+    await memory.close()
+    memory.close()  # twice, and without await
+    await observations.close()
+    assert [m.id for m in await memory.recall("t", last=5)] == ["m0"] and await observations.list("t") == []
+
+
 async def test_a_read_of_a_non_str_thread_and_a_message_of_wrong_types_are_refused(make_memory_store) -> None:
     """recall(None) returned [] as if the thread were empty; Message(id=1, content=5) was built
     and refused only at save (a bad role or a naive clock already failed at construction)."""
