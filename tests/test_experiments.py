@@ -128,6 +128,16 @@ def test_an_experiment_scores_every_run_with_the_rule_it_started_with(tmp_path) 
         # the same replays, scored two ways: rule 1 credited the window every message's date
         assert old_runs.retention_window_only.sum() > new_runs.retention_window_only.sum()
         assert (ex.report(store, new)["scoring"], ex.report(store, old)["scoring"]) == (SCORING, 1)
+        # one of its runs resumed on its own (`replay --resume`) is scored under the experiment's rule too
+        from workbench.datasets import load_conversation
+        from workbench.replay import replay
+
+        run_id = old_runs.run_id.iloc[0]
+        store.set_status(run_id, "failed", "a test")
+        store.update_run(run_id, scoring=None)
+        asyncio.run(replay(load_conversation(DEMO, old_runs.conversation_id.iloc[0]),
+                           ReplayConfig.from_json(json.loads(old_runs.config.iloc[0])), store, resume=run_id))
+        assert store.run(run_id)["status"] == "completed" and store.run(run_id)["scoring"] == 1
     code, out, _ = invoke("experiment", "show", old, "--db", str(db))
     assert code == 0 and "scored under rule 1" in out
     code, out, _ = invoke("experiment", "show", new, "--db", str(db))

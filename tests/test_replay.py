@@ -140,11 +140,14 @@ def test_a_version_1_store_is_upgraded_and_keeps_its_rows(tmp_path) -> None:
                 "messages) VALUES ('old', now(), now(), 'd', 'c', '{}', 'running', 3)")
     con.execute("INSERT INTO runs (run_id, created_at, updated_at, dataset, conversation_id, config, status, "
                 "messages, retention) VALUES ('scored', now(), now(), 'd', 'c', '{}', 'completed', 3, 0.5)")
+    con.execute("INSERT INTO runs (run_id, created_at, updated_at, dataset, conversation_id, config, status, "
+                "messages) VALUES ('no probes', now(), now(), 'd', 'c', '{}', 'completed', 3)")
     con.close()
     with RunStore(path) as s:
         assert s.schema_version() == len(MIGRATIONS) == 6
         # a run scored before the rule was recorded was scored with rule 1; one not scored has none
         assert s.run("scored")["scoring"] == 1 and pd.isna(s.run("old")["scoring"])
+        assert pd.isna(s.run("no probes")["scoring"])  # completed with nothing to score: no rule
         [row] = s.model_calls("old").to_dict("records")
         assert row["stage"] == "reflect" and row["attempts"] == 1 and row["trimmed"] == False  # noqa: E712
         run = s.run("old")  # an old 'running' row names no owner: nothing says it died, so it stays
@@ -405,11 +408,24 @@ def test_a_date_counts_only_beside_a_distinctive_word_of_its_question() -> None:
     assert old.score(siblings, full) == 1.0 and new.score(siblings, full) == 0.0  # "ana" is in half the lines
     assert old.score(group, full) == new.score(group, full) == 1.0  # the support group's own line is dated
     # the memory's notes: a line is dated by the heading above it, however the heading is written
-    for heading in ("2 May 2024", "## Thursday, 2 May 2024", "**2 May 2024**", "2024-05-02"):
+    for heading in ("2 May 2024", "## Thursday, 2 May 2024", "**May 2nd, 2024**", "Date: 2024-05-02",
+                    "1:56 pm on 2 May, 2024", "Session 3 (2 May 2024)", "- 2 May 2024"):
         notes = Message(id="n", thread_id="c", role="system", created_at=start,
                         content=f"{heading}\n- Ana went to a support group.")
-        assert new.score(group, Visible([notes])) == (1.0 if heading != "2024-05-02" else 1 / 3), heading
+        assert new.score(group, Visible([notes])) == 1.0, heading
         assert new.score(siblings, Visible([notes])) == 0.0
+    # a weekday or a number alone is a note, not a heading: it is text, and dates nothing below it
+    notes = Message(id="n", thread_id="c", role="system", created_at=start,
+                    content="2 May 2024\n- Ana: swims on:\n- Monday\n- 2nd\n- Ana went to a support group.")
+    assert new.score(Probe("d", "Which day does Ana swim?", "Monday", "single"), Visible([notes])) == 1.0
+    assert new.score(group, Visible([notes])) == 1.0
+    # a date stamping a note line is its date, not text for every question
+    for line in ("- 2 May 2024: Ana read a book.", "- (2 May 2024) Ana: read a book", "- [Thursday, 2 May 2024] Ana read"):
+        notes = Message(id="n", thread_id="c", role="system", created_at=start, content=line)
+        assert old.score(siblings, Visible([notes])) == 1.0 and new.score(siblings, Visible([notes])) == 0.0, line
+    # in a short conversation a word said once is distinctive (under 10 messages none was)
+    short = Conversation("c", turns[:5], [group])
+    assert Scorer(short).score(group, Visible([t.to_message("c") for t in turns[:5]])) == 1.0
     # a note line of a number alone is not a heading; a date written into a line always counts
     notes = Message(id="n", thread_id="c", role="system", created_at=start,
                     content="2 May 2024\n- 42\n- Ana: siblings: 2")

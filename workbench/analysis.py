@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 
 from .formatting import display, money, progress, ratio, share  # noqa: F401  (display: re-exported)
+from .retention import scoring_rule
 from .runstore import RunStore
 
 SUMMARY_ROWS = [
@@ -28,7 +29,7 @@ SUMMARY_ROWS = [
     ("retention_full_history", "retention (full history)"),
     ("retention_window_only", "retention (window only)"),
     ("retention_recent", "retention (newest K tokens)"),
-    ("scoring", "retention scoring rule"),
+    ("scoring", "scoring rule (retention)"),  # (not "retention …": that row name formats a share)
     ("cost_usd", "cost (USD)"),
 ]
 
@@ -73,6 +74,7 @@ def compare_runs(store: RunStore, run_a: str, run_b: str) -> pd.DataFrame:
         values: dict[str, Any] = {"conversation": run["conversation_id"], **config_rows(run["config"])}
         for key, name in SUMMARY_ROWS:
             values[name] = run.get(key)
+        values["scoring rule (retention)"] = scoring_rule(run.get("scoring"))  # 2, not "2.000"
         values["status"] = progress(run["status"], run.get("steps"), run.get("planned_steps"))
         if run["status"] != "completed":  # say which figures describe only the prefix replayed
             from .app_data import last_read_compression  # (app_data imports this module)

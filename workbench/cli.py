@@ -888,7 +888,8 @@ def compare(run_a: str, run_b: str, as_json: bool, db: str) -> None:
         click.echo(f"warning: the two runs replayed different conversations (A {conversations[0]}, "
                    f"B {conversations[1]}); their figures are not directly comparable", err=True)
     if note := scoring_note([run.get("scoring") for run in runs]):
-        click.echo(f"warning: {note}", err=True)
+        click.echo(f"warning: {note}; to score both under the current rule, with no model call: "
+                   + cli_command("rescore --all", db), err=True)
     if as_json:
         click.echo(table.to_json(orient="columns"))
     else:  # the long configuration labels above the table, so that it fits a terminal
@@ -921,7 +922,7 @@ def runs_command(experiment_id: str | None, as_json: bool, db: str) -> None:
     columns = ["run_id", "status", "conversation_id", "messages", "steps", "compression", "retention", "label"]
     if as_json:  # (with what tells runs of two experiments apart: their ids, datasets, costs and times)
         more = ["created_at", "dataset", "experiment_id", "config_label", "planned_steps", "observer_calls",
-                "reflector_calls", "cost_usd", "error"]
+                "reflector_calls", "cost_usd", "error", "scoring"]
         click.echo(frame[columns + more].to_json(orient="records", date_format="iso"))
     elif frame.empty:
         click.echo(f"no runs in {db}")
@@ -942,6 +943,15 @@ def runs_command(experiment_id: str | None, as_json: bool, db: str) -> None:
             else:  # a long status (a failed run's) and configuration: the configuration below, indented
                 click.echo(line)
                 click.echo(f"    {name}")
+        from .retention import SCORING, scoring_rule
+
+        earlier = [r for r in frame.itertuples() if scoring_rule(r.scoring) not in (None, SCORING)]
+        if earlier:  # (their retention is not comparable with the others')
+            _echo_wrapped(f"{count(len(earlier), 'run')} scored under an earlier retention rule (rule "
+                          f"{', '.join(sorted({str(scoring_rule(r.scoring)) for r in earlier}))}): "
+                          f"{', '.join(r.run_id for r in earlier[:3])}{' …' if len(earlier) > 3 else ''}; their "
+                          "retention is not comparable with the others'; to score them under the current rule, with "
+                          "no model call: " + cli_command("rescore --all", db))
         if several > 1:  # ("obs 1000" of two experiments read alike: their labels name what varies in each)
             click.echo(f"(runs of {several} experiments: `runs --experiment ID` lists one's, `experiment list` "
                        "names them)")
@@ -967,6 +977,71 @@ def delete_command(run_ids: tuple[str, ...], yes: bool, db: str) -> None:
         for run_id in run_ids:  # each in its own transaction: one another process is replaying stops here
             store.delete_run(run_id)
             click.echo(f"deleted run {run_id}")
+
+
+@cli.command("rescore")
+@click.argument("run_ids", nargs=-1, metavar="[RUN_ID]...")
+@click.option("--experiment", "experiment_ids", multiple=True, metavar="ID",
+              help="An experiment: all of its completed runs, in one write (repeatable).")
+@click.option("--all", "every", is_flag=True, help="Every experiment and run scored under an earlier rule.")
+@DB_OPTION
+def rescore_command(run_ids: tuple[str, ...], experiment_ids: tuple[str, ...], every: bool, db: str) -> None:
+    """Score recorded runs again under the current retention rule, from the run store alone (no
+    model call, no dataset). Each run is first scored again under the rule it recorded, and is left
+    as it is unless that gives back every recorded score. An experiment's runs are re-scored all
+    together, and its later runs (a resume's) are scored under the current rule too."""
+    from .rescore import RescoreError, earlier_runs, rescore_experiment, rescore_runs
+    from .retention import SCORING, SCORING_RULES
+
+    if not (run_ids or experiment_ids or every):
+        raise click.UsageError("name runs (RUN_ID...), experiments (--experiment ID) or --all")
+    failed = 0
+    with _using_store(db, existing=True) as store:
+        if every:
+            old_experiments, old_runs = earlier_runs(store)
+            experiment_ids = tuple(dict.fromkeys((*experiment_ids, *old_experiments)))
+            run_ids = tuple(dict.fromkeys((*run_ids, *old_runs)))
+            if not (experiment_ids or run_ids):
+                click.echo(f"nothing to re-score: every run is scored under rule {SCORING} "
+                           f"({SCORING_RULES[SCORING]})")
+                return
+        for experiment_id in dict.fromkeys(experiment_ids):
+            if _experiment_rule(store, experiment_id) == SCORING:
+                click.echo(f"experiment {experiment_id}: already scored under rule {SCORING}")
+                continue
+            try:
+                done = rescore_experiment(store, experiment_id)
+            except RescoreError as exc:
+                failed += 1
+                click.echo(f"error: experiment {experiment_id} was not re-scored: {exc}", err=True)
+            else:
+                click.echo(f"experiment {experiment_id}: {count(len(done), 'completed run')} re-scored under rule "
+                           f"{SCORING}; its figures: {cli_command(f'experiment show {experiment_id}', store.path)}")
+        for run_id in dict.fromkeys(run_ids):
+            try:
+                done = rescore_runs(store, [run_id])
+            except RescoreError as exc:
+                failed += 1
+                click.echo(f"error: {exc}", err=True)
+                continue
+            click.echo(done[0].describe() if done else f"run {run_id}: already scored under rule {SCORING}")
+    if failed:
+        raise click.ClickException(f"{count(failed, 'run or experiment', 'runs or experiments')} not re-scored "
+                                   "(see above); everything else was")
+
+
+def _stored_rule(options: str | dict[str, Any]) -> int:
+    """The scoring rule of an experiment's options as listed (JSON text) or read (a dict)."""
+    from .experiments import ExperimentOptions
+
+    return ExperimentOptions.stored(json.loads(options) if isinstance(options, str) else options).scoring
+
+
+def _experiment_rule(store: RunStore, experiment_id: str) -> int:
+    """The retention scoring rule an experiment's runs are scored under."""
+    from .experiments import ExperimentOptions
+
+    return ExperimentOptions.stored(store.experiment(experiment_id)["options"]).scoring
 
 
 OVERWRITE_OPTION = click.option("--overwrite", is_flag=True, help="Replace Parquet files already in the folder.")
@@ -1098,7 +1173,8 @@ def _print_report(data: dict[str, Any], db: str) -> None:
     from .retention import earlier_rule_note
 
     if note := earlier_rule_note(data.get("scoring")):
-        _echo_wrapped(f"note: {note}")
+        _echo_wrapped(f"note: {note}; to score it under the current rule, with no model call: "
+                      + cli_command(f"rescore --experiment {data['experiment_id']}", db))
     # A label longer than the column is written on a line of its own above its figures (cut, two
     # labels could read the same; in full, the table would not fit 100 columns).
     width = len("configuration")
@@ -1426,7 +1502,8 @@ def experiment_list(as_json: bool, db: str) -> None:
         from .experiments import listed_status
 
         listed = frame[[*columns, "failed_runs"]].assign(status_text=[listed_status(r) for r in frame.to_dict("records")],
-                                                         grid=frame.configs.map(_grid_of))
+                                                         grid=frame.configs.map(_grid_of),
+                                                         scoring=frame.options.map(_stored_rule))
         click.echo(listed.to_json(orient="records", date_format="iso"))
     elif frame.empty:
         click.echo(f"no experiments in {db}")
@@ -1443,6 +1520,12 @@ def experiment_list(as_json: bool, db: str) -> None:
         shown["grid"] = frame.configs.map(_grid_of)  # (what tells experiments of one dataset apart)
         click.echo(shown.astype(object).map(lambda v: MISSING if missing(v) else v).to_string(
             index=False, formatters={"grid": lambda v: f"  {v}"}))
+        from .retention import SCORING
+
+        earlier = [e for e, o in zip(frame.experiment_id, frame.options) if _stored_rule(o) != SCORING]
+        if earlier:
+            _echo_wrapped(f"scored under an earlier retention rule: {', '.join(earlier)}; to score them under the "
+                          "current rule, with no model call: " + cli_command("rescore --all", db))
 
 
 @experiment.command("show")
@@ -1476,10 +1559,16 @@ def experiment_compare(experiment_id: str, label_a: str | None, label_b: str | N
             raise ex.ExperimentError(f"{experiment_id} has one configuration; nothing to compare")
         diff = ex.compare(store, experiment_id, label_a or names[0], label_b or names[1])
         tally = ex.conversation_tally(store.experiment_probes(experiment_id), diff.a, diff.b)
+        rule = _experiment_rule(store, experiment_id)
+    from .retention import earlier_rule_note
+
+    if note := earlier_rule_note(rule):
+        click.echo(f"note: {note}; to score it under the current rule, with no model call: "
+                   + cli_command(f"rescore --experiment {experiment_id}", db), err=True)
     if as_json:
         _say_json({"a": diff.a, "b": diff.b, "probes": diff.probes, "retention_diff": diff.difference,
                    "ci95": list(diff.ci95) if diff.ci95 else None, "verdict": diff.verdict(),
-                   "conversations": tally})
+                   "conversations": tally, "scoring": rule})
     else:
         _echo_wrapped(_comparison_line(diff.a, diff.b, diff.verdict(), diff.difference is not None and not diff.detectable,
                                        f" on {count(diff.probes, 'shared probe')}") + ex.tally_text(diff.a, diff.b, tally))

@@ -1119,6 +1119,13 @@ async def _judge_experiment(store: Any, experiment_id: str, options: ExperimentO
             raise
 
 
+def _utc(value: Any) -> Any:
+    """A stored time in UTC (DuckDB hands TIMESTAMPTZ back in the machine's zone): a message's
+    date is its day in UTC, as the replay scored it."""
+    stamp = pd.Timestamp(value)
+    return (stamp.tz_convert("UTC") if stamp.tzinfo is not None else stamp.tz_localize("UTC")).to_pydatetime()
+
+
 def _final_context(store: Any, run_id: str) -> list[Any]:
     """What the agent would see at the end of a run, as word retention scores it: the memory of
     the last step (no pass runs after it) and the last N messages of the conversation (not the
@@ -1139,7 +1146,7 @@ def _final_context(store: Any, run_id: str) -> list[Any]:
     window = int(store.run(run_id)["config"]["last_messages"])
     for message_id, row in (messages.iloc[-window:] if window else messages.iloc[:0]).iterrows():
         out.append(Message(id=message_id, thread_id="t", role=row.role, content=row.content,
-                           created_at=row.created_at.to_pydatetime()))
+                           created_at=_utc(row.created_at)))
     return out
 
 

@@ -295,6 +295,21 @@ def _start(conversation: Conversation, config: ReplayConfig, store: RunStore | N
     return config, recorder, start_index
 
 
+def _experiment_rule(store: RunStore, run_id: str) -> int:
+    """The scoring rule of the experiment run ``run_id`` belongs to (the current one for a run of
+    no experiment, or an id the store does not hold: the resume's own check says so)."""
+    from .experiments import ExperimentOptions
+    from .runstore import UnknownRun
+
+    try:
+        owner = store.run(run_id).get("experiment_id")
+        if isinstance(owner, str) and owner:
+            return ExperimentOptions.stored(store.experiment(owner)["options"]).scoring
+    except UnknownRun:
+        pass
+    return SCORING
+
+
 async def replay(
     conversation: Conversation,
     config: ReplayConfig = ReplayConfig(),
@@ -307,7 +322,7 @@ async def replay(
     cache_dir: str | Path | None = None,
     recorder: MemoryRecorder | None = None,
     completion_extra: dict[str, Any] | None = None,
-    scoring: int = SCORING,
+    scoring: int | None = None,
 ) -> ReplayResult:
     """Replay ``conversation`` under ``config``; record into ``store`` when given.
 
@@ -323,9 +338,12 @@ async def replay(
     Without ``store``, the run is kept by ``recorder`` (a :class:`MemoryRecorder`, made here when
     not given): an experiment's worker replays that way and hands the run to the one writer.
     ``completion_extra`` adds litellm arguments to every call (``num_retries``, ``api_base``, …).
-    ``scoring`` is the retention scoring rule (:data:`workbench.retention.SCORING_RULES`; the
-    current one by default), recorded with the run's figures.
+    ``scoring`` is the retention scoring rule (:data:`workbench.retention.SCORING_RULES`),
+    recorded with the run's figures: by default the current one, or for a resumed run of an
+    experiment the experiment's (its runs are scored under one rule).
     """
+    if scoring is None:
+        scoring = _experiment_rule(store, resume) if store is not None and resume is not None else SCORING
     try:
         check_scoring(scoring)
     except ValueError as exc:

@@ -70,8 +70,40 @@ DISTINCTIVE = 0.1
 _MONTHS = ("january", "february", "march", "april", "may", "june", "july", "august", "september", "october",
            "november", "december")
 _WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
-_DATE_NAMES = frozenset({*_MONTHS, *(m[:3] for m in _MONTHS), "sept", *_WEEKDAYS, *(d[:3] for d in _WEEKDAYS)})
-_ORDINAL = regex.compile(r"\d{1,2}(?:st|nd|rd|th)")
+# A date as notes write one: "8 May 2023", "8th of May, 2023", "May 8, 2023", "Monday, 8 May 2023",
+# "2023-05-08", "2023/05/08" (day/month orders written with slashes alone are ambiguous: not read).
+_MONTH = r"(?P<{}>jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sep(?:t(?:ember)?)?" \
+         r"|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)\.?"
+_WEEKDAY = r"(?:(?P<weekday>mon|tue(?:s)?|wed(?:nes)?|thu(?:r(?:s)?)?|fri|sat(?:ur)?|sun)(?:day)?\.?,?\s+)?"
+_DATE = regex.compile(
+    _WEEKDAY + r"(?:(?P<d1>\d{1,2})(?:st|nd|rd|th)?\s+(?:of\s+)?" + _MONTH.format("m1") + r",?\s+(?P<y1>\d{4})"
+    r"|" + _MONTH.format("m2") + r"\s+(?P<d2>\d{1,2})(?:st|nd|rd|th)?,?\s+(?P<y2>\d{4})"
+    r"|(?P<y3>\d{4})[-/](?P<m3>\d{1,2})[-/](?P<d3>\d{1,2}))(?![\w/-])", regex.IGNORECASE)
+_TIME = regex.compile(r"\b\d{1,2}(?:[:.]\d{2})?\s*[ap]\.?m\b\.?|\b\d{1,2}:\d{2}\b", regex.IGNORECASE)
+_BULLET = regex.compile(r"\s*(?:[-*•+]|\d+[.)])\s+")
+# words a heading may hold beside its date and time ("Date: …", "Session 3 — …", "… at 1:56 pm on …")
+_HEADING_WORDS = frozenset({"date", "pm", "p", "m", "on", "at"})
+_SESSION = regex.compile(r"\b(?:session|day|part)\s+\d+\b", regex.IGNORECASE)
+# a line's own date at its start, before a separator: "(8 May 2023) …", "8 May 2023: …", "[2023-05-08] …"
+_LEADING = regex.compile(r"\s*[(\[]?\s*(?:date\W*)?$DATE(?:\s*,?\s*(?:at\s+)?$TIME)?\s*[)\]]?\s*(?:[:\-–—|]\s*|\s+(?=\S))"
+                         .replace("$DATE", _DATE.pattern).replace("$TIME", _TIME.pattern), regex.IGNORECASE)
+
+
+def _date_words(match: regex.Match) -> set[str]:
+    """A date's words as message dates are written ("8 may 2023", with its weekday when given),
+    whatever the notes' spelling ("May 8th, 2023", "2023-05-08")."""
+    day, month, year = (next(match[f"{k}{i}"] for i in (1, 2, 3) if match[f"{k}{i}"]) for k in ("d", "m", "y"))
+    if month.isdigit():
+        number = int(month)
+        if not 1 <= number <= 12:
+            return content_words(match[0])
+        name = _MONTHS[number - 1]
+    else:
+        name = next(m for m in _MONTHS if m.startswith(month.lower().rstrip(".")[:3]))
+    words = {str(int(day)), name, year}
+    if match["weekday"]:
+        words.add(next(d for d in _WEEKDAYS if d.startswith(match["weekday"].lower()[:3])))
+    return words
 
 
 def content_words(text: str) -> set[str]:
@@ -128,14 +160,32 @@ def earlier_rule_note(rule: Any) -> str | None:
 
 
 def _date_heading(line: str) -> set[str] | None:
-    """The words of ``line`` when it is a date alone ("8 May 2023", "## Tuesday, 9 May 2023",
-    "2023-05-08"), else ``None``."""
-    words = content_words(line)
-    if not words or not all(w in _DATE_NAMES or w.isdigit() or _ORDINAL.fullmatch(w) for w in words):
+    """The words of a date when ``line`` is a date heading — a line holding a whole date and
+    nothing else but its weekday, a clock time and words like "Date:" or "Session 3" ("8 May
+    2023", "## Tuesday, 9 May 2023", "**May 9, 2023**", "- 9 May 2023", "Date: 2023-05-09",
+    "1:56 pm on 8 May, 2023") — else ``None``. A weekday or a month alone ("- Monday") is a note."""
+    bullet = _BULLET.match(line)
+    line = line[bullet.end():] if bullet else line  # ("- 8 May 2023" over indented bullets)
+    match = _DATE.search(line)
+    if match is None:
         return None
-    if any(not w.isdigit() for w in words) or regex.fullmatch(r"\W*\d{4}-\d{1,2}-\d{1,2}\W*", line):
-        return words
-    return None  # a line of numbers alone ("- 42") is a note, not a date
+    rest = _SESSION.sub(" ", _TIME.sub(" ", line[:match.start()] + " " + line[match.end():]))
+    if not content_words(rest) <= _HEADING_WORDS:
+        return None
+    return _date_words(match)
+
+
+def _dated_line(line: str) -> tuple[set[str], set[str]]:
+    """A note line's own words and the date it starts with, if any ("- (7 May 2023) Ana: …",
+    "- 7 May 2023: …"): a date that stamps a line is its date, as a heading would be; a date
+    within the text ("yesterday (7 May 2023)") is text."""
+    bullet = _BULLET.match(line)
+    body = line[bullet.end():] if bullet else line
+    leading = _LEADING.match(body)
+    if leading is None:
+        return content_words(line), set()
+    date = _DATE.search(leading[0])
+    return content_words(body[leading.end():]), _date_words(date) if date else set()
 
 
 class Visible:
@@ -147,40 +197,41 @@ class Visible:
     """
 
     def __init__(self, messages: Sequence[Message] = (), notes: Sequence[str] = ()) -> None:
-        self.words: set[str] = set()  # the lines' own words
-        self.dates: set[str] = set()  # every date's words (rule 1)
+        self.everything: set[str] = set()  # every word as written, dates included (rule 1)
+        self.words: set[str] = set()  # the lines' own words, their dates left out
         self._dates_by_word: dict[str, set[str]] = {}  # a line's word -> the words of that line's date
         for message in messages:
             if message.role == "system":
                 self._notes(message.content)
             else:
+                self.everything |= content_words(render_for_scoring(message))
                 self._line(content_words(message.content),
                            content_words(f"{message.created_at.day} {message.created_at:%B %Y}"))
         for text in notes:
             self._notes(text)
 
     def _notes(self, text: str) -> None:
+        self.everything |= content_words(text)
         date: set[str] = set()
         for line in text.splitlines():
             heading = _date_heading(line)
             if heading is not None:
                 date = heading
-                self.dates |= heading
-            else:
-                self._line(content_words(line), date)
+                continue
+            words, own = _dated_line(line)
+            self._line(words, own or date)
 
     def _line(self, words: set[str], date: set[str]) -> None:
         self.words |= words
         if date:
-            self.dates |= date
             for word in words:
                 self._dates_by_word.setdefault(word, set()).update(date)
 
     def for_question(self, question_words: set[str] | None) -> set[str]:
-        """The words that count for a question: every word and date under rule 1 (``None``);
+        """The words that count for a question: every word as written under rule 1 (``None``);
         under rule 2 the lines' words and the dates of the lines sharing ``question_words``."""
         if question_words is None:
-            return self.words | self.dates
+            return self.everything
         found = set(self.words)
         for word in question_words:
             found |= self._dates_by_word.get(word, set())
@@ -198,7 +249,7 @@ class Scorer:
             for word in content_words(turn.content):
                 said[word] = said.get(word, 0) + 1
         self._said = said
-        self._limit = DISTINCTIVE * len(turns)
+        self._limit = max(1.0, DISTINCTIVE * len(turns))  # (a word said once is distinctive)
 
     def question_words(self, question: str | None) -> set[str] | None:
         """The words of ``question`` a date must share a line with to count (``None``: any date

@@ -252,7 +252,7 @@ ALTER TABLE experiments ADD COLUMN other_cost_unknown BOOLEAN DEFAULT false;  --
 # the runs scored before it was recorded were scored with rule 1; NULL is a run not scored (yet).
 _M006 = """
 ALTER TABLE runs ADD COLUMN scoring INTEGER;
-UPDATE runs SET scoring = 1 WHERE retention IS NOT NULL OR status = 'completed';
+UPDATE runs SET scoring = 1 WHERE retention IS NOT NULL;
 """
 
 MIGRATIONS: list[tuple[int, str, str]] = [(1, "initial", _M001), (2, "reflection tightening", _M002),
@@ -974,6 +974,30 @@ class RunStore:
             cur.execute("DELETE FROM probe_losses WHERE run_id = ?", [run_id])
             _insert_losses(cur, run_id, rows)
 
+    def write_rescored(self, runs: Sequence[Any], *, experiment_id: str | None = None, rule: int | None = None) -> None:
+        """Runs re-scored under another retention rule (:class:`workbench.rescore.Rescored`: their
+        word-retention probe rows, loss rows and figures), and with ``experiment_id`` the rule its
+        runs are scored under from now on, in one transaction: all of it or nothing."""
+        methods = sorted({row["method"] for run in runs for row in run.probes})
+        with self._transaction() as cur:
+            for run in runs:
+                _require_run(cur, run.run_id, self.path)
+                if methods:
+                    cur.execute(f"DELETE FROM probes WHERE run_id = ? AND method IN ({', '.join('?' * len(methods))})",
+                                [run.run_id, *methods])
+                _insert_dicts(cur, "probes", run.run_id, [_redacted_answer(row) for row in run.probes])
+                if run.losses is not None:
+                    cur.execute("DELETE FROM probe_losses WHERE run_id = ?", [run.run_id])
+                    _insert_losses(cur, run.run_id, run.losses)
+                assignments = ", ".join(f"{key} = ?" for key in run.figures)
+                cur.execute(f"UPDATE runs SET {assignments}, updated_at = ? WHERE run_id = ?",
+                            [*run.figures.values(), _now(), run.run_id])
+            if experiment_id is not None:
+                options = json.loads(cur.execute("SELECT options FROM experiments WHERE experiment_id = ?",
+                                                 [experiment_id]).fetchall()[0][0])
+                cur.execute("UPDATE experiments SET options = ?, updated_at = ? WHERE experiment_id = ?",
+                            [json.dumps({**options, "scoring": rule}, sort_keys=True), _now(), experiment_id])
+
     def write_run(self, payload: dict[str, Any], *, messages: Sequence[dict[str, Any]]) -> str:
         """A whole run replayed elsewhere (an experiment's worker), written in one transaction:
         a run is in the store entirely or not at all. Returns its id."""
@@ -1136,6 +1160,9 @@ class RunStore:
 
     def messages(self, run_id: str) -> pd.DataFrame:
         return self._df("SELECT * FROM messages WHERE run_id = ? ORDER BY idx", [run_id])
+
+    def losses(self, run_id: str) -> pd.DataFrame:
+        return self._df("SELECT * FROM probe_losses WHERE run_id = ? ORDER BY probe_id", [run_id])
 
     def prompts(self) -> pd.DataFrame:
         return self._df("SELECT * FROM prompts ORDER BY name, created_at")

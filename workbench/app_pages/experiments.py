@@ -1,5 +1,6 @@
 """Experiments: launch a dataset × grid of configurations, watch it, resume, list, export, delete."""
 
+import json
 import time
 from pathlib import Path
 
@@ -29,7 +30,8 @@ from workbench.experiments import (
 )
 from workbench.models import usable_models
 from workbench.replay import TOKEN_COUNTERS, configuration_problem
-from workbench.retention import earlier_rule_note
+from workbench.rescore import RescoreError, rescore_experiment
+from workbench.retention import SCORING, earlier_rule_note
 
 FOLLOW_EVERY_S = 3.0  # while an experiment runs here, the page is drawn again at most this often ...
 FOLLOW_SHARE = 0.25  # ... and it spends at most about this share of the time drawing (it slowed the run)
@@ -244,6 +246,10 @@ if existing.empty:
 st.subheader("Experiments")
 listing = app_data.sortable(app_data.experiments_numbers(existing), app_data.EXPERIMENTS_FORMATS)
 ui.figures(listing, hide_index=True, key="xp_table", column_order=app_data.key_first(listing.columns, app_data.EXPERIMENTS_FIRST))
+if earlier := [e for e, o in zip(existing.experiment_id, existing.options)
+               if ExperimentOptions.stored(json.loads(o) if isinstance(o, str) else o).scoring != SCORING]:
+    st.caption(ui.plain(f"Scored under an earlier retention rule, not comparable with the others: {', '.join(earlier)} "
+                        "(each can be re-scored on its page)."))
 # (the picker's label said "interrupted" for the experiment resuming here, as the list did before)
 experiment_id = ui.experiment_picker(store, "Experiment", "xp_pick", frame=existing)
 tables = ui.experiment_tables(store, experiment_id)
@@ -256,6 +262,23 @@ resuming = experiment_id in here  # running in a thread of this process (started
 shown_status = (f"running · {done} of {planned} runs completed" if resuming
                 else app_data.experiment_status(experiment, runs))
 st.text(f"{experiment_id} · {shown_status} · {fmt.short_path(experiment['dataset'])}")
+# (before any figure: read first, they were taken for figures under the current rule)
+if rescored := st.session_state.pop("xp_rescored", None):
+    st.success(rescored)
+if earlier := earlier_rule_note(ExperimentOptions.stored(experiment["options"]).scoring):
+    st.warning(ui.plain(earlier[0].upper() + earlier[1:] + "."))
+    if st.button(f"Re-score under rule {SCORING}", key="xp_rescore", disabled=resuming,
+                 help="Scores its completed runs again from the run store, with no model call, and its later runs "
+                      "under the same rule. Each run is first checked to give back its recorded scores under its "
+                      "own rule; if any does not, nothing is changed and the reason is shown."):
+        try:
+            done = rescore_experiment(store, experiment_id)
+        except (RescoreError, WorkbenchError) as exc:
+            ui.error("**Not re-scored:** ", exc)
+        else:
+            st.session_state["xp_rescored"] = (f"{fmt.count(len(done), 'completed run')} re-scored under rule "
+                                               f"{SCORING}: the figures below are under it.")
+            st.rerun()
 if resuming:
     seen = background.job(experiment_id)
     seen_done = seen.progress.done if seen is not None and seen.progress is not None else 0
@@ -386,8 +409,6 @@ ui.figures(summary, hide_index=True, key="xp_summary", column_order=app_data.key
            column_config={"configuration": st.column_config.Column(pinned=True)})
 if spent := app_data.spent_note(experiment, runs, summaries):
     st.caption(spent)
-if earlier := earlier_rule_note(ExperimentOptions.stored(experiment["options"]).scoring):
-    st.warning(ui.plain(earlier[0].upper() + earlier[1:] + "."))
 if uneven := uneven_note(runs):
     st.warning(uneven)
 if len(experiment["conversations"]) > 1:

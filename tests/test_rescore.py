@@ -1,0 +1,171 @@
+"""Re-scoring recorded runs under the current retention rule, from the run store alone.
+
+A run replayed under rule 1 and re-scored must read exactly as the same replay scored under the
+current rule (probe rows, loss rows, figures); a run whose final context cannot be rebuilt is left
+as it was; an experiment is re-scored whole or not at all."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from workbench import experiments as ex
+from workbench.cli import cli
+from workbench.datasets import load_conversation
+from workbench.replay import ReplayConfig, replay
+from workbench.rescore import RescoreError, rescore_experiment, rescore_run
+from workbench.retention import SCORING
+from workbench.runstore import RunStore
+
+DEMO = Path(__file__).resolve().parents[1] / "datasets" / "demo.jsonl"
+CONFIG = ReplayConfig(observation_threshold=150, reflection_threshold=300, cache=False)
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("OMEM_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def rows(frame, drop=("run_id",)):
+    return frame.drop(columns=list(drop)).sort_values(list(frame.columns[1:3])).reset_index(drop=True)
+
+
+def test_a_run_rescored_reads_as_the_same_replay_scored_under_the_current_rule(tmp_path) -> None:
+    """The point of re-scoring: an old (paid) run need not be replayed to be compared with new
+    ones. Probe rows, loss rows and figures come out exactly as a replay under the current rule."""
+    conversation = load_conversation(DEMO)
+    with RunStore(tmp_path / "x.duckdb") as store:
+        old = asyncio.run(replay(conversation, CONFIG, store, scoring=1)).run_id
+        new = asyncio.run(replay(conversation, CONFIG, store)).run_id
+        before = store.run(old)
+        assert before["scoring"] == 1 and before["retention_window_only"] > store.run(new)["retention_window_only"]
+        rescored = rescore_run(store, old)
+        assert store.run(old)["scoring"] == 1  # computed, not written yet
+        store.write_rescored([rescored])
+        after, fresh = store.run(old), store.run(new)
+        assert after["scoring"] == fresh["scoring"] == SCORING
+        for key in ("retention", "retention_full_history", "retention_window_only", "retention_recent"):
+            assert after[key] == pytest.approx(fresh[key], abs=1e-12), key
+        assert rows(store.probes(old)).equals(rows(store.probes(new)))
+        assert rows(store.losses(old)).equals(rows(store.losses(new)))
+        assert "retention 0.7" in rescored.describe() and "was rule 1" in rescored.describe()
+    code, out, _ = invoke("rescore", "--all", "--db", str(tmp_path / "x.duckdb"))
+    assert code == 0 and "nothing to re-score" in out
+
+
+def test_a_run_whose_final_context_cannot_be_rebuilt_is_left_as_it_was(tmp_path) -> None:
+    """Re-scoring trusts the store only when scoring it again under its own rule gives back every
+    recorded score: a record edited since (or a context the store cannot rebuild) leaves the run
+    untouched, with the reason."""
+    import duckdb
+
+    db = tmp_path / "x.duckdb"
+    with RunStore(db) as store:
+        run_id = asyncio.run(replay(load_conversation(DEMO), CONFIG, store, scoring=1)).run_id
+        probes = rows(store.probes(run_id))
+    con = duckdb.connect(str(db))  # the memory's notes emptied behind the store's back
+    con.execute("UPDATE records SET text = '- nothing' WHERE run_id = ?", [run_id])
+    con.close()
+    with RunStore(db) as store:
+        with pytest.raises(RescoreError, match=r"could not be rebuilt exactly.*probe score\(s\) differ"):
+            rescore_run(store, run_id)
+    code, _, err = invoke("rescore", run_id, "--db", str(db))
+    assert code == 1 and "could not be rebuilt exactly" in err and "not re-scored" in err
+    with RunStore(db) as store:
+        assert store.run(run_id)["scoring"] == 1 and rows(store.probes(run_id)).equals(probes)
+
+
+def test_an_experiment_is_rescored_whole_and_scores_its_later_runs_under_the_rule(tmp_path) -> None:
+    """An experiment recorded under rule 1 is re-scored in one write, all its completed runs and
+    the rule it scores a resume's runs under; if one run cannot be, none is. One of its runs alone
+    is refused (it would pool two rules)."""
+    import duckdb
+
+    db = tmp_path / "x.duckdb"
+    grid = [CONFIG, dataclasses.replace(CONFIG, observation_threshold=300, reflection_threshold=600)]
+    with RunStore(db) as store:
+        options = dataclasses.asdict(ex.ExperimentOptions(concurrency=1))
+        del options["scoring"]  # as recorded before there were rules
+        old = store.create_experiment(name=None, dataset=str(DEMO), dataset_format=None,
+                                      conversations=[c.id for c in ex.list_conversations(DEMO)],
+                                      configs=[{"label": ex.labels([c.to_json() for c in grid])[i], "config": c.to_json()}
+                                               for i, c in enumerate(grid)], options=options)
+        new = ex.create_experiment(store, dataset=DEMO, grid=grid, options=ex.ExperimentOptions(concurrency=1))
+        for experiment_id in (old, new):
+            assert asyncio.run(ex.run_experiment(store, experiment_id)).status == "completed"
+        old_runs = store.experiment_runs(old)
+        assert set(old_runs.scoring) == {1}
+        with pytest.raises(RescoreError, match=f"belongs to experiment {old}.*rescore --experiment {old}"):
+            from workbench.rescore import rescore_runs
+
+            rescore_runs(store, [old_runs.run_id.iloc[0]])
+    broken = old_runs.run_id.iloc[1]
+    con = duckdb.connect(str(db))
+    content = con.execute("SELECT content FROM messages WHERE run_id = ? ORDER BY idx DESC LIMIT 1", [broken]).fetchall()
+    con.execute("UPDATE messages SET content = 'changed' WHERE run_id = ? AND content = ?", [broken, content[0][0]])
+    con.close()
+    code, out, err = invoke("rescore", "--experiment", old, "--db", str(db))
+    assert code == 1 and f"experiment {old} was not re-scored" in err
+    with RunStore(db) as store:  # nothing written: not even the runs that could be
+        assert set(store.experiment_runs(old).scoring) == {1}
+        assert ex.report(store, old)["scoring"] == 1
+    con = duckdb.connect(str(db))
+    con.execute("UPDATE messages SET content = ? WHERE run_id = ? AND content = 'changed'", [content[0][0], broken])
+    con.close()
+    code, out, err = invoke("rescore", "--all", "--db", str(db))
+    assert code == 0, err
+    assert f"experiment {old}: 2 completed runs re-scored under rule {SCORING}" in out
+    with RunStore(db) as store:
+        assert set(store.experiment_runs(old).scoring) == {SCORING}
+        assert json.loads(json.dumps(store.experiment(old)["options"]))["scoring"] == SCORING
+        a, b = ex.summarise(store, old), ex.summarise(store, new)
+        assert [s.retention for s in a] == pytest.approx([s.retention for s in b], abs=1e-12)
+        assert rescore_experiment(store, old) == []  # already under the rule: nothing to do
+    code, out, _ = invoke("experiment", "show", old, "--db", str(db))
+    assert code == 0 and "scored under rule 1" not in out
+
+
+def old_experiment(db: Path) -> str:
+    """An experiment on the demo recorded as before there were rules: its runs scored under rule 1."""
+    grid = [CONFIG, dataclasses.replace(CONFIG, observation_threshold=300, reflection_threshold=600)]
+    options = dataclasses.asdict(ex.ExperimentOptions(concurrency=1))
+    del options["scoring"]
+    with RunStore(db) as store:
+        experiment_id = store.create_experiment(
+            name="before the rule", dataset=str(DEMO), dataset_format=None,
+            conversations=[c.id for c in ex.list_conversations(DEMO)],
+            configs=[{"label": ex.labels([c.to_json() for c in grid])[i], "config": c.to_json()}
+                     for i, c in enumerate(grid)], options=options)
+        assert asyncio.run(ex.run_experiment(store, experiment_id)).status == "completed"
+    return experiment_id
+
+
+def test_the_app_says_which_figures_are_under_an_earlier_rule_and_rescores_them(db: Path) -> None:
+    """The Experiments page says so before any figure, and its button re-scores the experiment
+    (then says nothing more); Compare's pair of configurations and the list say so too."""
+    from apptest import PAGES, app
+
+    experiment_id = old_experiment(db)
+    at = app("experiments")
+    warnings = [w.value for w in at.warning]
+    assert any("scored under rule 1" in w.replace("\\", "") for w in warnings), warnings
+    assert any(experiment_id in c.value.replace("\\", "") for c in at.caption)  # the list's note
+    at.switch_page(PAGES.format("compare")).run()
+    assert not at.exception and any("scored under rule 1" in w.value.replace("\\", "") for w in at.warning)
+    at.switch_page(PAGES.format("experiments")).run()
+    at.button(key="xp_rescore").click().run()
+    assert not at.exception, at.exception
+    assert [s.value for s in at.success] == ["2 completed runs re-scored under rule 2: the figures below are under it."]
+    assert not any("scored under rule" in w.value.replace("\\", "") for w in at.warning)
+    with RunStore(db) as store:
+        assert set(store.experiment_runs(experiment_id).scoring) == {SCORING}
