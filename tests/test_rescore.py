@@ -155,7 +155,12 @@ def test_the_app_says_which_figures_are_under_an_earlier_rule_and_rescores_them(
     (then says nothing more); Compare's pair of configurations and the list say so too."""
     from apptest import PAGES, app
 
+    from workbench.export_html import experiment_html, run_html
+
     experiment_id = old_experiment(db)
+    with RunStore(db) as store:  # the exports for stakeholders say it too
+        assert "scored under rule 1" in experiment_html(store, experiment_id)
+        assert "scored under rule 1" in run_html(store, store.experiment_runs(experiment_id).run_id.iloc[0])
     at = app("experiments")
     warnings = [w.value for w in at.warning]
     assert any("scored under rule 1" in w.replace("\\", "") for w in warnings), warnings

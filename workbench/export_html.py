@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 from . import app_data, charts, experiments
 from .analysis import narrate
 from .formatting import MISSING, count, display, missing, percent_of, ratio, share, short_path, tokens
+from .retention import earlier_rule_note
 
 _STYLE = """
 body { font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif; margin: 2rem auto;
@@ -91,6 +92,8 @@ def experiment_html(store: Any, experiment_id: str) -> str:
     if experiment["status"] != "completed":
         page.text("p", f"This experiment {experiments.status_phrase(experiment['status'])}: figures cover the runs "
                        f"that completed. {app_data.as_sentence(experiment.get('error') or '')}", "warn")
+    if earlier := earlier_rule_note(experiments.ExperimentOptions.stored(experiment["options"]).scoring):
+        page.text("p", earlier[0].upper() + earlier[1:] + ".", "warn")
     failed = app_data.failed_configs(runs)
     if not failed.empty:
         page.text("p", f"{count(len(failed), 'run')} did not complete; "
@@ -161,6 +164,8 @@ def run_html(store: Any, run_id: str) -> str:
         ("Blind-spot tokens (mean)", tokens(run.get("blind_spot_tokens"))),
         ("Messages", display(run.get("messages"))),
     ])
+    if earlier := earlier_rule_note(run.get("scoring")):
+        page.text("p", earlier[0].upper() + earlier[1:] + ".", "warn")
     if not steps.empty:
         last = int(steps.step.max())
         volumes = charts.volumes_chart(steps)

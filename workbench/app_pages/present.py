@@ -4,6 +4,7 @@ import streamlit as st
 
 from workbench import app_data, charts, export_html, ui
 from workbench import formatting as fmt
+from workbench.retention import earlier_rule_note
 
 store = ui.get_store()
 run_id = ui.run_picker(store, "Run to present", "pres_run", default=st.session_state.get(ui.RUN_KEY),
@@ -55,6 +56,8 @@ big.metric("Model calls", fmt.display(sum(0 if fmt.missing(c) else int(c) for c 
 end_note = app_data.compression_note(run, steps)
 if end_note:
     st.caption(ui.plain(end_note))
+if earlier := earlier_rule_note(run.get("scoring")):  # (as the explorer says it)
+    st.caption(ui.plain(earlier[0].upper() + earlier[1:] + "."))
 for note in app_data.run_findings(run, steps, store.model_calls(run_id)):  # (as the explorer says them)
     st.warning(note)
 
