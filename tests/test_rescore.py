@@ -174,3 +174,75 @@ def test_the_app_says_which_figures_are_under_an_earlier_rule_and_rescores_them(
     assert not any("scored under rule" in w.value.replace("\\", "") for w in at.warning)
     with RunStore(db) as store:
         assert set(store.experiment_runs(experiment_id).scoring) == {SCORING}
+
+
+def shifted_demo(tmp_path: Path) -> Path:
+    """The demo written at +09:00 (its mornings are the evening before in UTC, so a message's day
+    depends on the offset), with a message and a probe whose answer is that message's day, and a
+    system message of the conversation's own in the final window holding another probe's answer."""
+    lines = DEMO.read_text(encoding="utf-8").replace('Z"', '+09:00"').splitlines()
+    messages = [json.loads(line) for line in lines if json.loads(line)["type"] == "message"]
+    first, last = messages[0], messages[-1]
+    conversation = first["conversation_id"]
+    at = next(i for i, m in enumerate(messages) if m["id"] == "s4-1")  # 27 February, 07:45 (26th in UTC)
+    lines.insert(at + 1, json.dumps({"type": "message", "conversation_id": conversation, "id": "kitten",
+                                     "role": "user", "content": "I adopted a kitten called Zorba.",
+                                     "timestamp": messages[at]["timestamp"].replace("07:45", "07:46")}))
+    lines.insert(len(messages) + 1, json.dumps({
+        "type": "message", "conversation_id": conversation, "id": "sys-1", "role": "system",
+        "content": "Reminder for the assistant: Priya's locker code is 4471.",
+        "timestamp": last["timestamp"].replace("07:14", "07:20")}))
+    lines.append(json.dumps({"type": "probe", "conversation_id": conversation, "id": "day",
+                             "question": "When did Priya adopt Zorba?", "answer": "27 February 2024",
+                             "evidence": ["kitten"], "category": "temporal"}))
+    lines.append(json.dumps({"type": "probe", "conversation_id": conversation, "id": "code",
+                             "question": "What is Priya's locker code?", "answer": "4471",
+                             "evidence": [first["id"]], "category": "single-hop"}))
+    path = tmp_path / "shifted.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_a_rescored_run_dates_messages_as_written_and_keeps_the_conversations_system_messages(tmp_path) -> None:
+    """The store keeps instants: a message written at 08:30+09:00 is the evening before in UTC, and
+    re-scoring dated it so (a date answer rebuilt wrong, or the run refused); the conversation's own
+    system message in the window was taken for the memory and dropped (the run refused). A run
+    recorded before offsets were kept takes them from its dataset when it still reads the same."""
+    import duckdb
+
+    data = shifted_demo(tmp_path)
+    conversation = load_conversation(data)
+    db = tmp_path / "x.duckdb"
+    with RunStore(db) as store:
+        fresh = asyncio.run(replay(conversation, CONFIG, store)).run_id
+        runs = [asyncio.run(replay(conversation, CONFIG, store, scoring=1)).run_id for _ in range(2)]
+    con = duckdb.connect(str(db))  # the second one as recorded before offsets were kept
+    con.execute("UPDATE messages SET utc_offset_s = NULL WHERE run_id = ?", [runs[1]])
+    con.close()
+    with RunStore(db) as store:
+        for run_id in runs:
+            store.write_rescored([rescore_run(store, run_id)])
+            assert rows(store.probes(run_id)).equals(rows(store.probes(fresh))), run_id
+            assert rows(store.losses(run_id)).equals(rows(store.losses(fresh))), run_id
+        scores = store.probes(fresh).set_index(["probe_id", "method"]).score
+        assert scores["day", "full_history"] == 1.0  # "27 February 2024", the day it was written (the 26th in UTC)
+        assert scores["code", "window_only"] == 1.0  # (said by the system message in the window)
+
+
+def test_a_run_that_never_read_its_memory_is_rescored(tmp_path) -> None:
+    """A conversation of user messages alone completes with no memory read (no step): re-scoring
+    it failed with an IndexError traceback (and `rescore --all` stopped at it)."""
+    lines = [json.dumps({"type": "message", "conversation_id": "notes", "id": f"m{i}", "role": "user",
+                         "content": text, "timestamp": f"2024-05-0{i + 1}T09:00:00Z"})
+             for i, text in enumerate(["My dog is Rex.", "I live in Porto.", "I play the oboe.", "I like figs."])]
+    lines.append(json.dumps({"type": "probe", "conversation_id": "notes", "id": "p", "question": "Dog's name?",
+                             "answer": "Rex", "evidence": ["m0"]}))
+    data = tmp_path / "notes.jsonl"
+    data.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    config = dataclasses.replace(CONFIG, last_messages=1)
+    with RunStore(tmp_path / "x.duckdb") as store:
+        old = asyncio.run(replay(load_conversation(data), config, store, scoring=1)).run_id
+        assert store.steps(old).empty and store.run(old)["retention"] == 0.0  # (nothing observed: no read)
+    code, out, err = invoke("rescore", "--all", "--db", str(tmp_path / "x.duckdb"))
+    assert code == 0, err
+    assert f"run {old} (notes): retention 0.000 → 0.000 under rule 2" in out

@@ -986,11 +986,12 @@ def delete_command(run_ids: tuple[str, ...], yes: bool, db: str) -> None:
 @click.option("--all", "every", is_flag=True, help="Every experiment and run scored under an earlier rule.")
 @DB_OPTION
 def rescore_command(run_ids: tuple[str, ...], experiment_ids: tuple[str, ...], every: bool, db: str) -> None:
-    """Score recorded runs again under the current retention rule, from the run store alone (no
-    model call, no dataset). Each run is first scored again under the rule it recorded, and is left
+    """Score recorded runs again under the current retention rule, from the run store (no model
+    call; a run recorded before message time offsets were kept reads them from its dataset when it
+    is unchanged, else takes UTC). Each run is first scored again under the rule it recorded, and is left
     as it is unless that gives back every recorded score. An experiment's runs are re-scored all
     together, and its later runs (a resume's) are scored under the current rule too."""
-    from .rescore import RescoreError, earlier_runs, rescore_experiment, rescore_runs
+    from .rescore import earlier_runs, rescore_experiment, rescore_runs
     from .retention import SCORING, SCORING_RULES
 
     if not (run_ids or experiment_ids or every):
@@ -1006,12 +1007,12 @@ def rescore_command(run_ids: tuple[str, ...], experiment_ids: tuple[str, ...], e
                            f"({SCORING_RULES[SCORING]})")
                 return
         for experiment_id in dict.fromkeys(experiment_ids):
-            if _experiment_rule(store, experiment_id) == SCORING:
-                click.echo(f"experiment {experiment_id}: already scored under rule {SCORING}")
-                continue
             try:
+                if _experiment_rule(store, experiment_id) == SCORING:
+                    click.echo(f"experiment {experiment_id}: already scored under rule {SCORING}")
+                    continue
                 done = rescore_experiment(store, experiment_id)
-            except RescoreError as exc:
+            except WorkbenchError as exc:  # (cannot be re-scored, deleted meanwhile, an unknown id)
                 failed += 1
                 click.echo(f"error: experiment {experiment_id} was not re-scored: {exc}", err=True)
             else:
@@ -1020,7 +1021,7 @@ def rescore_command(run_ids: tuple[str, ...], experiment_ids: tuple[str, ...], e
         for run_id in dict.fromkeys(run_ids):
             try:
                 done = rescore_runs(store, [run_id])
-            except RescoreError as exc:
+            except WorkbenchError as exc:
                 failed += 1
                 click.echo(f"error: {exc}", err=True)
                 continue

@@ -1119,11 +1119,18 @@ async def _judge_experiment(store: Any, experiment_id: str, options: ExperimentO
             raise
 
 
-def _utc(value: Any) -> Any:
-    """A stored time in UTC (DuckDB hands TIMESTAMPTZ back in the machine's zone): a message's
-    date is its day in UTC, as the replay scored it."""
+def _as_written(value: Any, offset: Any = None) -> Any:
+    """A stored message time at the UTC offset its date was written with (DuckDB hands TIMESTAMPTZ
+    back in the machine's zone, and a message's date is its day there: 23:30 on 2 May at -05:00 is
+    3 May in UTC). A run recorded before offsets were kept: UTC, as every shipped loader reads."""
+    from datetime import timedelta, timezone
+
     stamp = pd.Timestamp(value)
-    return (stamp.tz_convert("UTC") if stamp.tzinfo is not None else stamp.tz_localize("UTC")).to_pydatetime()
+    stamp = stamp.tz_convert("UTC") if stamp.tzinfo is not None else stamp.tz_localize("UTC")
+    when = stamp.to_pydatetime()
+    if offset is None or is_missing(offset):
+        return when
+    return when.astimezone(timezone(timedelta(seconds=int(offset))))
 
 
 def _final_context(store: Any, run_id: str) -> list[Any]:
@@ -1137,8 +1144,8 @@ def _final_context(store: Any, run_id: str) -> list[Any]:
     steps = store.steps(run_id)
     messages = store.messages(run_id).set_index("message_id")
     records = store.records(run_id).set_index("record_id")
-    last = steps.iloc[-1]
-    memory = "\n\n".join(records.loc[i, "text"] for i in json.loads(last.memory_ids or "[]") if i in records.index)
+    ids = json.loads(steps.iloc[-1].memory_ids or "[]") if not steps.empty else []  # (no read: no memory)
+    memory = "\n\n".join(records.loc[i, "text"] for i in ids if i in records.index)
     out = []
     if memory:
         out.append(Message(id="memory", thread_id="t", role="system", content=memory,
@@ -1146,7 +1153,7 @@ def _final_context(store: Any, run_id: str) -> list[Any]:
     window = int(store.run(run_id)["config"]["last_messages"])
     for message_id, row in (messages.iloc[-window:] if window else messages.iloc[:0]).iterrows():
         out.append(Message(id=message_id, thread_id="t", role=row.role, content=row.content,
-                           created_at=_utc(row.created_at)))
+                           created_at=_as_written(row.created_at, getattr(row, "utc_offset_s", None))))
     return out
 
 

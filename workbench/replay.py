@@ -191,10 +191,17 @@ class ReplayFailed(WorkbenchError):
         super().__init__(result.error)
 
 
+def _offset(when: Any) -> int | None:
+    """The UTC offset a date was written with, in seconds (a date's day depends on it; the store
+    keeps instants)."""
+    offset = when.utcoffset() if hasattr(when, "utcoffset") else None
+    return None if offset is None else int(offset.total_seconds())
+
+
 def _conversation_rows(conversation: Conversation, counts: list[int]) -> list[dict[str, Any]]:
     return [
         {"idx": i, "message_id": t.id, "role": t.role, "speaker": t.speaker, "content": t.content,
-         "created_at": t.created_at, "tokens": n}
+         "created_at": t.created_at, "tokens": n, "utc_offset_s": _offset(t.created_at)}
         for i, (t, n) in enumerate(zip(conversation.turns, counts))
     ]
 

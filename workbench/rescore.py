@@ -73,12 +73,20 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _conversation(store: Any, run: dict[str, Any]) -> Any:
-    """The run's conversation as it recorded it: its messages, and its probes from its probe rows."""
+    """The run's conversation as it recorded it: its messages, and its probes from its probe rows.
+
+    A message's date is its day at the offset it was written with: recorded with the run since
+    offsets were kept; for a run recorded before, taken from its dataset when that still reads
+    the same, else UTC (every shipped loader's)."""
     from .datasets import Conversation, Probe, Turn
-    from .experiments import _utc
+    from .experiments import _as_written
 
     messages = store.messages(run["run_id"])
-    turns = [Turn(row.message_id, row.role, row.content, _utc(row.created_at)) for row in messages.itertuples()]
+    kept = "utc_offset_s" in messages and bool(messages.utc_offset_s.notna().any())
+    times = [_as_written(row.created_at, row.utc_offset_s if kept else None) for row in messages.itertuples()]
+    if not kept:
+        times = _dataset_times(run, messages) or times
+    turns = [Turn(row.message_id, row.role, row.content, when) for row, when in zip(messages.itertuples(), times)]
     rows = store.probes(run["run_id"])
     probes = []
     for row in rows[rows.method == "memory"].itertuples():
@@ -88,7 +96,23 @@ def _conversation(store: Any, run: dict[str, Any]) -> Any:
     return Conversation(run["conversation_id"], turns, probes, source=run["dataset"])
 
 
-def _final_state(store: Any, run_id: str, context: list[Any]) -> tuple[list[Any], Any]:
+def _dataset_times(run: dict[str, Any], messages: Any) -> list[Any] | None:
+    """The messages' dates as the run's dataset writes them (with their offsets), when it still
+    reads as the run recorded it; else ``None``."""
+    from .datasets import load_conversation
+    from .replay import dataset_change
+
+    try:
+        fmt = run.get("dataset_format")
+        conversation = load_conversation(run["dataset"], run["conversation_id"], fmt if isinstance(fmt, str) else None)
+    except Exception:  # noqa: BLE001  (moved, edited, unreadable: the store's UTC dates are used)
+        return None
+    if dataset_change(conversation, messages) is not None:
+        return None
+    return [turn.created_at for turn in conversation.turns]
+
+
+def _final_state(store: Any, run_id: str, context: list[Any], window: list[Any]) -> tuple[list[Any], Any]:
     """The records and the end state loss attribution reads (window, reflection, unreflected
     notes, context), from the last read's memory ids."""
     steps = store.steps(run_id)
@@ -98,7 +122,6 @@ def _final_state(store: Any, run_id: str, context: list[Any]) -> tuple[list[Any]
     shown = [by_id[i] for i in ids if i in by_id]
     reflection = shown[0] if shown and shown[0].kind == "reflection" else None
     unreflected = shown[1:] if reflection is not None else shown
-    window = [m for m in context if m.role != "system"]
     return records, SimpleNamespace(window=window, reflection=reflection, unreflected=unreflected, context=context)
 
 
@@ -124,17 +147,22 @@ def rescore_run(store: Any, run_id: str, rule: int = SCORING) -> Rescored:
     check_scoring(rule)
     run = store.run(run_id)
     was = scoring_rule(run.get("scoring"))
-    if run["status"] != "completed" or was is None:
-        raise RescoreError(f"run {run_id} is {run['status']}, not scored: only a completed run has figures to "
-                           "re-score (resume it: it is scored under the current rule when it completes)")
+    if run["status"] != "completed":
+        raise RescoreError(f"run {run_id} is {run['status']}: only a completed run has figures to re-score (resume "
+                           "it: it is scored under the current rule when it completes)")
+    if was is None:
+        raise RescoreError(f"run {run_id} has no retention figures to re-score (no probe of its conversation "
+                           "could be scored)")
     conversation = _conversation(store, run)
     context = _final_context(store, run_id)
-    window = [m for m in context if m.role != "system"]
+    # the last N messages (the conversation's own system messages among them), not the memory
+    shown = min(int(run["config"]["last_messages"]), len(conversation.turns))
+    window = context[len(context) - shown:] if shown else []
     budget = int(run["final_context_tokens"])
     count = token_counter(run["config"].get("token_counter", "heuristic"))
     recorded = store.probes(run_id)
     recorded = {(r.probe_id, r.method): r.score for r in recorded.itertuples() if r.method in METHODS}
-    records, state = _final_state(store, run_id, context)
+    records, state = _final_state(store, run_id, context, window)
     calls = store.model_calls(run_id)
     written = {c.record_id: int(c.step) for c in calls.itertuples()
                if isinstance(c.record_id, str) and c.record_id and _number(c.step) is not None}
@@ -158,10 +186,14 @@ def rescore_run(store: Any, run_id: str, rule: int = SCORING) -> Rescored:
     stored_losses = store.losses(run_id)
     if not stored_losses.empty:
         kept = {row.probe_id: row for row in stored_losses.itertuples()}
+        if len(kept) != len(old_losses):
+            raise RescoreError(f"run {run_id} cannot be re-scored: its loss attribution could not be rebuilt exactly "
+                               f"from the store ({len(kept)} rows recorded, {len(old_losses)} rebuilt); replay it to "
+                               f"score it under rule {rule}")
         for row in old_losses:
             old = kept.get(row["probe_id"])
             if old is None or not all(_same(row[k], getattr(old, k)) for k in
-                                      ("observation_score", "reflection_score", "visible_score")) \
+                                      ("observation_score", "reflection_score", "visible_score", "lost_step")) \
                     or (row["lost_at"] or None) != (old.lost_at if isinstance(old.lost_at, str) else None):
                 raise RescoreError(f"run {run_id} cannot be re-scored: its loss attribution could not be rebuilt "
                                    f"exactly from the store (probe {row['probe_id']!r}); replay it to score it under "

@@ -82,21 +82,28 @@ _DATE = regex.compile(
 _TIME = regex.compile(r"\b\d{1,2}(?:[:.]\d{2})?\s*[ap]\.?m\b\.?|\b\d{1,2}:\d{2}\b", regex.IGNORECASE)
 _BULLET = regex.compile(r"\s*(?:[-*•+]|\d+[.)])\s+")
 # words a heading may hold beside its date and time ("Date: …", "Session 3 — …", "… at 1:56 pm on …")
-_HEADING_WORDS = frozenset({"date", "pm", "p", "m", "on", "at"})
+_HEADING_WORDS = frozenset({"date", "pm", "p", "m", "on", "at", *_WEEKDAYS, *(d[:3] for d in _WEEKDAYS), "tues", "thur",
+                            "thurs"})
 _SESSION = regex.compile(r"\b(?:session|day|part)\s+\d+\b", regex.IGNORECASE)
 # a line's own date at its start, before a separator: "(8 May 2023) …", "8 May 2023: …", "[2023-05-08] …"
-_LEADING = regex.compile(r"\s*[(\[]?\s*(?:date\W*)?$DATE(?:\s*,?\s*(?:at\s+)?$TIME)?\s*[)\]]?\s*(?:[:\-–—|]\s*|\s+(?=\S))"
-                         .replace("$DATE", _DATE.pattern).replace("$TIME", _TIME.pattern), regex.IGNORECASE)
+_LEADING = regex.compile(
+    (r"\s*(?:[(\[]\s*(?:date\W*)?$DATE(?:\s*,?\s*(?:at\s+)?$TIME)?\s*[)\]]\s*[:\-–—|]?"
+     r"|(?:date\W*)?$DATE(?:\s*,?\s*(?:at\s+)?$TIME)?\s*[:\-–—|])\s*")
+    .replace("$DATE", _DATE.pattern, 1).replace("$TIME", _TIME.pattern, 1)
+    .replace("$DATE", _DATE.pattern.replace("?P<", "?P<x"), 1).replace("$TIME", _TIME.pattern, 1), regex.IGNORECASE)
 
 
-def _date_words(match: regex.Match) -> set[str]:
+def _date_words(match: regex.Match) -> set[str] | None:
     """A date's words as message dates are written ("8 may 2023", with its weekday when given),
-    whatever the notes' spelling ("May 8th, 2023", "2023-05-08")."""
+    whatever the notes' spelling ("May 8th, 2023", "2023-05-08"); ``None`` for no real date
+    ("2023-13-45")."""
     day, month, year = (next(match[f"{k}{i}"] for i in (1, 2, 3) if match[f"{k}{i}"]) for k in ("d", "m", "y"))
+    if not 1 <= int(day) <= 31:
+        return None
     if month.isdigit():
         number = int(month)
         if not 1 <= number <= 12:
-            return content_words(match[0])
+            return None
         name = _MONTHS[number - 1]
     else:
         name = next(m for m in _MONTHS if m.startswith(month.lower().rstrip(".")[:3]))
@@ -182,10 +189,11 @@ def _dated_line(line: str) -> tuple[set[str], set[str]]:
     bullet = _BULLET.match(line)
     body = line[bullet.end():] if bullet else line
     leading = _LEADING.match(body)
-    if leading is None:
+    date = _DATE.search(leading[0]) if leading is not None else None
+    words = _date_words(date) if date is not None else None
+    if leading is None or words is None:
         return content_words(line), set()
-    date = _DATE.search(leading[0])
-    return content_words(body[leading.end():]), _date_words(date) if date else set()
+    return content_words(body[leading.end():]), words
 
 
 class Visible:

@@ -253,6 +253,7 @@ ALTER TABLE experiments ADD COLUMN other_cost_unknown BOOLEAN DEFAULT false;  --
 _M006 = """
 ALTER TABLE runs ADD COLUMN scoring INTEGER;
 UPDATE runs SET scoring = 1 WHERE retention IS NOT NULL;
+ALTER TABLE messages ADD COLUMN utc_offset_s INTEGER;  -- the offset its date was written with (its day)
 """
 
 MIGRATIONS: list[tuple[int, str, str]] = [(1, "initial", _M001), (2, "reflection tightening", _M002),
@@ -981,7 +982,8 @@ class RunStore:
         methods = sorted({row["method"] for run in runs for row in run.probes})
         with self._transaction() as cur:
             for run in runs:
-                _require_run(cur, run.run_id, self.path)
+                if not cur.execute("SELECT 1 FROM runs WHERE run_id = ?", [run.run_id]).fetchall():
+                    raise RunDeleted(f"run {run.run_id} was deleted from {self.path}; nothing was re-scored")
                 if methods:
                     cur.execute(f"DELETE FROM probes WHERE run_id = ? AND method IN ({', '.join('?' * len(methods))})",
                                 [run.run_id, *methods])
@@ -993,8 +995,10 @@ class RunStore:
                 cur.execute(f"UPDATE runs SET {assignments}, updated_at = ? WHERE run_id = ?",
                             [*run.figures.values(), _now(), run.run_id])
             if experiment_id is not None:
-                options = json.loads(cur.execute("SELECT options FROM experiments WHERE experiment_id = ?",
-                                                 [experiment_id]).fetchall()[0][0])
+                found = cur.execute("SELECT options FROM experiments WHERE experiment_id = ?", [experiment_id]).fetchall()
+                if not found:
+                    raise RunDeleted(f"experiment {experiment_id} was deleted from {self.path}; nothing was re-scored")
+                options = json.loads(found[0][0])
                 cur.execute("UPDATE experiments SET options = ?, updated_at = ? WHERE experiment_id = ?",
                             [json.dumps({**options, "scoring": rule}, sort_keys=True), _now(), experiment_id])
 
