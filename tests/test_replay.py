@@ -144,7 +144,7 @@ def test_a_version_1_store_is_upgraded_and_keeps_its_rows(tmp_path) -> None:
                 "messages) VALUES ('no probes', now(), now(), 'd', 'c', '{}', 'completed', 3)")
     con.close()
     with RunStore(path) as s:
-        assert s.schema_version() == len(MIGRATIONS) == 6
+        assert s.schema_version() == len(MIGRATIONS) == 7
         # a run scored before the rule was recorded was scored with rule 1; one not scored has none
         assert s.run("scored")["scoring"] == 1 and pd.isna(s.run("old")["scoring"])
         assert pd.isna(s.run("no probes")["scoring"])  # completed with nothing to score: no rule

@@ -253,6 +253,9 @@ ALTER TABLE experiments ADD COLUMN other_cost_unknown BOOLEAN DEFAULT false;  --
 _M006 = """
 ALTER TABLE runs ADD COLUMN scoring INTEGER;
 UPDATE runs SET scoring = 1 WHERE retention IS NOT NULL;
+"""
+
+_M007 = """
 ALTER TABLE messages ADD COLUMN utc_offset_s INTEGER;  -- the offset its date was written with (its day)
 """
 
@@ -260,7 +263,8 @@ MIGRATIONS: list[tuple[int, str, str]] = [(1, "initial", _M001), (2, "reflection
                                           (3, "run owners and planned steps", _M003),
                                           (4, "experiments, loss attribution, traces", _M004),
                                           (5, "judging calls and cost", _M005),
-                                          (6, "retention scoring rule", _M006)]
+                                          (6, "retention scoring rule", _M006),
+                                          (7, "message time offsets", _M007)]
 
 RUN_TABLES = ("probe_losses", "probes", "model_calls", "records", "steps", "messages", "runs")
 
