@@ -420,7 +420,8 @@ def test_a_date_counts_only_beside_a_distinctive_word_of_its_question() -> None:
     assert new.score(Probe("d", "Which day does Ana swim?", "Monday", "single"), Visible([notes])) == 1.0
     assert new.score(group, Visible([notes])) == 1.0
     # a date stamping a note line is its date, not text for every question
-    for line in ("- 2 May 2024: Ana read a book.", "- (2 May 2024) Ana: read a book", "- [Thursday, 2 May 2024] Ana read"):
+    for line in ("- 2 May 2024: Ana read a book.", "- (2 May 2024) Ana: read a book", "- [Thursday, 2 May 2024] Ana read",
+                 "- [2 May 2024 10:00] Ana read"):
         notes = Message(id="n", thread_id="c", role="system", created_at=start, content=line)
         assert old.score(siblings, Visible([notes])) == 1.0 and new.score(siblings, Visible([notes])) == 0.0, line
     # in a short conversation a word said once is distinctive (under 10 messages none was)

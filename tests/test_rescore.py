@@ -198,6 +198,9 @@ def shifted_demo(tmp_path: Path) -> Path:
     lines.append(json.dumps({"type": "probe", "conversation_id": conversation, "id": "code",
                              "question": "What is Priya's locker code?", "answer": "4471",
                              "evidence": [first["id"]], "category": "single-hop"}))
+    lines.append(json.dumps({"type": "probe", "conversation_id": conversation, "id": "asked",
+                             "question": "When did Priya ask what her flat costs from July?", "answer": "3 June 2024",
+                             "evidence": [first["id"]], "category": "temporal"}))  # (a window message's day)
     path = tmp_path / "shifted.jsonl"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
@@ -227,6 +230,7 @@ def test_a_rescored_run_dates_messages_as_written_and_keeps_the_conversations_sy
         scores = store.probes(fresh).set_index(["probe_id", "method"]).score
         assert scores["day", "full_history"] == 1.0  # "27 February 2024", the day it was written (the 26th in UTC)
         assert scores["code", "window_only"] == 1.0  # (said by the system message in the window)
+        assert scores["asked", "window_only"] == 1.0  # the window's messages dated as written too
 
 
 def test_a_run_that_never_read_its_memory_is_rescored(tmp_path) -> None:

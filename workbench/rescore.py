@@ -12,8 +12,10 @@ scores the runs a resume adds under the new rule too: no figure pools two rules.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -99,17 +101,35 @@ def _conversation(store: Any, run: dict[str, Any]) -> Any:
 def _dataset_times(run: dict[str, Any], messages: Any) -> list[Any] | None:
     """The messages' dates as the run's dataset writes them (with their offsets), when it still
     reads as the run recorded it; else ``None``."""
-    from .datasets import load_conversation
     from .replay import dataset_change
 
-    try:
-        fmt = run.get("dataset_format")
-        conversation = load_conversation(run["dataset"], run["conversation_id"], fmt if isinstance(fmt, str) else None)
-    except Exception:  # noqa: BLE001  (moved, edited, unreadable: the store's UTC dates are used)
+    fmt = run.get("dataset_format")
+    conversation = _dataset(str(run["dataset"]), fmt if isinstance(fmt, str) else None).get(run["conversation_id"])
+    if conversation is None:  # (moved, edited, unreadable: the store's UTC dates are used)
         return None
     if dataset_change(conversation, messages) is not None:
         return None
     return [turn.created_at for turn in conversation.turns]
+
+
+@functools.lru_cache(maxsize=4)
+def _read_dataset(path: str, fmt: str | None, stamp: tuple[int, int]) -> dict[str, Any]:
+    from .datasets import load_dataset
+
+    try:
+        return {c.id: c for c in load_dataset(path, fmt)}
+    except Exception:  # noqa: BLE001  (unreadable now: the store's dates are used)
+        return {}
+
+
+def _dataset(path: str, fmt: str | None) -> dict[str, Any]:
+    """A dataset's conversations by id, read once for all the runs re-scored on it (a large file
+    read per run took seconds each); empty when it cannot be read."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return {}
+    return _read_dataset(path, fmt, (info.st_mtime_ns, info.st_size))
 
 
 def _final_state(store: Any, run_id: str, context: list[Any], window: list[Any]) -> tuple[list[Any], Any]:
@@ -154,10 +174,11 @@ def rescore_run(store: Any, run_id: str, rule: int = SCORING) -> Rescored:
         raise RescoreError(f"run {run_id} has no retention figures to re-score (no probe of its conversation "
                            "could be scored)")
     conversation = _conversation(store, run)
-    context = _final_context(store, run_id)
-    # the last N messages (the conversation's own system messages among them), not the memory
+    stored = _final_context(store, run_id)
+    # the last N messages (the conversation's own system messages among them), dated as written
     shown = min(int(run["config"]["last_messages"]), len(conversation.turns))
-    window = context[len(context) - shown:] if shown else []
+    window = [t.to_message(conversation.id) for t in conversation.turns[len(conversation.turns) - shown:]]
+    context = stored[:len(stored) - shown] + window  # (the memory, if any, then the window)
     budget = int(run["final_context_tokens"])
     count = token_counter(run["config"].get("token_counter", "heuristic"))
     recorded = store.probes(run_id)

@@ -89,8 +89,9 @@ _SESSION = regex.compile(r"\b(?:session|day|part)\s+\d+\b", regex.IGNORECASE)
 _LEADING = regex.compile(
     (r"\s*(?:[(\[]\s*(?:date\W*)?$DATE(?:\s*,?\s*(?:at\s+)?$TIME)?\s*[)\]]\s*[:\-–—|]?"
      r"|(?:date\W*)?$DATE(?:\s*,?\s*(?:at\s+)?$TIME)?\s*[:\-–—|])\s*")
-    .replace("$DATE", _DATE.pattern, 1).replace("$TIME", _TIME.pattern, 1)
-    .replace("$DATE", _DATE.pattern.replace("?P<", "?P<x"), 1).replace("$TIME", _TIME.pattern, 1), regex.IGNORECASE)
+    .replace("$DATE", _DATE.pattern, 1).replace("$TIME", f"(?:{_TIME.pattern})", 1)
+    .replace("$DATE", _DATE.pattern.replace("?P<", "?P<x"), 1).replace("$TIME", f"(?:{_TIME.pattern})", 1),
+    regex.IGNORECASE)
 
 
 def _date_words(match: regex.Match) -> set[str] | None:

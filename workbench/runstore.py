@@ -256,7 +256,7 @@ UPDATE runs SET scoring = 1 WHERE retention IS NOT NULL;
 """
 
 _M007 = """
-ALTER TABLE messages ADD COLUMN utc_offset_s INTEGER;  -- the offset its date was written with (its day)
+ALTER TABLE messages ADD COLUMN IF NOT EXISTS utc_offset_s INTEGER;  -- the offset its date was written with (its day)
 """
 
 MIGRATIONS: list[tuple[int, str, str]] = [(1, "initial", _M001), (2, "reflection tightening", _M002),
@@ -331,7 +331,8 @@ def _insert_many(cur: duckdb.DuckDBPyConnection, table: str, columns: list[str],
     try:
         cur.execute(f"{verb} INTO {table} ({names}) SELECT {names} FROM _omem_rows").fetchall()
     finally:
-        cur.unregister("_omem_rows")
+        with contextlib.suppress(duckdb.Error):  # (in a failed transaction it fails too: the first error is the one)
+            cur.unregister("_omem_rows")
 
 
 def _interrupted_query(exc: BaseException) -> bool:
