@@ -986,11 +986,11 @@ def delete_command(run_ids: tuple[str, ...], yes: bool, db: str) -> None:
 @click.option("--all", "every", is_flag=True, help="Every experiment and run scored under an earlier rule.")
 @DB_OPTION
 def rescore_command(run_ids: tuple[str, ...], experiment_ids: tuple[str, ...], every: bool, db: str) -> None:
-    """Score recorded runs again under the current retention rule, from the run store (no model
-    call; a run recorded before message time offsets were kept reads them from its dataset when it
-    is unchanged, else takes UTC). Each run is first scored again under the rule it recorded, and is left
-    as it is unless that gives back every recorded score. An experiment's runs are re-scored all
-    together, and its later runs (a resume's) are scored under the current rule too."""
+    """Score recorded runs again under the current retention rule, from the run store, with no
+    model call. Each run is first scored again under the rule it recorded, and is left as it is
+    unless that gives back every recorded score. An experiment's runs are re-scored all together,
+    and its later runs (a resume's) are scored under the current rule too. (A run recorded before
+    message time offsets were kept reads them from its dataset if unchanged, else takes UTC.)"""
     from .rescore import earlier_runs, rescore_experiment, rescore_runs
     from .retention import SCORING, SCORING_RULES
 

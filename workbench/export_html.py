@@ -93,7 +93,7 @@ def experiment_html(store: Any, experiment_id: str) -> str:
         page.text("p", f"This experiment {experiments.status_phrase(experiment['status'])}: figures cover the runs "
                        f"that completed. {app_data.as_sentence(experiment.get('error') or '')}", "warn")
     if earlier := earlier_rule_note(experiments.ExperimentOptions.stored(experiment["options"]).scoring):
-        page.text("p", earlier[0].upper() + earlier[1:] + ".", "warn")
+        page.text("p", app_data.as_sentence(earlier), "warn")
     failed = app_data.failed_configs(runs)
     if not failed.empty:
         page.text("p", f"{count(len(failed), 'run')} did not complete; "
@@ -165,7 +165,7 @@ def run_html(store: Any, run_id: str) -> str:
         ("Messages", display(run.get("messages"))),
     ])
     if earlier := earlier_rule_note(run.get("scoring")):
-        page.text("p", earlier[0].upper() + earlier[1:] + ".", "warn")
+        page.text("p", app_data.as_sentence(earlier), "warn")
     if not steps.empty:
         last = int(steps.step.max())
         volumes = charts.volumes_chart(steps)

@@ -3,8 +3,8 @@
 A run's retention is scored from what the agent saw at the end: the memory of its last read and
 the last N messages. Both are in the run store (records, steps, messages), and so are its probes
 (question, gold, evidence), so a completed run can be scored again under another rule with no
-model call and no dataset. Before anything is written, the run is scored again under the rule it
-*was* scored with, from the store alone: every probe's score under every method, and every loss
+model call (the dataset is read only for the time offsets of a run recorded before the store kept
+them). Before anything is written, the run is scored again under the rule it *was* scored with: every probe's score under every method, and every loss
 row, must come out as recorded, or the run is left as it is (its final context could not be
 rebuilt exactly). An experiment is re-scored whole or not at all, in one transaction, and then
 scores the runs a resume adds under the new rule too: no figure pools two rules.
@@ -22,6 +22,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from .errors import WorkbenchError
+from .formatting import share as _share
 from .retention import METHODS, SCORING, check_scoring, scoring_rule
 
 
@@ -53,10 +54,6 @@ class Rescored:
 
 
 _FIGURES = ("retention", "retention_full_history", "retention_window_only", "retention_recent")
-
-
-def _share(value: float | None) -> str:
-    return "–" if value is None else f"{value:.3f}"
 
 
 def _number(value: Any) -> float | None:
@@ -198,12 +195,12 @@ def rescore_run(store: Any, run_id: str, rule: int = SCORING) -> Rescored:
     if set(rebuilt) != set(recorded) or not all(_same(rebuilt[k], recorded[k]) for k in recorded):
         differ = sorted(k for k in set(rebuilt) | set(recorded)
                         if k not in rebuilt or k not in recorded or not _same(rebuilt[k], recorded[k]))
-        probe, method = differ[0]
+        probe, method = first = differ[0]
+        was_then, now = _share(_number(recorded.get(first))), _share(_number(rebuilt.get(first)))
         raise RescoreError(f"run {run_id} cannot be re-scored: its final context could not be rebuilt exactly from "
                            f"the store (scored again under rule {was}, {len(differ)} probe score(s) differ from what "
-                           f"it recorded, first {probe!r} by {method}: recorded {_share(_number(recorded.get(differ[0])))}, "
-                           f"rebuilt {_share(_number(rebuilt.get(differ[0])))}); replay it to score it under rule "
-                           f"{rule}")
+                           f"it recorded, first {probe!r} by {method}: recorded {was_then}, rebuilt {now}); replay it "
+                           f"to score it under rule {rule}")
     stored_losses = store.losses(run_id)
     if not stored_losses.empty:
         kept = {row.probe_id: row for row in stored_losses.itertuples()}
@@ -240,8 +237,8 @@ def rescore_runs(store: Any, run_ids: Sequence[str], rule: int = SCORING) -> lis
         run = store.run(run_id)
         experiment = run.get("experiment_id")
         if isinstance(experiment, str) and experiment:
-            raise RescoreError(f"run {run_id} belongs to experiment {experiment}, whose runs are scored under one rule: "
-                               f"re-score the experiment (rescore --experiment {experiment})")
+            raise RescoreError(f"run {run_id} belongs to experiment {experiment}, whose runs are scored under one "
+                               f"rule: re-score the experiment (rescore --experiment {experiment})")
         if scoring_rule(run.get("scoring")) == rule:
             continue
         rescored = rescore_run(store, run_id, rule)

@@ -2,9 +2,11 @@
 
 A probe's score is the share of its gold answer's content words (lower-cased alphanumeric
 words, common stop words removed) present in the visible text. What the agent sees is read as
-*lines* with their dates: a message is a line dated by its timestamp (the day, not the clock time:
-"13:56" would hand a gold answer of "13" a word it never had), and a note line is dated by the
-date heading above it (a line of a date alone, "8 May 2023", as the observer prompts ask).
+*lines* with their dates: a message is a line dated by its timestamp (the day at the offset it was
+written with, not the clock time: "13:56" would hand a gold answer of "13" a word it never had),
+and a note line by a date stamping it ("- (7 May 2023) Ana: …") or else by the date heading above
+it (a line holding a whole date and at most its weekday, a time, "Date:" or "Session 3": "8 May
+2023", as the observer prompts ask; any spelling reads as the same date).
 
 Scoring rules (:data:`SCORING_RULES`; a run records the one it was scored with, and an experiment
 scores every run with the rule it started with, so no figure pools two):
@@ -13,8 +15,8 @@ scores every run with the rule it started with, so no figure pools two):
    written, so "How many siblings? 2" scored 1.0 on a conversation with a message dated the 2nd;
 2. (the current rule, :data:`SCORING`) a line's words count for every question, but its *date*
    counts only for a question it shares a distinctive word with: a word of the question said in at
-   most one in ten of the conversation's messages (speakers' names, said in about half, are not
-   distinctive). "When did Caroline go to the support group?" is credited the date of a line about
+   most one in ten of the conversation's messages, or in one (speakers' names, said in about half,
+   are not distinctive). "When did Caroline go to the support group?" is credited the date of a line about
    the support group, not of every line of that day. A date written into a line ("yesterday
    (7 May 2023)") is part of the line and always counts.
 

@@ -1000,7 +1000,8 @@ class RunStore:
                 cur.execute(f"UPDATE runs SET {assignments}, updated_at = ? WHERE run_id = ?",
                             [*run.figures.values(), _now(), run.run_id])
             if experiment_id is not None:
-                found = cur.execute("SELECT options FROM experiments WHERE experiment_id = ?", [experiment_id]).fetchall()
+                found = cur.execute("SELECT options FROM experiments WHERE experiment_id = ?",
+                                    [experiment_id]).fetchall()
                 if not found:
                     raise RunDeleted(f"experiment {experiment_id} was deleted from {self.path}; nothing was re-scored")
                 options = json.loads(found[0][0])

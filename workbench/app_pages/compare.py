@@ -72,7 +72,7 @@ def experiment_comparison() -> None:
     if note:
         st.warning(note)
     if earlier := earlier_rule_note(ExperimentOptions.stored(experiment["options"]).scoring):
-        st.warning(ui.plain(earlier[0].upper() + earlier[1:] + "."))
+        st.warning(ui.plain(app_data.as_sentence(earlier)))
     if not probes.empty:
         tally = conversation_tally(probes, a, b)
         st.info(ui.plain("Retention, B vs A (paired over the probes both scored): "
@@ -295,7 +295,7 @@ if info_a["conversation_id"] != info_b["conversation_id"]:
 if note := app_data.offline_prompt_note(info_a["config"], info_b["config"]):  # (as for an experiment's pair)
     st.warning(note)
 if note := scoring_note([info_a.get("scoring"), info_b.get("scoring")]):
-    st.warning(ui.plain(note[0].upper() + note[1:] + "."))
+    st.warning(ui.plain(app_data.as_sentence(note)))
 
 st.subheader("Figures")
 table = analysis.comparison_shown(analysis.compare_runs(store, run_a, run_b))

@@ -30,7 +30,7 @@ from workbench.experiments import (
 )
 from workbench.models import usable_models
 from workbench.replay import TOKEN_COUNTERS, configuration_problem
-from workbench.rescore import RescoreError, rescore_experiment
+from workbench.rescore import rescore_experiment
 from workbench.retention import SCORING, earlier_rule_note
 
 FOLLOW_EVERY_S = 3.0  # while an experiment runs here, the page is drawn again at most this often ...
@@ -266,14 +266,14 @@ st.text(f"{experiment_id} · {shown_status} · {fmt.short_path(experiment['datas
 if rescored := st.session_state.pop("xp_rescored", None):
     st.success(rescored)
 if earlier := earlier_rule_note(ExperimentOptions.stored(experiment["options"]).scoring):
-    st.warning(ui.plain(earlier[0].upper() + earlier[1:] + "."))
+    st.warning(ui.plain(app_data.as_sentence(earlier)))
     if st.button(f"Re-score under rule {SCORING}", key="xp_rescore", disabled=resuming,
                  help="Scores its completed runs again from the run store, with no model call, and its later runs "
                       "under the same rule. Each run is first checked to give back its recorded scores under its "
                       "own rule; if any does not, nothing is changed and the reason is shown."):
         try:
             done = rescore_experiment(store, experiment_id)
-        except (RescoreError, WorkbenchError) as exc:
+        except WorkbenchError as exc:  # (a run that cannot be re-scored: nothing was changed)
             ui.error("**Not re-scored:** ", exc)
         else:
             st.session_state["xp_rescored"] = (f"{fmt.count(len(done), 'completed run')} re-scored under rule "

@@ -165,8 +165,8 @@ if end_note:
 if earlier := earlier_rule_note(run.get("scoring")):  # (a run scored before the rule changed)
     owner = run.get("experiment_id")
     how = (f"rescore --experiment {owner}" if isinstance(owner, str) and owner else f"rescore {run['run_id']}")
-    st.caption(ui.plain(f"{earlier[0].upper() + earlier[1:]}. To score it under the current rule, with no model "
-                        f"call: {fmt.cli_command(how, store.path)}"))
+    st.caption(ui.plain(f"{app_data.as_sentence(earlier)} To score it under the current rule, with no model call: "
+                        + fmt.cli_command(how, store.path)))
 
 if steps.empty:
     st.warning("This run recorded no steps yet." if run["status"] == "running" else

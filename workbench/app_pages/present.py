@@ -57,7 +57,7 @@ end_note = app_data.compression_note(run, steps)
 if end_note:
     st.caption(ui.plain(end_note))
 if earlier := earlier_rule_note(run.get("scoring")):  # (as the explorer says it)
-    st.caption(ui.plain(earlier[0].upper() + earlier[1:] + "."))
+    st.caption(ui.plain(app_data.as_sentence(earlier)))
 for note in app_data.run_findings(run, steps, store.model_calls(run_id)):  # (as the explorer says them)
     st.warning(note)
 
