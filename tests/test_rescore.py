@@ -165,8 +165,9 @@ def test_the_app_says_which_figures_are_under_an_earlier_rule_and_rescores_them(
     warnings = [w.value for w in at.warning]
     assert any("scored under rule 1" in w.replace("\\", "") for w in warnings), warnings
     assert any(experiment_id in c.value.replace("\\", "") for c in at.caption)  # the list's note
-    at.switch_page(PAGES.format("compare")).run()
-    assert not at.exception and any("scored under rule 1" in w.value.replace("\\", "") for w in at.warning)
+    for page in ("compare", "tune"):
+        at.switch_page(PAGES.format(page)).run()
+        assert not at.exception and any("scored under rule 1" in w.value.replace("\\", "") for w in at.warning), page
     at.switch_page(PAGES.format("experiments")).run()
     at.button(key="xp_rescore").click().run()
     assert not at.exception, at.exception
