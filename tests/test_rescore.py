@@ -165,6 +165,9 @@ def test_the_app_says_which_figures_are_under_an_earlier_rule_and_rescores_them(
     warnings = [w.value for w in at.warning]
     assert any("scored under rule 1" in w.replace("\\", "") for w in warnings), warnings
     assert any(experiment_id in c.value.replace("\\", "") for c in at.caption)  # the list's note
+    at.switch_page(PAGES.format("runs")).run()
+    assert not at.exception and any("2 runs scored under an earlier retention rule" in c.value.replace("\\", "")
+                                    for c in at.caption)
     for page in ("compare", "tune"):
         at.switch_page(PAGES.format(page)).run()
         assert not at.exception and any("scored under rule 1" in w.value.replace("\\", "") for w in at.warning), page
