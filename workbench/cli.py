@@ -1031,18 +1031,11 @@ def rescore_command(run_ids: tuple[str, ...], experiment_ids: tuple[str, ...], e
                                    "(see above); everything else was")
 
 
-def _stored_rule(options: str | dict[str, Any]) -> int:
-    """The scoring rule of an experiment's options as listed (JSON text) or read (a dict)."""
-    from .experiments import ExperimentOptions
-
-    return ExperimentOptions.stored(json.loads(options) if isinstance(options, str) else options).scoring
-
-
 def _experiment_rule(store: RunStore, experiment_id: str) -> int:
     """The retention scoring rule an experiment's runs are scored under."""
-    from .experiments import ExperimentOptions
+    from .experiments import experiment_rule
 
-    return ExperimentOptions.stored(store.experiment(experiment_id)["options"]).scoring
+    return experiment_rule(store.experiment(experiment_id)["options"])
 
 
 OVERWRITE_OPTION = click.option("--overwrite", is_flag=True, help="Replace Parquet files already in the folder.")
@@ -1499,17 +1492,16 @@ def experiment_list(as_json: bool, db: str) -> None:
     with _using_store(db) as store:
         frame = store.experiments()
     columns = ["experiment_id", "status", "name", "dataset", "planned_runs", "runs", "unfinished_runs", "created_at"]
-    if as_json:
-        from .experiments import listed_status
+    from .experiments import experiment_rule, listed_status
 
+    if as_json:
         listed = frame[[*columns, "failed_runs"]].assign(status_text=[listed_status(r) for r in frame.to_dict("records")],
                                                          grid=frame.configs.map(_grid_of),
-                                                         scoring=frame.options.map(_stored_rule))
+                                                         scoring=frame.options.map(experiment_rule))
         click.echo(listed.to_json(orient="records", date_format="iso"))
     elif frame.empty:
         click.echo(f"no experiments in {db}")
     else:
-        from .experiments import listed_status
         from .formatting import MISSING, missing
 
         status = [listed_status(row) for row in frame.to_dict("records")]
@@ -1523,7 +1515,7 @@ def experiment_list(as_json: bool, db: str) -> None:
             index=False, formatters={"grid": lambda v: f"  {v}"}))
         from .retention import SCORING
 
-        earlier = [e for e, o in zip(frame.experiment_id, frame.options) if _stored_rule(o) != SCORING]
+        earlier = [e for e, o in zip(frame.experiment_id, frame.options) if experiment_rule(o) != SCORING]
         if earlier:
             _echo_wrapped(f"scored under an earlier retention rule: {', '.join(earlier)}; to score them under the "
                           "current rule, with no model call: " + cli_command("rescore --all", db))

@@ -391,12 +391,18 @@ class Task:
     scoring: int = SCORING  # the experiment's retention scoring rule
 
 
+def experiment_rule(options: str | dict[str, Any]) -> int:
+    """The retention scoring rule an experiment's runs are scored under, from its recorded options
+    (as :meth:`RunStore.experiment` reads them, or as listed: JSON text)."""
+    return ExperimentOptions.stored(json.loads(options) if isinstance(options, str) else options).scoring
+
+
 def pending_tasks(store: Any, experiment_id: str) -> list[Task]:
     """The (conversation, configuration) pairs without a completed run, in a stable order."""
     experiment = store.experiment(experiment_id)
     runs = store.experiment_runs(experiment_id)
     done = {(r.conversation_id, r.config_label) for r in runs.itertuples() if r.status == "completed"}
-    scoring = ExperimentOptions.stored(experiment["options"]).scoring
+    scoring = experiment_rule(experiment["options"])
     tasks = []
     for conversation_id in experiment["conversations"]:
         for index, entry in enumerate(experiment["configs"]):
@@ -1479,7 +1485,7 @@ def report(store: Any, experiment_id: str) -> dict[str, Any]:
         # every call paid for: completed runs (the configurations' cost_usd), failed and replaced ones
         "spent_usd": spent_usd(store, experiment_id),
         # the retention scoring rule of every run (workbench.retention.SCORING_RULES)
-        "scoring": ExperimentOptions.stored(experiment["options"]).scoring,
+        "scoring": experiment_rule(experiment["options"]),
     }
 
 
@@ -1507,7 +1513,7 @@ def export_parquet(store: Any, experiment_id: str, folder: str | Path) -> list[P
     return written
 
 
-__all__ = ["ConfigSummary", "ExperimentError", "ExperimentOptions", "ExperimentOutcome", "Progress", "STAGES",
+__all__ = ["ConfigSummary", "ExperimentError", "ExperimentOptions", "ExperimentOutcome", "experiment_rule", "Progress", "STAGES",
            "choose_conversations", "compare", "config_grid", "create_experiment", "estimate_cost", "estimate_judging",
            "export_parquet", "labels",
            "pending_tasks", "report", "resolve_label", "run_experiment", "status_phrase", "summarise",

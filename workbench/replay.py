@@ -305,13 +305,13 @@ def _start(conversation: Conversation, config: ReplayConfig, store: RunStore | N
 def _experiment_rule(store: RunStore, run_id: str) -> int:
     """The scoring rule of the experiment run ``run_id`` belongs to (the current one for a run of
     no experiment, or an id the store does not hold: the resume's own check says so)."""
-    from .experiments import ExperimentOptions
+    from .experiments import experiment_rule
     from .runstore import UnknownRun
 
     try:
         owner = store.run(run_id).get("experiment_id")
         if isinstance(owner, str) and owner:
-            return ExperimentOptions.stored(store.experiment(owner)["options"]).scoring
+            return experiment_rule(store.experiment(owner)["options"])
     except UnknownRun:
         pass
     return SCORING

@@ -251,11 +251,11 @@ def rescore_experiment(store: Any, experiment_id: str, rule: int = SCORING) -> l
     """Re-score every completed run of an experiment under ``rule``, and record that its runs are
     scored under it from now on (a resume's too) — all in one write, or nothing when any run
     cannot be re-scored (:class:`RescoreError` naming it). An empty list when it already is."""
-    from .experiments import ExperimentOptions
+    from .experiments import experiment_rule
 
     check_scoring(rule)
     experiment = store.experiment(experiment_id)
-    if ExperimentOptions.stored(experiment["options"]).scoring == rule:
+    if experiment_rule(experiment["options"]) == rule:
         return []
     if experiment["status"] == "running":
         raise RescoreError(f"experiment {experiment_id} is running: re-score it once it has finished or been stopped")
@@ -267,11 +267,11 @@ def rescore_experiment(store: Any, experiment_id: str, rule: int = SCORING) -> l
 
 def earlier_runs(store: Any, rule: int = SCORING) -> tuple[list[str], list[str]]:
     """The experiments and the runs of no experiment scored under a rule other than ``rule``."""
-    from .experiments import ExperimentOptions
+    from .experiments import experiment_rule
 
     experiments = store.experiments()
     old_experiments = [row.experiment_id for row in experiments.itertuples()
-                       if ExperimentOptions.stored(json.loads(row.options)).scoring != rule]
+                       if experiment_rule(row.options) != rule]
     runs = store.runs()
     alone = [row.run_id for row in runs.itertuples()
              if not (isinstance(row.experiment_id, str) and row.experiment_id)

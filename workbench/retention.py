@@ -87,13 +87,11 @@ _BULLET = regex.compile(r"\s*(?:[-*•+]|\d+[.)])\s+")
 _HEADING_WORDS = frozenset({"date", "pm", "p", "m", "on", "at", *_WEEKDAYS, *(d[:3] for d in _WEEKDAYS), "tues", "thur",
                             "thurs"})
 _SESSION = regex.compile(r"\b(?:session|day|part)\s+\d+\b", regex.IGNORECASE)
-# a line's own date at its start, before a separator: "(8 May 2023) …", "8 May 2023: …", "[2023-05-08] …"
-_LEADING = regex.compile(
-    (r"\s*(?:[(\[]\s*(?:date\W*)?$DATE(?:\s*,?\s*(?:at\s+)?$TIME)?\s*[)\]]\s*[:\-–—|]?"
-     r"|(?:date\W*)?$DATE(?:\s*,?\s*(?:at\s+)?$TIME)?\s*[:\-–—|])\s*")
-    .replace("$DATE", _DATE.pattern, 1).replace("$TIME", f"(?:{_TIME.pattern})", 1)
-    .replace("$DATE", _DATE.pattern.replace("?P<", "?P<x"), 1).replace("$TIME", f"(?:{_TIME.pattern})", 1),
-    regex.IGNORECASE)
+# a line's own date at its start, in brackets or before a separator: "(8 May 2023) …", "8 May 2023: …",
+# "[2023-05-08 10:00] …" (the date is read from the match by _DATE: its groups here are unnamed)
+_STAMP = (r"(?:date\W*)?" + regex.sub(r"\(\?P<\w+>", "(?:", _DATE.pattern)
+          + rf"(?:\s*,?\s*(?:at\s+)?(?:{_TIME.pattern}))?")
+_LEADING = regex.compile(rf"\s*(?:[(\[]\s*{_STAMP}\s*[)\]]\s*[:\-–—|]?|{_STAMP}\s*[:\-–—|])\s*", regex.IGNORECASE)
 
 
 def _date_words(match: regex.Match) -> set[str] | None:

@@ -122,6 +122,18 @@ def plain(text: object) -> str:
     return "".join(parts) + _escaped(text[start:])
 
 
+def rule_warning(rule: object) -> bool:
+    """A warning when the figures shown were scored under an earlier retention rule (``rule``: a
+    run's recorded ``scoring``, or an experiment's); whether there was one."""
+    from .app_data import as_sentence
+    from .retention import earlier_rule_note
+
+    note = earlier_rule_note(rule)
+    if note:
+        st.warning(plain(as_sentence(note)))
+    return bool(note)
+
+
 def error(prefix: str, detail: object = "") -> None:
     """An error banner: our ``prefix`` (Markdown) and the data in ``detail`` shown as text."""
     st.error(prefix + plain(detail))

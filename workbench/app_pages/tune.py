@@ -8,9 +8,8 @@ import streamlit as st
 
 from workbench import analysis, app_data, charts, ui
 from workbench import formatting as fmt
-from workbench.experiments import ExperimentOptions, shared_conversations, summaries_of, uneven_note
+from workbench.experiments import experiment_rule, shared_conversations, summaries_of, uneven_note
 from workbench.replay import ReplayConfig, run_sweep
-from workbench.retention import earlier_rule_note
 
 store = ui.get_store()
 st.title("Tune thresholds")
@@ -30,8 +29,7 @@ if mode == "An experiment":
     st.text(f"{experiment_id} · {fmt.short_path(experiment['dataset'])} · "
             f"{fmt.count(len(experiment['conversations']), 'conversation')} × "
             f"{fmt.count(len(experiment['configs']), 'configuration')} · {app_data.experiment_status(experiment, runs)}")
-    if earlier := earlier_rule_note(ExperimentOptions.stored(experiment["options"]).scoring):  # (as its page says)
-        st.warning(ui.plain(app_data.as_sentence(earlier)))
+    ui.rule_warning(experiment_rule(experiment["options"]))  # (as its page says)
     failed = app_data.failed_configs(runs)
     if not failed.empty:  # never just fewer points: say which configurations did not finish, and why
         st.warning(f"{fmt.count(len(failed), 'run')} did not complete (listed below). Each configuration's "
