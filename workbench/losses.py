@@ -40,8 +40,15 @@ def attribute_losses(conversation: Any, records: Sequence[ObservationRecord], st
     """
     scorer = Scorer(conversation, rule)
 
+    read: dict[tuple[str, ...], Visible] = {}  # (the reflection's text, read once, not once per probe)
+
     def score(probe: Any, texts: Sequence[str]) -> float | None:
-        return scorer.score(probe, Visible(notes=texts)) if texts else 0.0
+        if not texts:
+            return 0.0
+        key = tuple(texts)
+        if key not in read:
+            read[key] = Visible(notes=texts)
+        return scorer.score(probe, read[key])
 
     record_steps = dict(record_steps or {})
     observations = [r for r in records if r.kind == "observation"]
