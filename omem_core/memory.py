@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import numbers
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
@@ -45,6 +46,26 @@ class Closed:
 
     def __await__(self):  # type: ignore[no-untyped-def]
         return iter(())
+
+
+async def close_stores(*stores: object) -> None:
+    """Close each distinct store that has a ``close()`` (awaited when it returns an awaitable),
+    every one even when an earlier one fails; then raise the first failure. A store given twice
+    (one SQLite file object serving both ports) is closed once."""
+    failures: list[BaseException] = []
+    seen: set[int] = set()
+    for store in stores:
+        if store is None or id(store) in seen or not callable(getattr(store, "close", None)):
+            continue
+        seen.add(id(store))
+        try:
+            result = store.close()  # type: ignore[attr-defined]
+            if inspect.isawaitable(result):
+                await result
+        except Exception as exc:
+            failures.append(exc)
+    if failures:
+        raise failures[0]
 
 
 class SyncClosing:
@@ -272,6 +293,17 @@ class Memory:
     async def update_working_memory(self, thread_id: str, text: str) -> None:
         self._require_working_memory()
         await self.storage.update_working_memory(thread_id, text)  # type: ignore[attr-defined]
+
+    async def close(self) -> None:
+        """Close the storage (a wrapped store closes the stores it wraps). Idempotent; ``async
+        with Memory(...) as memory:`` closes it at the end of the block."""
+        await close_stores(self.storage)
+
+    async def __aenter__(self) -> Memory:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
     def _require_working_memory(self) -> None:
         if not self.has_working_memory:

@@ -46,7 +46,7 @@ import litellm
 from ._env import error_text, redact_secrets
 from .errors import CompactionError, Stage
 from .extractive import trim
-from .memory import MAX_LAST, InMemoryMemoryStore, MemoryStore, check_read, check_store, whole_number
+from .memory import MAX_LAST, InMemoryMemoryStore, MemoryStore, check_read, check_store, close_stores, whole_number
 from .messages import Message, ObservationRecord, check_batch, check_message, check_thread_id
 from .observations import (
     DeleteEpochs,
@@ -557,6 +557,27 @@ class ObservationalMemoryStore:
             # A pass in flight was planned before the delete and will save nothing: a read after
             # it starts its own pass rather than wait for that one.
             self._inflight.pop(thread_id, None)
+
+    async def close(self) -> None:
+        """Close the stores this wraps (``inner`` and ``observations``; a store serving both is
+        closed once; one without ``close()`` is left alone), after the passes of this event loop
+        still in flight have finished, so a model call already paid for still saves its record
+        (cancel those reads first not to wait). A lease this store could not give back earlier is
+        given back first, when the database is reachable. Idempotent; ``async with`` closes at the
+        end of the block."""
+        loop = asyncio.get_running_loop()
+        running = [entry.task for entry in self._inflight.values() if entry.task.get_loop() is loop]
+        if running:
+            await asyncio.wait(running)
+        if self._leases is not None and self._unreleased:
+            await self._release_unreleased()
+        await close_stores(self.inner, self.observations)
+
+    async def __aenter__(self) -> ObservationalMemoryStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
     def __getattr__(self, name: str) -> Any:
         # The working-memory capability of ``inner`` passes through unchanged (and is absent

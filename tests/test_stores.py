@@ -751,3 +751,26 @@ async def test_a_closed_store_says_it_is_closed_alike_in_every_adapter(closed_st
     for call in calls:
         with pytest.raises(RuntimeError, match=r"^this store \(.+\) is closed$"):
             await call()
+
+
+async def test_closing_several_stores_closes_each_once_even_when_one_fails() -> None:
+    """What ``Memory.close()`` and the wrapper's ``close()`` rely on: a store whose ``close()``
+    fails does not leave the next one open, a store given twice closes once, a store without
+    ``close()`` is left alone, and the first failure is raised afterwards."""
+    from omem_core.memory import close_stores
+
+    closed: list[str] = []
+
+    class Failing:
+        def close(self) -> None:
+            closed.append("failing")
+            raise OSError("disk gone")
+
+    class Pooled:
+        async def close(self) -> None:
+            closed.append("pooled")
+
+    pooled = Pooled()
+    with pytest.raises(OSError, match="disk gone"):
+        await close_stores(Failing(), pooled, pooled, object(), None)
+    assert closed == ["failing", "pooled"]

@@ -730,3 +730,37 @@ async def test_the_context_saved_back_is_refused_and_one_message_gets_a_hint(scr
             await target.save_messages(msg(10))
     await store.save_messages(m for m in [msg(10)])  # (any iterable still)
     assert [m.id for m in (await store.recall("t", last=2))[1:]] == ["m9", "m10"]
+
+
+async def test_closing_the_wrapper_or_the_facade_closes_its_stores_after_the_pass_in_flight(
+        scripted: Scripted, backend: str) -> None:
+    """The wrapper and ``Memory`` had no ``close()``: code holding only
+    ``Memory(create_observational_memory_store(SQLite..., observations=Postgres...))`` could not
+    release the stores' connections or pools. Closing now closes both stores, once each, after the
+    pass in flight has saved its record (its model call was paid for)."""
+    scripted.gate = asyncio.Event()
+    store = make(scripted)
+    await fill(store, 8)
+    reading = asyncio.ensure_future(store.recall("t", last=2))
+    await until_started(scripted)
+    closing = asyncio.ensure_future(Memory(store).close())
+    await asyncio.sleep(0.05)
+    assert not closing.done(), "closed the stores under the pass in flight"
+    scripted.gate.set()
+    context = await reading
+    await closing
+    assert context[0].role == "system" and [m.id for m in context[1:]] == ["m6", "m7"]
+    checker = store.observations if backend == "memory" else BACKEND["observations"]()
+    assert [r.kind for r in await checker.list("t")] == ["observation"]  # the pass's record was saved
+    if backend != "memory":
+        await checker.close()
+        for used in (store.inner.recall("t", last=1), store.observations.list("t")):
+            with pytest.raises(RuntimeError, match="closed"):
+                await used
+    await store.close()  # again: harmless
+    async with Memory(make(scripted)) as memory:
+        await memory.save_messages([msg(0, thread="u")])
+        assert [m.id for m in await memory.recall("u")] == ["m0"]
+    if backend != "memory":
+        with pytest.raises(RuntimeError, match="closed"):
+            await memory.recall("u")
