@@ -214,8 +214,8 @@ def _describe(dsn: str) -> tuple[str, str | None]:
         raise ValueError("not a valid PostgreSQL connection string (libpq key=value or a postgresql:// URL); "
                          "it is not repeated here because it may hold a password") from None
     for given in str(params.get("port") or "").split(","):  # libpq takes one per host; empty: the default
-        port = given.strip()
-        if port and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+        number = given.strip()
+        if number and not (number.isascii() and number.isdigit() and 1 <= int(number) <= 65535):
             # (libpq would say so only when connecting, which retry logic reads as an outage.) The
             # value is not repeated: a password with an unencoded "/" or "@" is read as the port.
             raise ValueError("the connection string's port is not a port number (1-65535); in a "

@@ -39,7 +39,7 @@ import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, cast
 
 import litellm
 
@@ -1325,7 +1325,7 @@ def create_observational_memory_store(
     if on_busy not in ("wait", "render"):
         raise ValueError(f"on_busy must be 'wait' or 'render', got {on_busy!r}")
     lease_ttl = _seconds("lease_ttl", lease_ttl)
-    max_input_tokens = _positive_int("max_input_tokens", max_input_tokens)  # (plain ints: a NumPy one too)
+    max_input_tokens = cast(int, _positive_int("max_input_tokens", max_input_tokens))  # (plain ints: a NumPy one too)
     max_backlog = _positive_int("max_backlog", max_backlog, optional=True)
     merged = _validate_thresholds(thresholds)
     if merged["observation"] > max_input_tokens:
