@@ -367,6 +367,33 @@ def test_tune_sweep_runs_the_grid_and_plots_every_run(db: Path) -> None:
     assert any("1 run of this conversation belongs to experiments and is left out" in c.value for c in at.caption)
 
 
+def test_tune_sweep_leaves_out_runs_under_an_earlier_rule_and_sweeps_them_afresh(db: Path) -> None:
+    """Sweep mode drew a run scored under an earlier retention rule beside the others with no word
+    (its retention read as comparable), and counted its configuration as already swept."""
+    import duckdb
+
+    at = app("tune")
+    at.sidebar.radio(key="tune_mode").set_value("Sweep one conversation").run()
+    at.sidebar.text_input(key="tune_obs").set_value("150")
+    at.sidebar.text_input(key="tune_ref").set_value("400")
+    at.sidebar.button(key="tune_run").click().run()
+    [swept] = [r for r in store(db).runs().itertuples() if json.loads(r.config)["observation_threshold"] == 150]
+    con = duckdb.connect(str(db))  # as a run recorded before the current rule
+    con.execute("UPDATE runs SET scoring = 1 WHERE run_id = ?", [swept.run_id])
+    con.close()
+    at.run()
+    assert not at.exception, at.exception
+    assert swept.run_id not in trace(spec(at, 0), "runs")["customdata"]
+    assert any("1 run of this conversation scored under an earlier retention rule is left out" in c.value.replace("\\", "")
+               for c in at.caption), [c.value for c in at.caption]
+    assert any(c.value.startswith("1 run with the built-in") for c in at.sidebar.caption)  # not "already swept"
+    at.sidebar.button(key="tune_run").click().run()
+    assert not at.exception, at.exception
+    fresh = [r.run_id for r in store(db).runs().itertuples()
+             if json.loads(r.config)["observation_threshold"] == 150 and r.run_id != swept.run_id]
+    assert len(fresh) == 1 and fresh[0] in trace(spec(at, 0), "runs")["customdata"]
+
+
 def test_prompts_save_a_version(db: Path) -> None:
     at = app("prompts")
     at.text_area(key="pr_text_observer_v2").set_value("Write short dated notes.")

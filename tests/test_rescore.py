@@ -254,3 +254,87 @@ def test_a_run_that_never_read_its_memory_is_rescored(tmp_path) -> None:
     code, out, err = invoke("rescore", "--all", "--db", str(tmp_path / "x.duckdb"))
     assert code == 0, err
     assert f"run {old} (notes): retention 0.000 → 0.000 under rule 2" in out
+
+
+def test_a_resume_started_while_an_experiment_is_rescored_leaves_it_under_one_rule(tmp_path) -> None:
+    """Re-scoring checked that the experiment was not running before scoring its runs, then wrote
+    the new rule without looking again: a resume started in between wrote its runs under rule 1 into
+    an experiment recorded under rule 2, which pooled both and which no command would repair. The
+    write now checks again, in its transaction; and an experiment with a run under an earlier rule
+    than its own is found and repaired by ``rescore --all``."""
+    from workbench.rescore import earlier_runs
+
+    db = tmp_path / "x.duckdb"
+    experiment_id = old_experiment(db)
+    with RunStore(db) as store:
+        runs = store.experiment_runs(experiment_id)
+        done = [rescore_run(store, run_id) for run_id in runs.run_id]
+        store.claim_experiment(experiment_id)  # a resume starts meanwhile (it reads the rule after this)
+        with pytest.raises(Exception, match="while it was being re-scored: nothing was re-scored"):
+            store.write_rescored(done, experiment_id=experiment_id, rule=SCORING)
+        assert ex.experiment_rule(store.experiment(experiment_id)["options"]) == 1
+        assert set(store.experiment_runs(experiment_id).scoring) == {1}
+        store.finish_experiment(experiment_id, "completed", None, 0.0)
+        # One of its runs completed under rule 1 meanwhile (here: was not among those scored).
+        with pytest.raises(Exception, match="while it was being re-scored"):
+            store.write_rescored(done[:1], experiment_id=experiment_id, rule=SCORING)
+        assert set(store.experiment_runs(experiment_id).scoring) == {1}
+        # An experiment left mixed by that race before this check: its rule says 2, a run says 1.
+        store.write_rescored(done[:1])
+        store.update_experiment_options(experiment_id, scoring=SCORING)
+        assert sorted(store.experiment_runs(experiment_id).scoring) == [1, SCORING]
+        assert earlier_runs(store) == ([experiment_id], [])
+    code, out, err = invoke("rescore", "--all", "--db", str(db))
+    assert code == 0, err
+    assert f"experiment {experiment_id}: 1 completed run re-scored under rule {SCORING}" in out
+    with RunStore(db) as store:
+        assert set(store.experiment_runs(experiment_id).scoring) == {SCORING}
+        assert earlier_runs(store) == ([], [])
+
+
+def test_a_run_scored_by_an_older_omem_into_an_upgraded_file_reads_as_rule_1(tmp_path) -> None:
+    """An omem from before rule numbers writes no ``scoring`` into a file this one migrated: the
+    run read as "not scored" (no warning, ``rescore`` said it had no figures) although it showed
+    retention. A file a newer omem migrated is refused, untouched."""
+    import duckdb
+
+    db = tmp_path / "x.duckdb"
+    with RunStore(db) as store:
+        run_id = asyncio.run(replay(load_conversation(DEMO), CONFIG, store, scoring=1)).run_id
+    con = duckdb.connect(str(db))
+    con.execute("UPDATE runs SET scoring = NULL WHERE run_id = ?", [run_id])  # as the older omem wrote it
+    con.close()
+    with RunStore(db) as store:
+        assert store.run(run_id)["scoring"] == 1 and list(store.runs().scoring) == [1]
+    code, out, err = invoke("rescore", run_id, "--db", str(db))
+    assert code == 0, err
+    assert "was rule 1" in out
+    con = duckdb.connect(str(db))
+    con.execute("INSERT INTO omem_schema VALUES (99, 'from the future', now())")
+    con.close()
+    before = db.read_bytes()
+    for read_only in (False, True):
+        with pytest.raises(Exception, match="schema version 99, written by a newer omem"):
+            RunStore(db, read_only=read_only)
+    assert db.read_bytes() == before
+
+
+def test_a_later_rule_than_this_version_knows_is_said_not_a_crash(tmp_path) -> None:
+    """An experiment a newer omem scored under rule 3 crashed ``experiment list`` (an
+    ExperimentError from validating its options), made ``rescore --all`` abort, and was called
+    "an earlier rule"."""
+    from workbench.retention import earlier_rule_note, is_earlier
+
+    db = tmp_path / "x.duckdb"
+    experiment_id = old_experiment(db)
+    later = SCORING + 1
+    with RunStore(db) as store:
+        store.update_experiment_options(experiment_id, scoring=later)
+        assert ex.experiment_rule(store.experiment(experiment_id)["options"]) == later
+        with pytest.raises(RescoreError, match=f"rule {later}, a later rule than this version"):
+            rescore_experiment(store, experiment_id)
+    assert not is_earlier(later) and is_earlier(SCORING - 1)
+    assert "a later rule than this version of omem knows" in earlier_rule_note(later)
+    code, out, err = invoke("experiment", "list", "--db", str(db))
+    assert code == 0, err
+    assert experiment_id in out

@@ -20,6 +20,7 @@ from .formatting import DEFAULT_DB, MISSING, about_money, cli_command, count, de
 from .formatting import missing as _missing
 from .models import OFFLINE_MODEL
 from .losses import STAGE_NAMES, STAGES
+from .retention import is_earlier
 from .stats import paired_difference, signed
 
 KEPT = 0.5  # a probe scoring at least this is "kept" (the retention rule's threshold)
@@ -1125,6 +1126,15 @@ def _run_key(config: dict[str, Any]) -> tuple:
     return tuple(config.get(k) for k in _SAME_RUN_KEYS) + prompts
 
 
+def earlier_rule_runs(runs: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """``runs`` less those scored under an earlier retention rule (their figures would be drawn
+    beside the others' as if comparable), and how many those were."""
+    if runs.empty or "scoring" not in runs:
+        return runs, 0
+    earlier = runs.scoring.map(is_earlier).astype(bool)
+    return runs[~earlier], int(earlier.sum())
+
+
 def already_swept(runs: pd.DataFrame, grid: list[Any]) -> list[int]:
     """Positions in ``grid`` (``ReplayConfig``s) that a completed run in ``runs`` (one
     conversation's runs, their ``config`` column as stored JSON) already replayed with the same
@@ -1134,6 +1144,8 @@ def already_swept(runs: pd.DataFrame, grid: list[Any]) -> list[int]:
     if runs.empty or "config" not in runs:
         return []
     done = runs[runs.status == "completed"] if "status" in runs else runs
+    if "scoring" in done:  # (one scored under an earlier rule is not the run a sweep would make now)
+        done = done[~done.scoring.map(is_earlier).astype(bool)]
     seen = {_run_key(json.loads(c) if isinstance(c, str) else c) for c in done.config}
     return [i for i, config in enumerate(grid) if _run_key(config.to_json()) in seen]
 

@@ -943,9 +943,9 @@ def runs_command(experiment_id: str | None, as_json: bool, db: str) -> None:
             else:  # a long status (a failed run's) and configuration: the configuration below, indented
                 click.echo(line)
                 click.echo(f"    {name}")
-        from .retention import SCORING, scoring_rule
+        from .retention import is_earlier, scoring_rule
 
-        earlier = [r for r in frame.itertuples() if scoring_rule(r.scoring) not in (None, SCORING)]
+        earlier = [r for r in frame.itertuples() if is_earlier(r.scoring)]
         if earlier:  # (their retention is not comparable with the others')
             _echo_wrapped(f"{count(len(earlier), 'run')} scored under an earlier retention rule (rule "
                           f"{', '.join(sorted({str(scoring_rule(r.scoring)) for r in earlier}))}): "
@@ -991,7 +991,7 @@ def rescore_command(run_ids: tuple[str, ...], experiment_ids: tuple[str, ...], e
     unless that gives back every recorded score. An experiment's runs are re-scored all together,
     and its later runs (a resume's) are scored under the current rule too. (A run recorded before
     message time offsets were kept reads them from its dataset if unchanged, else takes UTC.)"""
-    from .rescore import earlier_runs, rescore_experiment, rescore_runs
+    from .rescore import RescoreError, earlier_runs, rescore_experiment, rescore_runs
     from .retention import SCORING, SCORING_RULES
 
     if not (run_ids or experiment_ids or every):
@@ -1008,13 +1008,14 @@ def rescore_command(run_ids: tuple[str, ...], experiment_ids: tuple[str, ...], e
                 return
         for experiment_id in dict.fromkeys(experiment_ids):
             try:
-                if _experiment_rule(store, experiment_id) == SCORING:
-                    click.echo(f"experiment {experiment_id}: already scored under rule {SCORING}")
-                    continue
                 done = rescore_experiment(store, experiment_id)
             except WorkbenchError as exc:  # (cannot be re-scored, deleted meanwhile, an unknown id)
                 failed += 1
-                click.echo(f"error: experiment {experiment_id} was not re-scored: {exc}", err=True)
+                said = str(exc) if isinstance(exc, RescoreError) else f"experiment {experiment_id} was not re-scored: {exc}"
+                click.echo(f"error: {said}", err=True)
+                continue
+            if not done and _experiment_rule(store, experiment_id) == SCORING:
+                click.echo(f"experiment {experiment_id}: already scored under rule {SCORING}")
             else:
                 click.echo(f"experiment {experiment_id}: {count(len(done), 'completed run')} re-scored under rule "
                            f"{SCORING}; its figures: {cli_command(f'experiment show {experiment_id}', store.path)}")

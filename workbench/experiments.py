@@ -43,7 +43,7 @@ from .formatting import cli_command, count
 from .formatting import missing as is_missing
 from .interrupts import ctrl_c_held_back, stopping
 from .losses import STAGES, funnel
-from .retention import SCORING, check_scoring
+from .retention import SCORING, check_scoring, scoring_rule
 from .models import OFFLINE_MODEL
 from .stats import bootstrap_ci, paired_difference
 
@@ -393,8 +393,11 @@ class Task:
 
 def experiment_rule(options: str | dict[str, Any]) -> int:
     """The retention scoring rule an experiment's runs are scored under, from its recorded options
-    (as :meth:`RunStore.experiment` reads them, or as listed: JSON text)."""
-    return ExperimentOptions.stored(json.loads(options) if isinstance(options, str) else options).scoring
+    (as :meth:`RunStore.experiment` reads them, or as listed: JSON text). Read, not checked: a
+    later rule than this version knows (a newer omem's experiment) is listed and said, not an error;
+    resuming such an experiment is (:meth:`ExperimentOptions.stored`)."""
+    recorded = (json.loads(options) if isinstance(options, str) else options).get("scoring", 1)
+    return scoring_rule(recorded) or 1
 
 
 def pending_tasks(store: Any, experiment_id: str) -> list[Task]:

@@ -164,12 +164,23 @@ def rescore_run(store: Any, run_id: str, rule: int = SCORING) -> Rescored:
     check_scoring(rule)
     run = store.run(run_id)
     was = scoring_rule(run.get("scoring"))
+    if run["status"] == "running":
+        raise RescoreError(f"run {run_id} is running: re-score it once it has completed (if it completes under an "
+                           "earlier rule)")
     if run["status"] != "completed":
         raise RescoreError(f"run {run_id} is {run['status']}: only a completed run has figures to re-score (resume "
-                           "it: it is scored under the current rule when it completes)")
+                           "it: it is scored under its rule when it completes)")
     if was is None:
         raise RescoreError(f"run {run_id} has no retention figures to re-score (no probe of its conversation "
                            "could be scored)")
+    if was > SCORING:
+        raise RescoreError(f"run {run_id} is scored under rule {was}, a later rule than this version of omem knows "
+                           f"(rules 1–{SCORING}): upgrade omem to read it")
+    experiment = run.get("experiment_id")
+    # what to do instead when it cannot be re-scored: an experiment's run keeps its experiment's rule
+    instead = (f"replay it to score it under rule {rule}" if not (isinstance(experiment, str) and experiment) else
+               f"its experiment {experiment} stays under rule {was}; to have these figures under rule {rule}, run the "
+               "experiment again as a new one (experiment run)")
     conversation = _conversation(store, run)
     stored = _final_context(store, run_id)
     # the last N messages (the conversation's own system messages among them), dated as written
@@ -199,23 +210,20 @@ def rescore_run(store: Any, run_id: str, rule: int = SCORING) -> Rescored:
         was_then, now = _share(_number(recorded.get(first))), _share(_number(rebuilt.get(first)))
         raise RescoreError(f"run {run_id} cannot be re-scored: its final context could not be rebuilt exactly from "
                            f"the store (scored again under rule {was}, {len(differ)} probe score(s) differ from what "
-                           f"it recorded, first {probe!r} by {method}: recorded {was_then}, rebuilt {now}); replay it "
-                           f"to score it under rule {rule}")
+                           f"it recorded, first {probe!r} by {method}: recorded {was_then}, rebuilt {now}); {instead}")
     stored_losses = store.losses(run_id)
     if not stored_losses.empty:
         kept = {row.probe_id: row for row in stored_losses.itertuples()}
         if len(kept) != len(old_losses):
             raise RescoreError(f"run {run_id} cannot be re-scored: its loss attribution could not be rebuilt exactly "
-                               f"from the store ({len(kept)} rows recorded, {len(old_losses)} rebuilt); replay it to "
-                               f"score it under rule {rule}")
+                               f"from the store ({len(kept)} rows recorded, {len(old_losses)} rebuilt); {instead}")
         for row in old_losses:
             old = kept.get(row["probe_id"])
             if old is None or not all(_same(row[k], getattr(old, k)) for k in
                                       ("observation_score", "reflection_score", "visible_score", "lost_step")) \
                     or (row["lost_at"] or None) != (old.lost_at if isinstance(old.lost_at, str) else None):
                 raise RescoreError(f"run {run_id} cannot be re-scored: its loss attribution could not be rebuilt "
-                                   f"exactly from the store (probe {row['probe_id']!r}); replay it to score it under "
-                                   f"rule {rule}")
+                                   f"exactly from the store (probe {row['probe_id']!r}); {instead}")
     summary, rows, losses = score(rule)
     figures: dict[str, Any] = {"scoring": rule}
     if summary.scored:
@@ -247,36 +255,58 @@ def rescore_runs(store: Any, run_ids: Sequence[str], rule: int = SCORING) -> lis
     return done
 
 
+def stale_runs(runs: Any, rule: int = SCORING) -> list[str]:
+    """The completed runs (of :meth:`RunStore.experiment_runs` or :meth:`RunStore.runs`) scored
+    under an earlier rule than ``rule``."""
+    return [row.run_id for row in runs.itertuples()
+            if row.status == "completed" and scoring_rule(row.scoring) is not None and scoring_rule(row.scoring) < rule]
+
+
 def rescore_experiment(store: Any, experiment_id: str, rule: int = SCORING) -> list[Rescored]:
-    """Re-score every completed run of an experiment under ``rule``, and record that its runs are
-    scored under it from now on (a resume's too) — all in one write, or nothing when any run
-    cannot be re-scored (:class:`RescoreError` naming it). An empty list when it already is."""
+    """Re-score every completed run of an experiment scored under an earlier rule than ``rule``,
+    and record that its runs are scored under it from now on (a resume's too) — all in one write,
+    or nothing when any run cannot be re-scored (:class:`RescoreError` naming it). An empty list
+    when it already is, every run included."""
     from .experiments import experiment_rule
 
     check_scoring(rule)
     experiment = store.experiment(experiment_id)
-    if experiment_rule(experiment["options"]) == rule:
+    recorded = experiment_rule(experiment["options"])
+    if recorded > SCORING:
+        raise RescoreError(f"experiment {experiment_id} is scored under rule {recorded}, a later rule than this "
+                           f"version of omem knows (rules 1–{SCORING}): upgrade omem to read it")
+    runs = store.experiment_runs(experiment_id)
+    stale = stale_runs(runs, rule)
+    if recorded >= rule and not stale:
         return []
     if experiment["status"] == "running":
-        raise RescoreError(f"experiment {experiment_id} is running: re-score it once it has finished or been stopped")
-    runs = store.experiment_runs(experiment_id)
-    done = [rescore_run(store, run_id, rule) for run_id in runs[runs.status == "completed"].run_id]
+        raise RescoreError(f"experiment {experiment_id} is running: re-score it once it has finished or been "
+                           "stopped; nothing was re-scored")
+    running = runs[runs.status == "running"]
+    if not running.empty:
+        raise RescoreError(f"run {running.run_id.iloc[0]} of experiment {experiment_id} is running (resumed on its "
+                           "own): re-score the experiment once it has finished; nothing was re-scored")
+    try:
+        done = [rescore_run(store, run_id, rule) for run_id in stale]
+    except RescoreError as exc:
+        raise RescoreError(f"experiment {experiment_id} was not re-scored (nothing was written): {exc}") from None
     store.write_rescored(done, experiment_id=experiment_id, rule=rule)
     return done
 
 
 def earlier_runs(store: Any, rule: int = SCORING) -> tuple[list[str], list[str]]:
-    """The experiments and the runs of no experiment scored under a rule other than ``rule``."""
+    """The experiments with figures under an earlier rule than ``rule`` (their recorded rule, or a
+    run of theirs: one that completed under it while the experiment was re-scored, before that
+    could not happen), and the runs of no experiment scored under an earlier rule."""
     from .experiments import experiment_rule
 
-    experiments = store.experiments()
-    old_experiments = [row.experiment_id for row in experiments.itertuples()
-                       if experiment_rule(row.options) != rule]
     runs = store.runs()
-    alone = [row.run_id for row in runs.itertuples()
-             if not (isinstance(row.experiment_id, str) and row.experiment_id)
-             and row.status == "completed" and scoring_rule(row.scoring) not in (None, rule)]
-    return old_experiments, alone
+    alone = runs.experiment_id.map(lambda e: not (isinstance(e, str) and e)).astype(bool)
+    theirs = runs[~alone]
+    mixed = set(theirs[theirs.run_id.isin(stale_runs(theirs, rule))].experiment_id)
+    old_experiments = [row.experiment_id for row in store.experiments().itertuples()
+                       if experiment_rule(row.options) < rule or row.experiment_id in mixed]
+    return old_experiments, stale_runs(runs[alone], rule)
 
 
-__all__ = ["RescoreError", "Rescored", "earlier_runs", "rescore_experiment", "rescore_run", "rescore_runs"]
+__all__ = ["RescoreError", "Rescored", "earlier_runs", "rescore_experiment", "rescore_run", "rescore_runs", "stale_runs"]

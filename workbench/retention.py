@@ -145,6 +145,13 @@ def scoring_rule(value: Any) -> int | None:
         return None
 
 
+def is_earlier(rule: Any) -> bool:
+    """Whether figures recorded under ``rule`` were scored under an earlier rule than the current
+    one, which ``rescore`` can bring up to date (not a later one: a newer omem's)."""
+    number = scoring_rule(rule)
+    return number is not None and number < SCORING
+
+
 def scoring_note(rules: Sequence[Any], names: Sequence[str] = ("A", "B")) -> str | None:
     """Why retention figures side by side are not comparable: runs scored under different rules
     (``rules``: each run's recorded ``scoring``; a run not scored is left out), else ``None``."""
@@ -162,6 +169,10 @@ def earlier_rule_note(rule: Any) -> str | None:
     rule = scoring_rule(rule)
     if rule is None or rule == SCORING:
         return None
+    if rule > SCORING:
+        return (f"retention here was scored under rule {rule}, a later rule than this version of omem knows (rules "
+                f"1–{SCORING}): compare it only with figures scored under rule {rule}, and upgrade omem to read "
+                "them as that rule means them")
     return (f"retention here was scored under rule {rule} ({SCORING_RULES.get(rule, 'unknown')}), not the current "
             f"rule {SCORING} ({SCORING_RULES[SCORING]}): compare it only with figures scored under rule {rule} "
             "(the rules are in docs/benchmarks.md)")

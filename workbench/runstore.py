@@ -49,7 +49,9 @@ SELECT runs.* REPLACE (
     CASE WHEN c.run_id IS NULL THEN runs.cache_hits ELSE c.cache_hits END AS cache_hits,
     CASE WHEN c.run_id IS NULL THEN runs.input_tokens ELSE c.input_tokens END AS input_tokens,
     CASE WHEN c.run_id IS NULL THEN runs.output_tokens ELSE c.output_tokens END AS output_tokens,
-    CASE WHEN c.run_id IS NULL THEN runs.cost_usd ELSE c.cost_usd END AS cost_usd)
+    CASE WHEN c.run_id IS NULL THEN runs.cost_usd ELSE c.cost_usd END AS cost_usd,
+    -- a run scored by an omem older than rule numbers, written into a file already migrated: rule 1
+    coalesce(runs.scoring, CASE WHEN runs.retention IS NOT NULL THEN 1 END) AS scoring)
 FROM runs LEFT JOIN (
     SELECT run_id,
            count(*) FILTER (WHERE stage = 'observe') AS observer_calls,
@@ -265,6 +267,15 @@ MIGRATIONS: list[tuple[int, str, str]] = [(1, "initial", _M001), (2, "reflection
                                           (5, "judging calls and cost", _M005),
                                           (6, "retention scoring rule", _M006),
                                           (7, "message time offsets", _M007)]
+
+def _known_schema(versions: set[int], path: str) -> None:
+    """Refuse a file a newer omem has migrated: its tables may mean what this one cannot read, and
+    this one's writes (a rule-less run, say) would corrupt its figures."""
+    newer = sorted(v for v in versions if v > len(MIGRATIONS))
+    if newer:
+        raise RunStoreError(f"{path} has run-store schema version {newer[-1]}, written by a newer omem (this one knows "
+                            f"versions up to {len(MIGRATIONS)}): upgrade omem to use it; the file was not changed")
+
 
 RUN_TABLES = ("probe_losses", "probes", "model_calls", "records", "steps", "messages", "runs")
 
@@ -562,6 +573,8 @@ class RunStore:
                 self._reap_orphans(cur)
             elif not self._has_table("omem_schema"):
                 raise RunStoreError(f"{self.path} is not an omem run store (no omem_schema table)")
+            else:
+                _known_schema({row[0] for row in cur.execute("SELECT version FROM omem_schema").fetchall()}, self.path)
 
     @classmethod
     def snapshot(cls, path: str | Path) -> RunStore:
@@ -671,6 +684,7 @@ class RunStore:
             cur.execute("CREATE TABLE IF NOT EXISTS omem_schema "
                         "(version INTEGER PRIMARY KEY, name VARCHAR, applied_at TIMESTAMPTZ)")
             done = {row[0] for row in cur.execute("SELECT version FROM omem_schema").fetchall()}
+            _known_schema(done, self.path)
             for version, name, sql in MIGRATIONS:
                 if version in done:
                     continue
@@ -1000,10 +1014,21 @@ class RunStore:
                 cur.execute(f"UPDATE runs SET {assignments}, updated_at = ? WHERE run_id = ?",
                             [*run.figures.values(), _now(), run.run_id])
             if experiment_id is not None:
-                found = cur.execute("SELECT options FROM experiments WHERE experiment_id = ?",
+                found = cur.execute("SELECT options, status FROM experiments WHERE experiment_id = ?",
                                     [experiment_id]).fetchall()
                 if not found:
                     raise RunDeleted(f"experiment {experiment_id} was deleted from {self.path}; nothing was re-scored")
+                # Checked again here, in the write's transaction: a resume that started (or a run of it
+                # that completed) while the runs were being scored would write runs under the old rule
+                # into an experiment recorded under the new one.
+                ours = {run.run_id for run in runs}
+                others = cur.execute("SELECT run_id, status, coalesce(scoring, CASE WHEN retention IS NOT NULL THEN 1 "
+                                     "END) FROM runs WHERE experiment_id = ?", [experiment_id]).fetchall()
+                moved = [run_id for run_id, status, scoring in others if status == "running" or (
+                    status == "completed" and run_id not in ours and scoring is not None and scoring != rule)]
+                if found[0][1] == "running" or moved:
+                    raise RunBusy(f"experiment {experiment_id} was resumed, or a run of it completed, while it was being "
+                                  "re-scored: nothing was re-scored; re-score it once it has finished")
                 options = json.loads(found[0][0])
                 cur.execute("UPDATE experiments SET options = ?, updated_at = ? WHERE experiment_id = ?",
                             [json.dumps({**options, "scoring": rule}, sort_keys=True), _now(), experiment_id])

@@ -8,7 +8,7 @@ from pathlib import Path
 import streamlit as st
 
 from workbench import analysis, app_data, ui
-from workbench.retention import SCORING, scoring_rule
+from workbench.retention import is_earlier
 from workbench.runstore import RunBusy
 from workbench import formatting as fmt
 
@@ -39,7 +39,7 @@ ui.table(shown[["run_id", "created_at", "status", "conversation_id", "observer",
                 "observation_threshold", "reflection_threshold", "window", "steps", "compression",
                 "retention", "cost_usd", "label", "error"]], hide_index=True, key="runs_table")
 st.caption(f"{len(shown):,} of {fmt.count(len(runs), 'run')}")
-earlier = [r for r, rule in zip(shown.run_id, shown.scoring) if scoring_rule(rule) not in (None, SCORING)]
+earlier = [r for r, rule in zip(shown.run_id, shown.scoring) if is_earlier(rule)]
 if earlier:  # (as `runs` says: their retention is not comparable with the others')
     st.caption(ui.plain(f"{fmt.count(len(earlier), 'run')} scored under an earlier retention rule, not comparable "
                         f"with the others: {', '.join(earlier[:3])}{' …' if len(earlier) > 3 else ''}. To score them "

@@ -175,7 +175,11 @@ if "experiment_id" in runs:  # an experiment's runs are tuned in its own view (t
                    f"{'is' if in_experiments == 1 else 'are'} left out here: choose “An experiment” as the "
                    "source to see them.")
 failed = runs[runs.status != "completed"]
-runs = runs[runs.status == "completed"]
+runs, earlier = app_data.earlier_rule_runs(runs[runs.status == "completed"])
+if earlier:  # (drawn beside the others, their retention read as comparable; a sweep replays them afresh)
+    st.caption(ui.plain(f"{fmt.count(earlier, 'run')} of this conversation scored under an earlier retention rule "
+                        f"{'is' if earlier == 1 else 'are'} left out here, not comparable with the others: to score "
+                        "them under the current rule, with no model call: " + fmt.cli_command("rescore --all", store.path)))
 if not failed.empty:  # never just fewer points: say which configurations did not finish, and why
     st.warning(f"{fmt.count(len(failed), 'configuration')} did not finish and "
                f"{'is' if len(failed) == 1 else 'are'} not drawn:")
