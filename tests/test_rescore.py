@@ -317,6 +317,11 @@ def test_a_run_scored_by_an_older_omem_into_an_upgraded_file_reads_as_rule_1(tmp
         with pytest.raises(Exception, match="schema version 99, written by a newer omem"):
             RunStore(db, read_only=read_only)
     assert db.read_bytes() == before
+    con = duckdb.connect(str(db))  # read-only, a file an older omem left cannot be upgraded: said so
+    con.execute("DELETE FROM omem_schema WHERE version > 5")
+    con.close()
+    with pytest.raises(Exception, match="schema version 5, from an older omem.*open it once for writing"):
+        RunStore(db, read_only=True)
 
 
 def test_a_later_rule_than_this_version_knows_is_said_not_a_crash(tmp_path) -> None:

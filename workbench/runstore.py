@@ -268,13 +268,18 @@ MIGRATIONS: list[tuple[int, str, str]] = [(1, "initial", _M001), (2, "reflection
                                           (6, "retention scoring rule", _M006),
                                           (7, "message time offsets", _M007)]
 
-def _known_schema(versions: set[int], path: str) -> None:
+def _known_schema(versions: set[int], path: str, *, read_only: bool = False) -> None:
     """Refuse a file a newer omem has migrated: its tables may mean what this one cannot read, and
-    this one's writes (a rule-less run, say) would corrupt its figures."""
+    this one's writes (a rule-less run, say) would corrupt its figures. Read-only, refuse one an
+    older omem left behind too: it cannot be migrated, and this one's queries name newer columns."""
     newer = sorted(v for v in versions if v > len(MIGRATIONS))
     if newer:
         raise RunStoreError(f"{path} has run-store schema version {newer[-1]}, written by a newer omem (this one knows "
                             f"versions up to {len(MIGRATIONS)}): upgrade omem to use it; the file was not changed")
+    if read_only and len(versions) < len(MIGRATIONS):
+        raise RunStoreError(f"{path} has run-store schema version {max(versions, default=0)}, from an older omem (this "
+                            f"one reads version {len(MIGRATIONS)}): open it once for writing (any command of this "
+                            "omem) to upgrade it")
 
 
 RUN_TABLES = ("probe_losses", "probes", "model_calls", "records", "steps", "messages", "runs")
@@ -574,7 +579,8 @@ class RunStore:
             elif not self._has_table("omem_schema"):
                 raise RunStoreError(f"{self.path} is not an omem run store (no omem_schema table)")
             else:
-                _known_schema({row[0] for row in cur.execute("SELECT version FROM omem_schema").fetchall()}, self.path)
+                _known_schema({row[0] for row in cur.execute("SELECT version FROM omem_schema").fetchall()}, self.path,
+                              read_only=True)
 
     @classmethod
     def snapshot(cls, path: str | Path) -> RunStore:
