@@ -250,6 +250,12 @@ def test_the_explorers_address_links_to_the_run_and_step_shown(db: Path) -> None
         for w in odd.warning), [w.value for w in odd.warning]
     odd.slider(key=f"ex_step_{run_id}").set_value(1).run()
     assert not any("of the link" in shown(w.value) for w in odd.warning)  # said once, when followed
+    past = AppTest.from_file(APP, default_timeout=120)  # a step past the run's end: said too
+    past.query_params.update({"run": run_id, "step": "9999"})
+    past.run()
+    assert past.slider(key=f"ex_step_{run_id}").value == last and any(
+        f"Step 9,999 of the link is past this run's last step ({last})" in shown(w.value) for w in past.warning), \
+        [w.value for w in past.warning]
     assert app_data.link_note({"step": "7"}) == "The link names step '7' but no run (?run=…): the step is left out."
     assert app_data.link_note({"run": "r1", "step": "7"}) is None and app_data.link_note({"run": "r1"}) is None
 
@@ -574,6 +580,72 @@ def test_uploads_are_keyed_by_content_and_a_dataset_without_probes_says_so(db: P
     # the demo run recorded on first open belongs to another conversation: not shown as this one's
     assert any("No run of first yet" in shown(i.value) for i in at.info)
     assert not at.metric
+
+
+def test_a_broken_zip_upload_is_a_clear_error_and_leaves_nothing_half_unpacked(tmp_path) -> None:
+    """A file named .zip that is not one, an empty archive and a damaged one each replaced the page
+    with a traceback (BadZipFile, FileNotFoundError); the damaged one also left a half-unpacked
+    folder under its hash, so uploading it again gave another, misleading error."""
+    import io
+    import zipfile
+
+    from workbench import ui
+
+    class Upload:
+        def __init__(self, name: str, data: bytes) -> None:
+            self.name, self._data = name, data
+
+        def getvalue(self) -> bytes:
+            return self._data
+
+    def archive(files: dict[str, bytes]) -> bytes:
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as out:
+            for name, data in files.items():
+                out.writestr(name, data)
+        return buffer.getvalue()
+
+    content = PROJECT_DEMO.read_bytes()
+    good = archive({"chat/a.jsonl": content})
+    damaged = good.replace(content[200:260], bytes(reversed(content[200:260])), 1)  # (its CRC no longer matches)
+    assert damaged != good
+    for name, data, said in (("fake.zip", b"not an archive at all", "fake.zip cannot be unpacked: it is not a zip archive"),
+                             ("empty.zip", archive({}), "empty.zip holds no files"),
+                             ("crc.zip", damaged, "crc.zip cannot be unpacked: it is damaged")):
+        for _ in range(2):  # the second upload of the same bytes says the same, not another error
+            with pytest.raises(ValueError, match=re.escape(said)):
+                ui._saved_upload(Upload(name, data))
+    folder = ui._saved_upload(Upload("good.zip", good))
+    assert folder.name == "chat" and (folder / "a.jsonl").read_bytes() == content
+    assert not [p for p in folder.parent.parent.iterdir() if p.name.startswith(".")]  # no temporary left
+
+
+def test_a_replay_form_number_out_of_range_is_refused_not_replaced(db: Path) -> None:
+    """An observation threshold over the observer's 16,000-token input cap (the field took up to
+    100,000) replaced the explorer with a ConfigurationError traceback; one under the field's
+    minimum (0, -5) was dropped with a red outline, and Run replay made the run with the previous
+    value. Both now say what is wrong and keep Run disabled."""
+    at = app()
+    runs = len(store(db).runs())
+    for value in (50_000, 0, -5):
+        at.sidebar.number_input(key="ex_obs_300").set_value(value).run()
+        assert not at.exception, at.exception
+        [said] = [e.value for e in at.sidebar.error]
+        assert "observation threshold must be" in shown(said), said
+        assert at.sidebar.button(key="ex_run").disabled
+    at.sidebar.number_input(key="ex_obs_300").set_value(200).run()
+    assert not at.sidebar.error and not at.sidebar.button(key="ex_run").disabled
+    at.sidebar.button(key="ex_run").click().run()
+    assert not at.exception and len(store(db).runs()) == runs + 1
+    assert json.loads(store(db).runs().config.iloc[0])["observation_threshold"] == 200
+    at.switch_page(PAGES.format("compare")).run()  # Compare's pair of forms alike
+    at.sidebar.radio(key="cmp_mode").set_value("Run two configurations").run()
+    at.number_input(key="cmp_a_obs_300").set_value(20_000).run()
+    assert not at.exception, at.exception
+    assert any("at most 16,000 tokens" in shown(e.value) for e in at.error) and at.button(key="cmp_run").disabled
+    assert app_data.config_problems(300, 600, 10, 0) == []
+    assert app_data.config_problems(300, 600, 0, -1) == ["the window must be a whole number of at least 1, not 0",
+                                                         "the backlog ceiling must be a whole number (0 = off), not -1"]
 
 
 def test_error_banners_show_data_as_text(db: Path, tmp_path) -> None:

@@ -450,12 +450,14 @@ def test_datasets_checks_files_of_ones_own_given_by_path(tmp_path) -> None:
     cut = tmp_path / "cut.json"
     cut.write_text('{"broken": ')
     code, out, err = invoke("datasets", "--json", str(mine), str(cut), str(tmp_path / "absent.json"))
-    assert code == 0, err
+    assert code == 1 and "2 of the 3 paths given cannot be read" in err  # (a check a script can use)
     rows = json.loads(out)
     assert [row["name"] for row in rows] == ["mine.json", "cut.json", "absent.json"]  # these only, in order
     assert (rows[0]["origin"], rows[0]["conversations"], rows[0]["probes"]) == ("given", 4, 4)
     assert "invalid JSON" in rows[1]["error"] and "does not exist" in rows[2]["error"]
+    assert invoke("datasets", str(mine))[0] == 0
     code, out, _ = invoke("datasets", str(mine), str(cut))
+    assert code == 1
     header, first, second = out.splitlines()
     assert first.split()[:4] == ["mine.json", "given", "4", "18"]
     assert second.split()[:3] == ["cut.json", "given", "unreadable"]

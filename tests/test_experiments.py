@@ -207,6 +207,12 @@ def test_runs_replayed_and_waiting_to_be_written_are_not_counted_in_progress(tmp
     assert progress_text(waiting, experiment_id) == (
         (6 + 24 + 0.5) / 32, "6 of 32 runs to replay done · 2 in progress, 25% through their messages · 24 replayed, "
         "being recorded · last finished: obs 100 on c (completed), about 4 s left")
+    # runs that did not complete are counted among those done, and said to be (" · 3 not completed"
+    # beside "3 of 6 done", with 0 completed, read as three more)
+    unrunnable = ex.Progress(3, 6, 3, 0.0, "obs 100", "c", "failed", 1.0)
+    assert progress_text(unrunnable, experiment_id)[1].startswith("3 of 6 runs to replay done (all of them not completed)")
+    some = ex.Progress(4, 6, 1, 0.0, "obs 100", "c", "completed", 1.0)
+    assert progress_text(some, experiment_id)[1].startswith("4 of 6 runs to replay done (1 of them not completed) · last")
 
 
 def test_the_cost_estimate_is_not_below_what_the_calls_it_estimates_cost(tmp_path, shared_datasets) -> None:

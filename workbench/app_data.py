@@ -221,7 +221,9 @@ def progress_text(p: Any, experiment_id: str) -> tuple[float, str]:
     if p is None:
         return 0.0, f"Starting {experiment_id}…"
     eta = f", about {p.eta_s:.0f} s left" if p.eta_s is not None and p.done < p.total else ""
-    failed = f" · {p.failed} not completed" if p.failed else ""
+    # (" · 3 not completed" beside "3 of 6 done" read as 3 completed and 3 more that did not)
+    failed = (" (all of them not completed)" if p.failed == p.done else f" ({p.failed} of them not completed)") \
+        if p.failed else ""
     flying = (f" · {p.in_flight} in progress, {100 * p.running / p.in_flight:.0f}% through their messages"
               if p.in_flight else "")
     if getattr(p, "recording", 0):
@@ -1124,6 +1126,24 @@ def _run_key(config: dict[str, Any]) -> tuple:
     prompts = tuple((config.get(name) or {}).get("sha256") or (config.get(name) or {}).get("text")
                     for name in ("observer_prompt", "reflector_prompt"))
     return tuple(config.get(k) for k in _SAME_RUN_KEYS) + prompts
+
+
+def config_problems(observation: float, reflection: float, window: float, backlog: float) -> list[str]:
+    """What is wrong with a replay form's numbers, in the form's words (empty: nothing). Checked
+    here, not by the number fields' bounds: a value typed outside those was dropped with only a red
+    outline, and the run made with the previous value."""
+    from .replay import OBSERVER_INPUT_CAP
+
+    problems = []
+    for label, value, least in (("observation threshold", observation, 1), ("reflection threshold", reflection, 1),
+                                ("window", window, 1), ("backlog ceiling", backlog, 0)):
+        if value != int(value) or value < least:
+            problems.append(f"the {label} must be a whole number{' of at least 1' if least else ' (0 = off)'}, "
+                            f"not {display(value)}")
+    if observation > OBSERVER_INPUT_CAP:
+        problems.append(f"the observation threshold must be at most {OBSERVER_INPUT_CAP:,} tokens (the observer's "
+                        f"input cap: each segment it is sent is one threshold's worth), not {display(observation)}")
+    return problems
 
 
 def earlier_rule_runs(runs: pd.DataFrame) -> tuple[pd.DataFrame, int]:

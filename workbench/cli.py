@@ -1075,7 +1075,8 @@ def export(run_id: str, folder: Path, overwrite: bool, db: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def datasets(paths: tuple[Path, ...], as_json: bool) -> None:
     """List the datasets the workbench knows (project and ../shared), or check files or folders of
-    your own: what each holds (conversations, messages, probes), or why it cannot be read."""
+    your own: what each holds (conversations, messages, probes), or why it cannot be read (then,
+    for paths given, the exit status is 1: a check a script can use)."""
     from .datasets import DatasetError, list_conversations
 
     from .catalog import DatasetEntry, shared_datasets_dir
@@ -1105,14 +1106,18 @@ def datasets(paths: tuple[Path, ...], as_json: bool) -> None:
         rows.append(row)
     if as_json:
         click.echo(json.dumps(rows))
-        return
-    width = max([20, *(len(e.name) for e in entries)])
-    click.echo(f"{'name':<{width}} {'origin':<8} {'conversations':>13} {'messages':>8} {'probes':>6} {'gold':>6}  path")
-    for row in rows:
-        where = short_path(row["path"])
-        detail = (f"{'unreadable':<36}  {where}: {row['error']}" if "error" in row else
-                  f"{row['conversations']:>13,} {row['messages']:>8,} {row['probes']:>6,} {row['gold']:>6,}  {where}")
-        click.echo(f"{row['name']:<{width}} {row['origin']:<8} {detail}")
+    else:
+        width = max([20, *(len(e.name) for e in entries)])
+        click.echo(f"{'name':<{width}} {'origin':<8} {'conversations':>13} {'messages':>8} {'probes':>6} {'gold':>6}  "
+                   "path")
+        for row in rows:
+            where = short_path(row["path"])
+            detail = (f"{'unreadable':<36}  {where}: {row['error']}" if "error" in row else
+                      f"{row['conversations']:>13,} {row['messages']:>8,} {row['probes']:>6,} {row['gold']:>6,}  {where}")
+            click.echo(f"{row['name']:<{width}} {row['origin']:<8} {detail}")
+    bad = sum("error" in row for row in rows)
+    if paths and bad:  # (the catalogue's listing is not a check: a broken shared file does not fail it)
+        raise click.ClickException(f"{bad} of the {count(len(rows), 'path')} given cannot be read (see above)")
 
 
 @cli.group()

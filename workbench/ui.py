@@ -34,7 +34,7 @@ from .datasets import (
     load_conversation,
 )
 from .models import model_status, usable_models
-from .replay import TOKEN_COUNTERS, ReplayConfig, ReplayFailed, ReplayResult, replay
+from .replay import OBSERVER_INPUT_CAP, TOKEN_COUNTERS, ReplayConfig, ReplayFailed, ReplayResult, replay
 from .errors import WorkbenchError
 from .formatting import MISSING, count, missing, ratio, share
 from .runstore import RunStore, RunStoreError, RunStoreLocked
@@ -231,7 +231,9 @@ def _stamp(path: Path) -> tuple[int, int]:
 def _saved_upload(upload) -> Path:
     """The uploaded bytes in a folder named by their sha256 (per content, never per file name, so a
     second upload called like the first never shows the first file's data); a zip (a folder
-    format such as BEAM) is unpacked there."""
+    format such as BEAM) is unpacked there, whole or not at all: ``ValueError`` saying what is
+    wrong with an archive that cannot be (a half-unpacked folder, kept under the same hash, read
+    as another error at the next upload of the file)."""
     data = upload.getvalue()
     digest = hashlib.sha256(data).hexdigest()[:16]
     folder = Path(tempfile.gettempdir()) / "omem-uploads" / digest
@@ -239,15 +241,48 @@ def _saved_upload(upload) -> Path:
     name = Path(upload.name).name or "upload"
     target = folder / name
     if not target.exists():
-        target.write_bytes(data)
+        _written(target, lambda part: part.write_bytes(data))
     if name.lower().endswith(".zip"):
         unpacked = folder / "unzipped"
         if not unpacked.exists():
-            with zipfile.ZipFile(io.BytesIO(data)) as archive:
-                archive.extractall(unpacked)  # zipfile drops absolute paths and ".." components
+            _written(unpacked, lambda part: _unzip(data, name, part))
         entries = [p for p in unpacked.iterdir() if not p.name.startswith(("__MACOSX", "."))]
+        if not entries:
+            raise ValueError(f"{name} holds no files: zip the dataset's folder (or file) and upload that")
         return entries[0] if len(entries) == 1 and entries[0].is_dir() else unpacked
     return target
+
+
+def _written(target: Path, write) -> None:  # type: ignore[no-untyped-def]
+    """``write(part)`` to a temporary name beside ``target``, then renamed to it: a failed write
+    never leaves a partial ``target``, and two sessions uploading the same file never mix theirs."""
+    import shutil
+    import uuid
+
+    part = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}")
+    try:
+        write(part)
+        try:
+            os.replace(part, target)
+        except OSError:
+            if not target.exists():
+                raise  # (else another session's copy of the same bytes got there first)
+    finally:
+        if part.is_dir():
+            shutil.rmtree(part, ignore_errors=True)
+        elif part.exists():
+            part.unlink()
+
+
+def _unzip(data: bytes, name: str, into: Path) -> None:
+    into.mkdir(parents=True)  # (an empty archive makes no folder of its own)
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            archive.extractall(into)  # zipfile drops absolute paths and ".." components
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, NotImplementedError) as exc:
+        reason = "it is not a zip archive" if "not a zip file" in str(exc).lower() else f"it is damaged ({exc})"
+        raise ValueError(f"{name} cannot be unpacked: {reason}; upload the dataset's folder zipped again, or the "
+                         "file itself") from None
 
 
 def _format_picker(prefix: str) -> str | None:
@@ -302,7 +337,10 @@ def dataset_picker(prefix: str) -> Conversation | None:
             st.info("Upload a dataset: " + ", ".join(f.name for f in REGISTRY if not f.folder)
                     + " as a file; " + ", ".join(f.name for f in REGISTRY if f.folder) + " as a zip of its folder.")
             return None
-        path = _saved_upload(upload)
+        try:
+            path = _saved_upload(upload)
+        except (ValueError, OSError) as exc:
+            unreadable("Cannot read the upload: ", exc)
     elif choice == BY_PATH:
         kept(f"{prefix}_path")
         typed = st.sidebar.text_input("Path", key=f"{prefix}_path", placeholder="/data/locomo10.json")
@@ -357,8 +395,12 @@ def prompt_choices(store: RunStore, name: str) -> dict[str, Prompt]:
     return choices
 
 
-def config_form(store: RunStore, prefix: str, conversation: Conversation | None, *, container=None) -> ReplayConfig:
-    """Observer, reflector, thresholds, window, token counter and prompt versions."""
+def config_form(store: RunStore, prefix: str, conversation: Conversation | None, *,
+                container=None) -> ReplayConfig | None:
+    """Observer, reflector, thresholds, window, token counter and prompt versions; ``None`` (with
+    the reason shown) when a number is not one a replay takes: the caller's Run stays disabled."""
+    from .app_data import as_sentence, config_problems
+
     box = container or st.sidebar
     models = usable_models()
     box.caption("Usable here: " + ", ".join(models) + " (others need their provider's API key in the "
@@ -373,20 +415,27 @@ def config_form(store: RunStore, prefix: str, conversation: Conversation | None,
         status = model_status(model)
         if not status.usable:
             box.warning(plain(f"{model}: {status.reason}"))
-    observation = box.number_input("Observation threshold (tokens)", 10, 100_000, obs_default, step=50,
-                                   key=f"{prefix}_obs_{obs_default}")
-    reflection = box.number_input("Reflection threshold (tokens)", 10, 200_000, ref_default, step=50,
+    # (no bounds on the fields: a value typed outside them was dropped, the run made with the last one)
+    observation = box.number_input("Observation threshold (tokens)", value=obs_default, step=50,
+                                   key=f"{prefix}_obs_{obs_default}",
+                                   help=f"At most {OBSERVER_INPUT_CAP:,}: each segment the observer is sent is one "
+                                        "threshold's worth.")
+    reflection = box.number_input("Reflection threshold (tokens)", value=ref_default, step=50,
                                   key=f"{prefix}_ref_{ref_default}")
-    window = box.number_input("Window (last messages)", 1, 200, 10, key=f"{prefix}_window")
-    backlog = box.number_input("Backlog ceiling (tokens, 0 = off)", 0, 1_000_000, 0, step=500,
+    window = box.number_input("Window (last messages)", value=10, step=1, key=f"{prefix}_window")
+    backlog = box.number_input("Backlog ceiling (tokens, 0 = off)", value=0, step=500,
                                key=f"{prefix}_backlog",
                                help="Opt-in: past this many tokens waiting to be observed, the observer takes "
                                     "larger segments until the backlog is under it again.")
+    problems = config_problems(observation, reflection, window, backlog)
     counter = box.selectbox("Token counter", TOKEN_COUNTERS, key=f"{prefix}_counter")
     observer_prompts = prompt_choices(store, "observer")
     reflector_prompts = prompt_choices(store, "reflector")
     observer_prompt = box.selectbox("Observer prompt", list(observer_prompts), key=f"{prefix}_oprompt")
     reflector_prompt = box.selectbox("Reflector prompt", list(reflector_prompts), key=f"{prefix}_rprompt")
+    if problems:
+        box.error(plain(as_sentence("; ".join(problems))))
+        return None
     return ReplayConfig(
         observer=observer, reflector=None if reflector == "none" else reflector,
         observation_threshold=int(observation), reflection_threshold=int(reflection), last_messages=int(window),

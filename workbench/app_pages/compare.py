@@ -259,10 +259,11 @@ if mode == MODES[2]:
         config_a = ui.config_form(store, "cmp_a", conversation, container=st)
     with right.expander("Configuration B", expanded=True):
         config_b = ui.config_form(store, "cmp_b", conversation, container=st)
-    if config_a.to_json() == config_b.to_json():
+    if config_a is not None and config_b is not None and config_a.to_json() == config_b.to_json():
         st.warning("Configurations A and B are the same: both runs would replay alike. Change a setting on one "
                    "side to compare.")
-    if st.button("Run both", type="primary", key="cmp_run", disabled=conversation is None or store.read_only):
+    if st.button("Run both", type="primary", key="cmp_run",
+                 disabled=conversation is None or store.read_only or config_a is None or config_b is None):
         result_a = ui.run_replay(store, conversation, config_a)  # labelled by their configuration: "A" and
         result_b = ui.run_replay(store, conversation, config_b)  # "B" mean nothing outside this page
         if result_a and result_b and result_a.run_id and result_b.run_id:

@@ -30,16 +30,16 @@ if mode == "Run a replay":
     conversation = ui.dataset_picker("ex")
     config = ui.config_form(store, "ex", conversation)
     start = st.sidebar.button("Run replay", type="primary", key="ex_run",
-                              disabled=conversation is None or store.read_only)
-    if conversation is not None and (priced := app_data.replay_cost_text(conversation, config)):
+                              disabled=conversation is None or store.read_only or config is None)
+    if conversation is not None and config is not None and (priced := app_data.replay_cost_text(conversation, config)):
         st.sidebar.caption(priced)  # before the click, as the CLI asks before a paid replay
     if store.read_only:
         st.sidebar.caption("Replays are off: the run store is a read-only snapshot.")
-    if start and conversation is not None:
+    if start and conversation is not None and config is not None:
         result = ui.run_replay(store, conversation, config)
         if result is not None and result.run_id:
             ui.open_run(result.run_id)
-    elif store.runs().empty and conversation is not None and not store.read_only:
+    elif store.runs().empty and conversation is not None and config is not None and not store.read_only:
         # A fresh store: replay the demo on the built-in model so there is something to explore.
         result = ui.run_replay(store, conversation, config)
         if result is not None and result.run_id:
@@ -84,7 +84,7 @@ if run_id is None or stored.query("run_id == @run_id").empty:
     st.stop()
 
 run = store.run(run_id)
-chosen_config = config.to_json() if mode == "Run a replay" else None  # (the sidebar's)
+chosen_config = config.to_json() if mode == "Run a replay" and config is not None else None  # (the sidebar's)
 config = run["config"]
 steps = store.steps(run_id)
 records = store.records(run_id)
@@ -180,6 +180,10 @@ last = int(steps.step.max())
 step_key = f"ex_step_{run_id}"
 ui.kept(step_key)  # (back from another page: the step left, not the last)
 if step_key not in st.session_state or not 0 <= st.session_state[step_key] <= last:
+    if st.session_state.get(step_key, -1) > last and st.session_state.get("_ex_link") == (run_id, st.session_state[step_key]):
+        # (a link past the run's end: said, as a step that is no number is, not opened at the last without a word)
+        st.warning(f"Step {st.session_state[step_key]:,} of the link is past this run's last step ({last:,}): the run "
+                   "opens at its last step.")
     st.session_state[step_key] = last
 passes = app_data.pass_steps(steps)
 
