@@ -1098,6 +1098,24 @@ def test_a_cost_limit_over_a_model_of_unknown_price_is_said_not_to_hold(db: Path
     assert any("the limit may not stop this experiment" in w.value for w in at.warning), [w.value for w in at.warning]
 
 
+def test_an_experiment_form_number_out_of_range_is_refused_not_replaced(db: Path) -> None:
+    """A cost limit or a number of runs at once typed outside the field's bounds (-1, 0, 50) was
+    dropped with a red outline, and the experiment started with the previous value."""
+    at = app("experiments")
+    at.text_input(key="xp_obs").set_value("300").run()
+    assert not at.button(key="xp_start").disabled
+    for key, value, said in (("xp_concurrency", 0, "runs at once must be a whole number from 1 to 16, not 0"),
+                             ("xp_concurrency", 50, "runs at once must be a whole number from 1 to 16, not 50"),
+                             ("xp_max_cost", -1.0, "the cost limit must be 0 (none) or more USD, not -1")):
+        before = at.number_input(key=key).value
+        at.number_input(key=key).set_value(value).run()
+        assert not at.exception, at.exception
+        assert any(said in shown(e.value) for e in at.error), [e.value for e in at.error]
+        assert at.button(key="xp_start").disabled
+        at.number_input(key=key).set_value(before).run()
+        assert not at.error and not at.button(key="xp_start").disabled
+
+
 def test_an_experiment_with_a_configuration_that_cannot_run_is_never_shown_as_a_plain_success(
         db: Path, monkeypatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
@@ -2278,6 +2296,10 @@ def test_an_experiment_stopped_by_its_cost_limit_resumes_in_the_app_with_a_highe
         limit = at.number_input(key=f"xp_new_limit_{experiment_id}")
         assert limit.value == 0.08 and "$0.0500 of the $0.0300 limit is spent" in limit.help
         limit.set_value(0.04).run()  # (below the spend: refused, the stored limit left as it was)
+        at.button(key="xp_resume").click().run()
+        assert any("must be above the $0.0500 already spent" in e.value for e in at.error)
+        assert store(db).experiment(experiment_id)["options"]["max_cost"] == 0.03 and not background.running()
+        at.number_input(key=f"xp_new_limit_{experiment_id}").set_value(-1.0).run()  # (was dropped: resumed at 0.08)
         at.button(key="xp_resume").click().run()
         assert any("must be above the $0.0500 already spent" in e.value for e in at.error)
         assert store(db).experiment(experiment_id)["options"]["max_cost"] == 0.03 and not background.running()

@@ -147,8 +147,11 @@ with st.expander("New experiment", expanded=existing.empty):
     backlog_text = second.text_input("Backlog ceilings (tokens, or off)", key="xp_backlog", persist_state="session",
                                      help="Opt-in, comma-separated: past a ceiling the observer takes larger "
                                           "segments until the backlog is under it again. 'off, 2000' compares both.")
-    concurrency = third.number_input("Runs at once", 1, 16, key="xp_concurrency", persist_state="session",
-                                     help="Offline replays run in worker processes; remote ones as parallel calls")
+    # (the numbers unbounded, then checked: a value typed outside a field's bounds was dropped with only
+    # a red outline, and the experiment started with the last one: a cost limit among them)
+    concurrency = third.number_input("Runs at once", step=1, key="xp_concurrency", persist_state="session",
+                                     help="1 to 16. Offline replays run in worker processes; remote ones as parallel "
+                                          "calls")
     backlogs = []
     try:
         backlogs = app_data.parse_backlogs(backlog_text)
@@ -156,7 +159,7 @@ with st.expander("New experiment", expanded=existing.empty):
         problems.append(f"Backlog ceilings: {exc}")
         ui.error("", problems[-1])
     left, right = st.columns(2, vertical_alignment="bottom")
-    max_cost = left.number_input("Cost limit (USD, 0 for none)", 0.0, 10_000.0, step=1.0, key="xp_max_cost",
+    max_cost = left.number_input("Cost limit (USD, 0 for none)", step=1.0, key="xp_max_cost",
                                  persist_state="session")
     if st.session_state.pop("xp_clear_name", False):  # (started: the name is the new experiment's now)
         st.session_state["xp_name"] = ""
@@ -165,6 +168,10 @@ with st.expander("New experiment", expanded=existing.empty):
         st.warning(ui.plain(app_data.as_sentence(same_name)))
 
     shown_problems = len(problems)
+    if concurrency != int(concurrency) or not 1 <= concurrency <= 16:
+        problems.append(f"runs at once must be a whole number from 1 to 16, not {fmt.display(concurrency)}")
+    if max_cost < 0:
+        problems.append(f"the cost limit must be 0 (none) or more USD, not {fmt.display(max_cost)}")
     if not observers or not reflectors or not picked_op or not picked_rp:
         problems.append("choose at least one observer, reflector and prompt of each kind")
     if not problems:
@@ -360,7 +367,7 @@ if priced and not running and not resuming and not store.read_only:
 new_limit = None
 if reached is not None:
     new_limit = actions.number_input(
-        "New cost limit (USD)", min_value=0.0, value=higher_limit(*reached), step=higher_limit(*reached) / 2,
+        "New cost limit (USD)", value=higher_limit(*reached), step=higher_limit(*reached) / 2,
         format="%.4f", key=f"xp_new_limit_{experiment_id}", width=180,
         help=f"${reached[0]:.4f} of the ${reached[1]:.4f} limit is spent: Resume needs a higher one (0 for none)")
 # (no Resume on an experiment with nothing to finish: a greyed "Resume (to finish)" read as if it had)
@@ -391,7 +398,7 @@ if actions.button("Delete experiment", key="xp_delete", disabled=not confirm or 
         st.session_state.pop(f"xp_confirm_{experiment_id}", None)
         st.session_state["xp_done"] = ("success", f"Deleted {experiment_id} and its {fmt.count(len(runs), 'run')}.")
         st.rerun()
-if resume and new_limit is not None and 0 < new_limit <= reached[0]:  # (saved, then refused: the limit lowered)
+if resume and new_limit is not None and (new_limit < 0 or 0 < new_limit <= reached[0]):  # (saved, then refused)
     st.error(f"A new cost limit must be above the ${reached[0]:.4f} already spent (or 0 for none).")
 elif resume:
     if new_limit is not None:
