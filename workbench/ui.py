@@ -34,7 +34,7 @@ from .datasets import (
     load_conversation,
 )
 from .models import model_status, usable_models
-from .replay import OBSERVER_INPUT_CAP, TOKEN_COUNTERS, ReplayConfig, ReplayFailed, ReplayResult, replay
+from .replay import TOKEN_COUNTERS, ReplayConfig, ReplayFailed, ReplayResult, replay
 from .errors import WorkbenchError
 from .formatting import MISSING, count, missing, ratio, share
 from .runstore import RunStore, RunStoreError, RunStoreLocked
@@ -417,9 +417,7 @@ def config_form(store: RunStore, prefix: str, conversation: Conversation | None,
             box.warning(plain(f"{model}: {status.reason}"))
     # (no bounds on the fields: a value typed outside them was dropped, the run made with the last one)
     observation = box.number_input("Observation threshold (tokens)", value=obs_default, step=50,
-                                   key=f"{prefix}_obs_{obs_default}",
-                                   help=f"At most {OBSERVER_INPUT_CAP:,}: each segment the observer is sent is one "
-                                        "threshold's worth.")
+                                   key=f"{prefix}_obs_{obs_default}")
     reflection = box.number_input("Reflection threshold (tokens)", value=ref_default, step=50,
                                   key=f"{prefix}_ref_{ref_default}")
     window = box.number_input("Window (last messages)", value=10, step=1, key=f"{prefix}_window")
