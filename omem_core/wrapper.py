@@ -476,6 +476,7 @@ class ObservationalMemoryStore:
         # Leases this process holds but could not give back (the database was away): given back at
         # the next lease taken, so a short outage does not block the thread until they expire.
         self._unreleased: dict[str, str] = {}
+        self._closing = False  # close() has begun: no new read, save or delete
 
     # -- the MemoryStore port ---------------------------------------------------------------
 
@@ -489,6 +490,7 @@ class ObservationalMemoryStore:
         *cursor lease*, which a pass holds only while it checks its segment and saves its record.
         So a save never waits for a model call; a pass that planned without the message saves
         nothing (the next read observes it), and one that saved first gets the message refused."""
+        self._check_open()
         batch = [check_message(message) for message in check_batch(messages)]
         for message in batch:
             if message.id.startswith(MEMORY_MESSAGE_PREFIX):
@@ -521,6 +523,7 @@ class ObservationalMemoryStore:
             CompactionError: a due pass failed (it saved nothing; the next read retries).
             KeyError: ``before`` is not a message of the thread.
         """
+        self._check_open()
         last = check_read(thread_id, last)  # (a plain int: a NumPy one is one for SQL too)
         if before is not None:
             try:
@@ -544,6 +547,7 @@ class ObservationalMemoryStore:
         """Delete the thread's messages and records. A pass in flight for it saves nothing
         afterwards: in this process (a guard checked under the save's lock) and, when the
         observation store has the delete-epoch capability, in any process."""
+        self._check_open()
         check_thread_id(thread_id, "delete_thread")
         guard = self._guard(thread_id)
         async with guard.lock:
@@ -562,16 +566,23 @@ class ObservationalMemoryStore:
         """Close the stores this wraps (``inner`` and ``observations``; a store serving both is
         closed once; one without ``close()`` is left alone), after the passes of this event loop
         still in flight have finished, so a model call already paid for still saves its record
-        (cancel those reads first not to wait). A lease this store could not give back earlier is
-        given back first, when the database is reachable. Idempotent; ``async with`` closes at the
-        end of the block."""
+        (cancel those reads first not to wait; a model call is bounded by ``timeout``). From the
+        start of ``close()`` a new read, save or delete is refused (``RuntimeError``): one that
+        started a pass meanwhile would pay for a call whose record could not be saved. A lease
+        this store could not give back earlier is given back first, when the database is
+        reachable. Idempotent; ``async with`` closes at the end of the block."""
+        self._closing = True
         loop = asyncio.get_running_loop()
-        running = [entry.task for entry in self._inflight.values() if entry.task.get_loop() is loop]
-        if running:
+        while running := [entry.task for entry in self._inflight.values() if entry.task.get_loop() is loop]:
             await asyncio.wait(running)
         if self._leases is not None and self._unreleased:
             await self._release_unreleased()
         await close_stores(self.inner, self.observations)
+
+    def _check_open(self) -> None:
+        if self._closing:
+            raise RuntimeError("this observational memory store is closed (or closing): open its stores again "
+                               "and wrap them anew")
 
     async def __aenter__(self) -> ObservationalMemoryStore:
         return self
@@ -829,6 +840,7 @@ class ObservationalMemoryStore:
         if entry is not None and not _this_loop(entry.task.get_loop()):
             entry = None  # a pass of an event loop that has stopped (asyncio.run per request): not ours to wait for
         if entry is None:
+            self._check_open()  # (a read that began before close(): no new pass whose record it could not save)
             entry = _Inflight(asyncio.ensure_future(self._compact(thread_id, last)))
             self._inflight[thread_id] = entry
 

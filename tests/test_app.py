@@ -598,9 +598,9 @@ def test_a_broken_zip_upload_is_a_clear_error_and_leaves_nothing_half_unpacked(t
         def getvalue(self) -> bytes:
             return self._data
 
-    def archive(files: dict[str, bytes]) -> bytes:
+    def archive(files: dict[str, bytes], method: int = zipfile.ZIP_STORED) -> bytes:
         buffer = io.BytesIO()
-        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as out:
+        with zipfile.ZipFile(buffer, "w", method) as out:
             for name, data in files.items():
                 out.writestr(name, data)
         return buffer.getvalue()
@@ -609,9 +609,17 @@ def test_a_broken_zip_upload_is_a_clear_error_and_leaves_nothing_half_unpacked(t
     good = archive({"chat/a.jsonl": content})
     damaged = good.replace(content[200:260], bytes(reversed(content[200:260])), 1)  # (its CRC no longer matches)
     assert damaged != good
+    deflated = archive({"chat/a.jsonl": content}, zipfile.ZIP_DEFLATED)
+    start = deflated.index(b"chat/a.jsonl") + len(b"chat/a.jsonl")  # its compressed data: zlib cannot read it
+    broken = deflated[:start + 10] + bytes(200) + deflated[start + 210:]
+    encrypted = bytearray(good)  # the "encrypted" flag set, in the member's header and the directory
+    encrypted[6] |= 1
+    encrypted[good.index(b"PK\x01\x02") + 8] |= 1
     for name, data, said in (("fake.zip", b"not an archive at all", "fake.zip cannot be unpacked: it is not a zip archive"),
                              ("empty.zip", archive({}), "empty.zip holds no files"),
-                             ("crc.zip", damaged, "crc.zip cannot be unpacked: it is damaged")):
+                             ("crc.zip", damaged, "crc.zip cannot be unpacked: it is damaged"),
+                             ("zlib.zip", broken, "zlib.zip cannot be unpacked: it is damaged"),
+                             ("locked.zip", bytes(encrypted), "locked.zip cannot be unpacked: a file in it is encrypted")):
         for _ in range(2):  # the second upload of the same bytes says the same, not another error
             with pytest.raises(ValueError, match=re.escape(said)):
                 ui._saved_upload(Upload(name, data))

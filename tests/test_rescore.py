@@ -284,6 +284,9 @@ def test_a_resume_started_while_an_experiment_is_rescored_leaves_it_under_one_ru
         store.update_experiment_options(experiment_id, scoring=SCORING)
         assert sorted(store.experiment_runs(experiment_id).scoring) == [1, SCORING]
         assert earlier_runs(store) == ([experiment_id], [])
+    code, out, _ = invoke("experiment", "show", experiment_id, "--db", str(db))  # its pooled figures say so
+    assert code == 0 and f"1 run of this experiment is scored under rule 1 while it is under rule {SCORING}" in out
+    assert f"rescore --experiment {experiment_id}" in out
     code, out, err = invoke("rescore", "--all", "--db", str(db))
     assert code == 0, err
     assert f"experiment {experiment_id}: 1 completed run re-scored under rule {SCORING}" in out
@@ -333,6 +336,11 @@ def test_a_later_rule_than_this_version_knows_is_said_not_a_crash(tmp_path) -> N
     db = tmp_path / "x.duckdb"
     experiment_id = old_experiment(db)
     later = SCORING + 1
+    import duckdb
+
+    con = duckdb.connect(str(db))  # as a newer omem recorded it
+    con.execute("UPDATE runs SET scoring = ? WHERE experiment_id = ?", [later, experiment_id])
+    con.close()
     with RunStore(db) as store:
         store.update_experiment_options(experiment_id, scoring=later)
         assert ex.experiment_rule(store.experiment(experiment_id)["options"]) == later
@@ -342,4 +350,43 @@ def test_a_later_rule_than_this_version_knows_is_said_not_a_crash(tmp_path) -> N
     assert "a later rule than this version of omem knows" in earlier_rule_note(later)
     code, out, err = invoke("experiment", "list", "--db", str(db))
     assert code == 0, err
-    assert experiment_id in out
+    assert experiment_id in out and "earlier" not in out  # (nor sent to a rescore that cannot help)
+    code, out, err = invoke("experiment", "show", experiment_id, "--db", str(db))
+    assert code == 0 and "a later rule than this version of omem knows" in out and "rescore" not in out
+    code, out, _ = invoke("rescore", "--all", "--db", str(db))
+    assert code == 0 and "nothing to re-score: no run is scored under an earlier rule" in out
+
+
+def test_an_experiment_can_be_rescored_to_another_known_rule_through_the_api(tmp_path) -> None:
+    """``rescore_experiment(store, id, rule=1)`` on an experiment under the current rule moved it
+    to rule 1; a change for the command (only earlier rules are offered) made it return [] and
+    write nothing, as if done."""
+    db = tmp_path / "x.duckdb"
+    experiment_id = old_experiment(db)
+    with RunStore(db) as store:
+        assert len(rescore_experiment(store, experiment_id)) == 2  # to the current rule
+        assert len(rescore_experiment(store, experiment_id, rule=1)) == 2  # and back
+        assert set(store.experiment_runs(experiment_id).scoring) == {1}
+        assert ex.experiment_rule(store.experiment(experiment_id)["options"]) == 1
+
+
+def test_the_app_offers_no_rescore_for_a_later_rule(db: Path) -> None:
+    """The Experiments page offered "Re-score under rule 2" for an experiment a newer omem scored
+    under rule 3 (and listed it as under an earlier rule); the button could only fail."""
+    import duckdb
+    from apptest import PAGES, app
+
+    experiment_id = old_experiment(db)
+    con = duckdb.connect(str(db))
+    con.execute("UPDATE runs SET scoring = ? WHERE experiment_id = ?", [SCORING + 1, experiment_id])
+    con.close()
+    with RunStore(db) as store:
+        store.update_experiment_options(experiment_id, scoring=SCORING + 1)
+    at = app("experiments")
+    assert not at.exception, at.exception
+    assert any("a later rule than this version of omem knows" in w.value.replace("\\", "") for w in at.warning)
+    assert not [b for b in at.button if b.key == "xp_rescore"]
+    assert not any("earlier retention rule" in c.value.replace("\\", "") for c in at.caption)
+    at.switch_page(PAGES.format("runs")).run()
+    assert not at.exception and any("2 runs scored under a later retention rule" in c.value.replace("\\", "")
+                                    for c in at.caption), [c.value for c in at.caption]

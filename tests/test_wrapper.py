@@ -746,6 +746,9 @@ async def test_closing_the_wrapper_or_the_facade_closes_its_stores_after_the_pas
     closing = asyncio.ensure_future(Memory(store).close())
     await asyncio.sleep(0.05)
     assert not closing.done(), "closed the stores under the pass in flight"
+    for call in (store.recall("t", last=2), store.save_messages([msg(9)]), store.delete_thread("t")):
+        with pytest.raises(RuntimeError, match="closed"):  # (a read now would pay for a record it cannot save)
+            await call
     scripted.gate.set()
     context = await reading
     await closing
@@ -761,6 +764,5 @@ async def test_closing_the_wrapper_or_the_facade_closes_its_stores_after_the_pas
     async with Memory(make(scripted)) as memory:
         await memory.save_messages([msg(0, thread="u")])
         assert [m.id for m in await memory.recall("u")] == ["m0"]
-    if backend != "memory":
-        with pytest.raises(RuntimeError, match="closed"):
-            await memory.recall("u")
+    with pytest.raises(RuntimeError, match="closed"):
+        await memory.recall("u")

@@ -943,7 +943,7 @@ def runs_command(experiment_id: str | None, as_json: bool, db: str) -> None:
             else:  # a long status (a failed run's) and configuration: the configuration below, indented
                 click.echo(line)
                 click.echo(f"    {name}")
-        from .retention import is_earlier, scoring_rule
+        from .retention import SCORING, is_earlier, scoring_rule
 
         earlier = [r for r in frame.itertuples() if is_earlier(r.scoring)]
         if earlier:  # (their retention is not comparable with the others')
@@ -952,6 +952,10 @@ def runs_command(experiment_id: str | None, as_json: bool, db: str) -> None:
                           f"{', '.join(r.run_id for r in earlier[:3])}{' …' if len(earlier) > 3 else ''}; their "
                           "retention is not comparable with the others'; to score them under the current rule, with "
                           "no model call: " + cli_command("rescore --all", db))
+        if later := [r.run_id for r in frame.itertuples() if (scoring_rule(r.scoring) or 0) > SCORING]:
+            _echo_wrapped(f"{count(len(later), 'run')} scored under a later retention rule than this version of omem "
+                          f"knows (rules 1–{SCORING}): {', '.join(later[:3])}{' …' if len(later) > 3 else ''}; their "
+                          "retention is not comparable with the others'; upgrade omem to read them")
         if several > 1:  # ("obs 1000" of two experiments read alike: their labels name what varies in each)
             click.echo(f"(runs of {several} experiments: `runs --experiment ID` lists one's, `experiment list` "
                        "names them)")
@@ -1003,18 +1007,19 @@ def rescore_command(run_ids: tuple[str, ...], experiment_ids: tuple[str, ...], e
             experiment_ids = tuple(dict.fromkeys((*experiment_ids, *old_experiments)))
             run_ids = tuple(dict.fromkeys((*run_ids, *old_runs)))
             if not (experiment_ids or run_ids):
-                click.echo(f"nothing to re-score: every run is scored under rule {SCORING} "
+                click.echo(f"nothing to re-score: no run is scored under an earlier rule than rule {SCORING} "
                            f"({SCORING_RULES[SCORING]})")
                 return
         for experiment_id in dict.fromkeys(experiment_ids):
             try:
+                before = _experiment_rule(store, experiment_id)
                 done = rescore_experiment(store, experiment_id)
             except WorkbenchError as exc:  # (cannot be re-scored, deleted meanwhile, an unknown id)
                 failed += 1
                 said = str(exc) if isinstance(exc, RescoreError) else f"experiment {experiment_id} was not re-scored: {exc}"
                 click.echo(f"error: {said}", err=True)
                 continue
-            if not done and _experiment_rule(store, experiment_id) == SCORING:
+            if not done and before == SCORING:
                 click.echo(f"experiment {experiment_id}: already scored under rule {SCORING}")
             else:
                 click.echo(f"experiment {experiment_id}: {count(len(done), 'completed run')} re-scored under rule "
@@ -1170,11 +1175,10 @@ def _print_report(data: dict[str, Any], db: str) -> None:
         header += (f"; the figures below come from the {data['completed_runs']} of {data['planned_runs']} "
                    f"planned runs that completed, on {count(data['completed_conversations'], 'conversation')}")
     _echo_wrapped(header)
-    from .retention import earlier_rule_note
-
-    if note := earlier_rule_note(data.get("scoring")):
-        _echo_wrapped(f"note: {note}; to score it under the current rule, with no model call: "
-                      + cli_command(f"rescore --experiment {data['experiment_id']}", db))
+    if note := data.get("scoring_note"):
+        _echo_wrapped(f"note: {note}" + ("; to score it under the current rule, with no model call: "
+                                         + cli_command(f"rescore --experiment {data['experiment_id']}", db)
+                                         if data.get("rescorable") else ""))
     # A label longer than the column is written on a line of its own above its figures (cut, two
     # labels could read the same; in full, the table would not fit 100 columns).
     width = len("configuration")
@@ -1519,9 +1523,9 @@ def experiment_list(as_json: bool, db: str) -> None:
         shown["grid"] = frame.configs.map(_grid_of)  # (what tells experiments of one dataset apart)
         click.echo(shown.astype(object).map(lambda v: MISSING if missing(v) else v).to_string(
             index=False, formatters={"grid": lambda v: f"  {v}"}))
-        from .retention import SCORING
+        from .retention import is_earlier
 
-        earlier = [e for e, o in zip(frame.experiment_id, frame.options) if experiment_rule(o) != SCORING]
+        earlier = [e for e, o in zip(frame.experiment_id, frame.options) if is_earlier(experiment_rule(o))]
         if earlier:
             _echo_wrapped(f"scored under an earlier retention rule: {', '.join(earlier)}; to score them under the "
                           "current rule, with no model call: " + cli_command("rescore --all", db))
@@ -1559,11 +1563,11 @@ def experiment_compare(experiment_id: str, label_a: str | None, label_b: str | N
         diff = ex.compare(store, experiment_id, label_a or names[0], label_b or names[1])
         tally = ex.conversation_tally(store.experiment_probes(experiment_id), diff.a, diff.b)
         rule = _experiment_rule(store, experiment_id)
-    from .retention import earlier_rule_note
-
-    if note := earlier_rule_note(rule):
-        click.echo(f"note: {note}; to score it under the current rule, with no model call: "
-                   + cli_command(f"rescore --experiment {experiment_id}", db), err=True)
+        note, rescorable = ex.rule_note(store.experiment(experiment_id), store.experiment_runs(experiment_id))
+    if note:
+        click.echo(f"note: {note}" + ("; to score it under the current rule, with no model call: "
+                                      + cli_command(f"rescore --experiment {experiment_id}", db) if rescorable else ""),
+                   err=True)
     if as_json:
         _say_json({"a": diff.a, "b": diff.b, "probes": diff.probes, "retention_diff": diff.difference,
                    "ci95": list(diff.ci95) if diff.ci95 else None, "verdict": diff.verdict(),

@@ -43,7 +43,7 @@ from .formatting import cli_command, count
 from .formatting import missing as is_missing
 from .interrupts import ctrl_c_held_back, stopping
 from .losses import STAGES, funnel
-from .retention import SCORING, check_scoring, scoring_rule
+from .retention import SCORING, check_scoring, earlier_rule_note, is_earlier, scoring_rule, stale_runs
 from .models import OFFLINE_MODEL
 from .stats import bootstrap_ci, paired_difference
 
@@ -398,6 +398,20 @@ def experiment_rule(options: str | dict[str, Any]) -> int:
     resuming such an experiment is (:meth:`ExperimentOptions.stored`)."""
     recorded = (json.loads(options) if isinstance(options, str) else options).get("scoring", 1)
     return scoring_rule(recorded) or 1
+
+
+def rule_note(experiment: dict[str, Any], runs: pd.DataFrame) -> tuple[str | None, bool]:
+    """What to say of the rule an experiment's figures are scored under (``None``: the current rule
+    for every run), and whether ``rescore`` would bring them to the current rule: its recorded rule
+    is an earlier one, or a run of it is under another rule than its own (one that completed while
+    it was re-scored, before that was checked), so its pooled figures mix two rules."""
+    recorded = experiment_rule(experiment["options"])
+    if mixed := stale_runs(runs, recorded):
+        rules = sorted({scoring_rule(r) for r, run_id in zip(runs.scoring, runs.run_id) if run_id in set(mixed)})
+        return (f"{count(len(mixed), 'run')} of this experiment {'is' if len(mixed) == 1 else 'are'} scored under rule "
+                f"{', '.join(map(str, rules))} while it is under rule {recorded}: its pooled retention mixes two rules",
+                True)
+    return earlier_rule_note(recorded), is_earlier(recorded)
 
 
 def pending_tasks(store: Any, experiment_id: str) -> list[Task]:
@@ -1469,6 +1483,7 @@ def report(store: Any, experiment_id: str) -> dict[str, Any]:
     refused = sum(row["status"] == "failed" and stopped_by_dataset(row.get("error")) for row in conversations)
     planned = len(experiment["conversations"]) * len(experiment["configs"])
     done = runs[runs.status == "completed"]
+    scoring_note, rescorable = rule_note(experiment, runs)
     return {
         "experiment_id": experiment_id, "name": experiment["name"], "status": experiment["status"],
         "status_text": status_text(experiment["status"], failed, planned, missing), "failed_runs": failed,
@@ -1489,6 +1504,8 @@ def report(store: Any, experiment_id: str) -> dict[str, Any]:
         "spent_usd": spent_usd(store, experiment_id),
         # the retention scoring rule of every run (workbench.retention.SCORING_RULES)
         "scoring": experiment_rule(experiment["options"]),
+        # what to say of it (None: every run under the current rule), and whether rescore brings it there
+        "scoring_note": scoring_note, "rescorable": rescorable,
     }
 
 

@@ -92,7 +92,7 @@ def experiment_html(store: Any, experiment_id: str) -> str:
     if experiment["status"] != "completed":
         page.text("p", f"This experiment {experiments.status_phrase(experiment['status'])}: figures cover the runs "
                        f"that completed. {app_data.as_sentence(experiment.get('error') or '')}", "warn")
-    if earlier := earlier_rule_note(experiments.experiment_rule(experiment["options"])):
+    if earlier := experiments.rule_note(experiment, runs)[0]:
         page.text("p", app_data.as_sentence(earlier), "warn")
     failed = app_data.failed_configs(runs)
     if not failed.empty:

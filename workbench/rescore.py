@@ -23,7 +23,7 @@ from typing import Any
 
 from .errors import WorkbenchError
 from .formatting import share as _share
-from .retention import METHODS, SCORING, check_scoring, scoring_rule
+from .retention import METHODS, SCORING, check_scoring, scoring_rule, stale_runs
 
 
 class RescoreError(WorkbenchError, ValueError):
@@ -179,8 +179,8 @@ def rescore_run(store: Any, run_id: str, rule: int = SCORING) -> Rescored:
     experiment = run.get("experiment_id")
     # what to do instead when it cannot be re-scored: an experiment's run keeps its experiment's rule
     instead = (f"replay it to score it under rule {rule}" if not (isinstance(experiment, str) and experiment) else
-               f"its experiment {experiment} stays under rule {was}; to have these figures under rule {rule}, run the "
-               "experiment again as a new one (experiment run)")
+               f"this run of experiment {experiment} stays under rule {was}; to have its figures under rule {rule}, "
+               "run the experiment again as a new one (experiment run)")
     conversation = _conversation(store, run)
     stored = _final_context(store, run_id)
     # the last N messages (the conversation's own system messages among them), dated as written
@@ -255,18 +255,11 @@ def rescore_runs(store: Any, run_ids: Sequence[str], rule: int = SCORING) -> lis
     return done
 
 
-def stale_runs(runs: Any, rule: int = SCORING) -> list[str]:
-    """The completed runs (of :meth:`RunStore.experiment_runs` or :meth:`RunStore.runs`) scored
-    under an earlier rule than ``rule``."""
-    return [row.run_id for row in runs.itertuples()
-            if row.status == "completed" and scoring_rule(row.scoring) is not None and scoring_rule(row.scoring) < rule]
-
-
 def rescore_experiment(store: Any, experiment_id: str, rule: int = SCORING) -> list[Rescored]:
-    """Re-score every completed run of an experiment scored under an earlier rule than ``rule``,
-    and record that its runs are scored under it from now on (a resume's too) — all in one write,
-    or nothing when any run cannot be re-scored (:class:`RescoreError` naming it). An empty list
-    when it already is, every run included."""
+    """Re-score every completed run of an experiment scored under another rule than ``rule``, and
+    record that its runs are scored under it from now on (a resume's too) — all in one write, or
+    nothing when any run cannot be re-scored (:class:`RescoreError` naming it). An empty list when
+    it already is, every run included."""
     from .experiments import experiment_rule
 
     check_scoring(rule)
@@ -277,7 +270,7 @@ def rescore_experiment(store: Any, experiment_id: str, rule: int = SCORING) -> l
                            f"version of omem knows (rules 1–{SCORING}): upgrade omem to read it")
     runs = store.experiment_runs(experiment_id)
     stale = stale_runs(runs, rule)
-    if recorded >= rule and not stale:
+    if recorded == rule and not stale:
         return []
     if experiment["status"] == "running":
         raise RescoreError(f"experiment {experiment_id} is running: re-score it once it has finished or been "
@@ -295,9 +288,10 @@ def rescore_experiment(store: Any, experiment_id: str, rule: int = SCORING) -> l
 
 
 def earlier_runs(store: Any, rule: int = SCORING) -> tuple[list[str], list[str]]:
-    """The experiments with figures under an earlier rule than ``rule`` (their recorded rule, or a
-    run of theirs: one that completed under it while the experiment was re-scored, before that
-    could not happen), and the runs of no experiment scored under an earlier rule."""
+    """The experiments with figures under another rule than ``rule`` that can be re-scored (their
+    recorded rule, or a run of theirs: one that completed under it while the experiment was
+    re-scored, before that could not happen), and the runs of no experiment scored under one. A
+    later rule than this version knows (a newer omem's) is left out: it cannot be re-scored here."""
     from .experiments import experiment_rule
 
     runs = store.runs()
@@ -305,8 +299,8 @@ def earlier_runs(store: Any, rule: int = SCORING) -> tuple[list[str], list[str]]
     theirs = runs[~alone]
     mixed = set(theirs[theirs.run_id.isin(stale_runs(theirs, rule))].experiment_id)
     old_experiments = [row.experiment_id for row in store.experiments().itertuples()
-                       if experiment_rule(row.options) < rule or row.experiment_id in mixed]
+                       if rule != experiment_rule(row.options) <= SCORING or row.experiment_id in mixed]
     return old_experiments, stale_runs(runs[alone], rule)
 
 
-__all__ = ["RescoreError", "Rescored", "earlier_runs", "rescore_experiment", "rescore_run", "rescore_runs", "stale_runs"]
+__all__ = ["RescoreError", "Rescored", "earlier_runs", "rescore_experiment", "rescore_run", "rescore_runs"]

@@ -145,6 +145,17 @@ def scoring_rule(value: Any) -> int | None:
         return None
 
 
+def stale_runs(runs: Any, rule: int) -> list[str]:
+    """The completed runs (a frame of the runs table) scored under a rule other than ``rule`` that
+    ``rescore`` can move to it (not a later rule than this version knows: a newer omem's)."""
+    out = []
+    for row in runs.itertuples():
+        number = scoring_rule(row.scoring)
+        if row.status == "completed" and number is not None and number != rule and number <= SCORING:
+            out.append(row.run_id)
+    return out
+
+
 def is_earlier(rule: Any) -> bool:
     """Whether figures recorded under ``rule`` were scored under an earlier rule than the current
     one, which ``rescore`` can bring up to date (not a later one: a newer omem's)."""

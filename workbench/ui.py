@@ -122,16 +122,16 @@ def plain(text: object) -> str:
     return "".join(parts) + _escaped(text[start:])
 
 
-def rule_warning(rule: object) -> bool:
-    """A warning when the figures shown were scored under an earlier retention rule (``rule``: a
-    run's recorded ``scoring``, or an experiment's); whether there was one."""
+def rule_warning(experiment: dict[str, Any], runs: pd.DataFrame) -> bool:
+    """A warning when an experiment's figures are not all under the current retention rule
+    (:func:`workbench.experiments.rule_note`); whether ``rescore`` would bring them there."""
     from .app_data import as_sentence
-    from .retention import earlier_rule_note
+    from .experiments import rule_note
 
-    note = earlier_rule_note(rule)
+    note, rescorable = rule_note(experiment, runs)
     if note:
         st.warning(plain(as_sentence(note)))
-    return bool(note)
+    return rescorable
 
 
 def error(prefix: str, detail: object = "") -> None:
@@ -274,15 +274,25 @@ def _written(target: Path, write) -> None:  # type: ignore[no-untyped-def]
             part.unlink()
 
 
+UNZIPPED_LIMIT = 8 << 30  # bytes an uploaded archive may unpack to (its members' sizes, as it declares them)
+
+
 def _unzip(data: bytes, name: str, into: Path) -> None:
+    import zlib
+
     into.mkdir(parents=True)  # (an empty archive makes no folder of its own)
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            if (size := sum(member.file_size for member in archive.infolist())) > UNZIPPED_LIMIT:
+                raise ValueError(f"{name} would unpack to {size / 2**30:,.1f} GiB, more than the "
+                                 f"{UNZIPPED_LIMIT / 2**30:,.0f} GiB an upload may: give the dataset's path instead")
             archive.extractall(into)  # zipfile drops absolute paths and ".." components
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, NotImplementedError) as exc:
-        reason = "it is not a zip archive" if "not a zip file" in str(exc).lower() else f"it is damaged ({exc})"
-        raise ValueError(f"{name} cannot be unpacked: {reason}; upload the dataset's folder zipped again, or the "
-                         "file itself") from None
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, NotImplementedError, zlib.error, RuntimeError) as exc:
+        # (RuntimeError: a member encrypted, "password required"; zlib.error: a damaged deflated one)
+        reason = ("it is not a zip archive" if "not a zip file" in str(exc).lower() else
+                  "a file in it is encrypted" if "encrypted" in str(exc).lower() else f"it is damaged ({exc})")
+        raise ValueError(f"{name} cannot be unpacked: {reason}; upload the dataset's folder zipped again (without a "
+                         "password), or the file itself") from None
 
 
 def _format_picker(prefix: str) -> str | None:

@@ -7,7 +7,7 @@ import streamlit as st
 
 from workbench import analysis, app_data, charts, ui
 from workbench import formatting as fmt
-from workbench.experiments import conversation_tally, experiment_rule, summaries_of, tally_text
+from workbench.experiments import conversation_tally, summaries_of, tally_text
 from workbench.retention import scoring_note
 from workbench.stats import MIN_PAIRED
 
@@ -71,7 +71,7 @@ def experiment_comparison() -> None:
     note = app_data.offline_prompt_note(configs[a], configs[b])
     if note:
         st.warning(note)
-    ui.rule_warning(experiment_rule(experiment["options"]))
+    ui.rule_warning(experiment, runs)
     if not probes.empty:
         tally = conversation_tally(probes, a, b)
         st.info(ui.plain("Retention, B vs A (paired over the probes both scored): "

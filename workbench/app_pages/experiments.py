@@ -31,7 +31,7 @@ from workbench.experiments import (
 from workbench.models import usable_models
 from workbench.replay import TOKEN_COUNTERS, configuration_problem
 from workbench.rescore import rescore_experiment
-from workbench.retention import SCORING
+from workbench.retention import SCORING, is_earlier
 
 FOLLOW_EVERY_S = 3.0  # while an experiment runs here, the page is drawn again at most this often ...
 FOLLOW_SHARE = 0.25  # ... and it spends at most about this share of the time drawing (it slowed the run)
@@ -253,7 +253,7 @@ if existing.empty:
 st.subheader("Experiments")
 listing = app_data.sortable(app_data.experiments_numbers(existing), app_data.EXPERIMENTS_FORMATS)
 ui.figures(listing, hide_index=True, key="xp_table", column_order=app_data.key_first(listing.columns, app_data.EXPERIMENTS_FIRST))
-if earlier := [e for e, o in zip(existing.experiment_id, existing.options) if experiment_rule(o) != SCORING]:
+if earlier := [e for e, o in zip(existing.experiment_id, existing.options) if is_earlier(experiment_rule(o))]:
     st.caption(ui.plain(f"Scored under an earlier retention rule, not comparable with the others: {', '.join(earlier)} "
                         "(each can be re-scored on its page)."))
 # (the picker's label said "interrupted" for the experiment resuming here, as the list did before)
@@ -271,7 +271,7 @@ st.text(f"{experiment_id} · {shown_status} · {fmt.short_path(experiment['datas
 # (before any figure: read first, they were taken for figures under the current rule)
 if rescored := st.session_state.pop("xp_rescored", None):
     st.success(rescored)
-if ui.rule_warning(experiment_rule(experiment["options"])):
+if ui.rule_warning(experiment, runs):
     if st.button(f"Re-score under rule {SCORING}", key="xp_rescore", disabled=resuming,
                  help="Scores its completed runs again from the run store, with no model call, and its later runs "
                       "under the same rule. Each run is first checked to give back its recorded scores under its "

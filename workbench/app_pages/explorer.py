@@ -8,7 +8,7 @@ from workbench import analysis, app_data, charts, ui
 from workbench import formatting as fmt
 from workbench.datasets import DatasetError, load_conversation
 from workbench.replay import ReplayConfig, stopped_by_dataset
-from workbench.retention import earlier_rule_note
+from workbench.retention import earlier_rule_note, is_earlier
 
 store = ui.get_store()
 
@@ -162,11 +162,12 @@ cols.metric("Cost", fmt.money(run["cost_usd"]))
 end_note = app_data.compression_note(run, steps)
 if end_note:
     st.caption(ui.plain(end_note))
-if earlier := earlier_rule_note(run.get("scoring")):  # (a run scored before the rule changed)
+if earlier := earlier_rule_note(run.get("scoring")):  # (a run scored before the rule changed, or by a newer omem)
     owner = run.get("experiment_id")
     how = (f"rescore --experiment {owner}" if isinstance(owner, str) and owner else f"rescore {run['run_id']}")
-    st.caption(ui.plain(f"{app_data.as_sentence(earlier)} To score it under the current rule, with no model call: "
-                        + fmt.cli_command(how, store.path)))
+    st.caption(ui.plain(app_data.as_sentence(earlier) + (
+        " To score it under the current rule, with no model call: " + fmt.cli_command(how, store.path)
+        if is_earlier(run.get("scoring")) else "")))
 
 if steps.empty:
     st.warning("This run recorded no steps yet." if run["status"] == "running" else

@@ -8,7 +8,7 @@ from pathlib import Path
 import streamlit as st
 
 from workbench import analysis, app_data, ui
-from workbench.retention import is_earlier
+from workbench.retention import SCORING, is_earlier, scoring_rule
 from workbench.runstore import RunBusy
 from workbench import formatting as fmt
 
@@ -44,6 +44,10 @@ if earlier:  # (as `runs` says: their retention is not comparable with the other
     st.caption(ui.plain(f"{fmt.count(len(earlier), 'run')} scored under an earlier retention rule, not comparable "
                         f"with the others: {', '.join(earlier[:3])}{' …' if len(earlier) > 3 else ''}. To score them "
                         "under the current rule, with no model call: " + fmt.cli_command("rescore --all", store.path)))
+if later := [r for r, rule in zip(shown.run_id, shown.scoring) if (scoring_rule(rule) or 0) > SCORING]:
+    st.caption(ui.plain(f"{fmt.count(len(later), 'run')} scored under a later retention rule than this version of omem "
+                        f"knows (rules 1–{SCORING}), not comparable with the others: {', '.join(later[:3])}"
+                        f"{' …' if len(later) > 3 else ''}. Upgrade omem to read them."))
 
 if shown.empty:
     st.stop()

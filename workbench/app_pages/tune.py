@@ -8,7 +8,7 @@ import streamlit as st
 
 from workbench import analysis, app_data, charts, ui
 from workbench import formatting as fmt
-from workbench.experiments import experiment_rule, shared_conversations, summaries_of, uneven_note
+from workbench.experiments import shared_conversations, summaries_of, uneven_note
 from workbench.replay import ReplayConfig, run_sweep
 
 store = ui.get_store()
@@ -29,7 +29,7 @@ if mode == "An experiment":
     st.text(f"{experiment_id} · {fmt.short_path(experiment['dataset'])} · "
             f"{fmt.count(len(experiment['conversations']), 'conversation')} × "
             f"{fmt.count(len(experiment['configs']), 'configuration')} · {app_data.experiment_status(experiment, runs)}")
-    ui.rule_warning(experiment_rule(experiment["options"]))  # (as its page says)
+    ui.rule_warning(experiment, runs)  # (as its page says)
     failed = app_data.failed_configs(runs)
     if not failed.empty:  # never just fewer points: say which configurations did not finish, and why
         st.warning(f"{fmt.count(len(failed), 'run')} did not complete (listed below). Each configuration's "
