@@ -360,7 +360,11 @@ def test_an_experiment_the_app_resumes_goes_on_when_the_page_is_left(server) -> 
                                "b.innerText.trim() == 'Resume' && b.getBoundingClientRect().width > 0); "
                                "return r.length == 1 && r[0].disabled; }", timeout=30_000)
         assert resume.first.is_disabled()
-        assert page.get_by_role("button", name="Delete experiment").is_disabled()
+        # (Delete alike: under load, the enabled button of the run before was still on screen beside
+        # the new, disabled one, and a strict locator found two)
+        page.wait_for_function("() => { const r = [...document.querySelectorAll('button')].filter(b => "
+                               "b.innerText.trim() == 'Delete experiment' && b.getBoundingClientRect().width > 0); "
+                               "return r.length == 1 && r[0].disabled; }", timeout=30_000)
         assert page.get_by_role("checkbox", name="Confirm delete").is_disabled()
         assert page.get_by_text(re.compile(rf"^{experiment_id} · running · ")).count() == 1
         assert page.get_by_text("This experiment was interrupted").count() == 0
