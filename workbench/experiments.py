@@ -407,7 +407,7 @@ def rule_note(experiment: dict[str, Any], runs: pd.DataFrame) -> tuple[str | Non
     it was re-scored, before that was checked), so its pooled figures mix two rules."""
     recorded = experiment_rule(experiment["options"])
     if mixed := stale_runs(runs, recorded):
-        rules = sorted({scoring_rule(r) for r, run_id in zip(runs.scoring, runs.run_id) if run_id in set(mixed)})
+        rules = sorted({scoring_rule(r) for r in runs[runs.run_id.isin(mixed)].scoring})
         return (f"{count(len(mixed), 'run')} of this experiment {'is' if len(mixed) == 1 else 'are'} scored under rule "
                 f"{', '.join(map(str, rules))} while it is under rule {recorded}: its pooled retention mixes two rules",
                 True)

@@ -268,6 +268,7 @@ MIGRATIONS: list[tuple[int, str, str]] = [(1, "initial", _M001), (2, "reflection
                                           (6, "retention scoring rule", _M006),
                                           (7, "message time offsets", _M007)]
 
+
 def _known_schema(versions: set[int], path: str, *, read_only: bool = False) -> None:
     """Refuse a file a newer omem has migrated: its tables may mean what this one cannot read, and
     this one's writes (a rule-less run, say) would corrupt its figures. Read-only, refuse one an
