@@ -445,7 +445,7 @@ async def test_paging_from_the_memory_message_says_where_to_page_from(scripted: 
         await store.recall("t", last=2, before="nope")
 
 
-def test_callbacks_that_cannot_work_are_refused_up_front() -> None:
+def test_callbacks_that_cannot_work_are_refused_up_front(scripted: Scripted) -> None:
     """Found by a walkthrough: on_event=42 was accepted and logged a TypeError at every pass; an
     async count_tokens failed at the first read with "got coroutine" and a never-awaited warning."""
 
