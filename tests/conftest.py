@@ -109,6 +109,13 @@ def scripted_provider() -> Iterator[Scripted]:
         yield handler
     finally:
         litellm.custom_provider_map.remove(entry)
+        if not any(e["provider"] == "scripted" for e in litellm.custom_provider_map):
+            # litellm keeps a registered provider routable after its entry goes: forget it too, so a
+            # test that names scripted/model without asking for it fails in every order, not only
+            # when it happens to run first (CI once failed on exactly that).
+            for known in (litellm.provider_list, getattr(litellm, "_custom_providers", [])):
+                while "scripted" in known:
+                    known.remove("scripted")
 
 
 @pytest.fixture
