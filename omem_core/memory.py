@@ -138,12 +138,18 @@ def check_last(last: object) -> int:
     return min(number, MAX_LAST)
 
 
-def check_read(thread_id: object, last: object) -> int:
+def check_read(thread_id: object, last: object, before: object = None) -> int:
     """``last`` (see :func:`check_last`) once ``thread_id`` is a ``str``, else a ``TypeError``: a
-    read of ``None`` or ``123`` returned ``[]`` as if the thread were empty."""
+    read of ``None`` or ``123`` returned ``[]`` as if the thread were empty. ``before`` (the
+    cursor) must be ``None`` or a ``str``: ``before=3`` matched message ``"3"`` in SQLite, failed
+    in SQL in PostgreSQL and was an unknown cursor in memory."""
     if not isinstance(thread_id, str):
         raise TypeError(f"thread_id must be a str, got {type(thread_id).__name__} {thread_id!r}")
     check_text(thread_id, "recall", "thread_id")  # (a lone surrogate: no thread can have it)
+    if before is not None:
+        if not isinstance(before, str):
+            raise TypeError(f"recall: before must be a message id (a str) or None, got {type(before).__name__} {before!r}")
+        check_text(before, "recall", "before")
     return check_last(last)
 
 
@@ -217,7 +223,7 @@ class InMemoryMemoryStore(SyncClosing):
     async def recall(
         self, thread_id: str, *, last: int, before: str | None = None
     ) -> list[Message]:
-        last = check_read(thread_id, last)  # (a plain int: a NumPy one is one for SQL too)
+        last = check_read(thread_id, last, before)  # (a plain int: a NumPy one is one for SQL too)
         thread = self._threads.get(thread_id)
         if before is not None:
             key = thread.key_of.get(before) if thread is not None else None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Literal
 
 ROLES = frozenset({"user", "assistant", "system", "tool"})
@@ -33,6 +33,8 @@ def check_thread_id(thread_id: object, what: str) -> None:
     nothing elsewhere, silently."""
     if not isinstance(thread_id, str):
         raise TypeError(f"{what}: thread_id must be a str, got {type(thread_id).__name__} {thread_id!r}")
+    check_text(thread_id, what, "thread_id")  # (a lone surrogate: no thread has it; SQLite raised
+    # UnicodeEncodeError inside delete_thread's transaction and left the whole file locked)
 
 
 def check_text(value: object, what: str, field: str) -> str:
@@ -89,16 +91,20 @@ def check_message(message: object) -> Message:
 
 
 def _require_aware(value: datetime, what: str) -> datetime:
-    """``value`` as a plain ``datetime`` (a subclass such as pandas' ``Timestamp``, which may hold
-    nanoseconds no store keeps, becomes one, to the microsecond: a message read back is then
-    the message saved), checked to be timezone-aware."""
+    """``value`` checked to be timezone-aware, as a plain ``datetime`` with a fixed UTC offset: what
+    every store keeps, so a message read back is the message saved. A subclass such as pandas'
+    ``Timestamp`` (which may hold nanoseconds no store keeps) becomes one, to the microsecond; a
+    zone such as ``ZoneInfo("America/New_York")`` becomes its offset at that time (a time in the
+    hour a clock change repeats did not equal itself read back, and saving it again was refused
+    as an edit)."""
     if not isinstance(value, datetime):
         raise TypeError(f"{what}: created_at must be a datetime, got {type(value).__name__}")
-    if value.tzinfo is None or value.utcoffset() is None:
+    offset = value.utcoffset() if value.tzinfo is not None else None
+    if offset is None:
         raise ValueError(f"{what}: created_at must be timezone-aware, got {value.isoformat()}")
-    if type(value) is not datetime:
+    if type(value) is not datetime or not isinstance(value.tzinfo, timezone):
         value = datetime(value.year, value.month, value.day, value.hour, value.minute, value.second,
-                         value.microsecond, value.tzinfo, fold=value.fold)
+                         value.microsecond, value.tzinfo if isinstance(value.tzinfo, timezone) else timezone(offset))
     return value
 
 

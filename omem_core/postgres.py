@@ -195,6 +195,13 @@ def _longest(messages: Sequence[Message]) -> str:
             f"{len(worst.thread_id.encode()):,} + {len(worst.id.encode()):,} bytes")
 
 
+def _thread_too_long(thread_id: str, what: str) -> str:
+    """For :func:`_index_limit` on the records' indexes, which hold a thread id with a little
+    more (kind, seq): a thread id just under the messages' limit saved its messages, and its
+    records then failed with psycopg's raw error."""
+    return f"thread {shown_id(thread_id)} ({len(thread_id.encode()):,} bytes), {what}"
+
+
 def _no_nul(value: str | None, what: str, field: str) -> None:
     if value is not None and "\x00" in value:
         raise ValueError(f"{what}: {field} contains a NUL character, which PostgreSQL text cannot store")
@@ -827,7 +834,7 @@ class PostgresMemoryStore(_Store):
                        created_at=datetime.fromisoformat(created_at), resource_id=resource_id)
 
     async def recall(self, thread_id: str, *, last: int, before: str | None = None) -> list[Message]:
-        last = check_read(thread_id, last)  # (a plain int: a NumPy one is one for SQL too)
+        last = check_read(thread_id, last, before)  # (a plain int: a NumPy one is one for SQL too)
         if _unstorable(before):
             raise KeyError(f"unknown cursor: no message {before!r} in thread {thread_id!r}")
         if _unstorable(thread_id):
@@ -905,7 +912,10 @@ class PostgresObservationStore(_Store):
                        rows: builtins.list[tuple]) -> builtins.list[ObservationRecord] | None:
         """Records from ``_LIGHT`` rows (long reflections' sources from the cache or fetched once);
         ``None`` when one of them was deleted meanwhile (the caller reads again)."""
-        missing = [row[0] for row in rows if row[6] is None and row[0] not in self._cache]
+        # The cached ones taken now: keeping a record below may evict another this read counted on
+        # (two long reflections over the cache's size raised KeyError in list()).
+        held = {row[0]: self._cache.get(row[0]) for row in rows if row[6] is None}
+        missing = [seq for seq, record in held.items() if record is None]
         fetched: dict[int, builtins.list[str]] = {}
         if missing:
             cursor = await con.execute(self._db.q("SELECT seq, source_ids FROM {s}omem_records WHERE seq = ANY(%s)"),
@@ -916,7 +926,7 @@ class PostgresObservationStore(_Store):
         records = []
         for seq, record_id, thread_id, resource_id, created_at, kind, source_ids, text in rows:
             if source_ids is None:
-                cached = self._cache.get(seq)
+                cached = held[seq]
                 if cached is not None:
                     records.append(cached)
                     continue
@@ -997,11 +1007,12 @@ class PostgresObservationStore(_Store):
                     "WHERE thread_id = %s AND kind = 'observation' AND NOT (id = ANY(%s))"),
                     (record.thread_id, list(record.source_ids)))
                 uncovered = (await cursor.fetchone())[0]  # type: ignore[index]
-            cursor = await con.execute(db.q(
-                f"INSERT INTO {{s}}omem_records ({self._COLUMNS}, n_sources, uncovered) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING RETURNING seq"),
-                (record.id, record.thread_id, record.resource_id, record.created_at.isoformat(), record.kind,
-                 list(record.source_ids), record.text.encode(), len(record.source_ids), uncovered))
+            with _index_limit(lambda: _thread_too_long(record.thread_id, f"its {record.kind} {shown_id(record.id)}")):
+                cursor = await con.execute(db.q(
+                    f"INSERT INTO {{s}}omem_records ({self._COLUMNS}, n_sources, uncovered) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING RETURNING seq"),
+                    (record.id, record.thread_id, record.resource_id, record.created_at.isoformat(), record.kind,
+                     list(record.source_ids), record.text.encode(), len(record.source_ids), uncovered))
             if await cursor.fetchone() is None:  # saved meanwhile by another process
                 existing = await self._existing(con, record.id)
                 assert existing is not None
@@ -1042,7 +1053,8 @@ class PostgresObservationStore(_Store):
             "SELECT epoch FROM made UNION ALL SELECT epoch FROM {s}omem_threads WHERE thread_id = %(t)s")
         async with self._db.connection() as con:
             while True:  # empty only when another process created it concurrently: read it next time
-                row = await (await con.execute(query, {"t": thread_id})).fetchone()
+                with _index_limit(lambda: _thread_too_long(thread_id, "its records")):
+                    row = await (await con.execute(query, {"t": thread_id})).fetchone()
                 if row is not None:
                     return int(row[0])
 

@@ -116,6 +116,14 @@ def use_wal(con: sqlite3.Connection, wait_s: float = 30.0) -> None:
             time.sleep(0.02)
 
 
+def _rollback(con: sqlite3.Connection) -> None:
+    """Roll back the transaction an error ended, if SQLite has not already: after "database or disk
+    is full" (or an I/O error) it rolls back by itself, and an unconditional ROLLBACK then raised
+    "cannot rollback - no transaction is active" in place of the real error."""
+    if con.in_transaction:
+        con.execute("ROLLBACK")
+
+
 class _Database:
     """One connection per store object, serialised by a lock; the schema migrated on open."""
 
@@ -128,6 +136,7 @@ class _Database:
         except sqlite3.Error as exc:  # sqlite3 names no file ("unable to open database file")
             raise type(exc)(f"cannot open the SQLite file {self.path}: {exc}") from exc
         try:
+            self._refuse_newer()  # before the switch to WAL, which is a change to the file
             use_wal(self.con)
             self.con.execute("PRAGMA synchronous=NORMAL")
             self.con.execute("PRAGMA busy_timeout=30000")
@@ -144,16 +153,20 @@ class _Database:
             raise RuntimeError(f"this store (SQLite file {self.path}) is closed")
         return self._con
 
+    def _refuse_newer(self) -> None:
+        """A ``sqlite3.DatabaseError`` for a newer omem's file: writing it with this one's
+        statements could corrupt it."""
+        found = self.con.execute("PRAGMA user_version").fetchone()[0]
+        if found > len(_MIGRATIONS):
+            raise sqlite3.DatabaseError(
+                f"its schema is version {found}, written by a newer omem (this one knows versions up to "
+                f"{len(_MIGRATIONS)}): upgrade omem to use it; the file was not changed")
+
     def migrate(self) -> None:
         """Apply the migrations this file lacks. The version is read again under the write lock:
         another process opening the same file may have applied them meanwhile."""
         with self.lock:
-            found = self.con.execute("PRAGMA user_version").fetchone()[0]
-            if found > len(_MIGRATIONS):
-                # A newer omem's file: writing it with this one's statements could corrupt it.
-                raise sqlite3.DatabaseError(
-                    f"its schema is version {found}, written by a newer omem (this one knows versions up to "
-                    f"{len(_MIGRATIONS)}): upgrade omem to use it; the file was not changed")
+            self._refuse_newer()
             for number, script in enumerate(_MIGRATIONS, start=1):
                 if number <= self.con.execute("PRAGMA user_version").fetchone()[0]:
                     continue
@@ -167,7 +180,7 @@ class _Database:
                     self.con.execute(f"PRAGMA user_version = {number}")
                     self.con.execute("COMMIT")
                 except Exception:
-                    self.con.execute("ROLLBACK")
+                    _rollback(self.con)
                     raise
 
     def close(self) -> None:
@@ -176,8 +189,15 @@ class _Database:
 
 
 def schema_version(path: str | Path) -> int:
-    with sqlite3.connect(str(path)) as con:
+    """The schema version of the SQLite file at ``path`` (0: not an omem file yet), read without
+    creating or changing it (a missing file is a ``FileNotFoundError``)."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"no SQLite file at {path}")
+    con = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True)
+    try:
         return int(con.execute("PRAGMA user_version").fetchone()[0])
+    finally:
+        con.close()
 
 
 class SQLiteMemoryStore(SyncClosing):
@@ -217,7 +237,7 @@ class SQLiteMemoryStore(SyncClosing):
                          message.created_at.isoformat(), _micros(message.created_at), message.resource_id))
                 db.con.execute("COMMIT")
             except BaseException:
-                db.con.execute("ROLLBACK")
+                _rollback(db.con)
                 raise
 
     @staticmethod
@@ -227,7 +247,7 @@ class SQLiteMemoryStore(SyncClosing):
                        created_at=datetime.fromisoformat(created_at), resource_id=resource_id)
 
     async def recall(self, thread_id: str, *, last: int, before: str | None = None) -> list[Message]:
-        last = check_read(thread_id, last)  # (a plain int: a NumPy one is one for SQL too)
+        last = check_read(thread_id, last, before)  # (a plain int: a NumPy one is one for SQL too)
         db = self._db
         with db.lock:
             if before is not None:
@@ -250,9 +270,13 @@ class SQLiteMemoryStore(SyncClosing):
         db = self._db
         with db.lock:
             db.con.execute("BEGIN IMMEDIATE")
-            db.con.execute("DELETE FROM omem_messages WHERE thread_id = ?", (thread_id,))
-            db.con.execute("DELETE FROM omem_working_memory WHERE thread_id = ?", (thread_id,))
-            db.con.execute("COMMIT")
+            try:
+                db.con.execute("DELETE FROM omem_messages WHERE thread_id = ?", (thread_id,))
+                db.con.execute("DELETE FROM omem_working_memory WHERE thread_id = ?", (thread_id,))
+                db.con.execute("COMMIT")
+            except BaseException:  # (left open, it held the file's write lock for every process)
+                _rollback(db.con)
+                raise
 
     async def get_working_memory(self, thread_id: str) -> str | None:
         check_thread_id(thread_id, "get_working_memory")
@@ -372,8 +396,7 @@ class SQLiteObservationStore(SyncClosing):
                 con.execute("COMMIT")
                 return True
             except BaseException:
-                if con.in_transaction:
-                    con.execute("ROLLBACK")
+                _rollback(con)
                 raise
 
     @staticmethod
@@ -395,7 +418,7 @@ class SQLiteObservationStore(SyncClosing):
                 con.execute("DELETE FROM omem_threads WHERE thread_id = ?", (thread_id,))
                 con.execute("COMMIT")
             except BaseException:
-                con.execute("ROLLBACK")
+                _rollback(con)
                 raise
             self._cache.forget_thread(thread_id)
 
@@ -432,7 +455,7 @@ class SQLiteObservationStore(SyncClosing):
                 db.con.execute("COMMIT")
                 return True
             except BaseException:
-                db.con.execute("ROLLBACK")
+                _rollback(db.con)
                 raise
 
     async def release_lease(self, thread_id: str, holder: str) -> None:

@@ -36,7 +36,7 @@ import time
 import unicodedata
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, cast
@@ -477,6 +477,7 @@ class ObservationalMemoryStore:
         # the next lease taken, so a short outage does not block the thread until they expire.
         self._unreleased: dict[str, str] = {}
         self._closing = False  # close() has begun: no new read, save or delete
+        self._writing: dict[asyncio.AbstractEventLoop, int] = {}  # saves and deletes in flight, by loop
 
     # -- the MemoryStore port ---------------------------------------------------------------
 
@@ -491,6 +492,10 @@ class ObservationalMemoryStore:
         So a save never waits for a model call; a pass that planned without the message saves
         nothing (the next read observes it), and one that saved first gets the message refused."""
         self._check_open()
+        with self._write():
+            await self._save_messages(messages)
+
+    async def _save_messages(self, messages: Sequence[Message]) -> None:
         batch = [check_message(message) for message in check_batch(messages)]
         for message in batch:
             if message.id.startswith(MEMORY_MESSAGE_PREFIX):
@@ -524,7 +529,7 @@ class ObservationalMemoryStore:
             KeyError: ``before`` is not a message of the thread.
         """
         self._check_open()
-        last = check_read(thread_id, last)  # (a plain int: a NumPy one is one for SQL too)
+        last = check_read(thread_id, last, before)  # (a plain int: a NumPy one is one for SQL too)
         if before is not None:
             try:
                 return await self.inner.recall(thread_id, last=last, before=before)
@@ -548,6 +553,10 @@ class ObservationalMemoryStore:
         afterwards: in this process (a guard checked under the save's lock) and, when the
         observation store has the delete-epoch capability, in any process."""
         self._check_open()
+        with self._write():
+            await self._delete_thread(thread_id)
+
+    async def _delete_thread(self, thread_id: str) -> None:
         check_thread_id(thread_id, "delete_thread")
         guard = self._guard(thread_id)
         async with guard.lock:
@@ -568,16 +577,36 @@ class ObservationalMemoryStore:
         still in flight have finished, so a model call already paid for still saves its record
         (cancel those reads first not to wait; a model call is bounded by ``timeout``). From the
         start of ``close()`` a new read, save or delete is refused (``RuntimeError``): one that
-        started a pass meanwhile would pay for a call whose record could not be saved. A lease
+        started a pass meanwhile would pay for a call whose record could not be saved. A save or a
+        delete of this loop already under way is finished first (a delete cut short left the
+        thread's messages stored, its records gone). A lease
         this store could not give back earlier is given back first, when the database is
         reachable. Idempotent; ``async with`` closes at the end of the block."""
         self._closing = True
         loop = asyncio.get_running_loop()
-        while running := [entry.task for entry in self._inflight.values() if entry.task.get_loop() is loop]:
-            await asyncio.wait(running)
+        while True:
+            running = [entry.task for entry in self._inflight.values() if entry.task.get_loop() is loop]
+            if running:
+                await asyncio.wait(running)
+            elif self._writing.get(loop):
+                await asyncio.sleep(0.005)  # (a few store round trips)
+            else:
+                break
         if self._leases is not None and self._unreleased:
             await self._release_unreleased()
         await close_stores(self.inner, self.observations)
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[None]:
+        """Count a save or delete of the running loop as in flight (``close()`` waits for it)."""
+        loop = asyncio.get_running_loop()
+        self._writing[loop] = self._writing.get(loop, 0) + 1
+        try:
+            yield
+        finally:
+            self._writing[loop] -= 1
+            if not self._writing[loop]:
+                del self._writing[loop]
 
     def _check_open(self) -> None:
         if self._closing:

@@ -964,3 +964,39 @@ async def test_a_schema_written_by_a_newer_omem_is_refused_untouched(pg) -> None
         with pytest.raises(ValueError, match="is version 99, written by a newer omem"):
             await newer.recall("t", last=1)
     assert await schema_version(pg.dsn, schema=pg.schema) == 99
+
+
+async def test_reading_long_reflections_that_evict_each_other_from_the_cache(pg) -> None:
+    """Found by a review: list() counted a long reflection as cached, then keeping another one
+    evicted it within the same read, and the read raised KeyError (with the default cache, two
+    reflections of 260k sources each: long threads; list() serves inspect())."""
+    store = pg.observations(cache_ids=1200)
+    first = record(1, kind="reflection", sources=[f"o{i}" for i in range(600)])
+    second = record(2, kind="reflection", sources=[f"o{i}" for i in range(700)])
+    await store.save(first)
+    await store.save(second)
+    for _ in range(3):
+        assert await store.list("t") == [first, second]
+
+
+async def test_a_thread_id_that_fits_the_messages_but_not_the_records_index_is_a_clear_error(pg) -> None:
+    """Found by a review: a random thread id of about 2,675 bytes with short message ids saved its
+    messages, and its records then failed at every read with psycopg's raw ProgramLimitExceeded
+    (the model called again each time). A ValueError naming the thread now."""
+    import dataclasses
+    import random
+
+    from omem_core import create_observational_memory_store
+
+    letters = random.Random(1)
+    thread = "".join(letters.choice("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") for _ in range(2674))
+    records = pg.observations()
+    with pytest.raises(ValueError, match=r"^thread '[A-Za-z0-9]+…' \(2,674 bytes\), its observation 'r0': too long "
+                                         r"for PostgreSQL's index"):
+        await records.save(record(0, thread=thread))
+    store = create_observational_memory_store(pg.memory(), observer="omem/extractive", observations=records,
+                                              thresholds={"observation": 20})
+    await store.save_messages([dataclasses.replace(msg(i), thread_id=thread, content="some words here " * 4)
+                               for i in range(10)])
+    with pytest.raises(ValueError, match=r"^thread '[A-Za-z0-9]+…' \(2,674 bytes\), its observation 'obs-[0-9a-f]+': too long"):
+        await store.recall(thread, last=2)

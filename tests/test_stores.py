@@ -661,11 +661,13 @@ def test_a_sqlite_file_written_by_a_newer_omem_is_refused_untouched(tmp_path) ->
     SQLiteMemoryStore(path).close()
     with sqlite3.connect(path) as con:
         con.execute("PRAGMA user_version = 99")
+        con.execute("PRAGMA journal_mode = DELETE")  # (a review: switched to WAL before it was refused)
     before = path.read_bytes()
     for store in (SQLiteMemoryStore, SQLiteObservationStore):
         with pytest.raises(sqlite3.DatabaseError, match="version 99, written by a newer omem"):
             store(path)
     assert schema_version(path) == 99 and path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v.db"]  # no -wal or -shm beside it
 
 
 async def test_reads_and_deletes_of_a_key_no_store_can_hold(make_memory_store, make_observation_store) -> None:
@@ -774,3 +776,87 @@ async def test_closing_several_stores_closes_each_once_even_when_one_fails() -> 
     with pytest.raises(OSError, match="disk gone"):
         await close_stores(Failing(), pooled, pooled, object(), None)
     assert closed == ["failing", "pooled"]
+
+
+async def test_a_cursor_that_is_no_message_id_is_refused_alike(make_memory_store) -> None:
+    """Found by a review: recall(before=3) matched message "3" in SQLite (which compares 3 = '3'),
+    failed in SQL in PostgreSQL ("operator does not exist") and was an unknown cursor in memory; a
+    lone surrogate raised UnicodeEncodeError from SQLite and PostgreSQL."""
+    from omem_core import create_observational_memory_store
+
+    inner = make_memory_store()
+    await inner.save_messages([dataclasses.replace(msg(i), id=str(i)) for i in range(4)])
+    wrapped = create_observational_memory_store(inner, observer="omem/extractive")
+    for store in (inner, wrapped, Memory(inner)):
+        with pytest.raises(TypeError, match="recall: before must be a message id .a str. or None, got int 3"):
+            await store.recall("t", last=5, before=3)
+        with pytest.raises(ValueError, match="recall: before is not valid Unicode"):
+            await store.recall("t", last=5, before="\ud800")
+    assert [m.id for m in await inner.recall("t", last=5, before="3")] == ["0", "1", "2"]
+
+
+async def test_a_delete_of_a_thread_no_store_can_hold_is_refused_and_the_store_stays_writable(
+        make_memory_store, tmp_path) -> None:
+    """Found by a review: SQLite's delete_thread("t\\ud800") raised UnicodeEncodeError inside its
+    transaction and left it open: every later write of that store failed, and every other process
+    sharing the file found it locked until the store was closed."""
+    import sqlite3
+
+    store = make_memory_store()
+    await store.save_messages([msg(0)])
+    with pytest.raises(ValueError, match="delete_thread: thread_id is not valid Unicode"):
+        await store.delete_thread("t\ud800")
+    await store.save_messages([msg(1)])  # (was: "cannot start a transaction within a transaction")
+    assert [m.id for m in await store.recall("t", last=5)] == ["m0", "m1"]
+    if isinstance(store, SQLiteMemoryStore):
+        other = sqlite3.connect(store._db.path, timeout=1)  # another process's view of the file
+        try:
+            other.execute("INSERT INTO omem_working_memory VALUES ('x', 'y')")
+            other.commit()
+        finally:
+            other.close()
+
+
+@pytest.mark.parametrize("when", [
+    datetime(2024, 11, 3, 1, 30, fold=1),  # the hour New York's clocks repeat, the second time
+    datetime(2024, 3, 10, 2, 30),  # the hour they skip
+], ids=["repeated hour", "skipped hour"])
+async def test_a_time_in_an_hour_a_clock_change_repeats_or_skips_reads_back_and_saves_again(
+        make_memory_store, when) -> None:
+    """Found by a review: SQLite and PostgreSQL read a ZoneInfo time in such an hour back with a
+    fixed offset, which Python never calls equal to it, so saving the same message again (a retry,
+    documented as safe) was refused as an edit. A message keeps its time with a fixed offset now."""
+    from zoneinfo import ZoneInfo
+
+    message = Message(id="m1", thread_id="t", role="user", content="hi",
+                      created_at=when.replace(tzinfo=ZoneInfo("America/New_York")))
+    assert message.created_at.utcoffset() == timedelta(hours=-5)  # (the second 1:30 is EST; 2:30 counts as EST)
+    store = make_memory_store()
+    await store.save_messages([message])
+    assert await store.recall("t", last=5) == [message]
+    await store.save_messages([message])  # a retry: a no-op
+    assert await store.recall("t", last=5) == [message]
+
+
+async def test_a_full_disk_is_the_error_sqlite_gives_not_a_failed_rollback(tmp_path) -> None:
+    """Found by a review: after "database or disk is full" SQLite has rolled the transaction back
+    itself, and the store's own ROLLBACK then raised "cannot rollback - no transaction is active",
+    hiding the real error."""
+    import sqlite3
+
+    store = SQLiteMemoryStore(tmp_path / "full.db")
+    await store.save_messages([msg(0)])
+    pages = store._db.con.execute("PRAGMA page_count").fetchone()[0]
+    store._db.con.execute(f"PRAGMA max_page_count = {pages + 3}")  # a disk that fills up
+    big = [dataclasses.replace(msg(i), content="x" * 3000) for i in range(1, 11)]
+    with pytest.raises(sqlite3.OperationalError, match="database or disk is full"):
+        await store.save_messages(big)
+    assert [m.id for m in await store.recall("t", last=20)] == ["m0"]  # the batch: all or nothing
+    await store.delete_thread("t")  # and the store goes on
+    store.close()
+
+
+def test_the_schema_version_of_a_missing_file_is_an_error_that_creates_nothing(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match="no SQLite file at"):
+        schema_version(tmp_path / "missing.db")
+    assert not (tmp_path / "missing.db").exists()

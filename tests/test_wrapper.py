@@ -766,3 +766,51 @@ async def test_closing_the_wrapper_or_the_facade_closes_its_stores_after_the_pas
         assert [m.id for m in await memory.recall("u")] == ["m0"]
     with pytest.raises(RuntimeError, match="closed"):
         await memory.recall("u")
+
+
+class HeldWrites:
+    """An inner store whose saves and deletes can be held mid-way (as a database round trip holds
+    them), and which closes like a real one."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.gate, self.holding, self.closed = inner, asyncio.Event(), asyncio.Event(), False
+
+    async def save_messages(self, messages) -> None:
+        self.holding.set()
+        await self.gate.wait()
+        await self.inner.save_messages(messages)
+
+    async def recall(self, thread_id, *, last, before=None):
+        return await self.inner.recall(thread_id, last=last, before=before)
+
+    async def delete_thread(self, thread_id) -> None:
+        self.holding.set()
+        await self.gate.wait()
+        if self.closed:
+            raise RuntimeError("this store is closed")
+        await self.inner.delete_thread(thread_id)
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("operation", ["delete", "save"])
+async def test_closing_waits_for_a_save_or_delete_already_under_way(scripted: Scripted, operation: str) -> None:
+    """Found by a review: close() waited only for passes, so a delete_thread awaiting its database
+    when close() came had the thread's records deleted but not its messages (the user's deleted
+    text stayed stored), and failed."""
+    inner = InMemoryMemoryStore()
+    await inner.save_messages([msg(i) for i in range(3)])
+    held = HeldWrites(inner)
+    store = make(scripted, inner=held, observations=create_in_memory_observation_store())
+    under_way = asyncio.ensure_future(store.delete_thread("t") if operation == "delete"
+                                      else store.save_messages([msg(3)]))
+    await held.holding.wait()
+    closing = asyncio.ensure_future(store.close())
+    await asyncio.sleep(0.05)
+    assert not closing.done(), "closed the store under a write in flight"
+    held.gate.set()
+    await under_way
+    await closing
+    assert held.closed
+    assert [m.id for m in await inner.recall("t", last=10)] == ([] if operation == "delete" else ["m0", "m1", "m2", "m3"])
