@@ -1041,6 +1041,8 @@ class PostgresObservationStore(_Store):
         async with db.connection() as con, con.transaction():
             await con.execute(db.q("DELETE FROM {s}omem_threads WHERE thread_id = %s"), (thread_id,))
             await con.execute(db.q("DELETE FROM {s}omem_records WHERE thread_id = %s"), (thread_id,))
+            # Leases a crashed process left (they name their thread): expired, so no one's.
+            await con.execute(db.q("DELETE FROM {s}omem_leases WHERE expires_at <= clock_timestamp()"))
         self._cache.forget_thread(thread_id)
 
     async def delete_epoch(self, thread_id: str) -> int:

@@ -416,6 +416,8 @@ class SQLiteObservationStore(SyncClosing):
             try:
                 con.execute("DELETE FROM omem_records WHERE thread_id = ?", (thread_id,))
                 con.execute("DELETE FROM omem_threads WHERE thread_id = ?", (thread_id,))
+                # Leases a crashed process left (they name their thread): expired, so no one's.
+                con.execute("DELETE FROM omem_leases WHERE expires_at <= ?", (time.time(),))
                 con.execute("COMMIT")
             except BaseException:
                 _rollback(con)

@@ -1000,3 +1000,14 @@ async def test_a_thread_id_that_fits_the_messages_but_not_the_records_index_is_a
                                for i in range(10)])
     with pytest.raises(ValueError, match=r"^thread '[A-Za-z0-9]+…' \(2,674 bytes\), its observation 'obs-[0-9a-f]+': too long"):
         await store.recall(thread, last=2)
+
+
+async def test_a_delete_leaves_no_lease_a_crashed_process_left(pg) -> None:
+    """A lease row of a process that crashed mid-pass stayed for good, naming its thread."""
+    store = pg.observations()
+    assert await store.try_lease("secret-thread", "crashed", ttl=0.01)  # never given back
+    assert await store.try_lease("other", "alive", ttl=60)
+    await asyncio.sleep(0.05)
+    await store.delete_by_thread("secret-thread")
+    with psycopg.connect(pg.dsn) as con:
+        assert con.execute(f"SELECT thread_id FROM {pg.schema}.omem_leases").fetchall() == [("other",)]

@@ -860,3 +860,23 @@ def test_the_schema_version_of_a_missing_file_is_an_error_that_creates_nothing(t
     with pytest.raises(FileNotFoundError, match="no SQLite file at"):
         schema_version(tmp_path / "missing.db")
     assert not (tmp_path / "missing.db").exists()
+
+
+async def test_a_delete_leaves_no_lease_a_crashed_process_left(tmp_path) -> None:
+    """Found by a review: a lease row of a process that crashed mid-pass stayed in the file for
+    good, naming its thread after the thread was deleted (concepts: "a deleted thread leaves
+    nothing behind, not even its id")."""
+    import asyncio
+    import sqlite3
+
+    store = SQLiteObservationStore(tmp_path / "o.db")
+    assert await store.try_lease("secret-thread", "crashed", ttl=0.01)  # never given back
+    assert await store.try_lease("other", "alive", ttl=60)
+    await asyncio.sleep(0.05)
+    await store.delete_by_thread("secret-thread")
+    con = sqlite3.connect(tmp_path / "o.db")
+    try:
+        assert con.execute("SELECT thread_id FROM omem_leases").fetchall() == [("other",)]  # a live one stays
+    finally:
+        con.close()
+    store.close()
