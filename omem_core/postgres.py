@@ -195,13 +195,6 @@ def _longest(messages: Sequence[Message]) -> str:
             f"{len(worst.thread_id.encode()):,} + {len(worst.id.encode()):,} bytes")
 
 
-def _thread_too_long(thread_id: str, what: str) -> str:
-    """For :func:`_index_limit` on the records' indexes, which hold a thread id with a little
-    more (kind, seq): a thread id just under the messages' limit saved its messages, and its
-    records then failed with psycopg's raw error."""
-    return f"thread {shown_id(thread_id)} ({len(thread_id.encode()):,} bytes), {what}"
-
-
 def _no_nul(value: str | None, what: str, field: str) -> None:
     if value is not None and "\x00" in value:
         raise ValueError(f"{what}: {field} contains a NUL character, which PostgreSQL text cannot store")
@@ -1007,7 +1000,8 @@ class PostgresObservationStore(_Store):
                     "WHERE thread_id = %s AND kind = 'observation' AND NOT (id = ANY(%s))"),
                     (record.thread_id, list(record.source_ids)))
                 uncovered = (await cursor.fetchone())[0]  # type: ignore[index]
-            with _index_limit(lambda: _thread_too_long(record.thread_id, f"its {record.kind} {shown_id(record.id)}")):
+            with _index_limit(lambda: f"{record.kind} {shown_id(record.id)} ({len(record.id.encode()):,} bytes) of "
+                              f"thread {shown_id(record.thread_id)} ({len(record.thread_id.encode()):,} bytes)"):
                 cursor = await con.execute(db.q(
                     f"INSERT INTO {{s}}omem_records ({self._COLUMNS}, n_sources, uncovered) "
                     "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING RETURNING seq"),
@@ -1055,7 +1049,7 @@ class PostgresObservationStore(_Store):
             "SELECT epoch FROM made UNION ALL SELECT epoch FROM {s}omem_threads WHERE thread_id = %(t)s")
         async with self._db.connection() as con:
             while True:  # empty only when another process created it concurrently: read it next time
-                with _index_limit(lambda: _thread_too_long(thread_id, "its records")):
+                with _index_limit(lambda: f"thread {shown_id(thread_id)} ({len(thread_id.encode()):,} bytes), its records"):
                     row = await (await con.execute(query, {"t": thread_id})).fetchone()
                 if row is not None:
                     return int(row[0])
@@ -1069,6 +1063,7 @@ class PostgresObservationStore(_Store):
         The wrapper cancels its renewer while a renewal may be in flight: the statement runs in
         a task of its own, so the cancellation reaches the caller at once and the pooled
         connection is returned cleanly (cancelling inside psycopg-pool's checkout can be lost)."""
+        check_thread_id(thread_id, "try_lease")
         if "\x00" in thread_id:  # (a save takes its thread's lease first: named by the thread, not "lease")
             from .wrapper import leased_thread
 
@@ -1092,6 +1087,7 @@ class PostgresObservationStore(_Store):
             return await cursor.fetchone() is not None
 
     async def release_lease(self, thread_id: str, holder: str) -> None:
+        check_thread_id(thread_id, "release_lease")
         if _unstorable(thread_id):
             return  # (never taken: taking it is refused)
         await _shielded(self._release_lease(thread_id, holder))

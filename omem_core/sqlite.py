@@ -190,10 +190,10 @@ class _Database:
 
 def schema_version(path: str | Path) -> int:
     """The schema version of the SQLite file at ``path`` (0: not an omem file yet), read without
-    creating or changing it (a missing file is a ``FileNotFoundError``)."""
+    creating it (a missing file is a ``FileNotFoundError``) or changing it."""
     if not Path(path).is_file():
         raise FileNotFoundError(f"no SQLite file at {path}")
-    con = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True)
+    con = sqlite3.connect(str(path))  # (read-only, it left -wal and -shm files beside a WAL file)
     try:
         return int(con.execute("PRAGMA user_version").fetchone()[0])
     finally:
@@ -441,6 +441,7 @@ class SQLiteObservationStore(SyncClosing):
 
         A holder that crashed stops renewing; its lease expires and the next caller takes it.
         """
+        check_thread_id(thread_id, "try_lease")
         db = self._db
         now = time.time()
         with db.lock:
@@ -461,5 +462,6 @@ class SQLiteObservationStore(SyncClosing):
                 raise
 
     async def release_lease(self, thread_id: str, holder: str) -> None:
+        check_thread_id(thread_id, "release_lease")
         with self._db.lock:
             self._db.con.execute("DELETE FROM omem_leases WHERE thread_id = ? AND holder = ?", (thread_id, holder))

@@ -477,7 +477,8 @@ class ObservationalMemoryStore:
         # the next lease taken, so a short outage does not block the thread until they expire.
         self._unreleased: dict[str, str] = {}
         self._closing = False  # close() has begun: no new read, save or delete
-        self._writing: dict[asyncio.AbstractEventLoop, int] = {}  # saves and deletes in flight, by loop
+        self._writing: dict[asyncio.Task[Any], int] = {}  # the tasks saving or deleting through this store
+        self._pass_tasks: set[asyncio.Task[None]] = set()  # every pass running (one a delete unlisted too)
 
     # -- the MemoryStore port ---------------------------------------------------------------
 
@@ -584,11 +585,12 @@ class ObservationalMemoryStore:
         reachable. Idempotent; ``async with`` closes at the end of the block."""
         self._closing = True
         loop = asyncio.get_running_loop()
+        me = asyncio.current_task()
         while True:
-            running = [entry.task for entry in self._inflight.values() if entry.task.get_loop() is loop]
+            running = [task for task in self._pass_tasks if task.get_loop() is loop]
             if running:
                 await asyncio.wait(running)
-            elif self._writing.get(loop):
+            elif any(task is not me and task.get_loop() is loop for task in self._writing):
                 await asyncio.sleep(0.005)  # (a few store round trips)
             else:
                 break
@@ -598,15 +600,17 @@ class ObservationalMemoryStore:
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[None]:
-        """Count a save or delete of the running loop as in flight (``close()`` waits for it)."""
-        loop = asyncio.get_running_loop()
-        self._writing[loop] = self._writing.get(loop, 0) + 1
+        """Count a save or delete as in flight, by its task (``close()`` waits for those of its loop,
+        not for its own: a store that closes the wrapper from inside a save would wait forever)."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._writing[task] = self._writing.get(task, 0) + 1
         try:
             yield
         finally:
-            self._writing[loop] -= 1
-            if not self._writing[loop]:
-                del self._writing[loop]
+            self._writing[task] -= 1
+            if not self._writing[task]:
+                del self._writing[task]
 
     def _check_open(self) -> None:
         if self._closing:
@@ -872,8 +876,10 @@ class ObservationalMemoryStore:
             self._check_open()  # (a read that began before close(): no new pass whose record it could not save)
             entry = _Inflight(asyncio.ensure_future(self._compact(thread_id, last)))
             self._inflight[thread_id] = entry
+            self._pass_tasks.add(entry.task)
 
             def _done(task: asyncio.Task[None], entry: _Inflight = entry) -> None:
+                self._pass_tasks.discard(task)
                 if self._inflight.get(thread_id) is entry:
                     del self._inflight[thread_id]
                 if not task.cancelled():

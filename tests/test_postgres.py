@@ -991,14 +991,17 @@ async def test_a_thread_id_that_fits_the_messages_but_not_the_records_index_is_a
     letters = random.Random(1)
     thread = "".join(letters.choice("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") for _ in range(2674))
     records = pg.observations()
-    with pytest.raises(ValueError, match=r"^thread '[A-Za-z0-9]+…' \(2,674 bytes\), its observation 'r0': too long "
-                                         r"for PostgreSQL's index"):
+    with pytest.raises(ValueError, match=r"^observation 'r0' \(2 bytes\) of thread '[A-Za-z0-9]+…' \(2,674 bytes\): "
+                                         r"too long for PostgreSQL's index"):
         await records.save(record(0, thread=thread))
+    long_id = dataclasses.replace(record(1), id=thread + "x" * 400)  # (a review: the thread was blamed)
+    with pytest.raises(ValueError, match=r"^observation '[A-Za-z0-9]+…' \(3,074 bytes\) of thread 't' \(1 bytes\): too long"):
+        await records.save(long_id)
     store = create_observational_memory_store(pg.memory(), observer="omem/extractive", observations=records,
                                               thresholds={"observation": 20})
     await store.save_messages([dataclasses.replace(msg(i), thread_id=thread, content="some words here " * 4)
                                for i in range(10)])
-    with pytest.raises(ValueError, match=r"^thread '[A-Za-z0-9]+…' \(2,674 bytes\), its observation 'obs-[0-9a-f]+': too long"):
+    with pytest.raises(ValueError, match=r"^observation 'obs-[0-9a-f]+' \(\d+ bytes\) of thread '[A-Za-z0-9]+…' \(2,674 bytes\): too long"):
         await store.recall(thread, last=2)
 
 

@@ -856,10 +856,14 @@ async def test_a_full_disk_is_the_error_sqlite_gives_not_a_failed_rollback(tmp_p
     store.close()
 
 
-def test_the_schema_version_of_a_missing_file_is_an_error_that_creates_nothing(tmp_path) -> None:
+def test_the_schema_version_of_a_file_creates_nothing(tmp_path) -> None:
+    """It created an empty file at a path that had none, and never closed its connection."""
     with pytest.raises(FileNotFoundError, match="no SQLite file at"):
         schema_version(tmp_path / "missing.db")
     assert not (tmp_path / "missing.db").exists()
+    SQLiteMemoryStore(tmp_path / "omem.db").close()  # (in WAL mode)
+    assert schema_version(tmp_path / "omem.db") >= 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["omem.db"]  # no -wal or -shm left beside it
 
 
 async def test_a_delete_leaves_no_lease_a_crashed_process_left(tmp_path) -> None:
@@ -880,3 +884,45 @@ async def test_a_delete_leaves_no_lease_a_crashed_process_left(tmp_path) -> None
     finally:
         con.close()
     store.close()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def make_lease_store(request, tmp_path):
+    """The adapters with the lease capability."""
+    return _fresh(request, None, SQLiteObservationStore, tmp_path, "l", "observations")
+
+
+async def test_a_lease_of_a_thread_no_store_can_hold_is_refused_alike(make_lease_store) -> None:
+    """SQLite's lease calls raised UnicodeEncodeError for a lone surrogate (the wrapper checks the
+    thread first; direct users of the lease capability did not get the same error as elsewhere)."""
+    store = make_lease_store()
+    with pytest.raises(ValueError, match="try_lease: thread_id is not valid Unicode"):
+        await store.try_lease("t\ud800", "me", ttl=1)
+    with pytest.raises(ValueError, match="release_lease: thread_id is not valid Unicode"):
+        await store.release_lease("t\ud800", "me")
+    assert await store.try_lease("t", "me", ttl=1)
+    await store.close()
+
+
+async def test_a_sqlite_delete_that_fails_half_way_rolls_back_and_leaves_the_file_writable(tmp_path) -> None:
+    """A delete_thread failing after its first statement left its transaction open: the thread
+    half deleted in this connection, and the file's write lock held against every process."""
+    import sqlite3
+
+    path = tmp_path / "m.db"
+    store = SQLiteMemoryStore(path)
+    await store.save_messages([msg(0)])
+    other = sqlite3.connect(path, timeout=1)  # another process's view of the file
+    try:
+        other.execute("CREATE TRIGGER refuse BEFORE DELETE ON omem_working_memory "
+                      "BEGIN SELECT RAISE(ABORT, 'refused by a trigger'); END")
+        await store.update_working_memory("t", "notes")
+        with pytest.raises(sqlite3.IntegrityError, match="refused by a trigger"):
+            await store.delete_thread("t")
+        assert [m.id for m in await store.recall("t", last=5)] == ["m0"]  # all or nothing
+        other.execute("INSERT INTO omem_working_memory VALUES ('x', 'y')")  # not locked
+        other.commit()
+        await store.save_messages([msg(1)])
+    finally:
+        other.close()
+        store.close()

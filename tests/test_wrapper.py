@@ -814,3 +814,49 @@ async def test_closing_waits_for_a_save_or_delete_already_under_way(scripted: Sc
     await closing
     assert held.closed
     assert [m.id for m in await inner.recall("t", last=10)] == ([] if operation == "delete" else ["m0", "m1", "m2", "m3"])
+
+
+async def test_closing_from_inside_a_save_returns(scripted: Scripted) -> None:
+    """Found by a review of the change above: a store that closes the wrapper from inside its own
+    save (the save is the caller's) waited for itself forever."""
+
+    class ClosesTheWrapper(InMemoryMemoryStore):
+        wrapper = None
+
+        async def save_messages(self, messages) -> None:
+            await super().save_messages(messages)
+            await self.wrapper.close()
+
+    inner = ClosesTheWrapper()
+    store = make(scripted, inner=inner, observations=create_in_memory_observation_store())
+    inner.wrapper = store
+    await asyncio.wait_for(store.save_messages([msg(0)]), 10)
+    with pytest.raises(RuntimeError, match="closed"):
+        await store.recall("t", last=2)
+
+
+async def test_closing_waits_for_the_pass_of_a_thread_deleted_meanwhile(scripted: Scripted, backend: str,
+                                                                          tmp_path) -> None:
+    """Found by a review: a delete unlists its thread's pass in flight (a later read starts
+    afresh), so close() no longer saw that pass and closed the stores under it (with leases, its
+    lease row, naming the deleted thread, was left behind)."""
+    scripted.gate = asyncio.Event()
+    store = make(scripted)
+    await fill(store, 8)
+    reading = asyncio.ensure_future(store.recall("t", last=2))
+    await until_started(scripted)
+    await store.delete_thread("t")
+    closing = asyncio.ensure_future(store.close())
+    await asyncio.sleep(0.05)
+    assert not closing.done(), "closed the stores under the pass in flight"
+    scripted.gate.set()
+    await reading  # (the pass saved nothing: its thread was deleted)
+    await closing
+    if backend == "sqlite":
+        import sqlite3
+
+        con = sqlite3.connect(tmp_path / "omem.db")
+        try:
+            assert con.execute("SELECT thread_id FROM omem_leases").fetchall() == []
+        finally:
+            con.close()
