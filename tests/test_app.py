@@ -74,6 +74,59 @@ def test_explorer_on_a_fresh_store_replays_the_demo_and_charts_match(db: Path) -
     assert at.code
 
 
+def test_on_an_empty_store_only_the_demo_on_the_offline_model_replays_unasked(db: Path, monkeypatch) -> None:
+    """Found by a walkthrough: while the run store was empty, choosing a dataset or typing a model
+    replayed it at once, without the button (a paid model too, with no cost shown first)."""
+    from conftest import scripted_provider
+
+    monkeypatch.setenv("OMEM_MODELS", "scripted/model")
+    at = app()
+    [demo] = store(db).runs().run_id  # the first visit's demo
+    with store(db) as s:
+        s.delete_run(demo)
+    at.run()
+    assert store(db).runs().empty  # not again in this session
+    with scripted_provider() as scripted:
+        at.sidebar.selectbox(key="ex_observer").set_value("scripted/model").run()
+        assert scripted.calls == [] and store(db).runs().empty
+        at.sidebar.button(key="ex_run").click().run()
+    assert not at.exception and len(store(db).runs()) == 1  # the click replays
+
+
+def test_a_double_click_on_run_replay_replays_once(db: Path) -> None:
+    """Found by a walkthrough: two clicks on Run replay (or Start experiment) within a fraction of a
+    second recorded two runs (two experiments): on a paid model, twice the cost."""
+    at = app()
+    at.sidebar.number_input(key="ex_obs_300").set_value(150).run()
+    at.sidebar.button(key="ex_run").click().run()
+    at.sidebar.button(key="ex_run").click().run()
+    assert not at.exception
+    assert len(store(db).runs()) == 2  # the demo's first-visit run and one replay, not two
+    assert any("a second click on Run replay within a few seconds is ignored" in i.value for i in at.sidebar.info)
+    at.sidebar.number_input(key="ex_obs_300").set_value(160).run()
+    at.sidebar.button(key="ex_run").click().run()  # other settings: another replay
+    assert len(store(db).runs()) == 3
+
+
+def test_a_second_click_stops_the_first_replay_and_resumes_it_not_a_new_one(db: Path, monkeypatch) -> None:
+    """A double click's second click reruns the page while the first click's replay runs: that
+    replay stops (recorded interrupted) and the second click resumes it."""
+    from workbench import app_data
+
+    at = app()
+    at.sidebar.number_input(key="ex_obs_300").set_value(150).run()
+    at.sidebar.button(key="ex_run").click().run()
+    [first, _demo] = store(db).runs().run_id
+    with store(db) as s:  # as the rerun leaves it: stopped part-way
+        s.set_status(first, "interrupted", "stopped before the end")
+    at.sidebar.button(key="ex_run").click().run()
+    assert not at.exception
+    runs = store(db).runs()
+    assert len(runs) == 2 and runs.set_index("run_id").status[first] == "completed"
+    assert app_data.repeated_start(("a", 10.0), "a", 12.9) and not app_data.repeated_start(("a", 10.0), "a", 13.1)
+    assert not app_data.repeated_start(("a", 10.0), "b", 10.5) and not app_data.repeated_start(None, "a", 0.0)
+
+
 def test_explorer_sidebar_and_slider_change_what_is_shown(db: Path) -> None:
     at = app()
     at.sidebar.number_input(key="ex_obs_300").set_value(150)
@@ -861,6 +914,17 @@ def picker(at: AppTest, label: str):
 def dataframe(at: AppTest, *columns: str):
     """The first table on the page with all of ``columns`` (tables without selection carry no key)."""
     return next(d.value for d in at.dataframe if set(columns) <= set(d.value.columns))
+
+
+def test_a_double_click_on_start_experiment_starts_one(db: Path) -> None:
+    at = app("experiments")
+    at.text_input(key="xp_obs").set_value("150").run()
+    at.button(key="xp_start").click().run()
+    at.button(key="xp_start").click().run()  # (the page's rerun after the first start: the same settings)
+    assert any("a second click on Start experiment within a few seconds is ignored" in i.value for i in at.info)
+    finish_experiments(at)
+    assert not at.exception, at.exception
+    assert len(store(db).experiments()) == 1
 
 
 def test_launch_an_experiment_then_tune_compare_grid_and_a_trace(db: Path) -> None:

@@ -639,6 +639,30 @@ def funnel_table(summaries: Sequence[Any], labels: Sequence[str] | None = None) 
     return pd.DataFrame(data, index=[STAGE_NAMES[s] for s in STAGES])
 
 
+DOUBLE_CLICK_S = 3.0  # a second start with the same settings this soon is the same click, twice
+
+
+def repeated_start(last: Any, signature: str, now: float) -> bool:
+    """Whether a start is the second click of a double click: the same settings (``signature``)
+    as the start this session made (``last``: ``(signature, time)``) under :data:`DOUBLE_CLICK_S`
+    seconds before. A double click on Run replay or Start experiment started everything twice
+    (on a paid model, twice the cost)."""
+    return (isinstance(last, tuple) and len(last) == 2 and last[0] == signature
+            and 0 <= now - last[1] < DOUBLE_CLICK_S)
+
+
+def replays_the_demo_unasked(store_empty: bool, conversation: Any, config: Any, done_already: bool) -> bool:
+    """Whether the explorer replays on its own, without its button: only the first time in a
+    session, on a run store with no run, for the built-in demo on the offline model — so a first
+    visit has something to explore. Any other dataset or model waits for its click (it replayed
+    whatever was chosen while the store was empty: a paid model too, with no cost shown first)."""
+    from .catalog import DEMO_DATASET
+
+    return (store_empty and not done_already and conversation is not None and config is not None
+            and conversation.source == str(DEMO_DATASET)
+            and config.observer == OFFLINE_MODEL and config.reflector in (OFFLINE_MODEL, None))
+
+
 def replay_cost_text(conversation: Any, config: Any) -> str | None:
     """What a replay of ``conversation`` under ``config`` should cost, for beside its Run button
     (``None`` on the offline model, or when the configuration cannot run here: it makes no call)."""

@@ -215,7 +215,11 @@ with st.expander("New experiment", expanded=existing.empty):
                        "as failed: ", "; ".join(f"{n}: {p}" for n, p in blocked.items()))
     start = st.button("Start experiment", type="primary", key="xp_start",
                       disabled=bool(problems) or not grid or not conversations or store.read_only)
-    if start:
+    signature = repr((dataset, dataset_format, grid, chosen, concurrency, max_cost))
+    if start and app_data.repeated_start(st.session_state.get("_xp_started"), signature, time.monotonic()):
+        st.info("Started once: a second click on Start experiment within a few seconds is ignored.")
+    elif start:
+        st.session_state["_xp_started"] = (signature, time.monotonic())
         try:
             options = ExperimentOptions(concurrency=int(concurrency), max_cost=float(max_cost) or None)
             experiment_id = create_experiment(store, dataset=dataset, grid=grid, options=options,

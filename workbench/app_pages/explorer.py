@@ -1,6 +1,7 @@
 """Replay explorer: run or open a replay, then walk it step by step."""
 
 import json
+import time
 
 import streamlit as st
 
@@ -36,11 +37,30 @@ if mode == "Run a replay":
     if store.read_only:
         st.sidebar.caption("Replays are off: the run store is a read-only snapshot.")
     if start and conversation is not None and config is not None:
-        result = ui.run_replay(store, conversation, config)
-        if result is not None and result.run_id:
-            ui.open_run(result.run_id)
-    elif store.runs().empty and conversation is not None and config is not None and not store.read_only:
+        signature, now = repr((conversation.source, conversation.id, config)), time.monotonic()
+        if app_data.repeated_start(st.session_state.get("_ex_started"), signature, now):
+            # A double click: the first click's replay was stopped by the second's rerun (resumed
+            # here), or has finished (opened). Never a second replay.
+            ours = store.runs().query("dataset == @conversation.source and conversation_id == @conversation.id")
+            if not ours.empty:
+                newest = ours.iloc[0]
+                if newest.status == "completed":
+                    st.sidebar.info("Replayed once: a second click on Run replay within a few seconds is ignored.")
+                    ui.open_run(newest.run_id)
+                else:
+                    st.session_state["_ex_started"] = (signature, now)
+                    result = ui.run_replay(store, conversation, config, resume=newest.run_id)
+                    if result is not None and result.run_id:
+                        ui.open_run(result.run_id)
+        else:
+            st.session_state["_ex_started"] = (signature, now)
+            result = ui.run_replay(store, conversation, config)
+            if result is not None and result.run_id:
+                ui.open_run(result.run_id)
+    elif not store.read_only and app_data.replays_the_demo_unasked(
+            store.runs().empty, conversation, config, st.session_state.get("_ex_demo_replayed", False)):
         # A fresh store: replay the demo on the built-in model so there is something to explore.
+        st.session_state["_ex_demo_replayed"] = True
         result = ui.run_replay(store, conversation, config)
         if result is not None and result.run_id:
             ui.open_run(result.run_id)
