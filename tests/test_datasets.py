@@ -1270,3 +1270,20 @@ def test_a_list_of_answers_is_text_and_the_gold_count_is_what_the_score_can_read
     [info] = list_conversations(path)
     assert info.probes == 5 and info.scored_probes == 3  # the list, 42 and "the violin"
     assert sum(probe_score(p.gold, set()) is not None for p in conversation.probes) == info.scored_probes
+
+
+def test_keys_the_omem_format_does_not_read_are_warned_about_once(tmp_path) -> None:
+    """Found by a walkthrough: a probe written with "gold" for "answer" loaded as a probe with no
+    gold answer, and the replay said only that none had one."""
+    path = tmp_path / "gold.jsonl"
+    lines = [{"conversation_id": "c", "id": f"m{i}", "role": "user", "content": "I live in Zürich.",
+              "timestamp": f"2024-01-01T10:0{i}:00Z", "mood": "fine"} for i in range(3)]
+    lines.append({"type": "probe", "conversation_id": "c", "id": "p1", "question": "Where?", "gold": "Zürich"})
+    path.write_text("\n".join(json.dumps(line) for line in lines))
+    [conversation] = load_dataset(path)
+    assert conversation.warnings == [
+        "line 1: key 'mood' of a message is not read (a message's keys: type, conversation_id, id, role, "
+        "content, timestamp, speaker)",
+        "line 4: key 'gold' of a probe is not read (a probe's keys: type, conversation_id, id, question, "
+        "answer, evidence, category, abstention)"]
+    assert conversation.probes[0].gold is None

@@ -17,8 +17,27 @@ def sniff(source: Source) -> bool:
         key in first for key in ("role", "question", "type"))
 
 
+_KEYS = {
+    "message": ("type", "conversation_id", "id", "role", "content", "timestamp", "speaker"),
+    "probe": ("type", "conversation_id", "id", "question", "answer", "evidence", "category", "abstention"),
+}
+
+
+def _unknown_keys(obj: dict, kind: str, record: str, said: set[tuple[str, str]]) -> str | None:
+    """A warning for keys a line of ``kind`` has that are not read (each key once per kind): a
+    probe's ``"gold"`` for ``"answer"`` loaded as a probe without a gold answer, unscored, and
+    only "none has a gold answer" said why."""
+    unknown = [key for key in obj if key not in _KEYS[kind] and (kind, key) not in said]
+    if not unknown:
+        return None
+    said.update((kind, key) for key in unknown)
+    return (f"{record}: {'keys' if len(unknown) > 1 else 'key'} {', '.join(map(repr, unknown))} of a {kind} "
+            f"{'are' if len(unknown) > 1 else 'is'} not read (a {kind}'s keys: {', '.join(_KEYS[kind])})")
+
+
 def load(source: Source) -> list[Conversation]:
     file = source.path
+    said: set[tuple[str, str]] = set()
     conversations: dict[str, Conversation] = {}
     # where each message and probe is, for the checks once loaded: "line 9", not "its 4th message"
     lines: dict[str, tuple[list[str], list[str]]] = {}
@@ -33,6 +52,8 @@ def load(source: Source) -> list[Conversation]:
             # (read as a probe, its message was dropped without a word)
             raise DatasetError(file, record, "type", "missing: the line has a question and a message's "
                                f"{'role' if 'role' in obj else 'content'}; say \"type\": \"message\" or \"probe\"")
+        if kind in _KEYS and (unread := _unknown_keys(obj, kind, record, said)):
+            conversation.warnings.append(unread)
         if kind == "message":
             role = require(obj, "role", file, record)
             if role not in ROLES:
