@@ -2021,13 +2021,18 @@ def test_a_saved_prompt_cannot_take_a_built_in_version_name(db: Path) -> None:
     with RunStore(db) as s:
         with pytest.raises(RunStoreError, match="v2 is a built-in observer prompt version"):
             s.save_prompt(Prompt(name="observer", version=OBSERVER_PROMPT.version, text="Be brief."))
-        s.save_prompt(OBSERVER_PROMPT)  # the built-in itself: nothing to save, no error
+        assert s.save_prompt(OBSERVER_PROMPT) is False  # the built-in itself: nothing to save, no error
         assert s.prompts().empty
     at = app("prompts")
     at.text_input(key="pr_new_observer").set_value("v1").run()  # (the button is enabled by a name)
     at.button(key="pr_save").click().run()
     assert any("v1 is a built-in observer prompt version" in e.value.replace("\\", "") for e in at.error), \
         [e.value for e in at.error]
+    # (a walkthrough: saving "v2" with v2's own text said "Saved observer@v2", and nothing was added)
+    at.text_input(key="pr_new_observer").set_value(OBSERVER_PROMPT.version).run()
+    at.button(key="pr_save").click().run()
+    assert not at.success and any("already there with this text: nothing to save" in shown(i.value) for i in at.info)
+    assert store(db).prompts().empty
 
 
 def test_compare_warns_of_identical_configurations_and_of_prompts_the_offline_model_ignores(db: Path) -> None:

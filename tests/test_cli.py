@@ -951,9 +951,9 @@ def test_a_dataset_given_relative_is_recorded_absolute_and_resumes_from_elsewher
 def test_a_configuration_that_cannot_run_is_refused_before_any_run_is_recorded(tmp_path, args, error) -> None:
     db = str(tmp_path / "refused.duckdb")
     code, _, err = invoke("replay", "--dataset", TINY, *args, "--db", db)
-    assert code != 0 and error in " ".join(err.split())
+    assert code == 2 and error in " ".join(err.split())  # a refused option (the README's exit 2)
     code, _, err = invoke("experiment", "run", "--dataset", TINY, *args, "--db", db)
-    assert code != 0 and error in " ".join(err.split())
+    assert code == 2 and error in " ".join(err.split())
     with RunStore(db) as store:
         assert store.runs().empty and store.experiments().empty  # no failed run left behind to explain
 

@@ -24,7 +24,7 @@ import click
 
 from .catalog import DEMO_DATASET, ROOT, known_datasets
 from .datasets import FORMATS  # the format registry (imports no model library)
-from .errors import WorkbenchError
+from .errors import ConfigurationError, WorkbenchError
 from .formatting import (DEFAULT_DB, about_money, cli_command, count, money, ratio, share, short_path, split_list,
                          terminal_text)
 from .models import OFFLINE_MODEL
@@ -452,13 +452,16 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
             config = ReplayConfig.from_json(run["config"])
         else:
             conv = chosen
-            config = ReplayConfig(
-                observer=observer, reflector=None if reflector.lower() == "none" else reflector,
-                observation_threshold=observation_threshold, reflection_threshold=reflection_threshold,
-                last_messages=last_messages, token_counter=token_counter, recall_on=recall_on,
-                observer_prompt=_resolve_prompt(store, "observer", observer_prompt),
-                reflector_prompt=_resolve_prompt(store, "reflector", reflector_prompt),
-                timeout=timeout, cache=not no_cache, max_backlog=max_backlog)
+            try:
+                config = ReplayConfig(
+                    observer=observer, reflector=None if reflector.lower() == "none" else reflector,
+                    observation_threshold=observation_threshold, reflection_threshold=reflection_threshold,
+                    last_messages=last_messages, token_counter=token_counter, recall_on=recall_on,
+                    observer_prompt=_resolve_prompt(store, "observer", observer_prompt),
+                    reflector_prompt=_resolve_prompt(store, "reflector", reflector_prompt),
+                    timeout=timeout, cache=not no_cache, max_backlog=max_backlog)
+            except ConfigurationError as exc:  # options that cannot go together: refused (exit 2), nothing run
+                raise click.UsageError(str(exc)) from None
         for warning in conv.warnings:  # (named by conversation, as an experiment's are)
             click.echo(f"warning: {terminal_text(conv.id)}: {warning}", err=True)
         from .datasets.base import ConversationInfo, rough_tokens
@@ -781,12 +784,15 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
 
             # (as an experiment's grid: without a reflector, one configuration per other setting,
             # not one per reflection threshold, each the same replay)
-            grid = config_grid(
-                observers=observers, reflectors=[None if r.lower() == "none" else r for r in reflectors],
-                observation=observation, reflection=reflection, windows=windows,
-                observer_prompts=[_resolve_prompt(store, "observer", v) for v in observer_prompts or [None]],
-                reflector_prompts=[_resolve_prompt(store, "reflector", v) for v in reflector_prompts or [None]],
-                token_counter=token_counter)
+            try:
+                grid = config_grid(
+                    observers=observers, reflectors=[None if r.lower() == "none" else r for r in reflectors],
+                    observation=observation, reflection=reflection, windows=windows,
+                    observer_prompts=[_resolve_prompt(store, "observer", v) for v in observer_prompts or [None]],
+                    reflector_prompts=[_resolve_prompt(store, "reflector", v) for v in reflector_prompts or [None]],
+                    token_counter=token_counter)
+            except ConfigurationError as exc:  # (refused, exit 2, as a replay's)
+                raise click.UsageError(str(exc)) from None
 
             if warning := offline_prompt_warning(grid):
                 click.echo(f"warning: {warning}", err=True)
@@ -1346,13 +1352,16 @@ def experiment_run(dataset, fmt, conversations, observation, reflection, windows
     from . import experiments as ex
 
     with _using_store(db) as store:
-        grid = ex.config_grid(
-            observers=observers, reflectors=[None if r.lower() == "none" else r for r in reflectors],
-            observation=observation, reflection=reflection, windows=windows,
-            observer_prompts=[_resolve_prompt(store, "observer", v) for v in observer_prompts or [None]],
-            reflector_prompts=[_resolve_prompt(store, "reflector", v) for v in reflector_prompts or [None]],
-            token_counter=token_counter, timeout=timeout, cache=not no_cache,
-            max_backlogs=_backlogs(max_backlogs))
+        try:
+            grid = ex.config_grid(
+                observers=observers, reflectors=[None if r.lower() == "none" else r for r in reflectors],
+                observation=observation, reflection=reflection, windows=windows,
+                observer_prompts=[_resolve_prompt(store, "observer", v) for v in observer_prompts or [None]],
+                reflector_prompts=[_resolve_prompt(store, "reflector", v) for v in reflector_prompts or [None]],
+                token_counter=token_counter, timeout=timeout, cache=not no_cache,
+                max_backlogs=_backlogs(max_backlogs))
+        except ConfigurationError as exc:  # options that cannot go together: refused (exit 2), nothing run
+            raise click.UsageError(str(exc)) from None
         options = ex.ExperimentOptions(concurrency=concurrency, max_cost=max_cost, rpm=rpm, num_retries=num_retries,
                                        timeout=timeout, traces=not no_traces, cache=not no_cache, api_base=api_base,
                                        judge=judge, answerer=answerer)

@@ -971,8 +971,9 @@ class RunStore:
         gone = set(run_ids)
         self._seq = {k: v for k, v in self._seq.items() if k[1] not in gone}
 
-    def save_prompt(self, prompt: Prompt) -> None:
-        """Save a prompt version; a version name already used with other text — a built-in one
+    def save_prompt(self, prompt: Prompt) -> bool:
+        """Save a prompt version (``False``: it was there already, saved or built in, with this
+        text: nothing written); a version name already used with other text — a built-in one
         ("v1", "v2") or a saved one — is refused (two texts under one label: the pickers offered
         only the built-in, so the saved text could never be chosen)."""
         from omem_core.prompts import BUILTIN_PROMPTS
@@ -980,7 +981,7 @@ class RunStore:
         builtin = {p.version: p for p in BUILTIN_PROMPTS.get(prompt.name, [])}
         if prompt.version in builtin:
             if builtin[prompt.version].sha256 == prompt.sha256:
-                return  # the built-in itself: nothing to save
+                return False  # the built-in itself: nothing to save
             raise RunStoreError(f"{prompt.version} is a built-in {prompt.name} prompt version; choose a new "
                                 "version name")
         with self._write_lock, self._writing() as cur:
@@ -990,9 +991,11 @@ class RunStore:
             if existing and existing[0] != prompt.sha256:
                 raise RunStoreError(f"prompt {prompt.label} already exists with other text; "
                                     "choose a new version name")
-            if not existing:
-                cur.execute("INSERT INTO prompts VALUES (?, ?, ?, ?, ?)",
-                            [prompt.name, prompt.version, prompt.sha256, prompt.text, _now()])
+            if existing:
+                return False
+            cur.execute("INSERT INTO prompts VALUES (?, ?, ?, ?, ?)",
+                        [prompt.name, prompt.version, prompt.sha256, prompt.text, _now()])
+            return True
 
     def replace_losses(self, run_id: str, rows: Sequence[dict[str, Any]]) -> None:
         """The run's loss-attribution rows (see :mod:`workbench.losses`), replacing earlier ones."""

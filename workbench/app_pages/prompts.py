@@ -27,9 +27,11 @@ if new_version.strip() and same:  # (saved unchanged, a version compared equal t
 if st.button("Save version", type="primary", key="pr_save", disabled=not new_version.strip() or store.read_only):
     try:
         candidate = Prompt(name=name, version=new_version.strip(), text=text)
-        store.save_prompt(candidate)
-        st.success(ui.plain(f"Saved {candidate.label} (sha256 {candidate.sha256[:16]}…).")
-                   + " Pick it in Compare or in a new experiment.")
+        if store.save_prompt(candidate):
+            st.success(ui.plain(f"Saved {candidate.label} (sha256 {candidate.sha256[:16]}…).")
+                       + " Pick it in Compare or in a new experiment.")
+        else:  # (it said "Saved", and no version was added)
+            st.info(ui.plain(f"{candidate.label} is already there with this text: nothing to save."))
     except (ValueError, RunStoreError) as exc:
         ui.error("", exc)
 
