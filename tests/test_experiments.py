@@ -1571,3 +1571,15 @@ def test_a_resume_of_an_experiment_that_spent_its_limit_is_refused_before_any_ca
         again = json.loads(out.strip().splitlines()[-1])["experiment_id"]
         with RunStore(str(db)) as store, pytest.raises(ex.ExperimentError, match="give it a higher limit"):
             asyncio.run(ex.run_experiment(store, again))
+
+
+def test_experiment_show_names_the_experiment(tmp_path) -> None:
+    """Found by a walkthrough: `experiment show` printed the id and never the name it was run under."""
+    db = str(tmp_path / "named.duckdb")
+    code, out, err = invoke("experiment", "run", "--dataset", str(ROOT / "datasets" / "tiny.jsonl"),
+                            "--name", "shorter windows", "--window", "2", "--concurrency", "1", "--json", "--db", db)
+    assert code == 0, err
+    experiment_id = json.loads(out.strip().splitlines()[-1])["experiment_id"]
+    code, out, err = invoke("experiment", "show", experiment_id, "--db", db)
+    assert code == 0, err
+    assert out.startswith(f"experiment {experiment_id} 'shorter windows' (completed")

@@ -1167,12 +1167,13 @@ def _comparison_line(a: str, b: str, verdict: str, signed: bool, where: str = ""
 
 def _print_report(data: dict[str, Any], db: str) -> None:
     from .experiments import tally_text
-    from .formatting import MISSING, display, tokens
+    from .formatting import MISSING, display, missing, tokens
 
     def ci(pair) -> str:
         return f"[{share(pair[0], 3)}, {share(pair[1], 3)}]" if pair else MISSING
 
-    header = (f"experiment {data['experiment_id']} ({data['status_text']}): "
+    named = "" if missing(data.get("name")) else f" {terminal_text(str(data['name']))!r}"  # (not shown before)
+    header = (f"experiment {data['experiment_id']}{named} ({data['status_text']}): "
               f"{count(len(data['conversations']), 'conversation')} of {short_path(data['dataset'])}, "
               + (f"{display(data['elapsed_s'])} s" if data["elapsed_s"] is not None
                  else "still running" if data["status"] == "running"
