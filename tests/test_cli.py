@@ -321,6 +321,8 @@ def test_bad_input_gets_a_clear_error(tmp_path) -> None:
     assert code == 2 and "Invalid value for '--observation-threshold': 0 is not in the range x>=1" in err
     code, _, err = invoke("replay", "--dataset", TINY, "--observer", "opena/gpt-4o")
     assert code == 1 and "opena/gpt-4o: litellm has no provider 'opena'; did you mean openai/gpt-4o?" in err
+    code, _, err = invoke("replay", "--dataset", TINY, "--observer", "nope/model")  # (a walkthrough: "did you mean openai")
+    assert code == 1 and "litellm has no provider 'nope' (litellm.provider_list names them)" in err
     code, _, err = invoke("replay", "--dataset", TINY, "--observer", "gpt-4o-mni")
     assert code == 1 and "gpt-4o-mni: litellm does not know this model; did you mean gpt-4o-mini?" in err
 

@@ -70,7 +70,7 @@ def _no_provider(model: str, litellm: Any) -> str:
         return f"litellm does not know which provider serves it (write it as provider/model, e.g. openai/{model})"
     provider, name = model.split("/", 1)
     known = [getattr(p, "value", str(p)) for p in litellm.provider_list]
-    close = difflib.get_close_matches(provider, known, n=1)
+    close = difflib.get_close_matches(provider, known, n=1, cutoff=0.75)  # (0.6 offered openai for "nope")
     hint = f"; did you mean {close[0]}/{name}?" if close else " (litellm.provider_list names them)"
     return f"litellm has no provider '{provider}'{hint}"
 
