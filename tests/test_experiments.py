@@ -1583,3 +1583,14 @@ def test_experiment_show_names_the_experiment(tmp_path) -> None:
     code, out, err = invoke("experiment", "show", experiment_id, "--db", db)
     assert code == 0, err
     assert out.startswith(f"experiment {experiment_id} 'shorter windows' (completed")
+
+
+def test_the_probe_footnote_names_only_the_reasons_that_apply(tmp_path) -> None:
+    """Found by a walkthrough: on MemoryBank (no gold answers) it said "the others' evidence was
+    still in the final window" when there were no others."""
+    db = str(tmp_path / "foot.duckdb")
+    code, out, err = invoke("experiment", "run", "--dataset", str(ROOT / "datasets" / "tiny.jsonl"),
+                            "--concurrency", "1", "--db", db)  # window 10: two probes' evidence stays in it
+    assert code == 0, err
+    assert "probes: those scored, of 3 probes the conversations ask (2 whose evidence was still in the final window)" \
+        in " ".join(out.split())

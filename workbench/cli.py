@@ -1256,10 +1256,14 @@ def _probes_asked(data: dict[str, Any]) -> str | None:
     scored = max((c["probes"] for c in data["configs"]), default=0)
     if not asked or scored >= asked:
         return None
+    in_window = with_gold - scored  # (with gold, their evidence still in the final window: not scored)
     return (f"probes: those scored, of {count(asked, 'probe')} the conversations ask ("
-            + (f"{unrun:,} in conversations no run completed; " if unrun else "")
-            + f"{asked - unrun - with_gold:,} without a gold answer the word score can read, e.g. abstention "
-            "questions; the others' evidence was still in the final window)")
+            + "; ".join(part for part in (
+                f"{unrun:,} in conversations no run completed" if unrun else "",
+                f"{asked - unrun - with_gold:,} without a gold answer the word score can read, e.g. abstention "
+                "questions" if asked - unrun - with_gold else "",
+                f"{in_window:,} whose evidence was still in the final window" if in_window > 0 else "") if part)
+            + ")")
 
 
 def _print_breakdown(configs: list[dict[str, Any]], conversations: list[dict[str, Any]] | None = None) -> None:
