@@ -123,6 +123,26 @@ def test_a_second_click_stops_the_first_replay_and_resumes_it_not_a_new_one(db: 
     assert not at.exception
     runs = store(db).runs()
     assert len(runs) == 2 and runs.set_index("run_id").status[first] == "completed"
+    # (a review) A run of the same conversation another tab or command made between the two clicks,
+    # under other settings and failed for a real reason, is not the first click's: left alone.
+    import asyncio
+
+    from workbench import ui
+    from workbench.datasets import load_conversation
+    from workbench.replay import ReplayConfig, replay
+
+    at.sidebar.number_input(key="ex_obs_300").set_value(170).run()
+    at.sidebar.button(key="ex_run").click().run()
+    ours = store(db).runs().run_id.iloc[0]
+    with store(db) as s:
+        other = asyncio.run(replay(load_conversation(str(PROJECT_DEMO), "priya-lisbon"),
+                                   ReplayConfig(observation_threshold=500), s)).run_id
+        s.set_status(other, "failed", "AuthenticationError: invalid key")
+    at.sidebar.button(key="ex_run").click().run()
+    assert not at.exception
+    after = store(db).runs().set_index("run_id")
+    assert len(after) == 4 and after.status[other] == "failed" and after.status[ours] == "completed"
+    assert at.session_state[ui.RUN_KEY] == ours  # the first click's run is the one shown
     assert app_data.repeated_start(("a", 10.0), "a", 12.9) and not app_data.repeated_start(("a", 10.0), "a", 13.1)
     assert not app_data.repeated_start(("a", 10.0), "b", 10.5) and not app_data.repeated_start(None, "a", 0.0)
 
@@ -921,7 +941,7 @@ def test_a_double_click_on_start_experiment_starts_one(db: Path) -> None:
     at.text_input(key="xp_obs").set_value("150").run()
     at.button(key="xp_start").click().run()
     at.button(key="xp_start").click().run()  # (the page's rerun after the first start: the same settings)
-    assert any("a second click on Start experiment within a few seconds is ignored" in i.value for i in at.info)
+    assert any("a second click on Start experiment within a few seconds is ignored" in t.value for t in at.toast)
     finish_experiments(at)
     assert not at.exception, at.exception
     assert len(store(db).experiments()) == 1

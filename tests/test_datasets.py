@@ -1287,3 +1287,7 @@ def test_keys_the_omem_format_does_not_read_are_warned_about_once(tmp_path) -> N
         "line 4: key 'gold' of a probe is not read (a probe's keys: type, conversation_id, id, question, "
         "answer, evidence, category, abstention)"]
     assert conversation.probes[0].gold is None
+    # another conversation of the file with the same key: warned about too (its own replay shows it)
+    lines += [dict(line, conversation_id="d") for line in lines]
+    path.write_text("\n".join(json.dumps(line) for line in lines))
+    assert [len(c.warnings) for c in load_dataset(path)] == [2, 2]

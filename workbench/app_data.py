@@ -651,6 +651,21 @@ def repeated_start(last: Any, signature: str, now: float) -> bool:
             and 0 <= now - last[1] < DOUBLE_CLICK_S)
 
 
+def first_clicks_run(runs: pd.DataFrame, before: Any, conversation: Any, config: dict[str, Any],
+                     stored: Any) -> dict[str, Any] | None:
+    """The run a double click's first click started: the newest run of ``conversation`` under
+    ``config`` (``stored(run_id)["config"]``) that was not in the store before that click
+    (``before``: the run ids then), as ``stored`` gives it; ``None`` when there is none (a run of
+    another configuration, tab or command is never taken for it)."""
+    new = runs[~runs.run_id.isin(set(before)) & (runs.dataset == conversation.source)
+               & (runs.conversation_id == conversation.id)]
+    for run_id in new.run_id:  # newest first
+        run = stored(run_id)
+        if run["config"] == config:
+            return run
+    return None
+
+
 def replays_the_demo_unasked(store_empty: bool, conversation: Any, config: Any, done_already: bool) -> bool:
     """Whether the explorer replays on its own, without its button: only the first time in a
     session, on a run store with no run, for the built-in demo on the offline model — so a first

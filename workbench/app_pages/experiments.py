@@ -217,7 +217,7 @@ with st.expander("New experiment", expanded=existing.empty):
                       disabled=bool(problems) or not grid or not conversations or store.read_only)
     signature = repr((dataset, dataset_format, grid, chosen, concurrency, max_cost))
     if start and app_data.repeated_start(st.session_state.get("_xp_started"), signature, time.monotonic()):
-        st.info("Started once: a second click on Start experiment within a few seconds is ignored.")
+        st.toast("Started once: a second click on Start experiment within a few seconds is ignored.")
     elif start:
         st.session_state["_xp_started"] = (signature, time.monotonic())
         try:

@@ -39,21 +39,23 @@ if mode == "Run a replay":
     if start and conversation is not None and config is not None:
         signature, now = repr((conversation.source, conversation.id, config)), time.monotonic()
         if app_data.repeated_start(st.session_state.get("_ex_started"), signature, now):
-            # A double click: the first click's replay was stopped by the second's rerun (resumed
-            # here), or has finished (opened). Never a second replay.
-            ours = store.runs().query("dataset == @conversation.source and conversation_id == @conversation.id")
-            if not ours.empty:
-                newest = ours.iloc[0]
-                if newest.status == "completed":
-                    st.sidebar.info("Replayed once: a second click on Run replay within a few seconds is ignored.")
-                    ui.open_run(newest.run_id)
-                else:
-                    st.session_state["_ex_started"] = (signature, now)
-                    result = ui.run_replay(store, conversation, config, resume=newest.run_id)
-                    if result is not None and result.run_id:
-                        ui.open_run(result.run_id)
+            # A double click: never a second replay. The first click's run (one that was not in the
+            # store before it, of this conversation and configuration) is resumed when the second
+            # click's rerun stopped it, else opened; any other run is left alone.
+            first = app_data.first_clicks_run(store.runs(), st.session_state.get("_ex_before", set()),
+                                              conversation, config.to_json(), store.run)
+            if first is not None and first["status"] == "interrupted":
+                st.session_state["_ex_started"] = (signature, now)
+                result = ui.run_replay(store, conversation, config, resume=first["run_id"])
+                if result is not None and result.run_id:
+                    ui.open_run(result.run_id)
+            else:
+                st.sidebar.info("Replayed once: a second click on Run replay within a few seconds is ignored.")
+                if first is not None:
+                    ui.open_run(first["run_id"])
         else:
             st.session_state["_ex_started"] = (signature, now)
+            st.session_state["_ex_before"] = set(store.runs().run_id)
             result = ui.run_replay(store, conversation, config)
             if result is not None and result.run_id:
                 ui.open_run(result.run_id)

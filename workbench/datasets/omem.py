@@ -24,9 +24,9 @@ _KEYS = {
 
 
 def _unknown_keys(obj: dict, kind: str, record: str, said: set[tuple[str, str]]) -> str | None:
-    """A warning for keys a line of ``kind`` has that are not read (each key once per kind): a
-    probe's ``"gold"`` for ``"answer"`` loaded as a probe without a gold answer, unscored, and
-    only "none has a gold answer" said why."""
+    """A warning for keys a line of ``kind`` has that are not read (each key once per kind, in
+    ``said``: the conversation's): a probe's ``"gold"`` for ``"answer"`` loaded as a probe without
+    a gold answer, unscored, and only "none has a gold answer" said why."""
     unknown = [key for key in obj if key not in _KEYS[kind] and (kind, key) not in said]
     if not unknown:
         return None
@@ -37,7 +37,7 @@ def _unknown_keys(obj: dict, kind: str, record: str, said: set[tuple[str, str]])
 
 def load(source: Source) -> list[Conversation]:
     file = source.path
-    said: set[tuple[str, str]] = set()
+    said: dict[str, set[tuple[str, str]]] = {}  # by conversation: each is warned about on its own
     conversations: dict[str, Conversation] = {}
     # where each message and probe is, for the checks once loaded: "line 9", not "its 4th message"
     lines: dict[str, tuple[list[str], list[str]]] = {}
@@ -52,7 +52,7 @@ def load(source: Source) -> list[Conversation]:
             # (read as a probe, its message was dropped without a word)
             raise DatasetError(file, record, "type", "missing: the line has a question and a message's "
                                f"{'role' if 'role' in obj else 'content'}; say \"type\": \"message\" or \"probe\"")
-        if kind in _KEYS and (unread := _unknown_keys(obj, kind, record, said)):
+        if kind in _KEYS and (unread := _unknown_keys(obj, kind, record, said.setdefault(conversation_id, set()))):
             conversation.warnings.append(unread)
         if kind == "message":
             role = require(obj, "role", file, record)
