@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from workbench.catalog import DEMO_DATASET, PROJECT_DATASETS
@@ -67,6 +67,8 @@ def test_truncated_and_corrupted_files_raise_only_dataset_errors(tmp_path, sourc
                                                          "type", "question", "answer", "evidence", "speaker"]),
                                         JSON_VALUES, max_size=8), min_size=1, max_size=5),
        fmt=st.sampled_from([None, "omem", "openai", "sharegpt"]))
+@example(records=[{"id": None, "type": [], "conversation_id": ""}], fmt=None)  # a list as a type was a TypeError
+@example(records=[{"conversation_id": "c", "type": {"a": 1}}], fmt="omem")
 def test_wrong_types_raise_only_dataset_errors(tmp_path, records, fmt) -> None:
     path = tmp_path / "typed.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))

@@ -52,7 +52,7 @@ def load(source: Source) -> list[Conversation]:
             # (read as a probe, its message was dropped without a word)
             raise DatasetError(file, record, "type", "missing: the line has a question and a message's "
                                f"{'role' if 'role' in obj else 'content'}; say \"type\": \"message\" or \"probe\"")
-        if kind in _KEYS and (unread := _unknown_keys(obj, kind, record, said.setdefault(conversation_id, set()))):
+        if isinstance(kind, str) and kind in _KEYS and (unread := _unknown_keys(obj, kind, record, said.setdefault(conversation_id, set()))):
             conversation.warnings.append(unread)
         if kind == "message":
             role = require(obj, "role", file, record)
