@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -1107,6 +1108,28 @@ def test_a_gzip_or_a_table_given_as_a_dataset_is_named_as_one(tmp_path) -> None:
         archive.writestr("xl/workbook.xml", "<workbook/>")
     with pytest.raises(DatasetError, match=r"the file is a \.xlsx file: datasets are JSON"):
         load_dataset(sheet)
+
+
+def test_a_database_or_utf16_text_given_as_a_dataset_is_named_as_one(tmp_path) -> None:
+    """Found by a new user: an SQLite file given as a dataset said "byte 111: not valid UTF-8"."""
+    import sqlite3
+
+    import duckdb
+
+    lite = tmp_path / "chats.db"
+    with contextlib.closing(sqlite3.connect(lite)) as db:
+        db.execute("create table t (x)")
+        db.commit()
+    with pytest.raises(DatasetError, match=r"the file is an SQLite database: datasets are JSON or JSON Lines text"):
+        load_dataset(lite)
+    duck = tmp_path / "runs.duckdb"
+    duckdb.connect(str(duck)).close()
+    with pytest.raises(DatasetError, match=r"the file is a DuckDB database \(the workbench's run store\?\)"):
+        list_conversations(duck)
+    wide = tmp_path / "tiny16.jsonl"
+    wide.write_text((ROOT / "datasets" / "tiny.jsonl").read_text(encoding="utf-8"), encoding="utf-16")
+    with pytest.raises(DatasetError, match=r"the file is UTF-16 text: save it as UTF-8"):
+        load_conversation(wide)
 
 
 def test_a_file_of_a_folder_dataset_given_alone_points_to_its_folder(tmp_path) -> None:

@@ -176,6 +176,23 @@ def _gzipped(path: Path) -> bool:
         return False
 
 
+def _not_text(path: Path) -> str | None:
+    """What a file that is plainly not a JSON text is ("an SQLite database"), from its first bytes;
+    ``None`` otherwise. Read as text each was "byte 111: not valid UTF-8"."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(16) if path.is_file() else b""
+    except OSError:
+        return None
+    if head.startswith(b"SQLite format 3\x00"):
+        return "is an SQLite database"
+    if head[8:12] == b"DUCK":
+        return "is a DuckDB database (the workbench's run store?)"
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return "is UTF-16 text: save it as UTF-8"
+    return None
+
+
 def _zipped(path: Path) -> bool:
     try:
         with path.open("rb") as handle:
@@ -222,6 +239,9 @@ def _open(path: str | Path | Source, format: str | None) -> tuple[Source, Datase
     if source.path.suffix.lower() in _TABLES and not source.is_dir:  # (it was "line 1 column 1: invalid JSON")
         raise DatasetError(source.path, "file", None, f"is a {source.path.suffix.lower()} file: datasets are JSON or "
                            f"JSON Lines, in one of the formats read ({', '.join(FORMATS)}; see datasets/README.md)")
+    if (kind := _not_text(source.path)) is not None:
+        raise DatasetError(source.path, "file", None, f"{kind}: datasets are JSON or JSON Lines text, in one of "
+                           f"the formats read ({', '.join(FORMATS)}; see datasets/README.md)")
     if _zipped(source.path):  # (read as text it was "byte 11: not valid UTF-8")
         raise DatasetError(source.path, "file", None, "is a zip archive: unpack it and give the file or folder "
                            "(the app's upload takes a zip as it is)")
