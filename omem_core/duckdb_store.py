@@ -12,7 +12,8 @@ notes, use :class:`omem_core.sqlite.SQLiteObservationStore` or
 
 Records are stored exactly (text, ids, ``created_at`` with its offset, as ISO 8601 text) and in
 creation order (a sequence number, not the id). A DuckDB file is also easy to read afterwards:
-``SELECT * FROM omem_records``.
+``SELECT * FROM omem_records``. The schema is versioned (table ``omem_schema``): a file written by a
+newer omem is refused with a ``ValueError``, unchanged.
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ CREATE TABLE IF NOT EXISTS omem_records (
     UNIQUE (thread_id, id)
 );
 CREATE TABLE IF NOT EXISTS omem_epochs (thread_id VARCHAR PRIMARY KEY, epoch BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS omem_schema (version INTEGER NOT NULL);
 """
+SCHEMA_VERSION = 1  # the omem_schema row a file holds (files written before it had none: version 1 too)
 
 
 class DuckDBObservationStore(SyncClosing):
@@ -80,8 +83,28 @@ class DuckDBObservationStore(SyncClosing):
                           f"the SQLite or PostgreSQL stores. ({exc})") from exc
         self._lock = threading.Lock()
         self._closed = False
-        with self._lock:
-            self._con.execute(_SCHEMA)
+        try:
+            self._refuse_newer()
+            with self._lock:
+                self._con.execute(_SCHEMA)
+                if self._con.execute("SELECT count(*) FROM omem_schema").fetchone()[0] == 0:
+                    self._con.execute("INSERT INTO omem_schema VALUES (?)", [SCHEMA_VERSION])
+        except BaseException:
+            self._connection.close()
+            raise
+
+    def _refuse_newer(self) -> None:
+        """A ``ValueError`` for a newer omem's file (before anything is written to it): this one's
+        statements could misread or corrupt it."""
+        tables = {row[0] for row in self._con.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'").fetchall()}
+        if "omem_schema" not in tables:
+            return
+        found = self._con.execute("SELECT max(version) FROM omem_schema").fetchone()[0]
+        if found is not None and found > SCHEMA_VERSION:
+            raise ValueError(f"cannot open {self.path}: its schema is version {found}, written by a newer omem "
+                             f"(this one knows versions up to {SCHEMA_VERSION}): upgrade omem to use it; the file "
+                             "was not changed")
 
     @property
     def _con(self) -> Any:

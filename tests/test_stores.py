@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import itertools
 import random
@@ -480,6 +482,33 @@ async def test_the_duckdb_observation_store_refuses_a_file_that_is_no_duckdb_dat
     with pytest.raises(ValueError, match="notes.json: it is not a DuckDB database"):
         DuckDBObservationStore(path)
     assert path.read_text() == '[{"a": 1}]\n' and [p.name for p in tmp_path.iterdir()] == ["notes.json"]
+
+
+def test_the_duckdb_store_versions_its_schema_and_refuses_a_newer_one(tmp_path) -> None:
+    """DuckDB record files carried no schema version (SQLite and PostgreSQL do): a future omem's file
+    would have been read, and written, with this one's statements. A file from before the version
+    (records only) is version 1 and keeps its records."""
+    import duckdb
+
+    from omem_core.duckdb_store import SCHEMA_VERSION, DuckDBObservationStore
+
+    old = tmp_path / "old.duckdb"
+    with DuckDBObservationStore(old) as store:
+        asyncio.run(store.save(record(1)))
+    with contextlib.closing(duckdb.connect(str(old))) as con:
+        con.execute("DROP TABLE omem_schema")  # as written before the version existed
+    with DuckDBObservationStore(old) as store:
+        assert [r.id for r in asyncio.run(store.list("t"))] == [record(1).id]
+    with contextlib.closing(duckdb.connect(str(old))) as con:
+        assert con.execute("SELECT version FROM omem_schema").fetchall() == [(SCHEMA_VERSION,)]
+        con.execute("UPDATE omem_schema SET version = ?", [SCHEMA_VERSION + 1])
+    before = old.read_bytes()
+    with pytest.raises(ValueError, match=rf"old.duckdb: its schema is version {SCHEMA_VERSION + 1}, written by a "
+                                         r"newer omem .*the file was not changed"):
+        DuckDBObservationStore(old)
+    assert old.read_bytes() == before
+    with contextlib.closing(duckdb.connect(str(old))) as con:  # (the refused store let the file go)
+        assert con.execute("SELECT count(*) FROM omem_records").fetchone()[0] == 1
 
 
 def test_a_path_or_other_object_where_a_store_goes_is_refused_up_front(tmp_path) -> None:
