@@ -54,6 +54,38 @@ def test_the_cache_is_chosen_per_run_not_once_per_process(tmp_path) -> None:
     assert (tmp_path / "b" / "litellm-cache.sqlite").exists()
 
 
+def test_the_offline_models_cached_answers_are_not_served_to_another_version_of_its_code(tmp_path) -> None:
+    """The offline model's answers were cached under its name alone: after an upgrade of omem (or
+    an edit of its algorithm) the cache served what the old code wrote, so a replay or a benchmark
+    showed the old model's notes. Another version here: a copy of omem_core whose offline model's
+    code differs by one line, in its own process."""
+    import shutil
+
+    conversation = load_conversation(TINY)
+    config = ReplayConfig(**SMALL)
+    cache = tmp_path / "cache"
+    first = asyncio.run(replay(conversation, config, cache_dir=cache))
+    calls = first.observer_calls + first.reflector_calls
+    assert calls > 0 and first.cache_hits == 0
+    other = tmp_path / "other"
+    shutil.copytree(ROOT / "omem_core", other / "omem_core", ignore=shutil.ignore_patterns("__pycache__"))
+    with (other / "omem_core" / "extractive" / "algorithm.py").open("a") as handle:
+        handle.write("\n# another version of the offline model\n")
+    script = ("import asyncio, json, sys, omem_core\n"
+              f"assert omem_core.__file__.startswith({str(other)!r}), omem_core.__file__\n"
+              "from workbench.datasets import load_conversation\n"
+              "from workbench.replay import ReplayConfig, replay\n"
+              f"result = asyncio.run(replay(load_conversation({str(TINY)!r}), ReplayConfig(**{SMALL!r}), "
+              f"cache_dir={str(cache)!r}))\n"
+              "print(json.dumps([result.cache_hits, result.observer_calls + result.reflector_calls]))\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(other), str(ROOT)])})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [0, calls]  # nothing of the other code's served
+    again = asyncio.run(replay(conversation, config, cache_dir=cache))
+    assert (again.cache_hits, again.observer_calls + again.reflector_calls) == (calls, calls)  # its own: kept
+
+
 def test_workers_that_create_one_cache_at_once_all_get_it(tmp_path) -> None:
     """An experiment's workers start together and all create the same new cache file. Switching
     it to WAL mode fails at once with "database is locked" for all but one of them unless it is

@@ -45,11 +45,19 @@ def default_cache_path() -> Path:
     return default_cache_dir() / CACHE_FILE_NAME
 
 
-def _stored_key(key: str) -> str:
+def _stored_key(key: str, model: object = None) -> str:
     """The key a cache entry is written under: a digest of litellm's key, which can quote the
     call's server address whole (and a key given in it, ``?key=…``) — never written to the file.
     (Entries written under the raw keys before are not read: among them, offline-model replies
-    that were un-escaped by the model, where the wrapper now does it for every model.)"""
+    that were un-escaped by the model, where the wrapper now does it for every model.)
+
+    An offline model's (``omem/…``) key also holds a digest of its code: its answers change with
+    omem's version, where a remote model's name stays; an older omem's answers were served to a
+    newer one, so a replay or a benchmark showed what the old code wrote."""
+    if isinstance(model, str) and model.startswith("omem/"):
+        from omem_core.extractive.algorithm import code_version
+
+        key = f"{key}\noffline model code {code_version()}"
     return "sha256:" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
 
 
@@ -150,12 +158,12 @@ class SQLiteCache:
 
         ttl = kwargs.get("ttl")
         self._con(self._path(kwargs)).execute("INSERT OR REPLACE INTO cache VALUES (?, ?, ?, ?)",
-                                              [_stored_key(key), redact_secrets(json.dumps(value, default=str)),
+                                              [_stored_key(key, kwargs.get("model")), redact_secrets(json.dumps(value, default=str)),
                                                time.time(), ttl])
 
     def get_cache(self, key: str, **kwargs: Any) -> Any:
         row = self._con(self._path(kwargs)).execute(
-            "SELECT value, created, ttl FROM cache WHERE key = ?", [_stored_key(key)]).fetchone()
+            "SELECT value, created, ttl FROM cache WHERE key = ?", [_stored_key(key, kwargs.get("model"))]).fetchone()
         if row is None:
             return None
         value, created, ttl = row

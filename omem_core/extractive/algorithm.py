@@ -27,10 +27,12 @@ Same input, same output, byte for byte.
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import re
 from dataclasses import dataclass
 from datetime import date, timedelta
+from pathlib import Path
 
 from collections.abc import Callable
 
@@ -705,6 +707,17 @@ def reflect(reflection: str, observations: str, target_tokens: int) -> str:
             picked.pop()  # drop the last, least valuable pick
             merged = rebuild(picked)
     return render_dated([(b.date, b.body) for b in merged])
+
+
+@functools.cache
+def code_version() -> str:
+    """A digest of this package's code: what the offline model answers depends on it and on its
+    input only, so a cache of its answers must key on it (an answer cached by an older omem would be
+    served as this one's)."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
 
 
 def target_from(text: str, default: int) -> int:
