@@ -738,6 +738,36 @@ def test_locomo_variant_shapes(tmp_path) -> None:
         load_dataset(write(tmp_path, "bad.json", json.dumps(bad_turn_date)))
 
 
+def test_locomo_sessions_dated_out_of_their_numbers_order_replay_in_date_order(tmp_path) -> None:
+    """LongMemEval's sessions were replayed in date order, LoCoMo's in their numbers' order: a
+    session dated before one already condensed failed the replay at its first turn (only warned
+    about at load)."""
+    import asyncio
+
+    from workbench.replay import ReplayConfig, replay
+
+    def session(number: int, count: int) -> list[dict]:
+        return [{"speaker": "Ann" if i % 2 == 0 else "Bo", "dia_id": f"D{number}:{i + 1}",
+                 "text": f"In session {number}, Ann talks about her violin lesson number {i} at the old hall."}
+                for i in range(count)]
+
+    sample = {"sample_id": "s", "qa": [{"question": "What does Ann play?", "answer": "violin", "evidence": ["D2:1"],
+                                        "category": 4}],
+              "conversation": {"speaker_a": "Ann", "speaker_b": "Bo",
+                               "session_1_date_time": "1:56 pm on 8 May, 2023", "session_1": session(1, 12),
+                               "session_2_date_time": "1:56 pm on 8 April, 2023", "session_2": session(2, 4),
+                               "session_3_date_time": "1:56 pm on 9 May, 2023", "session_3": session(3, 2)}}
+    [conversation] = load_dataset(write(tmp_path, "swapped.json", json.dumps([sample])))
+    assert [t.id.split(":")[0] for t in conversation.turns] == ["D2"] * 4 + ["D1"] * 12 + ["D3"] * 2
+    times = [t.created_at for t in conversation.turns]
+    assert times == sorted(times)
+    assert conversation.warnings == ["session_2 is dated 2023-04-08 13:56, before session_1 (2023-05-08 13:56): "
+                                     "sessions are replayed in date order, not in their numbers' (2 out of place)"]
+    result = asyncio.run(replay(conversation, ReplayConfig(observation_threshold=40, reflection_threshold=80,
+                                                           last_messages=2, cache=False)))
+    assert result.status == "completed" and result.observer_calls > 0
+
+
 # -- large files: streaming, the index and its cache -----------------------------------------------
 
 

@@ -10,7 +10,8 @@
   ``events_session_N`` ignored. Speaker names match in any case.
 
 ``dia_id`` is the message id; the first speaker is the user, the other the assistant, names kept.
-A turn without its own ``date_time`` is its session's date-time plus 30 s per position. Image
+A turn without its own ``date_time`` is its session's date-time plus 30 s per position; sessions are
+replayed in date order (stable for equal dates; a warning says when that is not their numbers'). Image
 turns keep their caption. QA categories are named: 1 multi-hop, 2 temporal, 3 open-domain,
 4 single-hop, 5 adversarial; category 5 asks about something the conversation never says (its
 ``adversarial_answer`` is the trap), so it is an abstention probe with no gold.
@@ -97,9 +98,11 @@ def _sample(sample: Any, index: int, source: Source, single: bool) -> Conversati
     user = speaker_a.strip().casefold()
     where_part = f"{record} conversation" if part is not sample else record
     sessions = sorted((int(m.group(1)), key) for key in part if (m := _SESSION.fullmatch(key)))
-    turns: list[Turn] = []
+    by_session: list[tuple[str, list[Turn]]] = []
     strangers: list[str] = []  # turns whose speaker is neither of the two named
     for _, key in sessions:
+        turns: list[Turn] = []
+        by_session.append((key, turns))
         where = f"{record} {key}"
         session = part[key]
         if not isinstance(session, list):
@@ -143,8 +146,18 @@ def _sample(sample: Any, index: int, source: Source, single: bool) -> Conversati
                 created_at=created,
                 speaker=canonical.get(folded, speaker),
             ))
-    probes = []
+    # Sessions in date order (stable for equal dates), as LongMemEval's: memory orders messages by
+    # time, and a session dated before one already condensed failed the replay at its first turn.
+    dated_order = sorted((pair for pair in by_session if pair[1]), key=lambda pair: pair[1][0].created_at)
     warnings: list[str] = []
+    moved = [(early, late) for early, late in zip(dated_order, (p for p in by_session if p[1])) if early[0] != late[0]]
+    if moved:
+        (early, early_turns), (late, late_turns) = moved[0]
+        warnings.append(f"{early} is dated {early_turns[0].created_at:%Y-%m-%d %H:%M}, before {late} "
+                        f"({late_turns[0].created_at:%Y-%m-%d %H:%M}): sessions are replayed in date order, not in "
+                        f"their numbers' ({len(moved)} out of place)")
+    turns = [turn for _, session_turns in dated_order for turn in session_turns]
+    probes = []
     if strangers:
         warnings.append(f"{len(strangers)} turn{'s' if len(strangers) > 1 else ''} by a speaker who is neither "
                         f"{speaker_a!r} nor {speaker_b!r} (first: {strangers[0]}) "
