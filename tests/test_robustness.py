@@ -83,6 +83,83 @@ def test_arbitrary_json_documents_raise_only_dataset_errors(tmp_path, document, 
     only_dataset_errors(path, fmt)
 
 
+DEEP = "[" * 600 + "1" + "]" * 600
+FOUND_BY_FUZZING = [  # (file, content, format, what the error says): each was a crash, not a DatasetError
+    ("a.jsonl", '{"conversation_id": "c", "id": "m", "role": "user", "content": "x", "timestamp": ' + "1" * 4301 + "}\n",
+     None, r"line 1: invalid JSON: a number of more than 4,300 digits"),
+    ("a.json", "[" + "1" * 4301 + "]", None, r"line 1 column 2: invalid JSON: a number of more than 4,300 digits"),
+    ("a.json", '{"x": ' + "1" * 4301 + "}", None, r"top level: invalid JSON: a number of more than 4,300 digits"),
+    ("chat.json", '[{"time_anchor": "9999-12-31T23:59:59", "turns": [[{"role": "user", "id": 0, "content": "hi"}]]}]',
+     "beam", r"field 'time_anchor': dated 9999-12-31 23:59:59: too close to the end of year 9999"),
+    ("lme.json", json.dumps([{"question_id": "q", "question": "q?", "answer": "a", "haystack_session_ids": ["s"],
+                              "haystack_dates": ["9999/12/31 23:59"], "haystack_sessions": [
+                                  [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                                   {"role": "user", "content": "c"}]]}]),
+     "longmemeval", r"session 0 turn 2: field 'haystack_dates': dated 9999-12-31 23:59:00: too close"),
+    ("lme.json", json.dumps([{"question_id": "q", "question": "q?", "answer": "a", "haystack_session_ids": ["s", "t"],
+                              "haystack_dates": ["9999/12/31 23:59:59"] * 2,
+                              "haystack_sessions": [[{"role": "user", "content": "a"}],
+                                                    [{"role": "user", "content": "b"}]]}]),
+     "longmemeval", r"turn 0: field 'haystack_dates': dated 9999-12-31 23:59:59: too close"),
+    ("locomo.json", json.dumps([{"conversation": {"speaker_a": "A", "speaker_b": "B",
+                                                  "session_1_date_time": "9999-12-31T23:59:59",
+                                                  "session_1": [{"speaker": "A", "dia_id": "D1:1", "text": "hi"},
+                                                                {"speaker": "B", "dia_id": "D1:2", "text": "yo"}]}}]),
+     "locomo", r"session_1 turn 1: field 'session_1_date_time': dated 9999-12-31 23:59:59: too close"),
+    ("mb.json", json.dumps({"U": {"history": {"9999-12-31": [{"query": "q", "response": "r"}] * 451}}}),
+     "memorybank", r"item 450: field '9999-12-31': dated 9999-12-31 09:00:00: too close"),
+]
+
+
+@pytest.mark.parametrize("name, content, fmt, said", FOUND_BY_FUZZING)
+def test_inputs_found_by_fuzzing_are_dataset_errors(tmp_path, name, content, fmt, said) -> None:
+    path = tmp_path / name
+    path.write_text(content)
+    for read in (load_dataset, list_conversations, load_conversation):
+        with pytest.raises(DatasetError, match=said):
+            read(path, format=fmt)
+
+
+def test_odd_but_readable_values_found_by_fuzzing_load(tmp_path) -> None:
+    """A LoCoMo session or category number of 4,301 digits (int() refuses it), BEAM evidence ids
+    nested 600 deep, a ShareGPT tools string nested 1,000 deep: each crashed the loader; each is
+    read now."""
+    long = "1" * 4301
+    sample = {"sample_id": "s", "qa": [{"question": "q", "answer": "a", "category": long}],
+              "conversation": {"speaker_a": "A", "speaker_b": "B", "session_1_date_time": "1:56 pm on 8 May, 2023",
+                               "session_1": [{"speaker": "A", "dia_id": "D1:1", "text": "hi"}],
+                               f"session_{long}_date_time": "1:56 pm on 9 May, 2023",
+                               f"session_{long}": [{"speaker": "B", "dia_id": "D9:1", "text": "later"}]}}
+    path = tmp_path / "locomo.json"
+    path.write_text(json.dumps([sample]))
+    [conversation] = load_dataset(path, format="locomo")
+    assert [t.id for t in conversation.turns] == ["D1:1", "D9:1"] and conversation.probes[0].category == long
+    folder = tmp_path / "beam" / "1"
+    folder.mkdir(parents=True)
+    (folder / "chat.json").write_text(json.dumps([{"time_anchor": "2024-01-01", "turns": [
+        [{"role": "user", "id": 1, "content": "I moved to Lisbon."}]]}]))
+    (folder / "probing_questions.json").write_text(
+        '{"information_extraction": [{"question": "Where?", "answer": "Lisbon", "source_chat_ids": ' + DEEP + "}]}")
+    [chat] = load_dataset(tmp_path / "beam", format="beam")
+    assert chat.probes[0].evidence == ("1",)
+    shared = tmp_path / "sharegpt.json"
+    shared.write_text(json.dumps([{"tools": "[" * 1000 + "]" * 1000, "conversations": [{"from": "human", "value": "hi"}]}]))
+    [talk] = load_dataset(shared, format="sharegpt")
+    assert [t.text for t in talk.turns if t.role == "user"] == ["hi"]
+
+
+def test_a_sharegpt_message_with_no_text_does_not_shift_the_others(tmp_path) -> None:
+    """Found by fuzzing: an empty message skipped, the function-call rewrite paired messages and
+    turns by position, so the answer after a call read as the call and its text was lost."""
+    path = tmp_path / "calls.json"
+    path.write_text(json.dumps([{"conversations": [
+        {"from": "human", "value": ""},
+        {"from": "function_call", "value": json.dumps({"name": "f", "arguments": {"a": 1}})},
+        {"from": "gpt", "value": "the answer is 42"}]}]))
+    [conversation] = load_dataset(path, format="sharegpt")
+    assert [t.text for t in conversation.turns] == ['[tool call: f({"a": 1})]', "the answer is 42"]
+
+
 def test_huge_fields_are_read(tmp_path) -> None:
     line = {"conversation_id": "c", "id": "m1", "role": "user", "content": "x" * 5_000_000,
             "timestamp": "2024-01-01T00:00:00Z"}

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .base import EPOCH, ROLES, Conversation, DatasetError, Probe, Turn, finish, require, text_or_none
-from .dates import try_parse_datetime
+from .dates import later, try_parse_datetime
 from .source import Source, load_json
 
 NAME = "beam"
@@ -91,15 +91,19 @@ def sniff(source: Source) -> bool:
 
 
 def _flatten_ids(value: Any) -> list[str]:
-    if isinstance(value, bool):
-        return []
-    if isinstance(value, (int, str)):
-        return [str(value)]
-    if isinstance(value, list):
-        return [i for item in value for i in _flatten_ids(item)]
-    if isinstance(value, dict):
-        return [i for item in value.values() for i in _flatten_ids(item)]
-    return []
+    """The ids (numbers and strings) anywhere in ``value``'s lists and objects, in order; iterative,
+    so a list nested hundreds deep (which JSON parsing takes) is no ``RecursionError``."""
+    found: list[str] = []
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, bool):
+            continue
+        if isinstance(item, (int, str)):
+            found.append(str(item))
+        elif isinstance(item, (list, dict)):
+            stack.extend(reversed(item if isinstance(item, list) else list(item.values())))
+    return found
 
 
 PROBE_FILES = ("probing_questions.json", "probing_questions/probing_questions.json")
@@ -144,7 +148,7 @@ def _chat(folder: Path, chat_file: Path, data: Any) -> Conversation:
                 anchor = anchor_of(item, m_where)
                 if anchor is not None and (clock is None or anchor > clock):
                     clock = anchor
-                clock = (clock or EPOCH) + timedelta(minutes=1)
+                clock = later(clock or EPOCH, timedelta(minutes=1), chat_file, m_where, "time_anchor")
                 turns.append(Turn(str(message_id), role,
                                   _SUFFIX.sub("", require(item, "content", chat_file, m_where)), clock))
     probes = []

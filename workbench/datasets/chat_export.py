@@ -74,7 +74,10 @@ def call_line(name: str, arguments: Any) -> str:
 
 
 def from_messages(conv_id: str, messages: list[Any], source: Source, record: str, fmt: str,
-                  role_key: str, text_key: str, roles: dict[str, str] | None) -> Conversation:
+                  role_key: str, text_key: str, roles: dict[str, str] | None,
+                  rewrite: Callable[[Any, str], str] | None = None) -> Conversation:
+    """The conversation of ``messages`` (a message with no text is skipped, with a warning);
+    ``rewrite(message, text)``: a format's own reading of a message's text."""
     file = source.path
     turns: list[Turn] = []
     stamps: list[datetime | None] = []
@@ -98,6 +101,8 @@ def from_messages(conv_id: str, messages: list[Any], source: Source, record: str
         key = "timestamp" if item.get("timestamp") not in (None, "") else "created_at"
         stamp = None if item.get(key) in (None, "") else parse_datetime(item[key], file, where, key)
         text = "\n".join(part for part in (text_of(content), calls) if part)
+        if rewrite is not None and text.strip():
+            text = rewrite(item, text)
         if not text.strip():  # ("value": null or "" was kept as an empty message, counted as one)
             empty.append(where)
             continue

@@ -18,7 +18,7 @@ file, the record, the field and the value.
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -111,3 +111,13 @@ def try_parse_datetime(value: Any, *, numbers: bool = False) -> datetime | None:
         return parse_datetime(value, "", "", None)
     except DatasetError:
         return None
+
+
+def later(moment: datetime, delta: timedelta, file: str | Path, record: str, field: str | None) -> datetime:
+    """``moment + delta``, the time a loader gives a message after a dated one; a ``DatasetError``
+    naming the record when it would pass the end of year 9999 (it was an ``OverflowError``)."""
+    try:
+        return moment + delta
+    except OverflowError as exc:
+        raise DatasetError(file, record, field, f"dated {moment:%Y-%m-%d %H:%M:%S}: too close to the end of year 9999 "
+                           "to date the messages after it") from exc

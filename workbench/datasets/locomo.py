@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .base import Conversation, DatasetError, Probe, Turn, finish, require, text_or_none
-from .dates import parse_datetime
+from .dates import later, parse_datetime
 from .source import Source
 
 NAME = "locomo"
@@ -63,7 +63,7 @@ def category_name(value: Any) -> str:
         return "uncategorised"
     if isinstance(value, int) and not isinstance(value, bool):
         return CATEGORIES.get(value, str(value))
-    if isinstance(value, str) and re.fullmatch(r"[0-9]+", value.strip()):
+    if isinstance(value, str) and re.fullmatch(r"[0-9]{1,9}", value.strip()):  # (4,301 digits: int() refuses)
         return CATEGORIES.get(int(value), value.strip())
     return str(value)
 
@@ -97,7 +97,9 @@ def _sample(sample: Any, index: int, source: Source, single: bool) -> Conversati
     canonical = {name.strip().casefold(): name for name in (speaker_a, speaker_b) if name}
     user = speaker_a.strip().casefold()
     where_part = f"{record} conversation" if part is not sample else record
-    sessions = sorted((int(m.group(1)), key) for key in part if (m := _SESSION.fullmatch(key)))
+    # (by number; a number of hundreds of digits, which int() may refuse, after every other)
+    sessions = sorted((int(m.group(1)) if len(m.group(1)) <= 100 else 10**100, key)
+                      for key in part if (m := _SESSION.fullmatch(key)))
     by_session: list[tuple[str, list[Turn]]] = []
     strangers: list[str] = []  # turns whose speaker is neither of the two named
     for _, key in sessions:
@@ -132,7 +134,7 @@ def _sample(sample: Any, index: int, source: Source, single: bool) -> Conversati
             elif dated is not None:  # an undated turn among dated ones (REALTALK): at the one before it
                 created = dated
             elif start is not None:
-                created = start + timedelta(seconds=30 * position)
+                created = later(start, timedelta(seconds=30 * position), file, turn_where, f"{key}_date_time")
             else:
                 raise DatasetError(file, where_part, f"{key}_date_time",
                                    "missing (and its turns have no date_time)")

@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .base import EPOCH, ROLES, Conversation, DatasetError, Probe, Turn, finish, require, text_or_none
-from .dates import parse_datetime
+from .dates import later, parse_datetime
 from .source import Element, Source
 
 NAME = "longmemeval"
@@ -96,9 +96,9 @@ def conversation(instance: Any, index: int, source: Source) -> Conversation:
             if role not in ROLES:
                 raise DatasetError(file, turn_where, "role", f"unknown role {role!r}; expected user or assistant")
             text = require(turn, "content", file, turn_where)
-            created = starts[position] + timedelta(seconds=30 * number)
+            created = later(starts[position], timedelta(seconds=30 * number), file, turn_where, "haystack_dates")
             if previous is not None and created <= previous:
-                created = previous + timedelta(seconds=1)
+                created = later(previous, timedelta(seconds=1), file, turn_where, "haystack_dates")
             previous = created
             turn_id = f"{names[position]}:{number}"
             if turn.get("has_answer") is True:

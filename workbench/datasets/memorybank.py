@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from .base import Conversation, DatasetError, EmptyConversation, Probe, Turn, finish, require, skip_empty
-from .dates import parse_datetime
+from .dates import later, parse_datetime
 from .source import Source, json_lines, load_json
 
 NAME = "memorybank"
@@ -56,10 +56,10 @@ def load(source: Source) -> list[Conversation]:
                 raise DatasetError(file, f"user {name!r} history", day, "expected a list of exchanges")
             for index, exchange in enumerate(exchanges):
                 where = f"user {name!r} history {day} item {index}"
-                stamp = start + timedelta(minutes=2 * index)
+                stamp = later(start, timedelta(minutes=2 * index + 1), file, where, day) - timedelta(minutes=1)
                 turns.append(Turn(f"{day}-{index}-q", "user", require(exchange, "query", file, where), stamp, name))
                 turns.append(Turn(f"{day}-{index}-r", "assistant", require(exchange, "response", file, where),
-                                  stamp + timedelta(minutes=1), "AI"))
+                                  stamp + timedelta(minutes=1), "AI"))  # (checked above)
         probes = [Probe(f"{name}-q{i}", q, None, "memorybank") for i, q in enumerate(questions.get(name, []))]
         try:
             conversations.append(finish(Conversation(f"memorybank-{name}", turns, probes, str(file), NAME), file))

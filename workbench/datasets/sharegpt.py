@@ -9,7 +9,6 @@ OpenAI format's do, ``[tool call: get_weather({"city": "Porto"})]``.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import Any
 
@@ -36,7 +35,7 @@ def _json(value: Any) -> Any:
     if isinstance(value, str):
         try:
             return json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):  # (not JSON, or nested too deeply to read: the text as written)
             return value
     return value
 
@@ -87,13 +86,14 @@ def tools_problem(tools: Any) -> str | None:
 def load(source: Source) -> list[Conversation]:
     def convert(obj, index, record):
         messages = require(obj, "conversations", source.path, record, list)
+        def calls(item: Any, text: str) -> str:  # (a function_call turn's JSON, as a line per call)
+            if str(item.get("from", "")).lower() == "function_call":
+                return function_call_text(item.get("value")) or text
+            return text
+
         conversation = from_messages(conversation_id(obj, index), messages, source, record, NAME, "from", "value",
-                                     ROLES)
-        turns = []
-        for item, turn in zip(messages, conversation.turns):
-            if str(item.get("from", "")).lower() == "function_call" and (text := function_call_text(item.get("value"))):
-                turn = dataclasses.replace(turn, text=text)
-            turns.append(turn)
+                                     ROLES, calls)
+        turns = list(conversation.turns)
         system = obj.get("system").strip() if isinstance(obj.get("system"), str) else ""
         if any(t.role == "system" and t.text.strip() == system for t in turns):
             system = ""  # given at the top and as a turn too: once is enough

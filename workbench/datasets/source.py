@@ -46,6 +46,14 @@ def _invalid_json(file: Path, exc: json.JSONDecodeError, line_base: int = 1, col
     return DatasetError(file, f"line {line_base + exc.lineno - 1} column {column}", None, f"invalid JSON: {reason}")
 
 
+def _too_long(exc: ValueError) -> bool:
+    """Whether ``exc`` is Python's refusal of an integer of more than 4,300 digits (``sys.set_int_max_str_digits``)."""
+    return "integer string conversion" in str(exc)
+
+
+_TOO_LONG = "a number of more than 4,300 digits (Python reads no longer integer)"
+
+
 def _unreadable(file: Path, exc: OSError) -> DatasetError:
     return DatasetError(file, "file", None, f"cannot be read: {exc.strerror or exc}")
 
@@ -61,6 +69,10 @@ def load_json(file: Path) -> Any:
         raise _invalid_json(file, exc) from exc
     except RecursionError as exc:
         raise DatasetError(file, "top level", None, "nested too deeply") from exc
+    except ValueError as exc:
+        if not _too_long(exc):
+            raise
+        raise DatasetError(file, "top level", None, f"invalid JSON: {_TOO_LONG}") from exc
     except OSError as exc:
         raise _unreadable(file, exc) from exc
 
@@ -86,6 +98,10 @@ def json_lines(file: Path) -> Iterator[Element]:
                     raise _invalid_json(file, exc, line_base=number) from exc
                 except RecursionError as exc:
                     raise DatasetError(file, f"line {number}", None, "nested too deeply") from exc
+                except ValueError as exc:
+                    if not _too_long(exc):
+                        raise
+                    raise DatasetError(file, f"line {number}", None, f"invalid JSON: {_TOO_LONG}") from exc
                 yield Element(number, value, start, len(raw))
     except OSError as exc:
         raise _unreadable(file, exc) from exc
@@ -188,6 +204,10 @@ def json_array(file: Path) -> Iterator[Element]:
                 index += 1
         except RecursionError as exc:
             raise DatasetError(file, where(), None, "nested too deeply") from exc
+        except ValueError as exc:
+            if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError)) or not _too_long(exc):
+                raise
+            raise DatasetError(file, where(), None, f"invalid JSON: {_TOO_LONG}") from exc
         except OSError as exc:
             raise _unreadable(file, exc) from exc
 
@@ -199,7 +219,7 @@ def read_at(file: Path, offset: int, length: int) -> Any:
             handle.seek(offset)
             data = handle.read(length)
         return json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # (JSON or UTF-8 errors, a too long number)
         raise DatasetError(file, f"byte {offset}", None, "changed since it was indexed; open it again") from exc
     except OSError as exc:
         raise _unreadable(file, exc) from exc
