@@ -19,7 +19,7 @@ from workbench.catalog import DEMO_DATASET, PROJECT_DATASETS
 from workbench.cli import cli
 from workbench.datasets import load_conversation
 from workbench.replay import ReplayConfig, replay
-from workbench.runstore import RunStore
+from workbench.runstore import RunStore, RunStoreError
 
 TINY = str(PROJECT_DATASETS / "tiny.jsonl")
 SMALL = ["--observation-threshold", "40", "--reflection-threshold", "60", "--last-messages", "4"]
@@ -1178,3 +1178,43 @@ def test_runs_of_one_experiment_are_listed_apart_from_another_s(tmp_path) -> Non
     assert {row["run_id"] for row in json.loads(out)} == mine
     code, _, err = invoke("runs", "--experiment", "exp-nope", "--db", db)
     assert code == 1 and "no experiment exp-nope in" in err
+
+
+def test_an_empty_run_store_path_is_refused_and_an_empty_omem_db_is_unset(tmp_path, monkeypatch) -> None:
+    """Found by fuzzing: `--db ""` (or `OMEM_DB=` set empty) opened a DuckDB in memory with no
+    tables, and replay, sweep and experiment run crashed with "Table with name runs does not
+    exist!"."""
+    for args in (("replay", *SMALL), ("experiment", "run", "--name", "e", "--observation-threshold", "40"), ("runs",)):
+        code, _, err = invoke(*args, "--dataset", TINY, "--db", "") if args[0] != "runs" else invoke("runs", "--db", "")
+        assert code == 2 and "'--db': empty: name the run store's file" in err and "Traceback" not in err, (args, err)
+    with pytest.raises(RunStoreError, match="the run store's path is empty"):  # the library's own refusal
+        RunStore("")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OMEM_DB", "")  # as unset: the default file, here
+    code, out, err = invoke("replay", "--dataset", TINY, *SMALL, "--json")
+    assert code == 0, err
+    with RunStore(tmp_path / "runs.duckdb") as store:
+        assert list(store.runs().run_id) == [json.loads(out.strip().splitlines()[-1])["run_id"]]
+
+
+@pytest.mark.parametrize("args", [("replay", "--dataset", "/tmp/t\udcff.jsonl"), ("replay", "--label", "\udcff"),
+                                  ("replay", "--reflector", "\udcff"), ("experiment", "run", "--name", "\udcff"),
+                                  ("experiment", "show", "\udcff"), ("runs", "--experiment", "\udcff"),
+                                  ("compare", "\udcff", "b"), ("replay", "--observer-prompt", "\udcff"),
+                                  ("replay", "--db", "/tmp/r\udcff.duckdb")])
+def test_arguments_that_are_not_utf8_are_refused_up_front(args) -> None:
+    """Found by fuzzing: bytes that are not UTF-8 in an argument (a file named in Latin-1, a label)
+    reach Python as lone surrogates, and DuckDB refused them with its own error (or
+    `std::bad_cast` for the store's path) after the replay had run."""
+    code, out, err = invoke(*args, "--json")
+    assert code == 2 and "is not UTF-8 text" in err and "\\xff" in err and "Traceback" not in err
+    assert json.loads(out.strip().splitlines()[-1])["status"] == "failed"
+
+
+def test_an_empty_export_folder_is_refused(tmp_path, monkeypatch) -> None:
+    """Found by fuzzing: `export --parquet ""` wrote its files into the current folder."""
+    monkeypatch.chdir(tmp_path)
+    for args in (("export", "r1", "--parquet", ""), ("experiment", "export", "e1", "--parquet", "")):
+        code, _, err = invoke(*args)
+        assert code == 2 and "'--parquet': empty: name a folder" in err, err
+    assert list(tmp_path.iterdir()) == []

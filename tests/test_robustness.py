@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from workbench.catalog import DEMO_DATASET, PROJECT_DATASETS
 from workbench.datasets import FORMATS, DatasetError, list_conversations, load_conversation, load_dataset
-from workbench.replay import ReplayConfig, replay
+from workbench.replay import ConfigurationError, ReplayConfig, replay
 from workbench.runstore import RunStore
 
 VALID = (PROJECT_DATASETS / "tiny.jsonl").read_bytes()
@@ -521,3 +521,22 @@ def test_structurally_wrong_records_raise_only_dataset_errors(tmp_path, shape, d
     file = tmp_path / name
     file.write_text(json.dumps(_replace(document, path, data.draw(JSON_VALUES))))
     only_dataset_errors(file, fmt)
+
+
+def test_a_dataset_file_named_in_bytes_that_are_not_utf8_is_refused_before_any_call(tmp_path) -> None:
+    """Found by fuzzing: a dataset whose file name is Latin-1 (a lone surrogate once decoded) was
+    replayed in full, then DuckDB refused to write the run's path; the app lists such files."""
+    import os
+
+    path = Path(os.fsdecode(os.fsencode(str(tmp_path)) + b"/caf\xe9.jsonl"))
+    path.write_bytes(VALID)
+    conversation = load_conversation(path)
+    with RunStore(tmp_path / "runs.duckdb") as store:
+        with pytest.raises(ConfigurationError, match=r"the dataset's path b'.*caf\\xe9.jsonl' is not UTF-8 text"):
+            asyncio.run(replay(conversation, ReplayConfig(cache=False), store))
+        assert store.runs().empty  # refused before anything was recorded
+        from workbench import experiments as ex
+
+        with pytest.raises(ex.ExperimentError, match=r"the dataset's path b'.*caf\\xe9.jsonl' is not UTF-8 text"):
+            ex.create_experiment(store, dataset=path, grid=[ReplayConfig()], options=ex.ExperimentOptions())
+        assert store.experiments().empty

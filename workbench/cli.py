@@ -37,8 +37,14 @@ if TYPE_CHECKING:
 
 TOKEN_COUNTERS = ("heuristic", "o200k_base", "cl100k_base")
 
-DB_OPTION = click.option("--db", default=lambda: os.environ.get("OMEM_DB", DEFAULT_DB), show_default=DEFAULT_DB,
-                         help="DuckDB run store (env OMEM_DB).")
+def _db(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if not value:  # (DuckDB took "" as a database in memory, with no tables; an empty $OMEM_DB is unset)
+        raise click.BadParameter("empty: name the run store's file (runs.duckdb), or :memory:")
+    return value
+
+
+DB_OPTION = click.option("--db", default=lambda: os.environ.get("OMEM_DB") or DEFAULT_DB, show_default=DEFAULT_DB,
+                         callback=_db, help="DuckDB run store (env OMEM_DB).")
 
 
 def json_errors(command: Callable[..., None]) -> Callable[..., None]:
@@ -106,6 +112,13 @@ class JsonCommand(click.Command):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         wants_json = any(param.name == "as_json" for param in self.params) and self._asks_json(args)
         try:
+            for arg in args:
+                try:
+                    arg.encode("utf-8")
+                except UnicodeEncodeError:  # (bytes that are not UTF-8 come as lone surrogates: DuckDB refused them)
+                    raise click.UsageError(
+                        f"{os.fsencode(arg)!r} is not UTF-8 text: the run store keeps names, labels and paths as "
+                        "text (rename such a file, or give the text in UTF-8)", ctx) from None
             return super().parse_args(ctx, args)
         except click.UsageError as exc:
             if wants_json:
@@ -129,6 +142,14 @@ class JsonGroup(click.Group):
 
     command_class = JsonCommand
     group_class = type  # sub-groups are JsonGroups too
+
+
+def _folder(value: str) -> Path:
+    """An output folder; an empty one is refused (``Path("")`` is the current folder: ``--parquet ""``
+    wrote its files there)."""
+    if not value:
+        raise click.BadParameter("empty: name a folder (. for this one)")
+    return Path(value)
 
 
 def _open_store(db: str) -> RunStore:
@@ -1069,7 +1090,8 @@ def _export_folder_free(folder: Path, overwrite: bool) -> None:
 
 @cli.command()
 @click.argument("run_id")
-@click.option("--parquet", "folder", required=True, type=click.Path(path_type=Path), help="Output folder.")
+@click.option("--parquet", "folder", required=True, type=click.Path(), callback=lambda ctx, param, value: _folder(value),
+              help="Output folder.")
 @OVERWRITE_OPTION
 @DB_OPTION
 def export(run_id: str, folder: Path, overwrite: bool, db: str) -> None:
@@ -1613,7 +1635,8 @@ def experiment_delete(experiment_id: str, yes: bool, db: str) -> None:
 
 @experiment.command("export")
 @click.argument("experiment_id")
-@click.option("--parquet", "folder", required=True, type=click.Path(path_type=Path), help="Output folder.")
+@click.option("--parquet", "folder", required=True, type=click.Path(), callback=lambda ctx, param, value: _folder(value),
+              help="Output folder.")
 @OVERWRITE_OPTION
 @DB_OPTION
 def experiment_export(experiment_id: str, folder: Path, overwrite: bool, db: str) -> None:

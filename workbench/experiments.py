@@ -742,6 +742,12 @@ def create_experiment(store: Any, *, dataset: str | Path, grid: Sequence[Any], o
     names = labels(configs)
     if len(set(names)) != len(names):
         raise ExperimentError("the grid holds the same configuration twice")
+    for what, text in (("the dataset's path", str(dataset)), ("the name", name)):
+        try:
+            (text or "").encode("utf-8")
+        except UnicodeEncodeError:  # (DuckDB refused it with its own error)
+            raise ExperimentError(f"{what} {os.fsencode(text)!r} is not UTF-8 text, which the run store keeps "
+                                  "(rename the file, or give UTF-8 text)") from None
     return store.create_experiment(name=name, dataset=str(dataset), dataset_format=dataset_format,
                                    conversations=chosen,
                                    configs=[{"label": n, "config": c} for n, c in zip(names, configs)],

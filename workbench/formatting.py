@@ -215,5 +215,5 @@ def cli_command(words: str, db: object) -> str:
     pasted as it is (in another shell too)."""
     import shlex
 
-    default = str(db) == DEFAULT_DB and os.environ.get("OMEM_DB", DEFAULT_DB) == DEFAULT_DB
+    default = str(db) == DEFAULT_DB and (os.environ.get("OMEM_DB") or DEFAULT_DB) == DEFAULT_DB
     return f"python -m workbench {words}" + ("" if default else f" --db {shlex.quote(str(db))}")

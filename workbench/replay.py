@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -355,6 +356,13 @@ async def replay(
         check_scoring(scoring)
     except ValueError as exc:
         raise ConfigurationError(f"cannot replay: {exc}") from None
+    for what, text in (("the dataset's path", conversation.source), ("the conversation id", conversation.id),
+                       ("the label", label), ("the observer", config.observer), ("the reflector", config.reflector)):
+        try:
+            (text or "").encode("utf-8")
+        except UnicodeEncodeError:  # (DuckDB refused it when the run was written, after the model calls)
+            raise ConfigurationError(f"cannot replay: {what} {os.fsencode(text)!r} is not UTF-8 text, which the run "
+                                     "store keeps (rename the file, or give UTF-8 text)") from None
     started = time.perf_counter()
     count = token_counter(config.token_counter)
     turns = conversation.turns

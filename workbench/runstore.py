@@ -555,6 +555,13 @@ class RunStore:
     def __init__(self, path: str | Path = "runs.duckdb", *, read_only: bool = False,
                  wait_s: float | None = None, on_wait: Callable[[str], None] | None = None) -> None:
         self.path = str(path)
+        if not self.path:  # (DuckDB took "" as a database in memory, with no tables: "Table runs does not exist")
+            raise RunStoreError("the run store's path is empty: give a file (runs.duckdb), or \":memory:\"")
+        try:
+            self.path.encode("utf-8")
+        except UnicodeEncodeError:
+            raise RunStoreError(f"the run store's path {os.fsencode(self.path)!r} is not UTF-8 text (DuckDB "
+                                "cannot open it): give another") from None
         self.read_only = read_only
         self.snapshot_of: str | None = None
         self.wait_s = default_wait_s() if wait_s is None else wait_s

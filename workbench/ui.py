@@ -48,7 +48,7 @@ APP_WAIT_S = 10.0  # how long a page waits for the run store while a CLI command
 
 
 def db_path() -> str:
-    return os.environ.get("OMEM_DB", "runs.duckdb")
+    return os.environ.get("OMEM_DB") or "runs.duckdb"
 
 
 @st.cache_resource(show_spinner=False)
