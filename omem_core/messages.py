@@ -158,5 +158,7 @@ class ObservationRecord:
         if self.kind not in ("observation", "reflection"):
             raise ValueError(f"record {self.id!r}: kind must be observation or reflection")
         object.__setattr__(self, "created_at", _require_aware(self.created_at, f"record {self.id!r}"))
+        if isinstance(self.source_ids, (str, bytes)):  # ("abc" became ('a', 'b', 'c'))
+            raise TypeError(f"record {self.id!r}: source_ids must be a sequence of ids, got a {type(self.source_ids).__name__}")
         if not isinstance(self.source_ids, tuple):
             object.__setattr__(self, "source_ids", tuple(self.source_ids))

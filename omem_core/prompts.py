@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from .messages import Message, ObservationRecord
+from .messages import Message, ObservationRecord, check_text
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,8 @@ class Prompt:
     sha256: str = field(init=False)
 
     def __post_init__(self) -> None:
+        for field_name in ("name", "version", "text"):  # (text=5 was an AttributeError on 'strip')
+            check_text(getattr(self, field_name), f"prompt {self.name!r}", field_name)
         if not self.text.strip():
             raise ValueError(f"prompt {self.name!r} version {self.version!r} is empty")
         object.__setattr__(self, "sha256", hashlib.sha256(self.text.encode()).hexdigest())

@@ -1367,6 +1367,10 @@ def create_observational_memory_store(
                         "token counting runs inside the read's planning, which does not await it")
     if on_event is not None and not callable(on_event):
         raise TypeError(f"on_event must be a callable (event) -> None (sync or async), got {type(on_event).__name__}")
+    if completion_kwargs is not None and not (isinstance(completion_kwargs, Mapping)
+                                              and all(isinstance(key, str) for key in completion_kwargs)):
+        raise TypeError("completion_kwargs must be a mapping of litellm argument names to values, got "
+                        f"{type(completion_kwargs).__name__} {str(completion_kwargs)[:60]!r}")
     if completion_kwargs and {"model", "messages"} & set(completion_kwargs):
         raise ValueError("completion_kwargs cannot set 'model' or 'messages'")
     if on_busy not in ("wait", "render"):

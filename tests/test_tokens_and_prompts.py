@@ -66,6 +66,33 @@ def test_prompts_are_versioned_with_a_hash() -> None:
             assert rule in prompt.text
 
 
+def test_a_prompt_or_call_option_of_the_wrong_kind_is_refused_with_its_name() -> None:
+    """Found by fuzzing: `Prompt(text=5)` was an AttributeError ('int' object has no attribute
+    'strip'), a lone surrogate a raw UnicodeEncodeError; `completion_kwargs=5` was "'int' object is
+    not iterable", `{1: 2}` was accepted and failed every pass; `source_ids="abc"` became
+    ('a', 'b', 'c')."""
+    from datetime import datetime, timezone
+
+    from omem_core import ObservationRecord, create_observational_memory_store
+
+    for text, error in ((5, TypeError), (None, TypeError), (["a"], TypeError), (b"notes", TypeError),
+                        ("notes \ud800", ValueError)):
+        with pytest.raises(error, match=r"prompt 'observer': text (must be a str|is not valid Unicode)"):
+            Prompt("observer", "v9", text)
+    with pytest.raises(TypeError, match="prompt 7: name must be a str"):
+        Prompt(7, "v9", "Take notes.")
+    with pytest.raises(ValueError, match="text is not valid Unicode"):
+        create_observational_memory_store(observer="omem/extractive", observer_prompt="notes \ud800")
+    for bad in (5, "abc", {1: 2}):
+        with pytest.raises(TypeError, match="completion_kwargs must be a mapping of litellm argument names"):
+            create_observational_memory_store(observer="omem/extractive", completion_kwargs=bad)
+    assert create_observational_memory_store(observer="omem/extractive", completion_kwargs={"temperature": 0})
+    with pytest.raises(TypeError, match="record 'r1': source_ids must be a sequence of ids, got a str"):
+        ObservationRecord("r1", "t", None, datetime(2024, 1, 1, tzinfo=timezone.utc), "observation", "abc", "x")
+    assert ObservationRecord("r1", "t", None, datetime(2024, 1, 1, tzinfo=timezone.utc), "observation",
+                             ["m1", "m2"], "x").source_ids == ("m1", "m2")
+
+
 def test_observer_input_renders_timestamps_and_speakers() -> None:
     text = render_observer_input([msg(0, "Ann: hi\nthere"), msg(1, "ok", role="assistant")], target_tokens=99)
     assert text.splitlines()[1] == "[2024-03-01 09:00 Fri] user: Ann: hi / there"
