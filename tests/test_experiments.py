@@ -1509,6 +1509,87 @@ def test_the_process_exit_stops_an_experiment_running_in_the_background(tmp_path
         assert experiment["status"] == "interrupted" and len(store.experiment_runs(experiment_id)) < 20
 
 
+HALF_SENT = """
+import os, struct, sys, threading, time
+from pathlib import Path
+from workbench import background
+from workbench import experiments as ex
+
+REAL, FLAG = ex._replay_one, Path(sys.argv[2])  # (the workers get the same sys.argv)
+
+
+def half_sent(*args, **kwargs):
+    # The first run is killed half-way through sending its result, as a Stop can land: a run's
+    # payload (67-210 KB for the demo) outgrows a pipe's buffer and is sent in several writes.
+    results = sys._getframe(1).f_locals["result_queue"]  # (concurrent.futures.process._process_worker)
+    with results._wlock:  # (as SimpleQueue.put)
+        if FLAG.exists():
+            return REAL(*args, **kwargs)
+        os.write(results._writer.fileno(), struct.pack("!i", 1 << 20) + b"x" * 1000)
+        FLAG.write_text(str(os.getpid()))
+        time.sleep(600)
+
+
+def script():  # in a thread, as Streamlit runs a page: Start, Stop, Resume, Stop
+    from omem_core.prompts import BUILTIN_PROMPTS
+    from workbench.runstore import RunStore
+
+    store = RunStore(sys.argv[1])
+    grid = ex.config_grid(observers=["omem/extractive"], reflectors=["omem/extractive"],
+                          observation=[150, 300, 600, 1200], reflection=[600], windows=[10],
+                          observer_prompts=[BUILTIN_PROMPTS["observer"][0]],
+                          reflector_prompts=[BUILTIN_PROMPTS["reflector"][0]], max_backlogs=[None])
+    xid = ex.create_experiment(store, dataset=sys.argv[3], grid=grid, options=ex.ExperimentOptions(concurrency=2))
+    background.start(store, xid)
+    while not FLAG.exists():
+        time.sleep(0.05)
+    time.sleep(0.5)  # (the pool's manager thread has read the start of the message)
+    background.stop(xid)
+    background.wait(xid)
+    background.start(store, xid)
+    while background.job(xid).progress is None:
+        time.sleep(0.05)
+    background.stop(xid)
+    background.wait(xid)
+    print(xid, flush=True)
+
+
+if __name__ == "__main__":  # (the worker processes import this module)
+    ex._replay_one = half_sent  # (pickled by reference: __main__.half_sent in the workers)
+    runner = threading.Thread(target=script, name="ScriptRunner.scriptThread")
+    runner.start()
+    runner.join()
+"""
+
+
+def test_a_stop_that_kills_a_worker_half_way_through_sending_a_run_lets_the_process_exit(tmp_path) -> None:
+    """Review: after a Stop (then Resume) in the app, the server no longer exited on SIGTERM or
+    Ctrl-C: a worker killed half-way through sending its run left the process pool's manager
+    thread reading the rest of the message for ever (this process held the pipe's write end too),
+    and the interpreter's exit joins that thread. The pool now ends, and so does the process."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "half_sent.py"
+    script.write_text(HALF_SENT)
+    db = tmp_path / "x.duckdb"
+    process = subprocess.Popen([sys.executable, str(script), str(db), str(tmp_path / "flag"),
+                                str(ROOT / "datasets" / "demo.jsonl")], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True)
+    try:
+        out, err = process.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # (its fork server and workers too)
+        out, err = process.communicate()
+        pytest.fail(f"the process did not exit after Stop, Resume, Stop: {out[-500:]} {err[-2000:]}")
+    assert process.returncode == 0, err[-3000:]
+    assert "Traceback" not in err and "never retrieved" not in err, err[-3000:]
+    with RunStore(db) as store:
+        assert store.experiment(out.split()[0])["status"] in ("interrupted", "completed")  # (the Resume may end first)
+
+
 def test_an_experiment_whose_end_cannot_be_written_does_not_stay_running_in_a_long_lived_process(tmp_path) -> None:
     """When the file was held by another process past the wait as the experiment's end was
     written, it stayed 'running' under its own process: in the app (one process for hours) it read

@@ -957,6 +957,9 @@ def spent_of(experiment: dict[str, Any], runs: pd.DataFrame) -> float | None:
     return None if unknown else _spent_of(experiment, runs)
 
 
+POOL_END_S = 5.0  # how long a stop waits for a process pool to end once its workers are killed
+
+
 async def _run_in_processes(tasks: Sequence[Task], options: ExperimentOptions, dataset: str,
                             dataset_format: str | None, extra: dict[str, Any], folder: str | None,
                             write: Callable[[dict[str, Any], Task], None],
@@ -1002,10 +1005,22 @@ async def _run_in_processes(tasks: Sequence[Task], options: ExperimentOptions, d
         # left the process hung for good in the pool's exit; one landing in this block left the
         # workers running after the scheduler had gone.
         with ctrl_c_held_back():
-            for future in pending:
-                future.cancel()
+            # A worker killed half-way through sending a run (a payload outgrows a pipe's 64 KiB: it
+            # is sent in several writes) left the pool's manager thread waiting for the rest for
+            # ever, as this process holds the pipe's write end too: the thread never ended, and the
+            # interpreter's exit joins it (the app's server did not exit after such a Stop). With
+            # that end closed, the workers' death is an end of file; the thread reads the pool as
+            # broken, fails the runs not done and ends. Waited for (briefly) before the runs are
+            # cancelled: a run cancelled first made it raise InvalidStateError half-way (3.11).
+            manager = getattr(pool, "_executor_manager_thread", None)
+            with contextlib.suppress(AttributeError, OSError):
+                pool._result_queue._writer.close()  # (only the workers write to it)
             for process in list((getattr(pool, "_processes", None) or {}).values()):
                 process.kill()
+            if manager is not None:
+                manager.join(POOL_END_S)
+            for future in pending:
+                future.cancel()
             pool.shutdown(wait=False, cancel_futures=True)
             if reports is not None:
                 reports.close()  # (its pipes, in a long-lived app process)
