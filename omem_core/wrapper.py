@@ -477,7 +477,7 @@ class ObservationalMemoryStore:
         # the next lease taken, so a short outage does not block the thread until they expire.
         self._unreleased: dict[str, str] = {}
         self._closing = False  # close() has begun: no new read, save or delete
-        self._writing: dict[asyncio.Task[Any], int] = {}  # the tasks saving or deleting through this store
+        self._under_way: dict[asyncio.Task[Any], int] = {}  # the tasks reading, saving or deleting through this store
         self._pass_tasks: set[asyncio.Task[None]] = set()  # every pass running (one a delete unlisted too)
 
     # -- the MemoryStore port ---------------------------------------------------------------
@@ -493,7 +493,7 @@ class ObservationalMemoryStore:
         So a save never waits for a model call; a pass that planned without the message saves
         nothing (the next read observes it), and one that saved first gets the message refused."""
         self._check_open()
-        with self._write():
+        with self._call():
             await self._save_messages(messages)
 
     async def _save_messages(self, messages: Sequence[Message]) -> None:
@@ -531,6 +531,10 @@ class ObservationalMemoryStore:
         """
         self._check_open()
         last = check_read(thread_id, last, before)  # (a plain int: a NumPy one is one for SQL too)
+        with self._call():
+            return await self._recall(thread_id, last, before)
+
+    async def _recall(self, thread_id: str, last: int, before: str | None) -> list[Message]:
         if before is not None:
             try:
                 return await self.inner.recall(thread_id, last=last, before=before)
@@ -554,7 +558,7 @@ class ObservationalMemoryStore:
         afterwards: in this process (a guard checked under the save's lock) and, when the
         observation store has the delete-epoch capability, in any process."""
         self._check_open()
-        with self._write():
+        with self._call():
             await self._delete_thread(thread_id)
 
     async def _delete_thread(self, thread_id: str) -> None:
@@ -578,9 +582,9 @@ class ObservationalMemoryStore:
         still in flight have finished, so a model call already paid for still saves its record
         (cancel those reads first not to wait; a model call is bounded by ``timeout``). From the
         start of ``close()`` a new read, save or delete is refused (``RuntimeError``): one that
-        started a pass meanwhile would pay for a call whose record could not be saved. A save or a
-        delete of this loop already under way is finished first (a delete cut short left the
-        thread's messages stored, its records gone). A lease
+        started a pass meanwhile would pay for a call whose record could not be saved. A read, save
+        or delete of this loop already under way is finished first (a delete cut short left the
+        thread's messages stored, its records gone; a read, its caller without the notes paid for). A lease
         this store could not give back earlier is given back first, when the database is
         reachable. Idempotent; ``async with`` closes at the end of the block."""
         self._closing = True
@@ -590,7 +594,7 @@ class ObservationalMemoryStore:
             running = [task for task in self._pass_tasks if task.get_loop() is loop]
             if running:
                 await asyncio.wait(running)
-            elif any(task is not me and task.get_loop() is loop for task in self._writing):
+            elif any(task is not me and task.get_loop() is loop for task in self._under_way):
                 await asyncio.sleep(0.005)  # (a few store round trips)
             else:
                 break
@@ -599,18 +603,20 @@ class ObservationalMemoryStore:
         await close_stores(self.inner, self.observations)
 
     @contextlib.contextmanager
-    def _write(self) -> Iterator[None]:
-        """Count a save or delete as in flight, by its task (``close()`` waits for those of its loop,
-        not for its own: a store that closes the wrapper from inside a save would wait forever)."""
+    def _call(self) -> Iterator[None]:
+        """Count a read, save or delete as under way, by its task (``close()`` waits for those of its
+        loop, not for its own: a store that closes the wrapper from inside a save would wait
+        forever). A read is waited for past its pass: it reads the records the pass saved, and
+        the stores closed under it failed it (PostgreSQL: "closed", after the pool's timeout)."""
         task = asyncio.current_task()
         assert task is not None
-        self._writing[task] = self._writing.get(task, 0) + 1
+        self._under_way[task] = self._under_way.get(task, 0) + 1
         try:
             yield
         finally:
-            self._writing[task] -= 1
-            if not self._writing[task]:
-                del self._writing[task]
+            self._under_way[task] -= 1
+            if not self._under_way[task]:
+                del self._under_way[task]
 
     def _check_open(self) -> None:
         if self._closing:
@@ -638,6 +644,10 @@ class ObservationalMemoryStore:
         history behind the cursor for messages no observation covers (``late``), so its cost
         grows with the thread; reads do not do this."""
         last = check_read(thread_id, last)  # (a plain int: a NumPy one is one for SQL too)
+        with self._call():
+            return await self._inspect(thread_id, last)
+
+    async def _inspect(self, thread_id: str, last: int) -> ThreadState:
         plan = await self._plan(thread_id, last, peek=True)
         records = await self.observations.list(thread_id)
         observe_due = self._observe_due(plan)

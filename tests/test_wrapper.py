@@ -816,6 +816,48 @@ async def test_closing_waits_for_a_save_or_delete_already_under_way(scripted: Sc
     assert [m.id for m in await inner.recall("t", last=10)] == ([] if operation == "delete" else ["m0", "m1", "m2", "m3"])
 
 
+async def test_closing_waits_for_a_read_whose_pass_has_ended(scripted: Scripted) -> None:
+    """close() waited for the pass in flight, not for the read that ran it: the read then reads the
+    records its pass saved, and the stores closed under it failed it (PostgreSQL: "closed" after the
+    pool's timeout; seen as a flaky test). Here that records read is held until close() has come."""
+    from omem_core.observations import InMemoryObservationStore
+
+    class HeldRecords(InMemoryObservationStore):
+        def __init__(self) -> None:
+            super().__init__()
+            self.armed, self.gate, self.holding, self.closed = False, asyncio.Event(), asyncio.Event(), False
+
+        async def save_unless_deleted(self, record, epoch) -> bool:
+            saved = await super().save_unless_deleted(record, epoch)
+            self.armed = True  # (the pass has saved: the next records read is the read's own)
+            return saved
+
+        async def list_recent(self, thread_id):
+            if self.armed:
+                self.holding.set()
+                await self.gate.wait()
+            if self.closed:
+                raise RuntimeError("this store is closed")
+            return await super().list_recent(thread_id)
+
+        def close(self) -> None:
+            self.closed = True
+
+    records = HeldRecords()
+    store = make(scripted, observations=records)
+    await fill(store, 8)
+    reading = asyncio.ensure_future(store.recall("t", last=2))
+    await asyncio.wait_for(records.holding.wait(), 10)
+    assert not store._pass_tasks  # (the pass is over: only the read is under way)
+    closing = asyncio.ensure_future(store.close())
+    await asyncio.sleep(0.05)
+    assert not closing.done(), "closed the stores under a read in flight"
+    records.gate.set()
+    context = await reading
+    await closing
+    assert records.closed and context[0].role == "system" and [m.id for m in context[1:]] == ["m6", "m7"]
+
+
 async def test_closing_from_inside_a_save_returns(scripted: Scripted) -> None:
     """Found by a review of the change above: a store that closes the wrapper from inside its own
     save (the save is the caller's) waited for itself forever."""
