@@ -291,7 +291,7 @@ class _Plan:
 
 @dataclass(slots=True)
 class _Inflight:
-    task: asyncio.Task[None]
+    task: asyncio.Task[list[ObservationRecord]]
     waiters: int = 0
 
 
@@ -477,7 +477,7 @@ class ObservationalMemoryStore:
         # the next lease taken, so a short outage does not block the thread until they expire.
         self._unreleased: dict[str, str] = {}
         self._closing = False  # close() has begun: no new read, save or delete
-        self._under_way: dict[asyncio.Task[Any], int] = {}  # the tasks reading, saving or deleting through this store
+        self._writing: dict[asyncio.Task[Any], int] = {}  # the tasks saving or deleting through this store
         self._pass_tasks: set[asyncio.Task[None]] = set()  # every pass running (one a delete unlisted too)
 
     # -- the MemoryStore port ---------------------------------------------------------------
@@ -493,7 +493,7 @@ class ObservationalMemoryStore:
         So a save never waits for a model call; a pass that planned without the message saves
         nothing (the next read observes it), and one that saved first gets the message refused."""
         self._check_open()
-        with self._call():
+        with self._write():
             await self._save_messages(messages)
 
     async def _save_messages(self, messages: Sequence[Message]) -> None:
@@ -531,10 +531,6 @@ class ObservationalMemoryStore:
         """
         self._check_open()
         last = check_read(thread_id, last, before)  # (a plain int: a NumPy one is one for SQL too)
-        with self._call():
-            return await self._recall(thread_id, last, before)
-
-    async def _recall(self, thread_id: str, last: int, before: str | None) -> list[Message]:
         if before is not None:
             try:
                 return await self.inner.recall(thread_id, last=last, before=before)
@@ -548,8 +544,7 @@ class ObservationalMemoryStore:
         plan = await self._plan(thread_id, last)
         view = plan.view
         if self._observe_due(plan) or self._reflect_due(plan):
-            await self._run_shared(thread_id, last)
-            view = view_of(await self._recent_records(thread_id))
+            view = view_of(await self._run_shared(thread_id, last))
         memory = render_memory(view, thread_id, plan.window)
         return ([memory] if memory is not None else []) + plan.window
 
@@ -558,7 +553,7 @@ class ObservationalMemoryStore:
         afterwards: in this process (a guard checked under the save's lock) and, when the
         observation store has the delete-epoch capability, in any process."""
         self._check_open()
-        with self._call():
+        with self._write():
             await self._delete_thread(thread_id)
 
     async def _delete_thread(self, thread_id: str) -> None:
@@ -582,9 +577,10 @@ class ObservationalMemoryStore:
         still in flight have finished, so a model call already paid for still saves its record
         (cancel those reads first not to wait; a model call is bounded by ``timeout``). From the
         start of ``close()`` a new read, save or delete is refused (``RuntimeError``): one that
-        started a pass meanwhile would pay for a call whose record could not be saved. A read, save
-        or delete of this loop already under way is finished first (a delete cut short left the
-        thread's messages stored, its records gone; a read, its caller without the notes paid for). A lease
+        started a pass meanwhile would pay for a call whose record could not be saved. A save or a
+        delete of this loop already under way is finished first (a delete cut short left the
+        thread's messages stored, its records gone), and a read whose pass was waited for gets
+        its result (the pass reads the records it leaves, before it ends). A lease
         this store could not give back earlier is given back first, when the database is
         reachable. Idempotent; ``async with`` closes at the end of the block."""
         self._closing = True
@@ -594,7 +590,7 @@ class ObservationalMemoryStore:
             running = [task for task in self._pass_tasks if task.get_loop() is loop]
             if running:
                 await asyncio.wait(running)
-            elif any(task is not me and task.get_loop() is loop for task in self._under_way):
+            elif any(task is not me and task.get_loop() is loop for task in self._writing):
                 await asyncio.sleep(0.005)  # (a few store round trips)
             else:
                 break
@@ -603,20 +599,18 @@ class ObservationalMemoryStore:
         await close_stores(self.inner, self.observations)
 
     @contextlib.contextmanager
-    def _call(self) -> Iterator[None]:
-        """Count a read, save or delete as under way, by its task (``close()`` waits for those of its
-        loop, not for its own: a store that closes the wrapper from inside a save would wait
-        forever). A read is waited for past its pass: it reads the records the pass saved, and
-        the stores closed under it failed it (PostgreSQL: "closed", after the pool's timeout)."""
+    def _write(self) -> Iterator[None]:
+        """Count a save or delete as in flight, by its task (``close()`` waits for those of its loop,
+        not for its own: a store that closes the wrapper from inside a save would wait forever)."""
         task = asyncio.current_task()
         assert task is not None
-        self._under_way[task] = self._under_way.get(task, 0) + 1
+        self._writing[task] = self._writing.get(task, 0) + 1
         try:
             yield
         finally:
-            self._under_way[task] -= 1
-            if not self._under_way[task]:
-                del self._under_way[task]
+            self._writing[task] -= 1
+            if not self._writing[task]:
+                del self._writing[task]
 
     def _check_open(self) -> None:
         if self._closing:
@@ -644,10 +638,6 @@ class ObservationalMemoryStore:
         history behind the cursor for messages no observation covers (``late``), so its cost
         grows with the thread; reads do not do this."""
         last = check_read(thread_id, last)  # (a plain int: a NumPy one is one for SQL too)
-        with self._call():
-            return await self._inspect(thread_id, last)
-
-    async def _inspect(self, thread_id: str, last: int) -> ThreadState:
         plan = await self._plan(thread_id, last, peek=True)
         records = await self.observations.list(thread_id)
         observe_due = self._observe_due(plan)
@@ -873,8 +863,9 @@ class ObservationalMemoryStore:
 
     # -- passes -----------------------------------------------------------------------------
 
-    async def _run_shared(self, thread_id: str, last: int) -> None:
-        """Run the due passes once per thread at a time; concurrent readers wait for it.
+    async def _run_shared(self, thread_id: str, last: int) -> list[ObservationRecord]:
+        """Run the due passes once per thread at a time; concurrent readers wait for it. Returns
+        the thread's recent records as the pass left them.
 
         A cancelled waiter leaves the pass running for the others; when the last waiter is
         cancelled, the pass is cancelled too (cancellation propagates into the model call).
@@ -898,7 +889,7 @@ class ObservationalMemoryStore:
             entry.task.add_done_callback(_done)
         entry.waiters += 1
         try:
-            await asyncio.shield(entry.task)
+            records = await asyncio.shield(entry.task)
         except asyncio.CancelledError:
             entry.waiters -= 1
             if entry.waiters == 0 and not entry.task.done():
@@ -917,23 +908,26 @@ class ObservationalMemoryStore:
                     await asyncio.wait({entry.task}, timeout=LEASE_WIND_DOWN_S)
             raise
         entry.waiters -= 1
+        return records
 
-    async def _compact(self, thread_id: str, last: int) -> None:
+    async def _compact(self, thread_id: str, last: int) -> list[ObservationRecord]:
         """Plan afresh (the guard and epoch first) and run what is still due, holding the
-        thread's lease when the store has leases."""
+        thread's lease when the store has leases; then the thread's recent records, read here
+        so that ``close()``, which waits for this pass, never closes the stores under the read
+        that will render them (it did: "closed" after PostgreSQL's pool timeout)."""
         # (``peek``: the read that found this pass due already ran an inner wrapper's passes; a
         # second cursorless read of it here ran them again, two inner passes for one read)
         if self._leases is None:
             plan = await self._plan(thread_id, last, for_pass=True, peek=True)
             if self._observe_due(plan) or self._reflect_due(plan):
                 await self._passes(plan)
-            return
+            return await self._recent_records(thread_id)
         async with self._lease(thread_id) as lease:
-            if lease is None:
-                return  # another process is compacting; render what exists (on_busy="render")
-            plan = await self._plan(thread_id, last, lease=lease, for_pass=True, peek=True)
-            if self._observe_due(plan) or self._reflect_due(plan):  # another process may have done it
-                await self._passes(plan)
+            if lease is not None:  # (None: another process is compacting; render what exists, on_busy="render")
+                plan = await self._plan(thread_id, last, lease=lease, for_pass=True, peek=True)
+                if self._observe_due(plan) or self._reflect_due(plan):  # another process may have done it
+                    await self._passes(plan)
+        return await self._recent_records(thread_id)
 
     @contextlib.asynccontextmanager
     async def _lease(self, thread_id: str) -> AsyncIterator[_Lease | None]:

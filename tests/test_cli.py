@@ -1201,14 +1201,27 @@ def test_an_empty_run_store_path_is_refused_and_an_empty_omem_db_is_unset(tmp_pa
                                   ("replay", "--reflector", "\udcff"), ("experiment", "run", "--name", "\udcff"),
                                   ("experiment", "show", "\udcff"), ("runs", "--experiment", "\udcff"),
                                   ("compare", "\udcff", "b"), ("replay", "--observer-prompt", "\udcff"),
-                                  ("replay", "--db", "/tmp/r\udcff.duckdb")])
+                                  ("replay", "--db", "/tmp/r\udcff.duckdb"), ("replay", "--label", "half \ud83d")])
 def test_arguments_that_are_not_utf8_are_refused_up_front(args) -> None:
     """Found by fuzzing: bytes that are not UTF-8 in an argument (a file named in Latin-1, a label)
     reach Python as lone surrogates, and DuckDB refused them with its own error (or
     `std::bad_cast` for the store's path) after the replay had run."""
     code, out, err = invoke(*args, "--json")
-    assert code == 2 and "is not UTF-8 text" in err and "\\xff" in err and "Traceback" not in err
+    assert code == 2 and "is not UTF-8 text" in err and ("\\xff" in err or "\\ud83d" in err) and "Traceback" not in err
     assert json.loads(out.strip().splitlines()[-1])["status"] == "failed"
+
+
+def test_datasets_lists_a_file_whose_name_is_not_utf8(tmp_path) -> None:
+    """`datasets` writes nothing to the run store: a file named in Latin-1 is listed (the check
+    of the commands that do refused it)."""
+    import os
+
+    path = Path(os.fsdecode(os.fsencode(str(tmp_path)) + b"/caf\xe9.jsonl"))
+    path.write_bytes(Path(TINY).read_bytes())
+    code, out, err = invoke("datasets", str(path), "--json")
+    assert code == 0, err
+    [entry] = json.loads(out)
+    assert entry["conversations"] == 1 and entry["messages"] == 12
 
 
 def test_an_empty_export_folder_is_refused(tmp_path, monkeypatch) -> None:

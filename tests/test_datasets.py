@@ -1156,6 +1156,11 @@ def test_a_database_or_utf16_text_given_as_a_dataset_is_named_as_one(tmp_path) -
     duckdb.connect(str(duck)).close()
     with pytest.raises(DatasetError, match=r"the file is a DuckDB database \(the workbench's run store\?\)"):
         list_conversations(duck)
+    ducks = tmp_path / "ducks.jsonl"  # ('DUCK' at byte 8, as in a DuckDB file, but JSON text)
+    ducks.write_text((ROOT / "datasets" / "tiny.jsonl").read_text(encoding="utf-8").replace(
+        '{"type": "message", "conversation_id": "tiny", "id": "t1"', '{"id": "DUCK-1", "type": "message", '
+        '"conversation_id": "tiny"', 1), encoding="utf-8")
+    assert ducks.read_bytes()[8:12] == b"DUCK" and load_dataset(ducks)[0].turns[0].id == "DUCK-1"
     wide = tmp_path / "tiny16.jsonl"
     wide.write_text((ROOT / "datasets" / "tiny.jsonl").read_text(encoding="utf-8"), encoding="utf-16")
     with pytest.raises(DatasetError, match=r"the file is UTF-16 text: save it as UTF-8"):

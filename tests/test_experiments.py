@@ -1547,7 +1547,9 @@ def script():  # in a thread, as Streamlit runs a page: Start, Stop, Resume, Sto
     background.stop(xid)
     background.wait(xid)
     background.start(store, xid)
-    while background.job(xid).progress is None:
+    for _ in range(1200):  # (a minute at most: a resume that fails before its first report is stopped too)
+        if background.job(xid).progress is not None:
+            break
         time.sleep(0.05)
     background.stop(xid)
     background.wait(xid)

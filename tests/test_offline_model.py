@@ -161,3 +161,18 @@ def test_tidy_drops_openers_emoji_and_caption_boilerplate(sentence: str, expecte
 def test_reflector_reads_markdown_date_headings_a_real_model_may_write() -> None:
     notes = "## 8 May 2023\n- Ann: moved to Oslo.\n**9 May 2023**\n- Bob: has 3 cats."
     assert reflect("", notes, 100) == "8 May 2023\n- Ann: moved to Oslo.\n9 May 2023\n- Bob: has 3 cats."
+
+
+def test_the_offline_models_cache_version_follows_what_its_answers_depend_on() -> None:
+    """Found by a review: the cache key's digest covered the model's package only; switching a
+    heuristic off (the bench's ablations) or running without the word-rarity vocabulary changes
+    its answers for the same input, and the cache served one for the other."""
+    from omem_core.extractive import algorithm
+
+    before = algorithm.code_version()
+    algorithm.DISABLED.add("pleasantries")
+    try:
+        assert algorithm.code_version() != before
+    finally:
+        algorithm.DISABLED.discard("pleasantries")
+    assert algorithm.code_version() == before

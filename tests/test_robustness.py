@@ -532,11 +532,21 @@ def test_a_dataset_file_named_in_bytes_that_are_not_utf8_is_refused_before_any_c
     path.write_bytes(VALID)
     conversation = load_conversation(path)
     with RunStore(tmp_path / "runs.duckdb") as store:
-        with pytest.raises(ConfigurationError, match=r"the dataset's path b'.*caf\\xe9.jsonl' is not UTF-8 text"):
+        with pytest.raises(ConfigurationError, match=r"the dataset's path '.*caf\\xe9.jsonl' is not UTF-8 text"):
             asyncio.run(replay(conversation, ReplayConfig(cache=False), store))
+        with pytest.raises(ConfigurationError, match=r"the label 'half \\ud83d' is not UTF-8 text"):
+            asyncio.run(replay(load_conversation(PROJECT_DATASETS / "tiny.jsonl"), ReplayConfig(cache=False), store,
+                               label="half \ud83d"))  # (half an emoji: no byte of a file name)
         assert store.runs().empty  # refused before anything was recorded
         from workbench import experiments as ex
 
-        with pytest.raises(ex.ExperimentError, match=r"the dataset's path b'.*caf\\xe9.jsonl' is not UTF-8 text"):
+        with pytest.raises(ex.ExperimentError, match=r"the dataset's path '.*caf\\xe9.jsonl' is not UTF-8 text"):
             ex.create_experiment(store, dataset=path, grid=[ReplayConfig()], options=ex.ExperimentOptions())
         assert store.experiments().empty
+        # A folder holding such a file: the experiment runs, and that conversation's run says why it failed
+        # (its run could not be written: DuckDB refused the path, and the experiment failed with a traceback).
+        experiment_id = ex.create_experiment(store, dataset=tmp_path, grid=[ReplayConfig(cache=False)],
+                                             options=ex.ExperimentOptions(concurrency=1))
+        asyncio.run(ex.run_experiment(store, experiment_id))
+        [run] = store.experiment_runs(experiment_id).to_dict("records")
+        assert run["status"] == "failed" and "caf\\xe9.jsonl' is not UTF-8 text" in run["error"]

@@ -54,6 +54,8 @@ def _stored_key(key: str, model: object = None) -> str:
     An offline model's (``omem/…``) key also holds a digest of its code: its answers change with
     omem's version, where a remote model's name stays; an older omem's answers were served to a
     newer one, so a replay or a benchmark showed what the old code wrote."""
+    # (litellm's sync get_cache passes no model: a sync completion(caching=True) of the offline model
+    # never hits; the workbench calls acompletion only, whose get and set both pass it)
     if isinstance(model, str) and model.startswith("omem/"):
         from omem_core.extractive.algorithm import code_version
 

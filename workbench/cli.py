@@ -25,8 +25,8 @@ import click
 from .catalog import DEMO_DATASET, ROOT, known_datasets
 from .datasets import FORMATS  # the format registry (imports no model library)
 from .errors import ConfigurationError, WorkbenchError
-from .formatting import (DEFAULT_DB, about_money, cli_command, count, money, ratio, share, short_path, split_list,
-                         terminal_text)
+from .formatting import (DEFAULT_DB, about_money, cli_command, count, money, not_text, printable, ratio, share,
+                         short_path, split_list, terminal_text)
 from .models import OFFLINE_MODEL
 
 if TYPE_CHECKING:
@@ -94,6 +94,9 @@ def _say_json(answer: dict[str, Any], code: int = 0) -> None:
     _answered.append(code)
 
 
+_ANY_TEXT = {"datasets"}  # commands none of whose arguments reach the run store (a file named in Latin-1 is listed)
+
+
 class JsonCommand(click.Command):
     """A command whose option errors (``--observation-threshold 0``, a dataset path that does
     not exist) also end stdout with ``{"status": "failed", "error": …}`` under ``--json``; click
@@ -112,13 +115,11 @@ class JsonCommand(click.Command):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         wants_json = any(param.name == "as_json" for param in self.params) and self._asks_json(args)
         try:
-            for arg in args:
-                try:
-                    arg.encode("utf-8")
-                except UnicodeEncodeError:  # (bytes that are not UTF-8 come as lone surrogates: DuckDB refused them)
+            for arg in args if self.name not in _ANY_TEXT else ():
+                if not_text(arg):  # (bytes that are not UTF-8 come as lone surrogates: DuckDB refused them)
                     raise click.UsageError(
-                        f"{os.fsencode(arg)!r} is not UTF-8 text: the run store keeps names, labels and paths as "
-                        "text (rename such a file, or give the text in UTF-8)", ctx) from None
+                        f"'{printable(arg)}' is not UTF-8 text: the run store keeps names, labels and paths as "
+                        "text (rename such a file, or give the text in UTF-8)", ctx)
             return super().parse_args(ctx, args)
         except click.UsageError as exc:
             if wants_json:

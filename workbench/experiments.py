@@ -39,7 +39,7 @@ import pandas as pd
 
 from .datasets import load_conversation, list_conversations
 from .errors import WorkbenchError
-from .formatting import cli_command, count
+from .formatting import cli_command, count, not_text, printable
 from .formatting import missing as is_missing
 from .interrupts import ctrl_c_held_back, stopping
 from .losses import STAGES, funnel
@@ -588,7 +588,7 @@ async def _replay_one_async(dataset: str, dataset_format: str | None, task: Task
     messages = _conversation_rows(conversation, count([t.content for t in conversation.turns])
                                   if conversation.turns else [])
     payload = await recorder.payload(
-        conversation.id, dataset=conversation.source, dataset_format=conversation.format,
+        conversation.id, dataset=printable(conversation.source or ""), dataset_format=conversation.format,
         conversation_id=conversation.id, label=task.label, config=config.to_json(), config_label=task.label,
         planned_steps=planned_reads(conversation, config))
     payload["run"]["elapsed_s"] = time.perf_counter() - started
@@ -743,11 +743,9 @@ def create_experiment(store: Any, *, dataset: str | Path, grid: Sequence[Any], o
     if len(set(names)) != len(names):
         raise ExperimentError("the grid holds the same configuration twice")
     for what, text in (("the dataset's path", str(dataset)), ("the name", name)):
-        try:
-            (text or "").encode("utf-8")
-        except UnicodeEncodeError:  # (DuckDB refused it with its own error)
-            raise ExperimentError(f"{what} {os.fsencode(text)!r} is not UTF-8 text, which the run store keeps "
-                                  "(rename the file, or give UTF-8 text)") from None
+        if not_text(text):  # (DuckDB refused it with its own error; a file of a folder: its run says so)
+            raise ExperimentError(f"{what} '{printable(text)}' is not UTF-8 text, which the run store keeps "
+                                  "(rename the file, or give UTF-8 text)")
     return store.create_experiment(name=name, dataset=str(dataset), dataset_format=dataset_format,
                                    conversations=chosen,
                                    configs=[{"label": n, "config": c} for n, c in zip(names, configs)],
@@ -867,7 +865,7 @@ async def run_experiment(store: Any, experiment_id: str, *, progress: Callable[[
             runnable.append(task)
             continue
         conversation = load_conversation(dataset, task.conversation_id, dataset_format)
-        write({"run": {"dataset": conversation.source, "dataset_format": conversation.format,
+        write({"run": {"dataset": printable(conversation.source or ""), "dataset_format": conversation.format,
                        "conversation_id": conversation.id, "label": task.label, "config": task.config,
                        "config_label": task.label, "status": "failed", "steps": 0,
                        "planned_steps": planned_reads(conversation, ReplayConfig.from_json(task.config)),

@@ -217,3 +217,22 @@ def cli_command(words: str, db: object) -> str:
 
     default = str(db) == DEFAULT_DB and (os.environ.get("OMEM_DB") or DEFAULT_DB) == DEFAULT_DB
     return f"python -m workbench {words}" + ("" if default else f" --db {shlex.quote(str(db))}")
+
+
+def printable(text: str) -> str:
+    """``text`` with what is not valid Unicode shown as escapes (``caf\\xe9.jsonl`` for a file name
+    in Latin-1, ``\\ud83d`` for half an emoji): never raises, and can be written anywhere."""
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # (a lone surrogate outside U+DC80-U+DCFF: not a byte of a file name)
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def not_text(text: str | None) -> bool:
+    """Whether ``text`` holds a lone surrogate (what bytes that are not UTF-8 become), which the
+    run store (DuckDB) refuses to write."""
+    try:
+        (text or "").encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False

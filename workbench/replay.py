@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import json
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -40,7 +39,7 @@ from omem_core.wrapper import DEFAULT_MAX_INPUT_TOKENS as OBSERVER_INPUT_CAP
 from .cache import completion_kwargs, enable_litellm_cache, prepare_cache
 from .datasets import Conversation
 from .errors import ConfigurationError, WorkbenchError
-from .formatting import cli_command, default_run_label
+from .formatting import cli_command, default_run_label, not_text, printable
 from .interrupts import ctrl_c_held_back, stopping
 from .retention import SCORING, RetentionSummary, check_scoring, score_retention
 from .losses import attribute_losses
@@ -358,11 +357,9 @@ async def replay(
         raise ConfigurationError(f"cannot replay: {exc}") from None
     for what, text in (("the dataset's path", conversation.source), ("the conversation id", conversation.id),
                        ("the label", label), ("the observer", config.observer), ("the reflector", config.reflector)):
-        try:
-            (text or "").encode("utf-8")
-        except UnicodeEncodeError:  # (DuckDB refused it when the run was written, after the model calls)
-            raise ConfigurationError(f"cannot replay: {what} {os.fsencode(text)!r} is not UTF-8 text, which the run "
-                                     "store keeps (rename the file, or give UTF-8 text)") from None
+        if not_text(text):  # (DuckDB refused it when the run was written, after the model calls)
+            raise ConfigurationError(f"cannot replay: {what} '{printable(text)}' is not UTF-8 text, which the run "
+                                     "store keeps (rename the file, or give UTF-8 text)")
     started = time.perf_counter()
     count = token_counter(config.token_counter)
     turns = conversation.turns

@@ -35,7 +35,7 @@ import duckdb
 import pandas as pd
 
 from .errors import WorkbenchError
-from .formatting import DEFAULT_DB, cli_command, whole_text
+from .formatting import DEFAULT_DB, cli_command, not_text, printable, whole_text
 from .interrupts import wait_cap
 
 # The runs as read: a run that did not complete (interrupted, failed by a bug, still running) has
@@ -557,11 +557,9 @@ class RunStore:
         self.path = str(path)
         if not self.path:  # (DuckDB took "" as a database in memory, with no tables: "Table runs does not exist")
             raise RunStoreError("the run store's path is empty: give a file (runs.duckdb), or \":memory:\"")
-        try:
-            self.path.encode("utf-8")
-        except UnicodeEncodeError:
-            raise RunStoreError(f"the run store's path {os.fsencode(self.path)!r} is not UTF-8 text (DuckDB "
-                                "cannot open it): give another") from None
+        if not_text(self.path):
+            raise RunStoreError(f"the run store's path '{printable(self.path)}' is not UTF-8 text (DuckDB cannot "
+                                "open it): give another")
         self.read_only = read_only
         self.snapshot_of: str | None = None
         self.wait_s = default_wait_s() if wait_s is None else wait_s

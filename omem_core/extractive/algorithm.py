@@ -26,6 +26,7 @@ Same input, same output, byte for byte.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import math
@@ -709,15 +710,31 @@ def reflect(reflection: str, observations: str, target_tokens: int) -> str:
     return render_dated([(b.date, b.body) for b in merged])
 
 
-@functools.cache
-def code_version() -> str:
-    """A digest of this package's code: what the offline model answers depends on it and on its
-    input only, so a cache of its answers must key on it (an answer cached by an older omem would be
-    served as this one's)."""
+def _code_digest() -> str:
+    """A digest of the code the offline model's answers depend on: this package, and the planning
+    and token modules it uses (read at import: what runs, not what the files hold later)."""
     digest = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    here = Path(__file__).parent
+    for path in [*sorted(here.glob("*.py")), here.parent / "planning.py", here.parent / "tokens.py"]:
+        with contextlib.suppress(OSError):  # (no sources, e.g. a zip import: the version below only)
+            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    with contextlib.suppress(Exception):
+        from importlib.metadata import version
+
+        digest.update(version("omem").encode())
     return digest.hexdigest()[:16]
+
+
+_CODE = _code_digest()
+
+
+def code_version() -> str:
+    """What the offline model's answers depend on besides their input: a digest of its code, whether
+    the word-rarity vocabulary could be loaded (without it every word weighs the same) and the
+    heuristics switched off (:data:`DISABLED`). A cache of its answers must key on it: answers
+    cached by an older omem, or in another environment, were served as this one's."""
+    state = f"{_CODE} vocabulary={'no' if _vocabulary() is None else 'yes'} off={','.join(sorted(DISABLED))}"
+    return hashlib.sha256(state.encode()).hexdigest()[:16]
 
 
 def target_from(text: str, default: int) -> int:

@@ -186,7 +186,8 @@ def _not_text(path: Path) -> str | None:
         return None
     if head.startswith(b"SQLite format 3\x00"):
         return "is an SQLite database"
-    if head[8:12] == b"DUCK":
+    if head[8:12] == b"DUCK" and not head[:1].isspace() and head[:1] not in (b"{", b"[", b"\xef"):
+        # (a JSON text starts with a bracket, a space or a BOM: `{"id": "DUCK-1"…` is one)
         return "is a DuckDB database (the workbench's run store?)"
     if head.startswith((b"\xff\xfe", b"\xfe\xff")):
         return "is UTF-16 text: save it as UTF-8"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import codecs
 import json
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +52,8 @@ def _too_long(exc: ValueError) -> bool:
     return "integer string conversion" in str(exc)
 
 
-_TOO_LONG = "a number of more than 4,300 digits (Python reads no longer integer)"
+_TOO_LONG = (f"a number of more than {sys.get_int_max_str_digits():,} digits (Python reads no longer integer; "
+             "PYTHONINTMAXSTRDIGITS sets the limit)")
 
 
 def _unreadable(file: Path, exc: OSError) -> DatasetError:
