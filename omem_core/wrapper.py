@@ -478,7 +478,7 @@ class ObservationalMemoryStore:
         self._unreleased: dict[str, str] = {}
         self._closing = False  # close() has begun: no new read, save or delete
         self._writing: dict[asyncio.Task[Any], int] = {}  # the tasks saving or deleting through this store
-        self._pass_tasks: set[asyncio.Task[None]] = set()  # every pass running (one a delete unlisted too)
+        self._pass_tasks: set[asyncio.Task[list[ObservationRecord]]] = set()  # every pass running (one a delete unlisted too)
 
     # -- the MemoryStore port ---------------------------------------------------------------
 
@@ -879,7 +879,7 @@ class ObservationalMemoryStore:
             self._inflight[thread_id] = entry
             self._pass_tasks.add(entry.task)
 
-            def _done(task: asyncio.Task[None], entry: _Inflight = entry) -> None:
+            def _done(task: asyncio.Task[list[ObservationRecord]], entry: _Inflight = entry) -> None:
                 self._pass_tasks.discard(task)
                 if self._inflight.get(thread_id) is entry:
                     del self._inflight[thread_id]
