@@ -470,3 +470,25 @@ def test_the_quickstart_shows_both_steps_and_keeps_the_safety_fact() -> None:
     first, memory = done.stdout.splitlines()[0], done.stdout.split("[system]")[1].split("[user]")[0]
     assert "1 reflection" in first and "observations" in first
     assert "peanut" in memory and "Anika" in memory
+
+
+def test_a_reader_that_goes_away_does_not_fail_the_replay_or_experiment(tmp_path) -> None:
+    """Found by a new user: `replay ... 2>&1 | head -1` (or quitting a pager) failed the replay with
+    a BrokenPipeError at its next progress line, recorded as the run's error; an experiment failed
+    the same way. Progress is best effort now: the work finishes and is recorded."""
+    db = tmp_path / "runs.duckdb"
+    for args in (("replay", "--observation-threshold", "60", "--reflection-threshold", "120"),
+                 ("experiment", "run", "--dataset", "demo", "--observation-threshold", "60,90,120",
+                  "--reflection-threshold", "240",
+                  "--concurrency", "1")):
+        process = subprocess.Popen([sys.executable, "-m", "workbench", *args, "--db", str(db)], cwd=ROOT,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   env={**os.environ, "OMEM_CACHE_DIR": str(tmp_path / "cache")})
+        assert process.stdout.readline()  # the first line, as `head -1` reads it; then the reader goes
+        process.stdout.close()
+        process.wait(timeout=300)
+    with RunStore(db) as store:
+        runs = store.runs()
+        assert len(runs) == 4 and set(runs.status) == {"completed"}, runs[["status", "error"]].to_dict("records")
+        [experiment] = store.experiments().to_dict("records")
+        assert experiment["status"] == "completed"

@@ -72,10 +72,10 @@ def json_errors(command: Callable[..., None]) -> Callable[..., None]:
             # library), or once it had given its answer (closing the store). It exits 130, as the
             # command's own handling does, not click's "Aborted!" with 1; an answer already out stands.
             if _answered:  # (and the exit code is the answer's, so a script reads them alike)
-                click.echo("\ninterrupted while closing: the command had finished (its answer above stands)", err=True)
+                _tell("\ninterrupted while closing: the command had finished (its answer above stands)")
                 sys.exit(_answered[-1])
             else:
-                click.echo("\ninterrupted before the command finished", err=True)
+                _tell("\ninterrupted before the command finished")
                 if kwargs.get("as_json"):
                     click.echo(json.dumps({"status": "interrupted", "error": "interrupted before the command finished"}))
             sys.exit(130)
@@ -109,7 +109,7 @@ class JsonCommand(click.Command):
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt:
-            click.echo("\ninterrupted", err=True)
+            _tell("\ninterrupted")
             sys.exit(130)
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
@@ -157,7 +157,7 @@ def _open_store(db: str) -> RunStore:
     from .runstore import RunStore
 
     try:
-        return RunStore(db, on_wait=lambda message: click.echo(message + "…", err=True))
+        return RunStore(db, on_wait=lambda message: _tell(message + "…"))
     except WorkbenchError as exc:
         raise click.ClickException(str(exc)) from exc
 
@@ -196,6 +196,20 @@ def _using_store(db: str, *, existing: bool = False) -> Iterator[RunStore]:
         store.close()
 
 
+def _tell(text: str, *, nl: bool = True) -> None:
+    """A line on stderr (progress, a warning, a note), best effort: a reader gone (``2>&1 | head -1``,
+    a pager quit) failed the replay or experiment writing it with a BrokenPipeError, recorded as the
+    run's error. After that, stderr goes nowhere and the work goes on (click's own exit deals with
+    stdout)."""
+    try:
+        click.echo(text, nl=nl, err=True)
+    except BrokenPipeError:
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stderr.fileno())
+            os.close(devnull)
+
+
 def _progress_printer(label: str, quiet: bool):
     state = {"last": -1}
 
@@ -209,9 +223,9 @@ def _progress_printer(label: str, quiet: bool):
         if percent != state["last"] and (percent % step == 0 or done == total):
             state["last"] = percent
             if terminal:
-                click.echo(f"\r{label} {percent:3d}% ({done}/{total} messages)", nl=done == total, err=True)
+                _tell(f"\r{label} {percent:3d}% ({done}/{total} messages)", nl=done == total)
             else:
-                click.echo(f"{label} {percent:3d}% ({done}/{total} messages)", err=True)
+                _tell(f"{label} {percent:3d}% ({done}/{total} messages)")
 
     return progress
 
@@ -222,8 +236,12 @@ def _echo_wrapped(text: str, *, first: str = "", rest: str = "    ", err: bool =
     import re
 
     whole = re.sub(r"\[[^\[\]\s]+, [^\[\]\s]+\]", lambda m: m.group().replace(" ", "\u00a0"), text)
-    click.echo(textwrap.fill(whole, 100, initial_indent=first, subsequent_indent=rest, break_long_words=False,
-                             break_on_hyphens=False).replace("\u00a0", " "), err=err)
+    wrapped = textwrap.fill(whole, 100, initial_indent=first, subsequent_indent=rest, break_long_words=False,
+                            break_on_hyphens=False).replace("\u00a0", " ")
+    if err:
+        _tell(wrapped)
+    else:
+        click.echo(wrapped)
 
 
 def _dataset_name(path: str) -> str:
@@ -238,7 +256,7 @@ def _agree(question: str) -> bool:
     try:
         return click.confirm(question, default=False, err=True)
     except click.Abort:
-        click.echo("", err=True)
+        _tell("")
         return False
 
 
@@ -261,7 +279,7 @@ def _ask_before_paying(grid: list[Any], tokens: int, yes: bool, what: str) -> No
     estimate = estimate_cost([tokens], runnable)
     if estimate == 0:  # the offline model, or nothing that can run here
         return
-    click.echo(f"{what}: cost {_cost_text(estimate)}", err=True)
+    _tell(f"{what}: cost {_cost_text(estimate)}")
     if not yes and not _agree("Start?"):
         raise click.ClickException("not started (pass --yes to start a paid replay without asking)")
 
@@ -463,8 +481,8 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
         if resume:
             run = store.run(resume)
             if run["status"] == "completed":
-                click.echo(f"run {resume} is already completed: nothing to resume "
-                           f"({cli_command('runs', store.path)} lists its figures)", err=True)
+                _tell(f"run {resume} is already completed: nothing to resume "
+                           f"({cli_command('runs', store.path)} lists its figures)")
                 if as_json:  # (the last stdout line is JSON, as promised)
                     _say_json({"run_id": resume, "status": "completed", "resumed": False})
                 return
@@ -485,7 +503,7 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
             except ConfigurationError as exc:  # options that cannot go together: refused (exit 2), nothing run
                 raise click.UsageError(str(exc)) from None
         for warning in conv.warnings:  # (named by conversation, as an experiment's are)
-            click.echo(f"warning: {terminal_text(conv.id)}: {warning}", err=True)
+            _tell(f"warning: {terminal_text(conv.id)}: {warning}")
         from .datasets.base import ConversationInfo, rough_tokens
 
         tokens, what = ConversationInfo.of(conv).tokens, f"replay of {terminal_text(conv.id)}"
@@ -506,15 +524,14 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
             raise failure from exc
         except ReplayFailed as exc:
             partial = exc.result
-            click.echo(f"error: {exc}", err=True)
+            _tell(f"error: {exc}")
             if exc.resumable:
-                click.echo(f"the run {partial.run_id} failed at step {partial.steps} of {partial.planned_steps} and "
-                           f"kept its recorded steps; resume with: {cli_command(f'replay --resume {partial.run_id}', store.path)}",
-                           err=True)
+                _tell(f"the run {partial.run_id} failed at step {partial.steps} of {partial.planned_steps} and "
+                           f"kept its recorded steps; resume with: {cli_command(f'replay --resume {partial.run_id}', store.path)}")
             else:  # (a resume would stop at the same message)
-                click.echo(f"the run {partial.run_id} stopped at step {partial.steps} of {partial.planned_steps} on a "
+                _tell(f"the run {partial.run_id} stopped at step {partial.steps} of {partial.planned_steps} on a "
                            "message of the dataset (recorded as failed, its steps kept): correct or re-date that "
-                           "message in the dataset, then start a new replay", err=True)
+                           "message in the dataset, then start a new replay")
             if as_json:
                 _say_json(partial.summary(), code=1)
             sys.exit(1)
@@ -678,7 +695,7 @@ def _exit_interrupted(message: str | Callable[[], str], fallback: str = "\ninter
                 message = message()
         except WorkbenchError as exc:  # (the run store held or unreadable: what was kept is not read)
             message = f"{fallback} ({exc})"
-    click.echo(message, err=True)
+    _tell(message)
     if as_json:
         _say_json({"status": "interrupted", "error": " ".join(message.split()), **extra}, code=130)
     if handled:
@@ -724,7 +741,7 @@ def _run_judge(store, result, conv, config, answerer, judge, yes, quiet) -> None
     context = render_context(result.context)
     probes = judging.left_the_window(store, result.run_id, conv.probes)
     estimate = judging.estimate(probes, context, answerer, judge)
-    click.echo(f"LLM-judged retention: {estimate.describe()}", err=True)
+    _tell(f"LLM-judged retention: {estimate.describe()}")
     if estimate.cost_usd != 0 and not yes and not _agree("Run it?"):  # (free: offline)
         return
     costs: list[float | None] = []
@@ -752,7 +769,7 @@ def _run_judge(store, result, conv, config, answerer, judge, yes, quiet) -> None
         click.echo(f"LLM-judged accuracy: {accuracy} over {count(len(scores), 'probe')} "
                    f"({count(len(costs), 'call')}, {spent})")
     if unread:  # (said even with --json: a judge off script is not a measurement)
-        click.echo(f"warning: {judging.unscored_note(unread)}", err=True)
+        _tell(f"warning: {judging.unscored_note(unread)}")
 
 
 @cli.command()
@@ -801,7 +818,7 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
         known = set(store.runs().run_id)  # (an interruption names the runs this sweep left unfinished)
         try:
             for warning in conv.warnings:
-                click.echo(f"warning: {terminal_text(conv.id)}: {warning}", err=True)
+                _tell(f"warning: {terminal_text(conv.id)}: {warning}")
             from .experiments import config_grid, labels, offline_prompt_warning
 
             # (as an experiment's grid: without a reflector, one configuration per other setting,
@@ -817,7 +834,7 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
                 raise click.UsageError(str(exc)) from None
 
             if warning := offline_prompt_warning(grid):
-                click.echo(f"warning: {warning}", err=True)
+                _tell(f"warning: {warning}")
 
             # What varies names each configuration (a single one is named in full).
             short = labels([c.to_json() for c in grid]) if len(grid) > 1 else [c.label() for c in grid]
@@ -833,7 +850,7 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
                                            + "; ".join(sorted({p for p in problems.values() if p})))
             for name, problem in problems.items():
                 if problem:
-                    click.echo(f"warning: {name} cannot run here and will be recorded as failed: {problem}", err=True)
+                    _tell(f"warning: {name} cannot run here and will be recorded as failed: {problem}")
 
             def report(finished: int, total: int, config: ReplayConfig, result: ReplayResult) -> None:
                 if as_json:
@@ -844,7 +861,7 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
                 else:
                     figures = f"failed at step {result.steps}: {result.error}"
                 name = names.get(id(config), config.label())
-                click.echo(f"[{finished}/{total}] {result.run_id or '-'} {name}: {figures}", err=True)
+                _tell(f"[{finished}/{total}] {result.run_id or '-'} {name}: {figures}")
 
             from .datasets.base import ConversationInfo
 
@@ -886,9 +903,9 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
                                   "`replay` of it says what to change", first="note: ", rest="      ")
                 failed = [(c, r) for c, r in zip(grid, results) if r.status != "completed"]
                 for config, result in failed:
-                    click.echo(f"failed: {names.get(id(config), config.label())}: {result.error}", err=True)
+                    _tell(f"failed: {names.get(id(config), config.label())}: {result.error}")
                 if failed:
-                    click.echo(f"{len(failed)} of {len(grid)} configurations failed", err=True)
+                    _tell(f"{len(failed)} of {len(grid)} configurations failed")
         except KeyboardInterrupt:
             _exit_interrupted(lambda: _sweep_interrupted(store, known), "\ninterrupted: finished runs are kept",
                               as_json=as_json)
@@ -913,11 +930,11 @@ def compare(run_a: str, run_b: str, as_json: bool, db: str) -> None:
         runs = [store.run(r) for r in (run_a, run_b)]
     conversations = [run["conversation_id"] for run in runs]
     if conversations[0] != conversations[1]:  # (named as A, B: a sorted pair read the wrong way round)
-        click.echo(f"warning: the two runs replayed different conversations (A {conversations[0]}, "
-                   f"B {conversations[1]}); their figures are not directly comparable", err=True)
+        _tell(f"warning: the two runs replayed different conversations (A {conversations[0]}, "
+                   f"B {conversations[1]}); their figures are not directly comparable")
     if note := scoring_note([run.get("scoring") for run in runs]):
-        click.echo(f"warning: {note}; to score both under the current rule, with no model call: "
-                   + cli_command("rescore --all", db), err=True)
+        _tell(f"warning: {note}; to score both under the current rule, with no model call: "
+                   + cli_command("rescore --all", db))
     if as_json:
         click.echo(table.to_json(orient="columns"))
     else:  # the long configuration labels above the table, so that it fits a terminal
@@ -1003,7 +1020,7 @@ def delete_command(run_ids: tuple[str, ...], yes: bool, db: str) -> None:
         runs = [store.run(run_id) for run_id in run_ids]  # an unknown id: an error, and nothing deleted
         for run in runs:
             part = "" if missing(run.get("experiment_id")) else f" of experiment {run['experiment_id']}"
-            click.echo(f"run {run['run_id']}: {run['status']}, conversation {run['conversation_id']}{part}", err=True)
+            _tell(f"run {run['run_id']}: {run['status']}, conversation {run['conversation_id']}{part}")
         if not yes:
             click.confirm(f"Delete {count(len(runs), 'run')}?", abort=True, err=True)
         for run_id in run_ids:  # each in its own transaction: one another process is replaying stops here
@@ -1045,7 +1062,7 @@ def rescore_command(run_ids: tuple[str, ...], experiment_ids: tuple[str, ...], e
             except WorkbenchError as exc:  # (cannot be re-scored, deleted meanwhile, an unknown id)
                 failed += 1
                 said = str(exc) if isinstance(exc, RescoreError) else f"experiment {experiment_id} was not re-scored: {exc}"
-                click.echo(f"error: {said}", err=True)
+                _tell(f"error: {said}")
                 continue
             if not done and before == SCORING:
                 click.echo(f"experiment {experiment_id}: already scored under rule {SCORING}")
@@ -1057,7 +1074,7 @@ def rescore_command(run_ids: tuple[str, ...], experiment_ids: tuple[str, ...], e
                 done = rescore_runs(store, [run_id])
             except WorkbenchError as exc:
                 failed += 1
-                click.echo(f"error: {exc}", err=True)
+                _tell(f"error: {exc}")
                 continue
             click.echo(done[0].describe() if done else f"run {run_id}: already scored under rule {SCORING}")
     if failed:
@@ -1119,8 +1136,7 @@ def datasets(paths: tuple[Path, ...], as_json: bool) -> None:
         entries = [DatasetEntry(path.name or str(path), path, None, "given") for path in paths]
     else:
         if not shared_datasets_dir().is_dir():
-            click.echo(f"(no shared datasets at {shared_datasets_dir()}; set OMEM_SHARED_DATASETS to add them)",
-                       err=True)
+            _tell(f"(no shared datasets at {shared_datasets_dir()}; set OMEM_SHARED_DATASETS to add them)")
         entries = known_datasets()
     rows: list[dict[str, Any]] = []
     for entry in entries:
@@ -1165,7 +1181,7 @@ def _experiment_progress(quiet: bool):
 
     def show(p) -> None:
         for warning in p.warnings:
-            click.echo(f"warning: {terminal_text(p.conversation_id)}: {warning}", err=True)
+            _tell(f"warning: {terminal_text(p.conversation_id)}: {warning}")
         if quiet or not p.finished:  # (a line per finished run; the app's bar follows the runs in flight)
             return
         width = 20
@@ -1174,8 +1190,7 @@ def _experiment_progress(quiet: bool):
         eta = f", about {p.eta_s:,.0f} s left" if p.eta_s is not None and p.done < p.total else ""
         cost = f", ${p.cost_usd:.4f} spent" if p.cost_usd else ""
         state = "" if p.status == "completed" else f" ({p.status})"
-        click.echo(f"[{p.done}/{p.total}] {bar} {terminal_text(p.conversation_id)} · {p.label}{state}{cost}{eta}",
-                   err=True)
+        _tell(f"[{p.done}/{p.total}] {bar} {terminal_text(p.conversation_id)} · {p.label}{state}{cost}{eta}")
 
     return show
 
@@ -1226,7 +1241,7 @@ def _print_report(data: dict[str, Any], db: str) -> None:
                    f"{display(c['recency_ratio']):>10} {blind:>10} {c['observer_calls'] + c['reflector_calls']:>5,} "
                    f"{money(c['cost_usd']):>7}")
         for error in c["errors"]:  # ("conv-26: message m55 cannot be replayed: …")
-            click.echo(f"    failed: {c['label']} on {error}", err=True)
+            _tell(f"    failed: {c['label']} on {error}")
     shown = [c["cost_usd"] for c in data["configs"]]
     spent = data.get("spent_usd") or 0.0
     if spent and (None in shown or abs(spent - sum(shown)) > 1e-9):  # (the table counts completed runs only)
@@ -1256,10 +1271,10 @@ def _print_report(data: dict[str, Any], db: str) -> None:
                       "observed (the error above names it): correct or re-date that message in the dataset, then "
                       "start a new experiment; a resume would stop there again", err=True)
     if (data["failed_runs"] - refused or data.get("missing_runs")) and data["status"] == "completed":
-        click.echo("replay the runs that did not complete with: "
-                   + cli_command(f"experiment resume {data['experiment_id']}", db), err=True)
+        _tell("replay the runs that did not complete with: "
+                   + cli_command(f"experiment resume {data['experiment_id']}", db))
     elif data["status"] in ("interrupted", "stopped", "failed") and data["completed_runs"] < data["planned_runs"]:
-        click.echo("finish it with: " + cli_command(f"experiment resume {data['experiment_id']}", db), err=True)
+        _tell("finish it with: " + cli_command(f"experiment resume {data['experiment_id']}", db))
 
 
 def _probes_asked(data: dict[str, Any]) -> str | None:
@@ -1397,7 +1412,7 @@ def experiment_run(dataset, fmt, conversations, observation, reflection, windows
 
         warning = ex.offline_prompt_warning(grid)
         if warning:
-            click.echo(f"warning: {warning}", err=True)
+            _tell(f"warning: {warning}")
         names = ex.labels([c.to_json() for c in grid])  # as the report will name them
         problems = {name: configuration_problem(c) for name, c in zip(names, grid)}
         if all(problems.values()):  # nothing could run: refuse before asking anything
@@ -1405,10 +1420,10 @@ def experiment_run(dataset, fmt, conversations, observation, reflection, windows
                                      + "; ".join(sorted({p for p in problems.values() if p})))
         for label, problem in problems.items():
             if problem:
-                click.echo(f"warning: {label} cannot run here and will be recorded as failed: {problem}", err=True)
+                _tell(f"warning: {label} cannot run here and will be recorded as failed: {problem}")
         chosen = ex.choose_conversations(list(listed), conversations, dataset)  # before announcing the plan
         if unscored := ex.unscored_warning([listed[c] for c in chosen]):
-            click.echo(f"warning: {unscored}", err=True)
+            _tell(f"warning: {unscored}")
         if judge and answerer:  # (the judging comes after every replay: refused now, not then)
             from .judge import unusable
 
@@ -1423,18 +1438,18 @@ def experiment_run(dataset, fmt, conversations, observation, reflection, windows
         cost = _cost_text(estimate)
         if judge and answerer and judging != 0:
             cost += f", judging included ({answerer} answers, {judge} grades: 2 calls per probe)"
-        click.echo(f"{count(runs, 'run')}: {count(len(chosen), 'conversation')} × "
-                   f"{count(len(grid), 'configuration')}; cost {cost}", err=True)
+        _tell(f"{count(runs, 'run')}: {count(len(chosen), 'conversation')} × "
+                   f"{count(len(grid), 'configuration')}; cost {cost}")
         if estimate is None and max_cost is not None:
-            click.echo("warning: --max-cost counts only the calls whose price litellm knows: the others are not "
-                       "counted, so the limit may not stop this experiment", err=True)
+            _tell("warning: --max-cost counts only the calls whose price litellm knows: the others are not "
+                       "counted, so the limit may not stop this experiment")
         if estimate != 0 and not yes and not _agree("Start?"):  # (None: unknown price)
             raise click.ClickException("not started (pass --yes to start a paid experiment without asking)")
         if same_name := ex.name_warning(store, name):
-            click.echo(f"warning: {same_name}", err=True)
+            _tell(f"warning: {same_name}")
         experiment_id = ex.create_experiment(store, dataset=dataset, grid=grid, options=options,
                                              conversations=chosen, dataset_format=fmt, name=name)
-        click.echo(f"experiment {experiment_id}", err=True)
+        _tell(f"experiment {experiment_id}")
         _finish_experiment(store, experiment_id, as_json)
 
 
@@ -1468,7 +1483,7 @@ def _finish_experiment(store, experiment_id: str, as_json: bool) -> None:
     else:
         _print_report(data, store.path)
     if outcome.error:
-        click.echo(f"{outcome.status}: {outcome.error}", err=True)
+        _tell(f"{outcome.status}: {outcome.error}")
     if code:
         sys.exit(code)
 
@@ -1487,8 +1502,8 @@ def experiment_resume(experiment_id: str, max_cost: float | None, yes: bool, as_
         from . import experiments as ex
 
         if store.experiment(experiment_id)["status"] == "completed" and not ex.pending_tasks(store, experiment_id):
-            click.echo(f"every run of experiment {experiment_id} is already completed: nothing to resume "
-                       f"({cli_command(f'experiment show {experiment_id}', db)})", err=True)
+            _tell(f"every run of experiment {experiment_id} is already completed: nothing to resume "
+                       f"({cli_command(f'experiment show {experiment_id}', db)})")
             if as_json:  # (the last stdout line is JSON, as promised; as `replay --resume` says it)
                 _say_json({"experiment_id": experiment_id, "status": "completed", "resumed": False})
             return
@@ -1512,12 +1527,12 @@ def experiment_resume(experiment_id: str, max_cost: float | None, yes: bool, as_
                 "would stop again at its first paid call: give it a higher limit, e.g. "
                 + cli_command(f"experiment resume {experiment_id} --max-cost {ex.higher_limit(spent, limit):g}", db))
         for label, problem in blocked.items():
-            click.echo(f"warning: {label} cannot run here and will be recorded as failed: {problem}", err=True)
+            _tell(f"warning: {label} cannot run here and will be recorded as failed: {problem}")
         # What is left, and what it should cost, asked as a new experiment asks (a resume of a paid
         # one started unasked: the spend of the rest of a grid, or of the judging still owed).
         runs, judged, estimate = ex.estimate_resume(store, experiment_id)
-        click.echo(f"{count(runs, 'run')} left to replay" + (f", {count(judged, 'run')} to judge" if judged else "")
-                   + f"; cost {_cost_text(estimate, free='free')}", err=True)
+        _tell(f"{count(runs, 'run')} left to replay" + (f", {count(judged, 'run')} to judge" if judged else "")
+                   + f"; cost {_cost_text(estimate, free='free')}")
         if estimate != 0 and not yes and not _agree("Resume?"):
             raise click.ClickException("not resumed (pass --yes to resume a paid experiment without asking)")
         if max_cost is not None:
@@ -1602,9 +1617,8 @@ def experiment_compare(experiment_id: str, label_a: str | None, label_b: str | N
         rule = _experiment_rule(store, experiment_id)
         note, rescorable = ex.rule_note(store.experiment(experiment_id), store.experiment_runs(experiment_id))
     if note:
-        click.echo(f"note: {note}" + ("; to score it under the current rule, with no model call: "
-                                      + cli_command(f"rescore --experiment {experiment_id}", db) if rescorable else ""),
-                   err=True)
+        _tell(f"note: {note}" + ("; to score it under the current rule, with no model call: "
+                                      + cli_command(f"rescore --experiment {experiment_id}", db) if rescorable else ""))
     if as_json:
         _say_json({"a": diff.a, "b": diff.b, "probes": diff.probes, "retention_diff": diff.difference,
                    "ci95": list(diff.ci95) if diff.ci95 else None, "verdict": diff.verdict(),
@@ -1626,8 +1640,7 @@ def experiment_delete(experiment_id: str, yes: bool, db: str) -> None:
         experiment = store.experiment(experiment_id)
         runs = store.experiment_runs(experiment_id)
         name = "" if missing(experiment.get("name")) else f" ({experiment['name']})"
-        click.echo(f"experiment {experiment_id}{name}: {experiment['status']}, {count(len(runs), 'run')} recorded",
-                   err=True)
+        _tell(f"experiment {experiment_id}{name}: {experiment['status']}, {count(len(runs), 'run')} recorded")
         if not yes:
             click.confirm(f"Delete it and its {count(len(runs), 'run')}?", abort=True, err=True)
         store.delete_experiment(experiment_id)
