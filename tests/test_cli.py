@@ -1231,3 +1231,19 @@ def test_an_empty_export_folder_is_refused(tmp_path, monkeypatch) -> None:
         code, _, err = invoke(*args)
         assert code == 2 and "'--parquet': empty: name a folder" in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_experiment_show_says_why_an_experiment_stopped(tmp_path) -> None:
+    """Found by a new user: an experiment recorded as failed (a BrokenPipeError) showed "(failed)"
+    and a resume hint, never the error recorded with it; `show --json` had no error either."""
+    from workbench import experiments as ex
+
+    db = tmp_path / "r.duckdb"
+    with RunStore(db) as store:
+        experiment_id = ex.create_experiment(store, dataset=TINY, grid=[ReplayConfig()],
+                                             options=ex.ExperimentOptions(concurrency=1))
+        store.finish_experiment(experiment_id, "failed", "OSError: [Errno 28] No space left on device", 1.5)
+    code, out, err = invoke("experiment", "show", experiment_id, "--db", str(db))
+    assert "failed: OSError: [Errno 28] No space left on device" in out + err, out + err
+    code, out, _ = invoke("experiment", "show", experiment_id, "--db", str(db), "--json")
+    assert json.loads(out.strip().splitlines()[-1])["error"] == "OSError: [Errno 28] No space left on device"

@@ -1220,6 +1220,8 @@ def _print_report(data: dict[str, Any], db: str) -> None:
         header += (f"; the figures below come from the {data['completed_runs']} of {data['planned_runs']} "
                    f"planned runs that completed, on {count(data['completed_conversations'], 'conversation')}")
     _echo_wrapped(header)
+    if data.get("error") and data["status"] != "completed":  # (it was only in the run store: why it stopped)
+        _echo_wrapped(f"{'stopped' if data['status'] == 'stopped' else data['status']}: {terminal_text(data['error'])}")
     if note := data.get("scoring_note"):
         _echo_wrapped(f"note: {note}" + ("; to score it under the current rule, with no model call: "
                                          + cli_command(f"rescore --experiment {data['experiment_id']}", db)

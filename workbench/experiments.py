@@ -1505,6 +1505,8 @@ def report(store: Any, experiment_id: str) -> dict[str, Any]:
     scoring_note, rescorable = rule_note(experiment, runs)
     return {
         "experiment_id": experiment_id, "name": experiment["name"], "status": experiment["status"],
+        # why it stopped, as recorded (a Ctrl-C, the cost limit, an error of its own; None when it completed)
+        "error": None if is_missing(experiment.get("error")) else str(experiment["error"]),
         "status_text": status_text(experiment["status"], failed, planned, missing), "failed_runs": failed,
         "dataset_failed_runs": refused,
         "missing_runs": missing,
