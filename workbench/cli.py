@@ -482,7 +482,7 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
             run = store.run(resume)
             if run["status"] == "completed":
                 _tell(f"run {resume} is already completed: nothing to resume "
-                           f"({cli_command('runs', store.path)} lists its figures)")
+                      f"({cli_command('runs', store.path)} lists its figures)")
                 if as_json:  # (the last stdout line is JSON, as promised)
                     _say_json({"run_id": resume, "status": "completed", "resumed": False})
                 return
@@ -527,11 +527,11 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
             _tell(f"error: {exc}")
             if exc.resumable:
                 _tell(f"the run {partial.run_id} failed at step {partial.steps} of {partial.planned_steps} and "
-                           f"kept its recorded steps; resume with: {cli_command(f'replay --resume {partial.run_id}', store.path)}")
+                      f"kept its recorded steps; resume with: {cli_command(f'replay --resume {partial.run_id}', store.path)}")
             else:  # (a resume would stop at the same message)
                 _tell(f"the run {partial.run_id} stopped at step {partial.steps} of {partial.planned_steps} on a "
-                           "message of the dataset (recorded as failed, its steps kept): correct or re-date that "
-                           "message in the dataset, then start a new replay")
+                      "message of the dataset (recorded as failed, its steps kept): correct or re-date that "
+                      "message in the dataset, then start a new replay")
             if as_json:
                 _say_json(partial.summary(), code=1)
             sys.exit(1)
@@ -931,10 +931,10 @@ def compare(run_a: str, run_b: str, as_json: bool, db: str) -> None:
     conversations = [run["conversation_id"] for run in runs]
     if conversations[0] != conversations[1]:  # (named as A, B: a sorted pair read the wrong way round)
         _tell(f"warning: the two runs replayed different conversations (A {conversations[0]}, "
-                   f"B {conversations[1]}); their figures are not directly comparable")
+              f"B {conversations[1]}); their figures are not directly comparable")
     if note := scoring_note([run.get("scoring") for run in runs]):
         _tell(f"warning: {note}; to score both under the current rule, with no model call: "
-                   + cli_command("rescore --all", db))
+              + cli_command("rescore --all", db))
     if as_json:
         click.echo(table.to_json(orient="columns"))
     else:  # the long configuration labels above the table, so that it fits a terminal
@@ -1274,7 +1274,7 @@ def _print_report(data: dict[str, Any], db: str) -> None:
                       "start a new experiment; a resume would stop there again", err=True)
     if (data["failed_runs"] - refused or data.get("missing_runs")) and data["status"] == "completed":
         _tell("replay the runs that did not complete with: "
-                   + cli_command(f"experiment resume {data['experiment_id']}", db))
+              + cli_command(f"experiment resume {data['experiment_id']}", db))
     elif data["status"] in ("interrupted", "stopped", "failed") and data["completed_runs"] < data["planned_runs"]:
         _tell("finish it with: " + cli_command(f"experiment resume {data['experiment_id']}", db))
 
@@ -1441,10 +1441,10 @@ def experiment_run(dataset, fmt, conversations, observation, reflection, windows
         if judge and answerer and judging != 0:
             cost += f", judging included ({answerer} answers, {judge} grades: 2 calls per probe)"
         _tell(f"{count(runs, 'run')}: {count(len(chosen), 'conversation')} × "
-                   f"{count(len(grid), 'configuration')}; cost {cost}")
+              f"{count(len(grid), 'configuration')}; cost {cost}")
         if estimate is None and max_cost is not None:
             _tell("warning: --max-cost counts only the calls whose price litellm knows: the others are not "
-                       "counted, so the limit may not stop this experiment")
+                  "counted, so the limit may not stop this experiment")
         if estimate != 0 and not yes and not _agree("Start?"):  # (None: unknown price)
             raise click.ClickException("not started (pass --yes to start a paid experiment without asking)")
         if same_name := ex.name_warning(store, name):
@@ -1505,7 +1505,7 @@ def experiment_resume(experiment_id: str, max_cost: float | None, yes: bool, as_
 
         if store.experiment(experiment_id)["status"] == "completed" and not ex.pending_tasks(store, experiment_id):
             _tell(f"every run of experiment {experiment_id} is already completed: nothing to resume "
-                       f"({cli_command(f'experiment show {experiment_id}', db)})")
+                  f"({cli_command(f'experiment show {experiment_id}', db)})")
             if as_json:  # (the last stdout line is JSON, as promised; as `replay --resume` says it)
                 _say_json({"experiment_id": experiment_id, "status": "completed", "resumed": False})
             return
@@ -1534,7 +1534,7 @@ def experiment_resume(experiment_id: str, max_cost: float | None, yes: bool, as_
         # one started unasked: the spend of the rest of a grid, or of the judging still owed).
         runs, judged, estimate = ex.estimate_resume(store, experiment_id)
         _tell(f"{count(runs, 'run')} left to replay" + (f", {count(judged, 'run')} to judge" if judged else "")
-                   + f"; cost {_cost_text(estimate, free='free')}")
+              + f"; cost {_cost_text(estimate, free='free')}")
         if estimate != 0 and not yes and not _agree("Resume?"):
             raise click.ClickException("not resumed (pass --yes to resume a paid experiment without asking)")
         if max_cost is not None:
