@@ -1335,6 +1335,53 @@ def test_figures_per_conversation_show_the_spread_the_pooled_interval_does_not(t
     assert f">{first['retention']:.3f}<" in page  # a cell of the table
 
 
+def test_experiment_compare_sets_the_two_configurations_figures_side_by_side(tmp_path) -> None:
+    """`experiment compare` printed the retention difference only ("Print JSON instead of a
+    table" said its --help): compression, cost and the blind spot, what a threshold trades
+    retention for, were in `show` only. Both rows are on the conversations both completed, as the
+    paired difference is."""
+    db = str(tmp_path / "x.duckdb")
+    code, out, err = invoke("experiment", "run", "--dataset", str(LONGMEMEVAL), "--observation-threshold", "20,40",
+                            "--reflection-threshold", "60", "--window", "2", "--json", "--db", db)
+    assert code == 0, err
+    experiment_id = json.loads(out.strip().splitlines()[-1])["experiment_id"]
+    with RunStore(db) as store:
+        runs = store.experiment_runs(experiment_id)
+        conversations = list(dict.fromkeys(runs.conversation_id))
+        assert len(conversations) >= 3
+        dropped = runs[(runs.config_label == "obs 40") & (runs.conversation_id == conversations[0])].run_id.iloc[0]
+        store.delete_run(dropped)  # obs 40 now lacks a conversation obs 20 completed
+        runs = store.experiment_runs(experiment_id)
+        probes = store.experiment_probes(experiment_id)
+    code, raw, err = invoke("experiment", "compare", experiment_id, "--json", "--db", db)
+    assert code == 0, err
+    data = json.loads(raw.strip().splitlines()[-1])
+    shared = conversations[1:]
+    assert data["shared_conversations"] == shared
+    rows = {row["label"]: row for row in data["configs"]}
+    assert list(rows) == ["obs 20", "obs 40"]
+    for label, row in rows.items():
+        done = runs[(runs.config_label == label) & (runs.status == "completed") & runs.conversation_id.isin(shared)]
+        mine = probes[(probes.config_label == label) & (probes.method == "memory") & probes.score.notna()
+                      & probes.conversation_id.isin(shared)]
+        assert row["runs"] == len(shared) and row["probes"] == len(mine)
+        assert row["retention"] == pytest.approx(mine.score.mean())
+        assert row["compression"] == pytest.approx(done.full_history_tokens.sum() / done.final_context_tokens.sum())
+        assert row["observer_calls"] == done.observer_calls.sum()
+    code, out, err = invoke("experiment", "compare", experiment_id, "--db", db)
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert f"obs 20 completed {len(conversations)} conversations, obs 40 {len(shared)} conversations: both rows are " \
+           f"on the {len(shared)} both completed" in text
+    header = next(line for line in out.splitlines() if line.startswith("configuration"))
+    assert header.split()[:5] == ["configuration", "done", "probes", "retention", "95%"] and "compr" in header
+    for label, row in rows.items():
+        [line] = [line for line in out.splitlines() if line.startswith(label + " ") and " vs " not in line]
+        assert f"{row['retention']:.3f}" in line and f"{row['compression']:.1f}x" in line
+        assert line.split()[2] == f"{len(shared)}/{len(shared)}"
+    assert "obs 20 vs obs 40 on" in text  # the paired difference, below the rows
+
+
 def test_the_tally_by_conversation_pairs_the_probes_both_scored() -> None:
     """With windows of different sizes the configurations score different probes (those whose
     evidence is still in the larger window are not scored): the tally compared each one's own

@@ -1205,10 +1205,7 @@ def _comparison_line(a: str, b: str, verdict: str, signed: bool, where: str = ""
 
 def _print_report(data: dict[str, Any], db: str) -> None:
     from .experiments import tally_text
-    from .formatting import MISSING, display, missing, tokens
-
-    def ci(pair) -> str:
-        return f"[{share(pair[0], 3)}, {share(pair[1], 3)}]" if pair else MISSING
+    from .formatting import display, missing
 
     named = "" if missing(data.get("name")) else f" {terminal_text(str(data['name']))!r}"  # (not shown before)
     header = (f"experiment {data['experiment_id']}{named} ({data['status_text']}): "
@@ -1226,24 +1223,7 @@ def _print_report(data: dict[str, Any], db: str) -> None:
         _echo_wrapped(f"note: {note}" + ("; to score it under the current rule, with no model call: "
                                          + cli_command(f"rescore --experiment {data['experiment_id']}", db)
                                          if data.get("rescorable") else ""))
-    # A label longer than the column is written on a line of its own above its figures (cut, two
-    # labels could read the same; in full, the table would not fit 100 columns).
-    width = len("configuration")
-    click.echo(f"{'configuration':<{width}} {'done':>5} {'probes':>6} {'retention':>9} {'95% CI':>14} "
-               f"{'compr':>6} {'vs recency':>10} {'blind spot':>10} {'calls':>5} {'cost':>7}")
-    for c in data["configs"]:
-        blind = MISSING if c["blind_spot_tokens"] is None else f"{tokens(c['blind_spot_tokens'])} tok"
-        label = c["label"]
-        if len(label) > width:
-            click.echo(label)
-            label = ""
-        done = f"{c['runs']}/{c['runs'] + c['failed'] + c.get('missing', 0)}"  # of the runs planned
-        click.echo(f"{label:<{width}} {done:>5} {c['probes']:>6} "
-                   f"{display(c['retention']):>9} {ci(c['retention_ci95']):>14} {ratio(c['compression']):>6} "
-                   f"{display(c['recency_ratio']):>10} {blind:>10} {c['observer_calls'] + c['reflector_calls']:>5,} "
-                   f"{money(c['cost_usd']):>7}")
-        for error in c["errors"]:  # ("conv-26: message m55 cannot be replayed: …")
-            _tell(f"    failed: {c['label']} on {error}")
+    _print_config_table(data["configs"])
     shown = [c["cost_usd"] for c in data["configs"]]
     spent = data.get("spent_usd") or 0.0
     if spent and (None in shown or abs(spent - sum(shown)) > 1e-9):  # (the table counts completed runs only)
@@ -1277,6 +1257,34 @@ def _print_report(data: dict[str, Any], db: str) -> None:
               + cli_command(f"experiment resume {data['experiment_id']}", db))
     elif data["status"] in ("interrupted", "stopped", "failed") and data["completed_runs"] < data["planned_runs"]:
         _tell("finish it with: " + cli_command(f"experiment resume {data['experiment_id']}", db))
+
+
+def _print_config_table(configs: list[dict[str, Any]]) -> None:
+    """The configurations' figures, a row each (``report()``'s ``configs``), as `experiment show`
+    and `experiment compare` print them; a failed run's error on stderr below its row."""
+    from .formatting import MISSING, display, tokens
+
+    def ci(pair) -> str:
+        return f"[{share(pair[0], 3)}, {share(pair[1], 3)}]" if pair else MISSING
+
+    # A label longer than the column is written on a line of its own above its figures (cut, two
+    # labels could read the same; in full, the table would not fit 100 columns).
+    width = len("configuration")
+    click.echo(f"{'configuration':<{width}} {'done':>5} {'probes':>6} {'retention':>9} {'95% CI':>14} "
+               f"{'compr':>6} {'vs recency':>10} {'blind spot':>10} {'calls':>5} {'cost':>7}")
+    for c in configs:
+        blind = MISSING if c["blind_spot_tokens"] is None else f"{tokens(c['blind_spot_tokens'])} tok"
+        label = c["label"]
+        if len(label) > width:
+            click.echo(label)
+            label = ""
+        done = f"{c['runs']}/{c['runs'] + c['failed'] + c.get('missing', 0)}"  # of the runs planned
+        click.echo(f"{label:<{width}} {done:>5} {c['probes']:>6} "
+                   f"{display(c['retention']):>9} {ci(c['retention_ci95']):>14} {ratio(c['compression']):>6} "
+                   f"{display(c['recency_ratio']):>10} {blind:>10} {c['observer_calls'] + c['reflector_calls']:>5,} "
+                   f"{money(c['cost_usd']):>7}")
+        for error in c["errors"]:  # ("conv-26: message m55 cannot be replayed: …")
+            _tell(f"    failed: {c['label']} on {error}")
 
 
 def _probes_asked(data: dict[str, Any]) -> str | None:
@@ -1607,27 +1615,52 @@ def experiment_show(experiment_id: str, as_json: bool, db: str) -> None:
 @DB_OPTION
 @json_errors
 def experiment_compare(experiment_id: str, label_a: str | None, label_b: str | None, as_json: bool, db: str) -> None:
-    """Two configurations on the same probes: the difference with a paired-bootstrap 95% CI."""
+    """Two configurations side by side (retention, compression, cost…, on the conversations both
+    completed), and their difference in retention on the same probes with a paired-bootstrap 95% CI."""
     from . import experiments as ex
 
     with _using_store(db, existing=True) as store:
-        names = [c["label"] for c in store.experiment(experiment_id)["configs"]]
+        experiment = store.experiment(experiment_id)
+        names = [c["label"] for c in experiment["configs"]]
         if len(names) < 2 and not (label_a and label_b):
             raise ex.ExperimentError(f"{experiment_id} has one configuration; nothing to compare")
         diff = ex.compare(store, experiment_id, label_a or names[0], label_b or names[1])
-        tally = ex.conversation_tally(store.experiment_probes(experiment_id), diff.a, diff.b)
+        runs, probes = store.experiment_runs(experiment_id), store.experiment_probes(experiment_id)
+        tally = ex.conversation_tally(probes, diff.a, diff.b)
         rule = _experiment_rule(store, experiment_id)
-        note, rescorable = ex.rule_note(store.experiment(experiment_id), store.experiment_runs(experiment_id))
+        note, rescorable = ex.rule_note(experiment, runs)
+        # The two rows on the conversations both completed, as the paired difference pairs them (one
+        # side's extra conversations would move its pooled figures and not the other's).
+        shared = ex.shared_conversations(runs, [diff.a, diff.b])
+        by_label = {s.label: s for s in ex.summaries_of(experiment, runs, probes, store.experiment_losses(experiment_id),
+                                                        conversations=shared)}
+        rows = [ex.config_figures(by_label[label]) for label in (diff.a, diff.b)]
+    done = runs[runs.status == "completed"]
+    completed = {label: done[done.config_label == label].conversation_id.nunique() for label in (diff.a, diff.b)}
+    uneven = None
+    if any(n != len(shared) for n in completed.values()):
+        uneven = (f"{diff.a} completed {count(completed[diff.a], 'conversation')}, {diff.b} "
+                  f"{count(completed[diff.b], 'conversation')}: both rows are on the {len(shared)} both completed")
+    configs = {c["label"]: c["config"] for c in experiment["configs"]}
+    prompts = ex.offline_prompt_roles([configs[diff.a], configs[diff.b]])
     if note:
         _tell(f"note: {note}" + ("; to score it under the current rule, with no model call: "
                                       + cli_command(f"rescore --experiment {experiment_id}", db) if rescorable else ""))
+    if prompts:  # (the app's Compare page says so too)
+        _tell(f"note: they differ in {' and '.join(prompts)} prompt versions, which the built-in offline model "
+              "ignores: any difference comes from their other settings")
     if as_json:
         _say_json({"a": diff.a, "b": diff.b, "probes": diff.probes, "retention_diff": diff.difference,
                    "ci95": list(diff.ci95) if diff.ci95 else None, "verdict": diff.verdict(),
-                   "conversations": tally, "scoring": rule})
-    else:
-        _echo_wrapped(_comparison_line(diff.a, diff.b, diff.verdict(), diff.difference is not None and not diff.detectable,
-                                       f" on {count(diff.probes, 'shared probe')}") + ex.tally_text(diff.a, diff.b, tally))
+                   "conversations": tally, "scoring": rule, "shared_conversations": shared,
+                   "configs": [{k: v for k, v in row.items() if k != "errors"} for row in rows]})
+        return
+    if uneven:
+        _echo_wrapped(f"note: {uneven}")
+    if shared:
+        _print_config_table(rows)
+    _echo_wrapped(_comparison_line(diff.a, diff.b, diff.verdict(), diff.difference is not None and not diff.detectable,
+                                   f" on {count(diff.probes, 'shared probe')}") + ex.tally_text(diff.a, diff.b, tally))
 
 
 @experiment.command("delete")

@@ -1476,13 +1476,21 @@ def uneven_note(runs: Any) -> str | None:
             "completed.")
 
 
+def config_figures(summary: ConfigSummary) -> dict[str, Any]:
+    """One configuration's pooled figures as ``report()`` (and `experiment compare --json`) give them."""
+    keys = ("label", "config", "runs", "failed", "missing", "probes", "retention", "retention_ci95", "compression",
+            "recency_ratio", "blind_spot_tokens", "observer_calls", "reflector_calls", "cost_usd")
+    figures = summary.to_json()
+    return {k: figures[k] for k in keys} | {
+        "per_category": summary.per_category, "funnel": summary.funnel, "judged_accuracy": summary.judged_accuracy,
+        "judge_unscored": summary.judge_unscored, "judge_calls": summary.judge_calls, "errors": summary.errors}
+
+
 def report(store: Any, experiment_id: str) -> dict[str, Any]:
     """The ``--json`` summary: the experiment, every configuration's figures, and each
     configuration compared with the first (the baseline)."""
     experiment = store.experiment(experiment_id)
     summaries = summarise(store, experiment_id)
-    keys = ("label", "config", "runs", "failed", "missing", "probes", "retention", "retention_ci95", "compression",
-            "recency_ratio", "blind_spot_tokens", "observer_calls", "reflector_calls", "cost_usd")
     runs, probes = store.experiment_runs(experiment_id), store.experiment_probes(experiment_id)
     conversations = per_conversation(experiment, runs, probes)
     comparisons = []
@@ -1515,10 +1523,7 @@ def report(store: Any, experiment_id: str) -> dict[str, Any]:
         "dataset": experiment["dataset"], "conversations": experiment["conversations"],
         # (None: never measured — its process died before any part of it ended)
         "elapsed_s": None if is_missing(experiment["elapsed_s"]) else float(experiment["elapsed_s"]),
-        "configs": [{k: s.to_json()[k] for k in keys} | {"per_category": s.per_category, "funnel": s.funnel,
-                                                          "judged_accuracy": s.judged_accuracy, "judge_unscored": s.judge_unscored,
-                                                          "judge_calls": s.judge_calls, "errors": s.errors}
-                    for s in summaries],
+        "configs": [config_figures(s) for s in summaries],
         "comparisons": comparisons, "uneven_note": uneven_note(runs),
         "per_conversation": conversations,
         # every call paid for: completed runs (the configurations' cost_usd), failed and replaced ones
@@ -1555,7 +1560,7 @@ def export_parquet(store: Any, experiment_id: str, folder: str | Path) -> list[P
 
 
 __all__ = ["ConfigSummary", "ExperimentError", "ExperimentOptions", "ExperimentOutcome", "experiment_rule", "Progress", "STAGES",
-           "choose_conversations", "compare", "config_grid", "create_experiment", "estimate_cost", "estimate_judging",
+           "choose_conversations", "compare", "config_figures", "config_grid", "create_experiment", "estimate_cost", "estimate_judging",
            "export_parquet", "labels",
            "pending_tasks", "report", "resolve_label", "run_experiment", "status_phrase", "summarise",
            "uneven_note", "unscored_warning"]
