@@ -1382,6 +1382,19 @@ def test_experiment_compare_sets_the_two_configurations_figures_side_by_side(tmp
     assert "obs 20 vs obs 40 on" in text  # the paired difference, below the rows
 
 
+def test_experiment_compare_says_the_offline_model_ignores_the_prompts_it_compares(tmp_path) -> None:
+    """The app's Compare page said that two prompt versions on the offline model compare nothing;
+    `experiment compare` printed "no detectable difference" as a finding."""
+    db = str(tmp_path / "x.duckdb")
+    code, out, err = invoke("experiment", "run", "--dataset", str(DEMO), "--observation-threshold", "150",
+                            "--observer-prompt", "v1,v2", "--concurrency", "1", "--json", "--db", db)
+    assert code == 0, err
+    experiment_id = json.loads(out.strip().splitlines()[-1])["experiment_id"]
+    code, _, err = invoke("experiment", "compare", experiment_id, "--db", db)
+    assert code == 0 and "note: they differ in observer prompt versions, which the built-in offline model " \
+                         "ignores" in " ".join(err.split())
+
+
 def test_the_tally_by_conversation_pairs_the_probes_both_scored() -> None:
     """With windows of different sizes the configurations score different probes (those whose
     evidence is still in the larger window are not scored): the tally compared each one's own
