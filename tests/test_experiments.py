@@ -404,7 +404,11 @@ def test_an_experiment_that_finished_with_failed_runs_says_so_and_resume_retries
     assert f"experiment {experiment_id} (completed; 1 of 2 runs failed): 1 conversation of" in out
     # A label longer than its column is written whole on a line of its own; the table fits 100 columns.
     assert "\nobs model omem/extractive\n" in out and max(len(line) for line in out.splitlines()) <= 100
-    assert f"replay the runs that did not complete with: python -m workbench experiment resume {experiment_id}" in err
+    # The failed run cannot replay here either: a resume would be refused, so the hint says why first
+    # (it said "replay the runs that did not complete with: … resume", which then refused).
+    assert (f"the runs that did not complete cannot replay here (gpt-4o-mini: missing OPENAI_API_KEY in the "
+            f"environment); once that is fixed, replay them with: python -m workbench experiment resume "
+            f"{experiment_id}") in " ".join(err.split())
     with RunStore(db) as store:
         [failed_before] = store.experiment_runs(experiment_id).query("status != 'completed'").run_id
     # The key is still missing: the resume says why nothing can run (not "nothing to resume", nor
@@ -416,6 +420,11 @@ def test_an_experiment_that_finished_with_failed_runs_says_so_and_resume_retries
         runs = store.experiment_runs(experiment_id)
         assert len(runs) == 2 and failed_before in set(runs.run_id)  # kept as it was
         assert store.experiment(experiment_id)["status"] == "completed"
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-not-a-real-key")  # set since: it can replay, show says how
+    code, _, err = invoke("experiment", "show", experiment_id, "--db", db)
+    assert code == 0 and "cannot replay here" not in err
+    assert f"replay the runs that did not complete with: python -m workbench experiment resume {experiment_id}" in err
+    monkeypatch.delenv("OPENAI_API_KEY")
     # `runs` with that failed run (a long status and configuration) still fits 100 columns: the
     # configuration goes on a line of its own, indented.
     code, out, _ = invoke("runs", "--db", db)

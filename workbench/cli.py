@@ -1203,7 +1203,18 @@ def _comparison_line(a: str, b: str, verdict: str, signed: bool, where: str = ""
     return f"{a} vs {b}{where}{signed_as}: {verdict}"
 
 
-def _print_report(data: dict[str, Any], db: str) -> None:
+def _unreplayable(store: Any, data: dict[str, Any]) -> str | None:
+    """Why none of the runs a resume would replay can run here (a key unset, a model unknown),
+    when that is so: "resume" would only be refused. ``None`` when some can, or none are left."""
+    from . import experiments as ex
+
+    if data["completed_runs"] >= data["planned_runs"]:
+        return None
+    blocked, every = ex.blocked_runs(store, data["experiment_id"])
+    return "; ".join(sorted(set(blocked.values()))) if every else None
+
+
+def _print_report(data: dict[str, Any], db: str, unreplayable: str | None = None) -> None:
     from .experiments import tally_text
     from .formatting import display, missing
 
@@ -1252,7 +1263,11 @@ def _print_report(data: dict[str, Any], db: str) -> None:
         _echo_wrapped(f"{count(refused, 'run')} stopped on a message of the dataset dated behind what was already "
                       "observed (the error above names it): correct or re-date that message in the dataset, then "
                       "start a new experiment; a resume would stop there again", err=True)
-    if (data["failed_runs"] - refused or data.get("missing_runs")) and data["status"] == "completed":
+    if unreplayable and (data["failed_runs"] - refused or data.get("missing_runs")
+                         or data["status"] in ("interrupted", "stopped", "failed")):
+        _tell(f"the runs that did not complete cannot replay here ({terminal_text(unreplayable)}); once that is "
+              "fixed, replay them with: " + cli_command(f"experiment resume {data['experiment_id']}", db))
+    elif (data["failed_runs"] - refused or data.get("missing_runs")) and data["status"] == "completed":
         _tell("replay the runs that did not complete with: "
               + cli_command(f"experiment resume {data['experiment_id']}", db))
     elif data["status"] in ("interrupted", "stopped", "failed") and data["completed_runs"] < data["planned_runs"]:
@@ -1491,7 +1506,7 @@ def _finish_experiment(store, experiment_id: str, as_json: bool) -> None:
     if as_json:
         _say_json(data, code=code)
     else:
-        _print_report(data, store.path)
+        _print_report(data, store.path, _unreplayable(store, data))
     if outcome.error:
         _tell(f"{outcome.status}: {outcome.error}")
     if code:
@@ -1604,7 +1619,8 @@ def experiment_show(experiment_id: str, as_json: bool, db: str) -> None:
 
     with _using_store(db, existing=True) as store:
         data = ex.report(store, experiment_id)
-    _say_json(data) if as_json else _print_report(data, db)
+        unreplayable = None if as_json else _unreplayable(store, data)
+    _say_json(data) if as_json else _print_report(data, db, unreplayable)
 
 
 @experiment.command("compare")
