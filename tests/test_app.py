@@ -1291,6 +1291,46 @@ def test_traces_page_on_a_fresh_store_and_a_run(db: Path) -> None:
     assert at.slider(key=f"ex_step_{run_id}").value == int(calls.step.iloc[-1])
 
 
+def test_links_to_traces_and_the_presentation_open_the_run_and_call_they_name(db: Path) -> None:
+    """Only the explorer kept its address (?run=…&step=…): a link to a call in Traces, or to a
+    run's presentation, opened the newest run instead (a stakeholder saw another conversation)."""
+    at = app()
+    older = at.text[0].value.split()[1]
+    at.sidebar.button(key="ex_run").click().run()  # a newer run: what a page opens on by default
+    assert not at.exception and at.text[0].value.split()[1] != older
+    seqs = [int(s) for s in store(db).model_calls(older).seq]
+    assert len(seqs) >= 3
+
+    def opened(page: str, **query: str) -> AppTest:  # the link, followed in a new tab
+        linked = AppTest.from_file(APP, default_timeout=120)
+        linked.query_params.update(query)
+        linked.switch_page(PAGES.format(page))
+        linked.run()
+        assert not linked.exception, linked.exception
+        return linked
+
+    traces = opened("traces", run=older, call=str(seqs[1]))
+    assert traces.sidebar.selectbox(key="tr_run").value == older and traces.selectbox(key="tr_call").value == seqs[1]
+    assert traces.query_params == {"run": older, "call": str(seqs[1])}
+    traces.selectbox(key="tr_call").set_value(seqs[2]).run()  # moving on from the link is not undone
+    assert traces.selectbox(key="tr_call").value == seqs[2] and traces.query_params["call"] == str(seqs[2])
+    missing_call = opened("traces", run=older, call="9999")
+    assert missing_call.selectbox(key="tr_call").value == seqs[0] and any(
+        f"Call 9,999 of the link is not one of this run's calls ({seqs[0]} to {seqs[-1]})" in shown(w.value)
+        for w in missing_call.warning), [w.value for w in missing_call.warning]
+    odd = opened("traces", run=older, call="x")
+    assert odd.sidebar.selectbox(key="tr_run").value == older and any(
+        "Call 'x' of the link is not a call number" in shown(w.value) for w in odd.warning)
+    gone = opened("traces", run="20200101-000000-abcdef", call="1")
+    assert any("Run 20200101-000000-abcdef of the link is not in this run store" in shown(w.value)
+               for w in gone.warning), [w.value for w in gone.warning]
+
+    present = opened("present", run=older)
+    assert present.sidebar.selectbox(key="pres_run").value == older and present.query_params == {"run": older}
+    newest = opened("present")  # no link: the newest run, and the address names it
+    assert newest.query_params == {"run": newest.sidebar.selectbox(key="pres_run").value} != {"run": older}
+
+
 def test_explorer_steps_between_passes_and_paginates_records(db: Path) -> None:
     at = app()
     s = store(db)

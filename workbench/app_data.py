@@ -783,29 +783,33 @@ def probe_grid(probes: pd.DataFrame, losses: pd.DataFrame, labels: Sequence[str]
     return grid
 
 
-def linked_step(query: dict[str, Any]) -> tuple[str, int | None] | None:
+def linked_step(query: dict[str, Any], key: str = "step") -> tuple[str, int | None] | None:
     """The run and step a link to the explorer names (``?run=…&step=…``; a step that is not a
-    whole number is left out, one past the run's end shows its last), or ``None``."""
+    whole number is left out, one past the run's end shows its last), or ``None``. ``key``: the
+    parameter that names the number (``call`` in a link to Traces)."""
     run = query.get("run")
     if not isinstance(run, str) or not run.strip():
         return None
-    step = query.get("step")
+    step = query.get(key)
     step = step.strip() if isinstance(step, str) else ""
     # (ASCII digits, and few of them: "²" is a digit to isdigit() and not to int(); 5,000 digits
     # exceed int()'s limit)
     return run.strip(), int(step) if step.isascii() and step.isdecimal() and len(step) <= 9 else None
 
 
-def link_note(query: dict[str, Any]) -> str | None:
+def link_note(query: dict[str, Any], key: str = "step") -> str | None:
     """What the explorer says of a link whose step it cannot follow (``step=-5``, ``step=abc``, a
-    step without a run), or ``None``: such a link opened the last step without a word."""
-    step = query.get("step")
+    step without a run), or ``None``: such a link opened the last step without a word. With
+    ``key="call"``, what Traces says of its links' call numbers."""
+    step = query.get(key)
     if not isinstance(step, str) or not step.strip():
         return None
-    linked = linked_step(query)
+    linked = linked_step(query, key)
     if linked is None:
-        return f"The link names step {step.strip()!r} but no run (?run=…): the step is left out."
+        return f"The link names {key} {step.strip()!r} but no run (?run=…): the {key} is left out."
     if linked[1] is None:
+        if key == "call":
+            return f"Call {step.strip()!r} of the link is not a call number (1, 2, 3, …): the run's first call is shown."
         return f"Step {step.strip()!r} of the link is not a step number (0, 1, 2, …): the run opens at its last step."
     return None
 

@@ -7,8 +7,19 @@ from workbench import formatting as fmt
 from workbench.retention import earlier_rule_note
 
 store = ui.get_store()
+# A link to a run's presentation (the address this page keeps: ?run=…) opens it.
+if (linked := app_data.linked_step(dict(st.query_params))) and linked[0] != st.session_state.get("_pres_link"):
+    st.session_state["_pres_link"] = linked[0]
+    if linked[0] in set(store.runs().run_id):
+        ui.open_run(linked[0])
+        st.session_state.pop("pres_run", None)
+    else:
+        st.warning(ui.plain(f"Run {linked[0]} of the link is not in this run store ({store.path})."))
 run_id = ui.run_picker(store, "Run to present", "pres_run", default=st.session_state.get(ui.RUN_KEY),
                        container=st.sidebar)
+if run_id is not None and dict(st.query_params) != {"run": run_id}:  # the address names the run: a link to it
+    st.session_state["_pres_link"] = run_id
+    st.query_params.from_dict({"run": run_id})
 if run_id is None:
     st.title("Observational memory, step by step")
     st.info("No runs yet: replay a conversation in the explorer first.")

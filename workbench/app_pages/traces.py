@@ -9,6 +9,22 @@ store = ui.get_store()
 st.title("Traces")
 st.caption("Every compaction call a run made: the messages sent to the model, exactly, and its raw reply.")
 
+# A link to a call (the address this page keeps: ?run=…&call=…) opens it, as the explorer's do a step.
+query = dict(st.query_params)
+if (note := app_data.link_note(query, "call")) and note != st.session_state.get("_tr_link_note"):
+    st.session_state["_tr_link_note"] = note  # (said once, as the link is followed once)
+    st.warning(ui.plain(note))
+linked_call = None  # (the call a link just named: said when the run has no such call)
+if (linked := app_data.linked_step(query, "call")) and linked != st.session_state.get("_tr_link"):
+    st.session_state["_tr_link"] = linked
+    if linked[0] in set(store.runs().run_id):
+        st.session_state[ui.TRACE_KEY] = linked
+        st.session_state.pop("tr_run", None)
+        st.session_state.pop("tr_call", None)
+        linked_call = linked[1]
+    else:
+        st.warning(ui.plain(f"Run {linked[0]} of the link is not in this run store ({store.path})."))
+
 wanted = st.session_state.get(ui.TRACE_KEY)
 default_run = wanted[0] if wanted else st.session_state.get(ui.RUN_KEY)
 run_id = ui.run_picker(store, "Run", "tr_run", default=default_run, container=st.sidebar)
@@ -27,8 +43,14 @@ ui.figures(app_data.sortable(app_data.calls_numbers(calls), app_data.CALLS_FORMA
 seqs = [int(s) for s in calls.seq]
 labels = {int(r["seq"]): app_data.call_label(r) for r in calls.to_dict("records")}
 index = seqs.index(wanted[1]) if wanted and wanted[0] == run_id and wanted[1] in seqs else 0
+if linked_call is not None and linked_call not in seqs:
+    st.warning(f"Call {linked_call:,} of the link is not one of this run's calls ({seqs[0]:,} to {seqs[-1]:,}): "
+               "its first call is shown.")
 seq = st.selectbox("Call", seqs, index=index, format_func=labels.get, key="tr_call")
 st.session_state[ui.TRACE_KEY] = (run_id, seq)
+if query != {"run": run_id, "call": str(seq)}:  # the address names the call shown: a link to it
+    st.session_state["_tr_link"] = (run_id, seq)
+    st.query_params.from_dict({"run": run_id, "call": str(seq)})
 call = calls[calls.seq == seq].iloc[0].to_dict()
 
 figures = ui.MetricRow()
