@@ -582,10 +582,19 @@ class ObservationalMemoryStore:
         thread's messages stored, its records gone), and a read whose pass was waited for gets
         its result (the pass reads the records it leaves, before it ends). A lease
         this store could not give back earlier is given back first, when the database is
-        reachable. Idempotent; ``async with`` closes at the end of the block."""
-        self._closing = True
+        reachable. Idempotent; ``async with`` closes at the end of the block.
+
+        Raises ``RuntimeError`` when awaited inside one of this store's passes (an async
+        ``on_event`` callback): it would wait for that pass, which waits for the callback. From
+        a callback, schedule it instead: ``asyncio.get_running_loop().create_task(store.close())``."""
         loop = asyncio.get_running_loop()
         me = asyncio.current_task()
+        if me is not None and me in self._pass_tasks:
+            raise RuntimeError("close() was awaited inside a pass of this store (an on_event callback): it would "
+                               "wait for that pass to end, and the pass waits for the callback. Schedule it from "
+                               "the callback instead (asyncio.get_running_loop().create_task(store.close())), "
+                               "or close after the read returns")
+        self._closing = True
         while True:
             running = [task for task in self._pass_tasks if task.get_loop() is loop]
             if running:
@@ -1329,7 +1338,9 @@ def create_observational_memory_store(
         observer_prompt / reflector_prompt: a :class:`Prompt` or plain text (system message)
             replacing the versioned defaults.
         timeout: seconds allowed to each compaction model call; exceeded → ``CompactionError``.
-        on_event: called with a :class:`CompactionEvent` after every pass (sync or async).
+        on_event: called with a :class:`CompactionEvent` after every pass (sync or async),
+            inside the read that ran it: an exception it raises is logged and ignored, and it
+            must not await ``close()`` of this store (refused; schedule it as a task).
         completion_kwargs: extra keyword arguments for every ``litellm.acompletion`` call
             (``temperature``, ``api_base``, ``caching``, …), the observer's and the reflector's
             alike, the offline model's too (litellm's ``mock_response`` replaces its output).

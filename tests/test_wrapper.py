@@ -858,6 +858,38 @@ async def test_closing_never_closes_the_stores_under_a_read_whose_pass_has_saved
     assert records.closed and context[0].role == "system" and [m.id for m in context[1:]] == ["m6", "m7"]
 
 
+async def test_closing_from_an_event_callback_is_refused_not_a_hang(scripted: Scripted, caplog) -> None:
+    """An async on_event that awaited close() hung the read for ever: close() waited for the pass,
+    which waited for the callback. Now it is refused with a reason (logged, as every callback's
+    exception is), the read returns its context, and a close scheduled from the callback runs."""
+    store = None
+    scheduled: list[asyncio.Task] = []
+
+    async def closes(event: CompactionEvent) -> None:
+        await store.close()
+
+    store = make(scripted, observation=3, on_event=closes)
+    scripted.replies = ["- o1"]
+    await fill(store, 8)
+    context = await asyncio.wait_for(store.recall("t", last=2), 10)
+    assert [m.id for m in context[1:]] == ["m6", "m7"] and "o1" in context[0].content
+    assert "close() was awaited inside a pass of this store" in caplog.text
+    assert [r.kind for r in await store.observations.list("t")] == ["observation"]  # kept, the store still open
+
+    def schedules(event: CompactionEvent) -> None:
+        scheduled.append(asyncio.get_running_loop().create_task(store.close()))
+
+    await store.close()
+    store = make(scripted, observation=3, on_event=schedules)
+    scripted.replies = ["- o2"]
+    await store.save_messages([msg(i, thread="u") for i in range(8)])
+    context = await asyncio.wait_for(store.recall("u", last=2), 10)
+    assert "o2" in context[0].content and [m.id for m in context[1:]] == ["m6", "m7"]
+    await asyncio.wait_for(scheduled[0], 10)
+    with pytest.raises(RuntimeError, match="closed"):
+        await store.recall("u", last=2)
+
+
 async def test_closing_from_inside_a_save_returns(scripted: Scripted) -> None:
     """Found by a review of the change above: a store that closes the wrapper from inside its own
     save (the save is the caller's) waited for itself forever."""
