@@ -477,6 +477,7 @@ class ObservationalMemoryStore:
         # the next lease taken, so a short outage does not block the thread until they expire.
         self._unreleased: dict[str, str] = {}
         self._closing = False  # close() has begun: no new read, save or delete
+        self._orphans_said: set[tuple[str, str]] = set()  # (thread, cursor) not stored, logged once
         self._writing: dict[asyncio.Task[Any], int] = {}  # the tasks saving or deleting through this store
         self._pass_tasks: set[asyncio.Task[list[ObservationRecord]]] = set()  # every pass running (one a delete unlisted too)
 
@@ -660,7 +661,10 @@ class ObservationalMemoryStore:
         late: tuple[Message, ...] = ()
         if plan.view.cursor is not None:
             observed = {i for r in records if r.kind == "observation" for i in r.source_ids}
-            behind, _ = await self._page_back(thread_id, plan.view.cursor, None, max(64, len(observed) + 1))
+            try:
+                behind, _ = await self._page_back(thread_id, plan.view.cursor, None, max(64, len(observed) + 1))
+            except KeyError:  # the cursor message is not stored (see _segment_changed), or deleted meanwhile
+                behind = []
             late = tuple(m for m in behind if m.id not in observed)
         return ThreadState(
             thread_id=thread_id,
@@ -1186,9 +1190,33 @@ class ObservationalMemoryStore:
         except KeyError:
             return "the thread was deleted during the pass"  # (its segment's newest message is gone)
         expected = ([plan.view.cursor] if plan.view.cursor is not None else []) + [m.id for m in segment[:-1]]
-        same = [m.id for m in before] == expected[-len(segment):] if len(expected) >= len(segment) \
-            else [m.id for m in before] == expected
+        ids = [m.id for m in before]
+        same = ids == expected[-len(segment):] if len(expected) >= len(segment) else ids == expected
+        if not same and plan.view.cursor is not None and ids == [m.id for m in segment[:-1]] \
+                and not await self._stored(plan.thread_id, plan.view.cursor):
+            # The newest observed message is not in the inner store (records kept across a restart
+            # whose messages were not, as with records in a file over the in-memory message store):
+            # every stored message is unobserved, and the segment rightly starts the thread. (This
+            # refused every pass for ever, each one's model call paid for.)
+            self._warn_orphan_cursor(plan.thread_id, plan.view.cursor)
+            return None
         return None if same else "a message was saved inside the segment during the pass; the next read observes it"
+
+    async def _stored(self, thread_id: str, message_id: str) -> bool:
+        """Whether ``message_id`` is a stored message of the thread (a read of none before it)."""
+        try:
+            await self.inner.recall(thread_id, last=0, before=message_id)
+        except KeyError:
+            return False
+        return True
+
+    def _warn_orphan_cursor(self, thread_id: str, cursor: str) -> None:
+        if (thread_id, cursor) in self._orphans_said:
+            return
+        self._orphans_said.add((thread_id, cursor))
+        logger.warning("omem: thread %r's newest observed message %r is not in the message store (its records were "
+                       "kept and its messages were not?): the messages stored now are observed as new, after the "
+                       "notes already recorded", thread_id, cursor)
 
     async def _save_unless_deleted(
         self, plan: _Plan, record: ObservationRecord, verify: Callable[[], Awaitable[str | None]] | None

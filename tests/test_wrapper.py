@@ -858,6 +858,37 @@ async def test_closing_never_closes_the_stores_under_a_read_whose_pass_has_saved
     assert records.closed and context[0].role == "system" and [m.id for m in context[1:]] == ["m6", "m7"]
 
 
+async def test_records_kept_across_a_restart_whose_messages_were_not_go_on_observing(scripted: Scripted,
+                                                                                      caplog) -> None:
+    """Records in a file over the in-memory message store (docs/storage.md's "records only"),
+    after a restart: the newest observed message is no longer stored. Every pass was refused ("a
+    message was saved inside the segment"), its model call paid for, and messages leaving the
+    window were in neither the memory nor the window; inspect() raised the KeyError meant for a
+    caller's unknown cursor. Now the messages stored are observed as new, after the notes kept."""
+    observations = BACKEND["observations"]()
+    before = make(scripted, observation=3, inner=InMemoryMemoryStore(), observations=observations)
+    scripted.replies = ["- o1"]
+    await fill(before, 8)
+    await before.recall("t", last=2)
+    [kept] = await observations.list("t")
+    after = make(scripted, observation=3, inner=InMemoryMemoryStore(), observations=observations)  # restarted
+    scripted.replies = ["- o2", "- o3"]
+    await fill(after, 8, start=100)
+    state = await after.inspect("t", last=2)
+    assert state.observe_due and state.late == () and state.backlog[0].id == "m100"
+    context = await after.recall("t", last=2)
+    records = await observations.list("t")
+    assert [r.id for r in records[:1]] == [kept.id] and len(records) == 2
+    assert records[1].source_ids[0] == "m100"  # the stored messages, from the first
+    assert "o1" in context[0].content and "o2" in context[0].content
+    assert "not in the message store" in caplog.text
+    await fill(after, 4, start=108)
+    await after.recall("t", last=2)  # and on from there, as usual
+    records = await observations.list("t")
+    assert len(records) == 3 and records[2].source_ids[0] == f"m{int(records[1].source_ids[-1][1:]) + 1}"
+    assert (await after.inspect("t", last=2)).late == ()
+
+
 async def test_closing_from_an_event_callback_is_refused_not_a_hang(scripted: Scripted, caplog) -> None:
     """An async on_event that awaited close() hung the read for ever: close() waited for the pass,
     which waited for the callback. Now it is refused with a reason (logged, as every callback's
