@@ -20,7 +20,7 @@ Stage = Literal["observe", "reflect"]
 
 
 class CompactionError(Exception):
-    """A compaction pass failed: model error, timeout, empty output (or invisible characters only),
+    """A compaction pass failed: model error, timeout, empty output (or invisible or control characters only),
     or output that is not valid Unicode.
 
     The pass saved nothing and no message was lost; the next cursorless read retries it.

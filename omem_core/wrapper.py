@@ -1325,9 +1325,9 @@ class ObservationalMemoryStore:
 
 
 def _blank(text: str) -> bool:
-    """Whether ``text`` shows nothing: whitespace and invisible format characters (zero-width
-    spaces and joiners, a byte-order mark) only."""
-    return all(ch.isspace() or unicodedata.category(ch) == "Cf" for ch in text)
+    """Whether ``text`` shows nothing: whitespace, invisible format characters (zero-width
+    spaces and joiners, a byte-order mark) and control characters (NUL, escape) only."""
+    return all(ch.isspace() or unicodedata.category(ch) in ("Cf", "Cc") for ch in text)
 
 
 def create_observational_memory_store(

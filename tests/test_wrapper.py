@@ -519,6 +519,7 @@ async def test_delete_cascades_to_records(scripted: Scripted) -> None:
         ("", "empty output"),
         ("   \n ", "empty output"),
         ("\u200b\u2060\ufeff \u200d", "empty output"),  # invisible characters only: no note to save
+        ("\x00", "empty output"), ("\x07\x1b \x7f\x9b", "empty output"),  # control characters only: saved as a note
         # half an emoji: ours, or litellm's own error when an earlier test left its logging on (serialising the reply)
         ("- Anna likes \ud83d tea", "not valid Unicode \\(a lone surrogate at position 13\\)|surrogates not allowed"),
     ],
