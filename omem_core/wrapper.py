@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import hashlib
 import inspect as _inspect
+import json
 import logging
 import math
 import numbers
@@ -415,7 +416,13 @@ def _validate_clock(clock: Callable[[], datetime]) -> Callable[[], datetime]:
 
 
 def _record_id(kind: str, thread_id: str, source_ids: Sequence[str]) -> str:
-    digest = hashlib.sha256("\x1f".join([kind, thread_id, *source_ids]).encode()).hexdigest()
+    """The record's id: a digest of its kind, thread and sources, the same in every process. Ids
+    and thread ids may hold any character: parts joined by a unit separator (the ids kept so far)
+    unless one holds it, then as JSON behind a record separator, which no join starts with (thread
+    ``"a\x1fm0"`` observing ``m1`` had the id of thread ``"a"`` observing ``m0, m1``)."""
+    parts = [kind, thread_id, *source_ids]
+    text = "\x1f".join(parts) if not any("\x1f" in part for part in parts) else "\x1e" + json.dumps(parts)
+    digest = hashlib.sha256(text.encode()).hexdigest()
     return f"{'obs' if kind == 'observation' else 'ref'}-{digest[:24]}"
 
 

@@ -890,6 +890,25 @@ async def test_records_kept_across_a_restart_whose_messages_were_not_go_on_obser
     assert (await after.inspect("t", last=2)).late == ()
 
 
+async def test_a_separator_in_a_thread_id_never_gives_two_threads_one_record_id(scripted: Scripted) -> None:
+    """Record ids hashed the kind, thread and sources joined by "\x1f": thread "a\x1fm0" observing
+    m1 had the id of thread "a" observing m0 and m1, and every read of the second thread failed
+    ("give each record its own id", which a caller cannot). Ids of other threads are unchanged."""
+    import hashlib
+
+    store = make(scripted, observation=40, count_tokens=lambda texts: [len(text) for text in texts])
+    scripted.replies = ["- a", "- b"]
+    await store.save_messages([msg(i) for i in range(4)])  # 16 characters each: m0 and m1 observed
+    await store.save_messages([msg(1, thread="t\x1fm0"), msg(2, "long " * 80, thread="t\x1fm0"),
+                               msg(3, thread="t\x1fm0")])  # m1 observed alone, before the long one
+    await store.recall("t", last=1)
+    await store.recall("t\x1fm0", last=1)
+    [first] = await store.observations.list("t")
+    [second] = await store.observations.list("t\x1fm0")
+    assert first.source_ids == ("m0", "m1") and second.source_ids == ("m1",) and first.id != second.id
+    assert first.id == "obs-" + hashlib.sha256("observation\x1ft\x1fm0\x1fm1".encode()).hexdigest()[:24]
+
+
 async def test_closing_from_an_event_callback_is_refused_not_a_hang(scripted: Scripted, caplog) -> None:
     """An async on_event that awaited close() hung the read for ever: close() waited for the pass,
     which waited for the callback. Now it is refused with a reason (logged, as every callback's
