@@ -415,6 +415,18 @@ def _validate_clock(clock: Callable[[], datetime]) -> Callable[[], datetime]:
     return clock
 
 
+_GUARDS: weakref.WeakKeyDictionary[Any, weakref.WeakValueDictionary[str, _Guard]] = weakref.WeakKeyDictionary()
+
+
+def _shared_guards(observations: Any) -> weakref.WeakValueDictionary[str, _Guard]:
+    """The per-thread guards of every wrapper over ``observations`` in this process (a store that
+    cannot be weakly referenced or hashed: this wrapper's own)."""
+    try:
+        return _GUARDS.setdefault(observations, weakref.WeakValueDictionary())
+    except TypeError:
+        return weakref.WeakValueDictionary()
+
+
 def _record_id(kind: str, thread_id: str, source_ids: Sequence[str]) -> str:
     """The record's id: a digest of its kind, thread and sources, the same in every process. Ids
     and thread ids may hold any character: parts joined by a unit separator (the ids kept so far)
@@ -479,7 +491,9 @@ class ObservationalMemoryStore:
         self.completion_kwargs = dict(completion_kwargs)
         self._clock = clock
         self._inflight: dict[str, _Inflight] = {}
-        self._guards: weakref.WeakValueDictionary[str, _Guard] = weakref.WeakValueDictionary()
+        # Shared by the wrappers over the same observation store in this process (one built per
+        # request over global stores): a save checks under one lock, a delete stops each one's pass.
+        self._guards: weakref.WeakValueDictionary[str, _Guard] = _shared_guards(observations)
         # Leases this process holds but could not give back (the database was away): given back at
         # the next lease taken, so a short outage does not block the thread until they expire.
         self._unreleased: dict[str, str] = {}
@@ -1239,19 +1253,24 @@ class ObservationalMemoryStore:
                 return "the thread was deleted during the pass"
             if plan.lease is not None and plan.lease.lost:
                 return "the pass lost its lease (another process may run it)"
-            if plan.lease is not None and (plan.lease.lapsed
-                                           or time.monotonic() - plan.lease.taken_at > self.lease_ttl / 2):
+            if self._leases is None or plan.lease is not None and (
+                    plan.lease.lapsed or time.monotonic() - plan.lease.taken_at > self.lease_ttl / 2):
                 # A lease that may have lapsed while this process was stalled (the renewer, every
                 # third of the ttl, had no chance to notice): another process may have taken it,
                 # run the pass on another segment and saved. Saving this one after it would move
                 # the cursor back. Checked here, under the cursor lease every save takes, so no
                 # record can land between check and save; only then (a lease renewed within half
-                # its ttl is still this pass's: no extra read on the usual save).
+                # its ttl is still this pass's: no extra read on the usual save). A store without
+                # leases (in memory, DuckDB) is checked at every save, under the guard's lock that
+                # every wrapper over it shares: another wrapper's pass may have saved on a segment
+                # of its own (other thresholds), and this one saved after it overlapped it.
                 records = await self._recent_records(plan.thread_id)
                 if not records and plan.newest is not None:
                     return "the thread was deleted during the pass"
                 if (records[-1].id if records else None) != plan.newest:
-                    return "the pass lost its lease, and another pass saved a record meanwhile"
+                    return ("another pass saved a record meanwhile (another wrapper over the same stores)"
+                            if self._leases is None else "the pass lost its lease, and another pass saved a record "
+                            "meanwhile")
             if verify is not None and (changed := await verify()) is not None:
                 return changed
             if plan.epoch is not None:

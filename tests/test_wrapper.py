@@ -909,6 +909,38 @@ async def test_a_separator_in_a_thread_id_never_gives_two_threads_one_record_id(
     assert first.id == "obs-" + hashlib.sha256("observation\x1ft\x1fm0\x1fm1".encode()).hexdigest()[:24]
 
 
+async def test_wrappers_over_the_same_stores_never_overlap_their_records(scripted: Scripted, backend, tmp_path) -> None:
+    """Two wrappers over the same stores in one process (one built per request over global
+    stores), with other thresholds: over the in-memory or DuckDB stores (no leases) both passes
+    saved, records (m0, m1, m2) and (m0 … m5), and the memory showed the same messages twice.
+    Now the second save finds the first one's record and saves nothing; the next read goes on."""
+    stores = [(BACKEND["inner"](), BACKEND["observations"]())]
+    if backend == "memory":
+        from omem_core.duckdb_store import DuckDBObservationStore
+
+        stores.append((InMemoryMemoryStore(), DuckDBObservationStore(tmp_path / "records.duckdb")))
+    for inner, observations in stores:
+        small = make(scripted, observation=3, inner=inner, observations=observations)
+        large = make(scripted, observation=6, inner=inner, observations=observations)
+        await fill(small, 12)
+        scripted.gate, scripted.started = asyncio.Event(), 0
+        reads = [asyncio.ensure_future(w.recall("t", last=2)) for w in (small, large)]
+        await until_started(scripted)
+        await asyncio.sleep(0.1)  # (both in flight where nothing holds the second back)
+        scripted.gate.set()
+        await asyncio.gather(*reads)
+        scripted.gate = None
+        for _ in range(4):
+            await small.recall("t", last=2)
+            await large.recall("t", last=2)
+        covered = [i for r in await observations.list("t") for i in r.source_ids]
+        assert covered == [f"m{i}" for i in range(len(covered))] and len(covered) >= 6, covered
+        state = await small.inspect("t", last=2)
+        assert state.late == () and state.cursor == covered[-1]
+    if len(stores) > 1:
+        stores[1][1].close()  # (the DuckDB file's)
+
+
 async def test_closing_from_an_event_callback_is_refused_not_a_hang(scripted: Scripted, caplog) -> None:
     """An async on_event that awaited close() hung the read for ever: close() waited for the pass,
     which waited for the callback. Now it is refused with a reason (logged, as every callback's
