@@ -415,16 +415,23 @@ def _validate_clock(clock: Callable[[], datetime]) -> Callable[[], datetime]:
     return clock
 
 
-_GUARDS: weakref.WeakKeyDictionary[Any, weakref.WeakValueDictionary[str, _Guard]] = weakref.WeakKeyDictionary()
+_WRAPPERS_OVER: dict[int, int] = {}  # id(observation store) -> how many live wrappers use it
 
 
-def _shared_guards(observations: Any) -> weakref.WeakValueDictionary[str, _Guard]:
-    """The per-thread guards of every wrapper over ``observations`` in this process (a store that
-    cannot be weakly referenced or hashed: this wrapper's own)."""
-    try:
-        return _GUARDS.setdefault(observations, weakref.WeakValueDictionary())
-    except TypeError:
-        return weakref.WeakValueDictionary()
+def _count_wrapper(wrapper: Any, observations: Any) -> None:
+    """Count ``wrapper`` among the wrappers over ``observations`` until it is collected (the store
+    outlives it: the wrapper holds it, so its id is not reused meanwhile)."""
+    key = id(observations)
+    _WRAPPERS_OVER[key] = _WRAPPERS_OVER.get(key, 0) + 1
+    weakref.finalize(wrapper, _uncount_wrapper, key)
+
+
+def _uncount_wrapper(key: int) -> None:
+    left = _WRAPPERS_OVER.get(key, 0) - 1
+    if left > 0:
+        _WRAPPERS_OVER[key] = left
+    else:
+        _WRAPPERS_OVER.pop(key, None)
 
 
 def _record_id(kind: str, thread_id: str, source_ids: Sequence[str]) -> str:
@@ -491,9 +498,8 @@ class ObservationalMemoryStore:
         self.completion_kwargs = dict(completion_kwargs)
         self._clock = clock
         self._inflight: dict[str, _Inflight] = {}
-        # Shared by the wrappers over the same observation store in this process (one built per
-        # request over global stores): a save checks under one lock, a delete stops each one's pass.
-        self._guards: weakref.WeakValueDictionary[str, _Guard] = _shared_guards(observations)
+        self._guards: weakref.WeakValueDictionary[str, _Guard] = weakref.WeakValueDictionary()
+        _count_wrapper(self, observations)
         # Leases this process holds but could not give back (the database was away): given back at
         # the next lease taken, so a short outage does not block the thread until they expire.
         self._unreleased: dict[str, str] = {}
@@ -1253,26 +1259,25 @@ class ObservationalMemoryStore:
                 return "the thread was deleted during the pass"
             if plan.lease is not None and plan.lease.lost:
                 return "the pass lost its lease (another process may run it)"
-            if self._leases is None or plan.lease is not None and (
-                    plan.lease.lapsed or time.monotonic() - plan.lease.taken_at > self.lease_ttl / 2):
+            if plan.lease is not None and (plan.lease.lapsed
+                                           or time.monotonic() - plan.lease.taken_at > self.lease_ttl / 2):
                 # A lease that may have lapsed while this process was stalled (the renewer, every
                 # third of the ttl, had no chance to notice): another process may have taken it,
                 # run the pass on another segment and saved. Saving this one after it would move
                 # the cursor back. Checked here, under the cursor lease every save takes, so no
                 # record can land between check and save; only then (a lease renewed within half
-                # its ttl is still this pass's: no extra read on the usual save). A store without
-                # leases (in memory, DuckDB) is checked at every save, under the guard's lock that
-                # every wrapper over it shares: another wrapper's pass may have saved on a segment
-                # of its own (other thresholds), and this one saved after it overlapped it.
-                records = await self._recent_records(plan.thread_id)
-                if not records and plan.newest is not None:
-                    return "the thread was deleted during the pass"
-                if (records[-1].id if records else None) != plan.newest:
-                    return ("another pass saved a record meanwhile (another wrapper over the same stores)"
-                            if self._leases is None else "the pass lost its lease, and another pass saved a record "
-                            "meanwhile")
+                # its ttl is still this pass's: no extra read on the usual save).
+                if (stale := await self._saved_since(plan)) is not None:
+                    return stale or "the pass lost its lease, and another pass saved a record meanwhile"
             if verify is not None and (changed := await verify()) is not None:
                 return changed
+            if self._leases is None and _WRAPPERS_OVER.get(id(self.observations), 0) > 1:
+                # Another wrapper over the same lease-less store (in memory, DuckDB: one built per
+                # request over global stores) may have run a pass of this thread meanwhile, on a
+                # segment of its own (other thresholds): saved after it, this record overlapped
+                # it. Checked last, next to the save (those stores answer without suspending).
+                if (stale := await self._saved_since(plan)) is not None:
+                    return stale or "another pass saved a record meanwhile (another wrapper over the same stores)"
             if plan.epoch is not None:
                 assert self._epochs is not None
                 if not await self._epochs.save_unless_deleted(record, plan.epoch):
@@ -1281,6 +1286,14 @@ class ObservationalMemoryStore:
                 await self.observations.save(record)
         plan.newest = record.id  # (what a reflection after it in this pass expects to find)
         return None
+
+    async def _saved_since(self, plan: _Plan) -> str | None:
+        """``None`` when the thread's newest record is still the one this pass began from; else
+        why not: "" (another pass saved a record), or that the thread was deleted."""
+        records = await self._recent_records(plan.thread_id)
+        if not records and plan.newest is not None:
+            return "the thread was deleted during the pass"
+        return None if (records[-1].id if records else None) == plan.newest else ""
 
     async def _report(self, event: CompactionEvent) -> None:
         """Tell ``on_event``; an exception there is logged and never changes the read's outcome."""

@@ -941,6 +941,50 @@ async def test_wrappers_over_the_same_stores_never_overlap_their_records(scripte
         stores[1][1].close()  # (the DuckDB file's)
 
 
+def test_wrappers_over_the_same_stores_in_other_threads_or_stacked_work_as_alone(scripted: Scripted) -> None:
+    """Found by a review of a first fix for the test above, which shared a lock per thread among
+    the wrappers over one store: a wrapper in another thread (its own event loop) then failed
+    with "in use by another event loop", and a wrapper stacked over another over the same record
+    store hung on its first save. Neither shares anything now."""
+    import threading
+
+    inner, observations = InMemoryMemoryStore(), create_in_memory_observation_store()
+    asyncio.run(make(scripted, observation=3, inner=inner, observations=observations).save_messages(
+        [msg(i) for i in range(10)]))
+    scripted.delay, errors = 0.5, []
+
+    def run(work) -> None:
+        try:
+            asyncio.run(work(make(scripted, observation=3, inner=inner, observations=observations)))
+        except Exception as exc:  # (reported below)
+            errors.append(repr(exc))
+
+    async def read(store) -> None:
+        await store.recall("t", last=2)
+
+    async def save(store) -> None:
+        await asyncio.sleep(0.2)  # (during the other thread's pass)
+        await store.save_messages([msg(20)])
+
+    threads = [threading.Thread(target=run, args=(work,)) for work in (read, save)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == [] and [m.id for m in asyncio.run(inner.recall("t", last=1))] == ["m20"]
+    scripted.delay = 0.0
+
+    async def stacked() -> None:
+        records = create_in_memory_observation_store()
+        below = make(scripted, observation=3, observations=records)
+        above = make(scripted, observation=5, inner=below, observations=records)
+        await asyncio.wait_for(above.save_messages([msg(i) for i in range(3)]), 10)
+        await asyncio.wait_for(above.delete_thread("t"), 10)
+        assert await below.recall("t", last=5) == []
+
+    asyncio.run(stacked())
+
+
 async def test_closing_from_an_event_callback_is_refused_not_a_hang(scripted: Scripted, caplog) -> None:
     """An async on_event that awaited close() hung the read for ever: close() waited for the pass,
     which waited for the callback. Now it is refused with a reason (logged, as every callback's
