@@ -1325,6 +1325,19 @@ def test_links_to_traces_and_the_presentation_open_the_run_and_call_they_name(db
     assert any("Run 20200101-000000-abcdef of the link is not in this run store" in shown(w.value)
                for w in gone.warning), [w.value for w in gone.warning]
 
+    import asyncio
+
+    from workbench.datasets import load_conversation
+    from workbench.replay import ReplayConfig, replay
+
+    with RunStore(db) as s:  # a run with no model call: Traces stops early, its address still names it
+        quiet = asyncio.run(replay(load_conversation(Path(__file__).resolve().parents[1] / "datasets" / "tiny.jsonl"),
+                                   ReplayConfig(observation_threshold=16_000, reflection_threshold=32_000, cache=False), s)).run_id
+    traces.run()  # (the picker lists it)
+    traces.sidebar.selectbox(key="tr_run").set_value(quiet).run()
+    assert not traces.exception and traces.query_params == {"run": quiet}
+    assert any("made no model calls" in i.value for i in traces.info)
+
     present = opened("present", run=older)
     assert present.sidebar.selectbox(key="pres_run").value == older and present.query_params == {"run": older}
     newest = opened("present")  # no link: the newest run, and the address names it

@@ -1380,8 +1380,8 @@ def test_experiment_compare_sets_the_two_configurations_figures_side_by_side(tmp
     code, out, err = invoke("experiment", "compare", experiment_id, "--db", db)
     assert code == 0, err
     text = " ".join(out.split())
-    assert f"obs 20 completed {len(conversations)} conversations, obs 40 {len(shared)} conversations: both rows are " \
-           f"on the {len(shared)} both completed" in text
+    assert f"obs 20 completed {len(conversations)} and obs 40 {len(shared)} of the experiment's {len(conversations)} " \
+           f"conversations: both rows are on the {len(shared)} both completed" in text
     header = next(line for line in out.splitlines() if line.startswith("configuration"))
     assert header.split()[:5] == ["configuration", "done", "probes", "retention", "95%"] and "compr" in header
     for label, row in rows.items():

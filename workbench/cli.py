@@ -1653,10 +1653,11 @@ def experiment_compare(experiment_id: str, label_a: str | None, label_b: str | N
         rows = [ex.config_figures(by_label[label]) for label in (diff.a, diff.b)]
     done = runs[runs.status == "completed"]
     completed = {label: done[done.config_label == label].conversation_id.nunique() for label in (diff.a, diff.b)}
-    uneven = None
-    if any(n != len(shared) for n in completed.values()):
-        uneven = (f"{diff.a} completed {count(completed[diff.a], 'conversation')}, {diff.b} "
-                  f"{count(completed[diff.b], 'conversation')}: both rows are on the {len(shared)} both completed")
+    uneven, total = None, len(experiment["conversations"])
+    if len(shared) < total:  # (the rows' "done" counts the shared ones: 3/3 where `show` says 3/5)
+        uneven = (f"{diff.a} completed {completed[diff.a]:,} and {diff.b} {completed[diff.b]:,} of the experiment's "
+                  f"{count(total, 'conversation')}: " + (f"both rows are on the {len(shared):,} both completed"
+                                                          if shared else "none in common, nothing to set side by side"))
     configs = {c["label"]: c["config"] for c in experiment["configs"]}
     prompts = ex.offline_prompt_roles([configs[diff.a], configs[diff.b]])
     if note:

@@ -36,6 +36,9 @@ calls = store.model_calls(run_id)
 st.text(f"Run {run_id} · {run['conversation_id']} · {app_data.config_sentence(run['config'], app_data.run_name(run))}")
 if calls.empty:
     st.info("This run made no model calls (nothing was old enough to compact).")
+    if query != {"run": run_id}:  # (the address named the run shown before)
+        st.session_state["_tr_link"] = (run_id, None)
+        st.query_params.from_dict({"run": run_id})
     st.stop()
 
 ui.figures(app_data.sortable(app_data.calls_numbers(calls), app_data.CALLS_FORMATS), hide_index=True,
