@@ -1407,7 +1407,8 @@ def create_observational_memory_store(
         timeout: seconds allowed to each compaction model call; exceeded → ``CompactionError``.
         on_event: called with a :class:`CompactionEvent` after every pass (sync or async),
             inside the read that ran it: an exception it raises is logged and ignored, and it
-            must not await ``close()`` of this store (refused; schedule it as a task).
+            must not await ``close()`` of this store (awaited directly it is refused; through
+            ``gather``/``wait_for`` it would wait for its own pass): schedule it as a task.
         completion_kwargs: extra keyword arguments for every ``litellm.acompletion`` call
             (``temperature``, ``api_base``, ``caching``, …), the observer's and the reflector's
             alike, the offline model's too (litellm's ``mock_response`` replaces its output).
