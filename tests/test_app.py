@@ -2419,6 +2419,36 @@ def test_the_explorer_keeps_its_step_across_pages(db: Path) -> None:
     assert at.slider(key=f"ex_step_{run_id}").value == 2 and at.query_params["step"] == "2"
 
 
+def test_an_experiment_another_process_runs_is_followed_as_its_runs_are_recorded(db: Path) -> None:
+    """Found by a new user: an experiment the CLI ran showed "0 of 20 runs completed" in the app
+    until it ended (its watch drew the page again only at the end), with no word of where it runs."""
+    import asyncio
+
+    from omem_core.prompts import BUILTIN_PROMPTS
+
+    grid = ex.config_grid(observers=["omem/extractive"], reflectors=[None], observation=[30, 60], reflection=[600],
+                          windows=[2], observer_prompts=[BUILTIN_PROMPTS["observer"][0]],
+                          reflector_prompts=[BUILTIN_PROMPTS["reflector"][0]])
+    with RunStore(db) as s:
+        experiment_id = ex.create_experiment(s, dataset=PROJECT_DEMO.parent / "tiny.jsonl", grid=grid,
+                                             options=ex.ExperimentOptions(concurrency=1))
+        s.claim_experiment(experiment_id)  # running, in a process that is alive (this one stands in for the CLI)
+    at = app("experiments")
+    assert any("It runs in another process" in c.value for c in at.caption), [c.value for c in at.caption]
+    assert any("0 of 2 runs completed" in p.proto.text for p in at.get("progress"))
+    with RunStore(db) as s:
+        assert not app_data.redraw_for_other_process(s, experiment_id, 0, True)  # nothing recorded yet
+        asyncio.run(ex.run_experiment(s, experiment_id))  # its runs recorded ...
+        s.claim_experiment(experiment_id)  # ... and still running
+        assert app_data.redraw_for_other_process(s, experiment_id, 0, True)
+        assert not app_data.redraw_for_other_process(s, experiment_id, 0, False)  # (not drawn again too soon)
+        assert not app_data.redraw_for_other_process(s, experiment_id, 2, True)  # (as shown)
+        s.finish_experiment(experiment_id, "completed", None, 1.0)
+        assert app_data.redraw_for_other_process(s, experiment_id, 2, False)  # it ended: at once
+    at.run()
+    assert not any("It runs in another process" in c.value for c in at.caption)
+
+
 def test_an_experiment_stopped_by_its_cost_limit_resumes_in_the_app_with_a_higher_one(db: Path, scripted) -> None:
     """The app's Resume had no way to raise a cost limit: an experiment stopped by its limit,
     resumed, paid for a call and stopped again. Beside Resume, a new limit (a higher one offered);

@@ -1295,6 +1295,16 @@ def last_read_compression(run: Any, steps: pd.DataFrame) -> float | None:
     return float(last.history_tokens) / float(last.context_tokens) if last.context_tokens else None
 
 
+def redraw_for_other_process(store: Any, experiment_id: str, shown_done: int, may_redraw: bool) -> bool:
+    """Whether the Experiments page, following an experiment another process runs (the CLI),
+    should draw itself again: it ended, or (when ``may_redraw``: not too soon after the last draw)
+    more runs are completed than the ``shown_done`` it shows. It showed "0 of 20 runs completed"
+    until the end, while the CLI recorded run after run."""
+    if store.experiment(experiment_id)["status"] != "running":
+        return True
+    return may_redraw and completed_pairs(store.experiment_runs(experiment_id)) != shown_done
+
+
 def completed_pairs(runs: pd.DataFrame) -> int:
     """How many (conversation, configuration) pairs of an experiment have a completed run."""
     if runs.empty:

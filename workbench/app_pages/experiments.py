@@ -317,11 +317,15 @@ if resuming:
     follow()
 elif experiment["status"] == "running":  # (in another process: the CLI)
     st.progress(done / max(planned, 1), text=f"{done} of {planned} runs completed")
+    st.caption("It runs in another process (the CLI, or another app): followed here as its runs are recorded; "
+               "stop it where it runs (Ctrl-C), then Resume here if you like.")
+    drawn_at = time.monotonic()
 
     @st.fragment(run_every=3)
     def watch() -> None:  # another process (the CLI) runs it: follow its progress
-        if store.experiment(experiment_id)["status"] != "running":
-            st.rerun()
+        every = max(FOLLOW_EVERY_S, st.session_state.get("xp_draw_s", 0.0) / FOLLOW_SHARE)
+        if app_data.redraw_for_other_process(store, experiment_id, done, time.monotonic() - drawn_at >= every):
+            st.rerun()  # (it ended, or a run was recorded: the bar, the figures and the counts stayed as first drawn)
     watch()
 elif experiment["status"] != "completed":
     prefix, detail, suffix = app_data.unfinished_banner(
