@@ -472,6 +472,36 @@ def test_the_quickstart_shows_both_steps_and_keeps_the_safety_fact() -> None:
     assert "peanut" in memory and "Anika" in memory
 
 
+def test_json_output_keeps_progress_on_a_terminal(tmp_path) -> None:
+    """Found by a new user: `experiment resume --json` in a terminal said nothing for 12 s while
+    runs finished (progress was off with --json): it looked hung. On a terminal the progress lines
+    come on stderr (stdout is the JSON alone); on a pipe or a log they stay off, as before."""
+    import pty
+
+    db = tmp_path / "runs.duckdb"
+    command = [sys.executable, "-m", "workbench", "experiment", "run", "--dataset", "demo", "--observation-threshold",
+               "150,300", "--concurrency", "1", "--json", "--db", str(db)]
+    env = {**os.environ, "OMEM_CACHE_DIR": str(tmp_path / "cache")}
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=follower, env=env)
+    os.close(follower)
+    said = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # (the pty's other end closed: the process ended)
+            break
+        if not chunk:
+            break
+        said += chunk
+    out = process.communicate(timeout=300)[0]
+    os.close(leader)
+    assert process.returncode == 0 and json.loads(out.decode().strip().splitlines()[-1])["status"] == "completed"
+    assert b"[1/2]" in said and b"[2/2]" in said, said
+    piped = subprocess.run(command, cwd=ROOT, capture_output=True, env=env, timeout=300)
+    assert piped.returncode == 0 and b"[1/2]" not in piped.stderr, piped.stderr
+
+
 def test_a_reader_that_goes_away_does_not_fail_the_replay_or_experiment(tmp_path) -> None:
     """Found by a new user: `replay ... 2>&1 | head -1` (or quitting a pager) failed the replay with
     a BrokenPipeError at its next progress line, recorded as the run's error; an experiment failed

@@ -211,9 +211,12 @@ def _tell(text: str, *, nl: bool = True) -> None:
 
 
 def _progress_printer(label: str, quiet: bool):
+    """Progress on stderr; ``quiet`` (``--json``) keeps it off a log or a pipe, not off a terminal,
+    where long work with no line for seconds looked hung."""
     state = {"last": -1}
 
     terminal = sys.stderr.isatty()
+    quiet = quiet and not terminal
 
     def progress(done: int, total: int, _: str) -> None:
         if quiet:
@@ -1177,7 +1180,10 @@ def experiment() -> None:
 
 def _experiment_progress(quiet: bool):
     """A progress line per finished run, with an ETA (on stderr: stdout stays for --json); the
-    dataset's warnings about a conversation, with its first run, even when ``quiet``."""
+    dataset's warnings about a conversation, with its first run, even when ``quiet`` (``--json``:
+    no progress line on a log or a pipe; on a terminal there are, since long work with no line for
+    seconds looked hung)."""
+    quiet = quiet and not sys.stderr.isatty()
 
     def show(p) -> None:
         for warning in p.warnings:
