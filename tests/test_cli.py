@@ -453,6 +453,8 @@ def test_datasets_checks_files_of_ones_own_given_by_path(tmp_path) -> None:
     cut.write_text('{"broken": ')
     code, out, err = invoke("datasets", "--json", str(mine), str(cut), str(tmp_path / "absent.json"))
     assert code == 1 and "2 of the 3 paths given cannot be read" in err  # (a check a script can use)
+    code, _, err = invoke("datasets", str(cut))  # (one path: it read "1 of the 1 path given")
+    assert code == 1 and "Error: the path given cannot be read (see above)" in err and "1 of the 1" not in err
     rows = json.loads(out)
     assert [row["name"] for row in rows] == ["mine.json", "cut.json", "absent.json"]  # these only, in order
     assert (rows[0]["origin"], rows[0]["conversations"], rows[0]["probes"]) == ("given", 4, 4)

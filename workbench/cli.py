@@ -1170,7 +1170,8 @@ def datasets(paths: tuple[Path, ...], as_json: bool) -> None:
             click.echo(f"{row['name']:<{width}} {row['origin']:<8} {detail}")
     bad = sum("error" in row for row in rows)
     if paths and bad:  # (the catalogue's listing is not a check: a broken shared file does not fail it)
-        raise click.ClickException(f"{bad} of the {count(len(rows), 'path')} given cannot be read (see above)")
+        raise click.ClickException("the path given cannot be read (see above)" if len(rows) == 1 else
+                                   f"{bad} of the {count(len(rows), 'path')} given cannot be read (see above)")
 
 
 @cli.group()
@@ -1329,8 +1330,8 @@ def _probes_asked(data: dict[str, Any]) -> str | None:
     return (f"probes: those scored, of {count(asked, 'probe')} the conversations ask ("
             + "; ".join(part for part in (
                 f"{unrun:,} in conversations no run completed" if unrun else "",
-                f"{asked - unrun - with_gold:,} without a gold answer the word score can read, e.g. abstention "
-                "questions" if asked - unrun - with_gold else "",
+                f"{asked - unrun - with_gold:,} without a gold answer the word score can read (abstention "
+                "questions, or a dataset that gives none)" if asked - unrun - with_gold else "",
                 f"{in_window:,} whose evidence was still in the final window" if in_window > 0 else "") if part)
             + ")")
 

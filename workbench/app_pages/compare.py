@@ -102,10 +102,15 @@ def experiment_comparison() -> None:
     listed, scored = app_data.probe_counts(probes, [a, b])
     unscored = (f"; the other {listed - scored:,} have no gold answer or their evidence is still in the final window"
                 if listed > scored else "")
-    st.caption(f"Retention pools the {fmt.count(scored, 'probe')} scored (they have a gold answer and their evidence "
-               f"has left the window{unscored}). Highlighted: "
-               "a difference whose 95% interval excludes zero (paired bootstrap over probes; fewer than "
-               f"{MIN_PAIRED} pairs get no interval).")
+    if scored:
+        st.caption(f"Retention pools the {fmt.count(scored, 'probe')} scored (they have a gold answer and their "
+                   f"evidence has left the window{unscored}). Highlighted: "
+                   "a difference whose 95% interval excludes zero (paired bootstrap over probes; fewer than "
+                   f"{MIN_PAIRED} pairs get no interval).")
+    else:  # ("Retention pools the 0 probes scored")
+        st.caption("No probe is scored, so retention is not compared: " + (
+            f"none of the {fmt.count(listed, 'probe')} has a gold answer the word score reads with its evidence out "
+            "of the window." if listed else "these conversations have no probes."))
 
     pick = {}
     for name, label in (("A", a), ("B", b)):

@@ -59,8 +59,8 @@ if mode == "An experiment":
             st.warning(ui.plain(uneven_note(runs) + " No conversation was completed by every configuration."))
     points = app_data.pareto_points(summaries)
     if points.empty:
-        st.info("No configuration has both retention and compression yet (a dataset without probes gives "
-                "compression only).")
+        st.info("No configuration has both retention and compression yet (a dataset whose probes have no gold "
+                "answer, or no probes, gives compression only).")
     else:
         st.caption("Each point is a configuration: retention pooled over every probe of every conversation, with "
                    "its 95% bootstrap interval; the dotted line is the Pareto front. Click a point to compare it "
