@@ -540,6 +540,19 @@ def test_a_name_given_twice_is_warned_about(tmp_path) -> None:
     assert code == 0 and f"warning: an experiment named 'baseline' exists already ({first})" in err
 
 
+def test_a_value_given_twice_in_a_grid_is_said_to_count_once(tmp_path) -> None:
+    """Found by a new user: `--observation-threshold 1000,1000` became one configuration without a word."""
+    db = str(tmp_path / "x.duckdb")
+    code, out, err = invoke("experiment", "run", "--dataset", str(ROOT / "datasets" / "tiny.jsonl"), "--window", "2",
+                            "--observation-threshold", "30,60,30", "--observer", "omem/extractive,omem/extractive",
+                            "--json", "--db", db)
+    assert code == 0, err
+    assert "note: --observation-threshold 30,60,30 repeats a value: each counts once (30, 60)" in err
+    assert "note: --observer omem/extractive,omem/extractive repeats a value: each counts once (omem/extractive)" in err
+    with RunStore(db) as store:
+        assert len(store.experiment(json.loads(out.strip().splitlines()[-1])["experiment_id"])["configs"]) == 2
+
+
 def test_a_grid_in_a_few_words_names_its_models_apart() -> None:
     """Found by a newcomer: "obs model omem/extractive/openai/gpt-4o-mini" read as one model (model
     names hold "/"), and a grid of one paid model listed as "obs 50 · window 10", as if offline."""

@@ -403,15 +403,20 @@ def _csv(kind):
         if not items:
             raise click.BadParameter(f"expected at least one value, got {value!r}", ctx, param)
         if kind is str:
-            return list(dict.fromkeys(items))  # a value given twice is one configuration, as in the app
-        values = []
-        for item in items:
-            try:
-                number = click.INT.convert(item, param, ctx)  # "'abc' is not a valid integer"
-                values.append(kind.convert(number, param, ctx))  # "0 is not in the range x>=1"
-            except click.BadParameter as exc:
-                raise click.BadParameter(f"{exc.message} (in {value!r})", ctx, param) from exc
-        return list(dict.fromkeys(values))
+            values = items
+        else:
+            values = []
+            for item in items:
+                try:
+                    number = click.INT.convert(item, param, ctx)  # "'abc' is not a valid integer"
+                    values.append(kind.convert(number, param, ctx))  # "0 is not in the range x>=1"
+                except click.BadParameter as exc:
+                    raise click.BadParameter(f"{exc.message} (in {value!r})", ctx, param) from exc
+        once = list(dict.fromkeys(values))  # a value given twice is one configuration, as in the app
+        if len(once) < len(values):  # (said: "1000,1000" became one configuration without a word)
+            _tell(f"note: {param.opts[0] if param is not None and param.opts else 'an option'} {value} repeats a "
+                  f"value: each counts once ({', '.join(str(v) for v in once)})")
+        return once
     return convert
 
 
