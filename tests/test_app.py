@@ -1344,6 +1344,30 @@ def test_links_to_traces_and_the_presentation_open_the_run_and_call_they_name(db
     assert newest.query_params == {"run": newest.sidebar.selectbox(key="pres_run").value} != {"run": older}
 
 
+def test_traces_opens_the_call_at_the_explorers_step(db: Path) -> None:
+    """Found by a new user: from the explorer at step 186, Traces opened call 1 (at step 20)."""
+    at = app()
+    run_id = at.text[0].value.split()[1]
+    calls = store(db).model_calls(run_id)
+    steps = [int(s) for s in calls.step]
+    assert len(set(steps)) >= 3
+    middle = sorted(set(steps))[len(set(steps)) // 2]
+    at.slider(key=f"ex_step_{run_id}").set_value(middle + 1).run()  # (no call at this step: the one before)
+    at.switch_page(PAGES.format("traces")).run()
+    assert not at.exception, at.exception
+    expected = int(calls[calls.step <= middle + 1].seq.iloc[-1])
+    assert at.selectbox(key="tr_call").value == expected
+    at.selectbox(key="tr_call").set_value(int(calls.seq.iloc[0])).run()  # a call of one's own choice ...
+    at.switch_page(PAGES.format("explorer")).run()
+    at.switch_page(PAGES.format("traces")).run()
+    assert at.selectbox(key="tr_call").value == int(calls.seq.iloc[0])  # ... stays while the explorer did not move
+    at.switch_page(PAGES.format("explorer")).run()
+    at.slider(key=f"ex_step_{run_id}").set_value(steps[-1]).run()
+    at.switch_page(PAGES.format("traces")).run()
+    assert at.selectbox(key="tr_call").value == int(calls.seq.iloc[-1])
+    assert app_data.call_at_step(calls, -1) == int(calls.seq.iloc[0]) and app_data.call_at_step(calls.iloc[0:0], 3) is None
+
+
 def test_explorer_steps_between_passes_and_paginates_records(db: Path) -> None:
     at = app()
     s = store(db)

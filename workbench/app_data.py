@@ -934,6 +934,16 @@ def calls_table(calls: pd.DataFrame) -> pd.DataFrame:
     return as_text(calls_numbers(calls), CALLS_FORMATS)
 
 
+def call_at_step(calls: pd.DataFrame, step: int) -> int | None:
+    """The ``seq`` of the last model call made at ``step`` or before it (a pass runs inside the
+    read of its step), else of the first call; ``None`` without calls."""
+    if calls.empty:
+        return None
+    steps = pd.to_numeric(calls.step, errors="coerce")
+    before = calls[steps <= step]
+    return int((before if not before.empty else calls).seq.iloc[-1 if not before.empty else 0])
+
+
 def call_label(row: Any) -> str:
     return (f"call {int(row['seq'])} · step {display(row['step'])} · {row['stage']} · {row['model']}"
             + (" · error" if not missing(row.get("error")) else ""))

@@ -658,6 +658,8 @@ def open_run_at(run_id: str, step: int | None = None, why: str | None = None) ->
 def open_trace(run_id: str, seq: int) -> None:
     """Open one model call in Traces; the caller switches page."""
     st.session_state[TRACE_KEY] = (run_id, int(seq))
+    # (this call, not the one at the explorer's step: that step counts as followed)
+    st.session_state["_tr_step"] = (run_id, st.session_state.get(f"_kept_ex_step_{run_id}"))
     st.session_state.pop("tr_run", None)
     st.session_state.pop("tr_call", None)
 

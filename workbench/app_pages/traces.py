@@ -46,6 +46,15 @@ ui.figures(app_data.sortable(app_data.calls_numbers(calls), app_data.CALLS_FORMA
 seqs = [int(s) for s in calls.seq]
 labels = {int(r["seq"]): app_data.call_label(r) for r in calls.to_dict("records")}
 index = seqs.index(wanted[1]) if wanted and wanted[0] == run_id and wanted[1] in seqs else 0
+# The explorer's step on this run, when it moved since this page last followed it: the call made at
+# that step or the last one before it (it opened call 1 whatever step the explorer showed).
+explorer_step = st.session_state.get(f"_kept_ex_step_{run_id}")
+if linked_call is None and isinstance(explorer_step, int) and \
+        st.session_state.get("_tr_step") != (run_id, explorer_step):
+    st.session_state["_tr_step"] = (run_id, explorer_step)
+    if (at := app_data.call_at_step(calls, explorer_step)) is not None:
+        index = seqs.index(at)
+        st.session_state.pop("tr_call", None)
 if linked_call is not None and linked_call not in seqs:
     st.warning(f"Call {linked_call:,} of the link is not one of this run's calls ({seqs[0]:,} to {seqs[-1]:,}): "
                "its first call is shown.")
