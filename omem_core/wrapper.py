@@ -33,6 +33,7 @@ import math
 import numbers
 import os
 import socket
+import threading
 import time
 import unicodedata
 import uuid
@@ -416,22 +417,25 @@ def _validate_clock(clock: Callable[[], datetime]) -> Callable[[], datetime]:
 
 
 _WRAPPERS_OVER: dict[int, int] = {}  # id(observation store) -> how many live wrappers use it
+_WRAPPERS_LOCK = threading.Lock()  # (wrappers are made, and collected, in any thread)
 
 
 def _count_wrapper(wrapper: Any, observations: Any) -> None:
     """Count ``wrapper`` among the wrappers over ``observations`` until it is collected (the store
     outlives it: the wrapper holds it, so its id is not reused meanwhile)."""
     key = id(observations)
-    _WRAPPERS_OVER[key] = _WRAPPERS_OVER.get(key, 0) + 1
+    with _WRAPPERS_LOCK:
+        _WRAPPERS_OVER[key] = _WRAPPERS_OVER.get(key, 0) + 1
     weakref.finalize(wrapper, _uncount_wrapper, key)
 
 
 def _uncount_wrapper(key: int) -> None:
-    left = _WRAPPERS_OVER.get(key, 0) - 1
-    if left > 0:
-        _WRAPPERS_OVER[key] = left
-    else:
-        _WRAPPERS_OVER.pop(key, None)
+    with _WRAPPERS_LOCK:
+        left = _WRAPPERS_OVER.get(key, 0) - 1
+        if left > 0:
+            _WRAPPERS_OVER[key] = left
+        else:
+            _WRAPPERS_OVER.pop(key, None)
 
 
 def _record_id(kind: str, thread_id: str, source_ids: Sequence[str]) -> str:

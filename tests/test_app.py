@@ -1351,12 +1351,11 @@ def test_traces_opens_the_call_at_the_explorers_step(db: Path) -> None:
     calls = store(db).model_calls(run_id)
     steps = [int(s) for s in calls.step]
     assert len(set(steps)) >= 3
-    middle = sorted(set(steps))[len(set(steps)) // 2]
-    at.slider(key=f"ex_step_{run_id}").set_value(middle + 1).run()  # (no call at this step: the one before)
+    between = next(s for s in range(min(steps), max(steps)) if s not in steps)  # (no call: the one before)
+    at.slider(key=f"ex_step_{run_id}").set_value(between).run()
     at.switch_page(PAGES.format("traces")).run()
     assert not at.exception, at.exception
-    expected = int(calls[calls.step <= middle + 1].seq.iloc[-1])
-    assert at.selectbox(key="tr_call").value == expected
+    assert at.selectbox(key="tr_call").value == int(calls[calls.step < between].seq.iloc[-1])
     at.selectbox(key="tr_call").set_value(int(calls.seq.iloc[0])).run()  # a call of one's own choice ...
     at.switch_page(PAGES.format("explorer")).run()
     at.switch_page(PAGES.format("traces")).run()
@@ -1366,6 +1365,8 @@ def test_traces_opens_the_call_at_the_explorers_step(db: Path) -> None:
     at.switch_page(PAGES.format("traces")).run()
     assert at.selectbox(key="tr_call").value == int(calls.seq.iloc[-1])
     assert app_data.call_at_step(calls, -1) == int(calls.seq.iloc[0]) and app_data.call_at_step(calls.iloc[0:0], 3) is None
+    two = pd.DataFrame({"seq": [4, 5, 6], "step": [10, 12, 12]})  # an observation, then a reflection, at step 12
+    assert [app_data.call_at_step(two, s) for s in (11, 12, 13)] == [4, 5, 6]
 
 
 def test_explorer_steps_between_passes_and_paginates_records(db: Path) -> None:

@@ -935,13 +935,15 @@ def calls_table(calls: pd.DataFrame) -> pd.DataFrame:
 
 
 def call_at_step(calls: pd.DataFrame, step: int) -> int | None:
-    """The ``seq`` of the last model call made at ``step`` or before it (a pass runs inside the
-    read of its step), else of the first call; ``None`` without calls."""
+    """The ``seq`` of the first model call made at ``step`` (a pass runs inside the read of its
+    step; a reflection may follow an observation there), else of the last one before it, else of
+    the first call; ``None`` without calls."""
     if calls.empty:
         return None
     steps = pd.to_numeric(calls.step, errors="coerce")
-    before = calls[steps <= step]
-    return int((before if not before.empty else calls).seq.iloc[-1 if not before.empty else 0])
+    at, before = calls[steps == step], calls[steps < step]
+    chosen = at.seq.iloc[0] if not at.empty else before.seq.iloc[-1] if not before.empty else calls.seq.iloc[0]
+    return int(chosen)
 
 
 def call_label(row: Any) -> str:
