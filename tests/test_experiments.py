@@ -362,14 +362,21 @@ def test_a_killed_experiment_is_resumed_without_redoing_finished_runs(tmp_path) 
     assert code == 0 and row.split()[header.split().index("not")] == "2"  # "not completed" (two words)
     code, out, err = invoke("experiment", "show", experiment_id, "--db", str(db))
     assert code == 0 and "the figures below come from the 1 of 3 planned runs that completed" in " ".join(out.split())
-    assert "elapsed time not recorded" in " ".join(out.split())  # it read "– s"
+    # its time up to its last recorded run is counted, and said to be (it read "elapsed time not
+    # recorded", then a resume's total left that part out without a word)
+    crashed = experiment["elapsed_s"]
+    assert crashed > 0 and "its elapsed time counts up to there" in experiment["error"]
+    from workbench.formatting import display
+
+    assert f"{display(crashed)} s;" in out and "elapsed time not recorded" not in out
     # the hint names the run store given: pasted as printed, it resumes this experiment
     assert f"finish it with: python -m workbench experiment resume {experiment_id} --db {db}\n" in err
     assert f"finish it with: python -m workbench experiment resume {experiment_id} --db {db}" in experiment["error"]
     code, out, err = invoke("experiment", "resume", experiment_id, "--json", "--db", str(db))
     assert code == 0, err
-    assert json.loads(out.strip().splitlines()[-1])["elapsed_s"] > 0  # the resume's own time
+    resumed = json.loads(out.strip().splitlines()[-1])["elapsed_s"]
     with RunStore(db) as store:
+        assert store.experiment(experiment_id)["elapsed_s"] == pytest.approx(resumed) and resumed > crashed
         runs = store.experiment_runs(experiment_id)
         assert len(runs) == 3 and set(runs.status) == {"completed"}
         assert first.run_id[0] in set(runs.run_id)  # the finished run was kept, not replayed

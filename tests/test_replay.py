@@ -106,6 +106,27 @@ async def test_model_error_marks_the_run_failed_and_resume_continues(store: RunS
         assert list(fresh.records(clean.run_id).source_ids) == list(records.source_ids)
 
 
+async def test_a_resumed_runs_elapsed_time_counts_its_time_before_the_resume(store: RunStore,
+                                                                             scripted: Scripted) -> None:
+    """A resumed run's elapsed time was its last part's alone (its other figures are the whole
+    run's), and a run that stopped recorded none: the time before a resume, or before a killed
+    process's last batch of steps, is kept."""
+    conv = load_conversation(DEMO_DATASET)
+    scripted.replies = ["- n1", RuntimeError("provider down")]
+    config = ReplayConfig(observer="scripted/model", reflector=None, observation_threshold=200, cache=False)
+    with pytest.raises(ReplayFailed) as caught:
+        await replay(conv, config, store)
+    run_id = caught.value.result.run_id
+    assert store.run(run_id)["elapsed_s"] > 0  # (it was NULL: "–" in the app)
+    with store.session() as cur:  # a first part of 1,000 s, as a long replay's would be
+        cur.execute("UPDATE runs SET elapsed_s = 1000 WHERE run_id = ?", [run_id])
+    scripted.replies = ["- n2"]
+    resumed = await replay(conv, config, store, resume=run_id)
+    assert resumed.status == "completed" and 1000 < resumed.elapsed_s < 1100
+    assert store.run(run_id)["elapsed_s"] == pytest.approx(resumed.elapsed_s)
+    assert resumed.summary()["elapsed_s"] == round(resumed.elapsed_s, 3)
+
+
 async def test_repeated_configuration_is_served_from_litellm_cache(store: RunStore, scripted: Scripted) -> None:
     conv = load_conversation(TINY)
     config = ReplayConfig(observer="scripted/model", reflector=None, **SMALL)

@@ -248,6 +248,16 @@ class RunRecorder:
         self._all_calls = [] if create else store.model_calls(run_id).to_dict("records")
         self._all_steps = [] if create else store.steps(run_id)[["step", "backlog_tokens"]].to_dict("records")
         self.observations = RunObservationStore(self, [] if create else store.load_records(run_id))
+        # the run's time before this process (a resume), then counted here: written with every
+        # batch, so a run whose process was killed keeps the time up to its last batch (a resumed
+        # run's elapsed time was its last part's alone)
+        before = None if create else store.run(run_id).get("elapsed_s")
+        self.elapsed_before = 0.0 if before is None or before != before else float(before)
+        self._started = time.perf_counter()
+
+    def elapsed(self) -> float:
+        """The run's time so far: before this process (a resume) and in it."""
+        return self.elapsed_before + time.perf_counter() - self._started
 
     def on_event(self, event: CompactionEvent) -> None:
         self.events.append(event)
@@ -273,7 +283,7 @@ class RunRecorder:
             if self._create is not None:
                 self.store.create_run(run_id=self.run_id, **self._create)
                 self._create = None
-            self.store.add_steps(self.run_id, self._steps, self._calls, self._records)
+            self.store.add_steps(self.run_id, self._steps, self._calls, self._records, elapsed_s=self.elapsed())
         self._steps, self._records, self._calls = [], [], []
         self._flushed_at = time.monotonic()
 
@@ -291,7 +301,7 @@ class RunRecorder:
 
     def finish(self, status: str, error: str | None, figures: dict[str, Any]) -> None:
         self.flush()
-        self.store.update_run(self.run_id, **figures)
+        self.store.update_run(self.run_id, **{"elapsed_s": self.elapsed(), **figures})
         self.store.set_status(self.run_id, status, error)
 
     def finish_unwritten(self, status: str, error: str | None) -> None:

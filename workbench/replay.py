@@ -525,7 +525,9 @@ async def _finish(conversation, config, recorder, wrapper, count, status, error,
         full_history_tokens=full_history, final_context_tokens=final_context,
         compression=(full_history / final_context) if final_context else None,
         retention=retention, cost_usd=None if unpriced else float(sum(costs)),
-        elapsed_s=time.perf_counter() - started, error=error, planned_steps=planned, step_rows=rows,
+        # (a resumed run: its time before this resume too, as its other figures are the whole run's)
+        elapsed_s=getattr(recorder, "elapsed_before", 0.0) + time.perf_counter() - started, error=error,
+        planned_steps=planned, step_rows=rows,
         context=state.context,
     )
     backlog = [int(r["backlog_tokens"]) for r in recorder.recorded_steps()]

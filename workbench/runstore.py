@@ -724,13 +724,24 @@ class RunStore:
             for value, pid, token in rows:
                 if pid is None or process_alive(int(pid), token):
                     continue
-                done = ""
+                done, counted = "", 0.0
                 if table == "runs":
                     steps = cur.execute("SELECT steps FROM runs WHERE run_id = ?", [value]).fetchall()[0][0]
                     done = f" after {int(steps or 0)} recorded steps"
-                cur.execute(f"UPDATE {table} SET status = 'interrupted', error = ?, updated_at = ? WHERE {key} = ?",
+                else:  # its time up to its last run recorded since it started (or was resumed: its
+                    # updated_at, which nothing else writes while it runs), so that a resume's total
+                    # does not leave it out
+                    [(counted,)] = cur.execute(
+                        "SELECT coalesce(date_diff('millisecond', any_value(e.updated_at), max(r.updated_at)), 0) "
+                        "/ 1000.0 FROM experiments e JOIN runs r ON r.experiment_id = e.experiment_id "
+                        "AND r.updated_at >= e.updated_at WHERE e.experiment_id = ?", [value]).fetchall()
+                    if counted:
+                        done = f" after its last recorded run, {float(counted):.1f} s in (its elapsed time counts up to there)"
+                cur.execute(f"UPDATE {table} SET status = 'interrupted', error = ?, updated_at = ?, "
+                            f"elapsed_s = CASE WHEN ? > 0 THEN coalesce(elapsed_s, 0) + ? ELSE elapsed_s END "
+                            f"WHERE {key} = ?",
                             [f"the process that ran it (pid {pid}) stopped{done}; finish it with: "
-                             + cli_command(resume.format(value), self.path), _now(), value])
+                             + cli_command(resume.format(value), self.path), _now(), counted, counted, value])
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -788,10 +799,10 @@ class RunStore:
         self._claim("runs", "run_id", run_id)
 
     def add_steps(self, run_id: str, rows: list[dict[str, Any]], calls: Sequence[dict[str, Any]] = (),
-                  records: Sequence[dict[str, Any]] = ()) -> None:
+                  records: Sequence[dict[str, Any]] = (), elapsed_s: float | None = None) -> None:
         """Append step rows, the records written and the model calls made during them, in one
         transaction. ``records`` are dicts with ``record`` (an ObservationRecord), ``step`` and
-        ``tokens``."""
+        ``tokens``; ``elapsed_s``, the run's time so far, is written with the steps."""
         if not rows and not calls and not records:
             return
         try:
@@ -807,8 +818,8 @@ class RunStore:
                     _insert_many(cur, "model_calls", ["run_id", "seq", *calls[0]],
                                  [[run_id, first + i, *c.values()] for i, c in enumerate(_calls(calls))])
                 if rows:
-                    cur.execute("UPDATE runs SET steps = ?, updated_at = ? WHERE run_id = ?",
-                                [rows[-1]["step"] + 1, _now(), run_id])
+                    cur.execute("UPDATE runs SET steps = ?, updated_at = ?, elapsed_s = coalesce(?, elapsed_s) "
+                                "WHERE run_id = ?", [rows[-1]["step"] + 1, _now(), elapsed_s, run_id])
         except Exception:  # the counted sequences are read again from the file next time
             self._seq.pop(("model_calls", run_id), None)
             self._seq.pop(("records", run_id), None)
