@@ -12,7 +12,7 @@ from conftest import Scripted, held_by_another_process
 from omem_core import Message
 from workbench.catalog import DEMO_DATASET, PROJECT_DATASETS
 from workbench.datasets import load_conversation
-from workbench.replay import ReplayConfig, ReplayFailed, replay
+from workbench.replay import ConfigurationError, ReplayConfig, ReplayFailed, replay
 from workbench.retention import content_words, newest_tokens, probe_score, summarise
 from workbench.runstore import MIGRATIONS, RunStore, RunStoreLocked
 
@@ -125,6 +125,16 @@ async def test_a_resumed_runs_elapsed_time_counts_its_time_before_the_resume(sto
     assert resumed.status == "completed" and 1000 < resumed.elapsed_s < 1100
     assert store.run(run_id)["elapsed_s"] == pytest.approx(resumed.elapsed_s)
     assert resumed.summary()["elapsed_s"] == round(resumed.elapsed_s, 3)
+
+
+async def test_a_replay_with_a_model_without_its_key_is_recorded_as_failed(tmp_path, monkeypatch) -> None:
+    """Refused before any call (the CLI, an API caller), and recorded failed, never left running."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with RunStore(tmp_path / "r.duckdb") as runs_store:
+        with pytest.raises(ConfigurationError, match="gpt-4o-mini: missing OPENAI_API_KEY"):
+            await replay(load_conversation(DEMO_DATASET), ReplayConfig(observer="gpt-4o-mini"), runs_store)
+        [row] = runs_store.runs().itertuples()
+        assert row.status == "failed" and row.steps == 0 and "OPENAI_API_KEY" in row.error
 
 
 async def test_repeated_configuration_is_served_from_litellm_cache(store: RunStore, scripted: Scripted) -> None:

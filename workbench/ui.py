@@ -408,7 +408,8 @@ def prompt_choices(store: RunStore, name: str) -> dict[str, Prompt]:
 def config_form(store: RunStore, prefix: str, conversation: Conversation | None, *,
                 container=None) -> ReplayConfig | None:
     """Observer, reflector, thresholds, window, token counter and prompt versions; ``None`` (with
-    the reason shown) when a number is not one a replay takes: the caller's Run stays disabled."""
+    the reason shown) when a number is not one a replay takes, or a model cannot be called here
+    (unknown, its key missing): the caller's Run stays disabled."""
     from .app_data import as_sentence, config_problems
 
     box = container or st.sidebar
@@ -421,10 +422,9 @@ def config_form(store: RunStore, prefix: str, conversation: Conversation | None,
                              help="Any litellm model string; models with keys in the environment are listed.")
     reflector = box.selectbox("Reflector model", [*models, "none"], key=f"{prefix}_reflector",
                               accept_new_options=True)
-    for model in {observer, reflector} - {"none"}:
-        status = model_status(model)
-        if not status.usable:
-            box.warning(plain(f"{model}: {status.reason}"))
+    unusable = [status for status in map(model_status, sorted({observer, reflector} - {"none"})) if not status.usable]
+    for status in unusable:  # (Run stays off: the replay would only be refused, and recorded as failed)
+        box.warning(plain(f"{status.model}: {status.reason}. A replay needs a model usable here."))
     # (no bounds on the fields: a value typed outside them was dropped, the run made with the last one)
     observation = box.number_input("Observation threshold (tokens)", value=obs_default, step=50,
                                    key=f"{prefix}_obs_{obs_default}")
@@ -443,6 +443,8 @@ def config_form(store: RunStore, prefix: str, conversation: Conversation | None,
     reflector_prompt = box.selectbox("Reflector prompt", list(reflector_prompts), key=f"{prefix}_rprompt")
     if problems:
         box.error(plain(as_sentence("; ".join(problems))))
+        return None
+    if unusable:
         return None
     return ReplayConfig(
         observer=observer, reflector=None if reflector == "none" else reflector,
