@@ -616,6 +616,8 @@ class ObservationalMemoryStore:
         this store could not give back earlier is given back first, when the database is
         reachable. Idempotent; ``async with`` closes at the end of the block.
 
+        Raises ``RuntimeError`` (nothing closed) while a pass or a save of another event loop that
+        is still running (another thread) is under way: close from that loop, or once it returned.
         Raises ``RuntimeError`` when awaited inside one of this store's passes (an async
         ``on_event`` callback): it would wait for that pass, which waits for the callback. From
         a callback, schedule it instead: ``asyncio.get_running_loop().create_task(store.close())``."""
@@ -626,6 +628,11 @@ class ObservationalMemoryStore:
                                "wait for that pass to end, and the pass waits for the callback. Schedule it from "
                                "the callback instead (asyncio.get_running_loop().create_task(store.close())), "
                                "or close after the read returns")
+        others = [task for task in (*self._pass_tasks, *self._writing)
+                  if task.get_loop() is not loop and not task.done() and task.get_loop().is_running()]
+        if others:  # (closing its stores under it failed its pass after the call was paid, its lease kept)
+            raise RuntimeError(OTHER_LOOP + " Close it from the event loop whose pass or write is under way, "
+                                            "or once that has returned.")
         self._closing = True
         while True:
             running = [task for task in self._pass_tasks if task.get_loop() is loop]

@@ -741,6 +741,40 @@ def test_one_store_used_from_two_threads_says_so_and_asyncio_run_per_call_works(
     assert len(asyncio.run(store.observations.list("t"))) >= 2
 
 
+def test_close_from_another_thread_while_a_pass_runs_there_is_refused_and_closes_nothing(
+        scripted: Scripted, tmp_path) -> None:
+    """close() from a second thread while the first thread's pass was calling the model closed
+    the SQLite stores under it: the pass failed ("store is closed") after its call was paid, its
+    record unsaved and its lease kept for 30 s. It is refused with a reason; nothing is closed."""
+    import threading
+
+    path = tmp_path / "m.db"
+
+    def open_store():
+        return create_observational_memory_store(SQLiteMemoryStore(path), observer=MODEL,
+                                                 thresholds={"observation": 3}, count_tokens=ones,
+                                                 observations=SQLiteObservationStore(path))
+
+    store = open_store()
+    asyncio.run(store.save_messages([msg(i) for i in range(10)]))
+    scripted.delay = 1.0
+    read: list[object] = []
+    first = threading.Thread(target=lambda: read.append(asyncio.run(store.recall("t", last=2))))
+    first.start()
+    while not scripted.started:  # until the first thread's pass is calling the model
+        first.join(0.01)
+    with pytest.raises(RuntimeError, match="in use by another event loop.*Close it from the event loop"):
+        asyncio.run(store.close())
+    first.join()
+    assert len(read) == 1 and read[0][0].role == "system"  # the pass saved its record and returned it
+    asyncio.run(store.close())  # once it returned: closed
+    with pytest.raises(RuntimeError, match="closed"):
+        asyncio.run(store.recall("t", last=2))
+    again = open_store()
+    assert len(asyncio.run(again.observations.list("t"))) == 1
+    asyncio.run(again.close())
+
+
 def test_a_pass_of_a_stopped_loop_never_undoes_a_delete_made_from_another_loop(scripted: Scripted) -> None:
     """A loop stopped mid-pass (run_until_complete returned) and resumed after a delete made
     from another loop saved its reflection into the deleted thread: the new loop's guard had the
