@@ -963,6 +963,16 @@ def dataframe(at: AppTest, *columns: str):
     return next(d.value for d in at.dataframe if set(columns) <= set(d.value.columns))
 
 
+def test_a_grid_value_given_twice_is_said_to_count_once(db: Path) -> None:
+    """`300,300` showed "1 run" with no word of the value dropped (the CLI says so)."""
+    at = app("experiments")
+    at.text_input(key="xp_obs").set_value("300, 300").run()
+    assert not at.exception
+    assert "Observation thresholds: a value given twice counts once (300)." in [shown(c.value) for c in at.caption]
+    at.text_input(key="xp_obs").set_value("300,600").run()
+    assert not any("counts once" in c.value for c in at.caption)
+
+
 def test_a_double_click_on_start_experiment_starts_one(db: Path, monkeypatch) -> None:
     # (a loaded machine drew the page between the clicks in over 3 s: taken for two clicks, CI failed)
     monkeypatch.setattr(app_data, "DOUBLE_CLICK_S", 600.0)

@@ -560,6 +560,29 @@ def test_a_value_given_twice_in_a_grid_is_said_to_count_once(tmp_path) -> None:
         assert len(store.experiment(json.loads(out.strip().splitlines()[-1])["experiment_id"])["configs"]) == 2
 
 
+def test_a_grid_option_given_twice_joins_its_values(tmp_path) -> None:
+    """Found by a new user: `--observation-threshold 500 --observation-threshold 600` ran "obs 600"
+    alone, the first value dropped without a word (click keeps the last of a repeated option)."""
+    db = str(tmp_path / "x.duckdb")
+    code, out, err = invoke("experiment", "run", "--dataset", str(ROOT / "datasets" / "tiny.jsonl"),
+                            "--observation-threshold", "30", "--observation-threshold", "60,90", "--window", "2",
+                            "--window", "3", "--max-backlog", "off", "--max-backlog", "500", "--json", "--db", db)
+    assert code == 0, err
+    with RunStore(db) as store:
+        configs = [c["config"] for c in store.experiment(json.loads(out.strip().splitlines()[-1])["experiment_id"])[
+            "configs"]]
+    assert sorted({c["observation_threshold"] for c in configs}) == [30, 60, 90]
+    assert sorted({c["last_messages"] for c in configs}) == [2, 3]
+    assert {c.get("max_backlog") for c in configs} == {None, 500} and len(configs) == 12
+    # the same in a sweep; a value repeated across the options is noted, as within one
+    code, out, err = invoke("sweep", "--dataset", str(ROOT / "datasets" / "tiny.jsonl"), "--observation-threshold",
+                            "30", "--observation-threshold", "30", "--observation-threshold", "60",
+                            "--reflection-threshold", "600", "--json", "--db", db)
+    assert code == 0, err
+    assert "note: --observation-threshold 30,30,60 repeats a value: each counts once (30, 60)" in err
+    assert len(json.loads(out.strip().splitlines()[-1])["runs"]) == 2
+
+
 def test_a_grid_in_a_few_words_names_its_models_apart() -> None:
     """Found by a newcomer: "obs model omem/extractive/openai/gpt-4o-mini" read as one model (model
     names hold "/"), and a grid of one paid model listed as "obs 50 · window 10", as if offline."""

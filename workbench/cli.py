@@ -392,8 +392,10 @@ DATASET = DatasetArg()
 def _csv(kind):
     """A comma-separated option: each value checked as ``kind`` (a click type, e.g. ``POSITIVE``, or
     ``str``), so a bad one gets click's own message and exit code 2, naming the value; a value
-    given twice counts once."""
+    given twice counts once. The option may be repeated (``multiple=True``): its values join."""
     def convert(ctx, param, value):
+        if isinstance(value, (tuple, list)):  # (the option repeated: each is a list too, joined; the
+            value = ",".join(value) if value else None  # last one alone counted, the others dropped unsaid)
         if value is None:
             return None
         try:
@@ -785,20 +787,24 @@ def _run_judge(store, result, conv, config, answerer, judge, yes, quiet) -> None
               help="Dataset file or folder, or a name that `datasets` lists.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), help="Override format detection.")
 @click.option("--conversation", help="Conversation id (default: the first).")
-@click.option("--observer", "observers", default=OFFLINE_MODEL, callback=_csv(str), show_default=True,
-              help="Comma-separated litellm model strings.")
-@click.option("--reflector", "reflectors", default=OFFLINE_MODEL, callback=_csv(str), show_default=True,
-              help="Comma-separated models, or 'none'.")
-@click.option("--observation-threshold", "observation", default="500,1000,2000", callback=_csv(POSITIVE),
-              show_default=True, help="Comma-separated observation thresholds in tokens.")
-@click.option("--reflection-threshold", "reflection", default="1000,2000,4000", callback=_csv(POSITIVE),
-              show_default=True, help="Comma-separated reflection thresholds in tokens.")
-@click.option("--last-messages", "--window", "windows", default="10", callback=_csv(POSITIVE), show_default=True,
-              help="Comma-separated recall windows (messages kept verbatim).")
-@click.option("--observer-prompt", "observer_prompts", default=None, callback=_csv(str),
-              help="Comma-separated prompt versions (default: the newest built-in).")
-@click.option("--reflector-prompt", "reflector_prompts", default=None, callback=_csv(str),
-              help="Comma-separated prompt versions (default: the newest built-in).")
+@click.option("--observer", "observers", multiple=True, default=(OFFLINE_MODEL,), callback=_csv(str), show_default=True,
+              help="Comma-separated litellm model strings, or the option repeated.")
+@click.option("--reflector", "reflectors", multiple=True, default=(OFFLINE_MODEL,),
+              callback=_csv(str), show_default=True,
+              help="Comma-separated models, or 'none', or the option repeated.")
+@click.option("--observation-threshold", "observation", multiple=True, default=("500,1000,2000",),
+              callback=_csv(POSITIVE),
+              show_default=True, help="Comma-separated observation thresholds in tokens, or the option repeated.")
+@click.option("--reflection-threshold", "reflection", multiple=True, default=("1000,2000,4000",),
+              callback=_csv(POSITIVE),
+              show_default=True, help="Comma-separated reflection thresholds in tokens, or the option repeated.")
+@click.option("--last-messages", "--window", "windows", multiple=True, default=("10",),
+              callback=_csv(POSITIVE), show_default=True,
+              help="Comma-separated recall windows (messages kept verbatim), or the option repeated.")
+@click.option("--observer-prompt", "observer_prompts", multiple=True, default=None, callback=_csv(str),
+              help="Comma-separated prompt versions (default: the newest built-in), or the option repeated.")
+@click.option("--reflector-prompt", "reflector_prompts", multiple=True, default=None, callback=_csv(str),
+              help="Comma-separated prompt versions (default: the newest built-in), or the option repeated.")
 @click.option("--token-counter", type=click.Choice(TOKEN_COUNTERS), default="heuristic", show_default=True,
               help="How tokens are counted for thresholds and figures.")
 @click.option("--concurrency", type=click.IntRange(1, 64), default=4, show_default=True, help="Runs at once.")
@@ -1383,24 +1389,29 @@ def _print_breakdown(configs: list[dict[str, Any]], conversations: list[dict[str
               help="Dataset file or folder, or a name that `datasets` lists (e.g. locomo-dev).")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), help="Override format detection.")
 @click.option("--conversation", "conversations", multiple=True, help="A conversation id (repeat; default: all).")
-@click.option("--observation-threshold", "observation", default="1000", callback=_csv(POSITIVE), show_default=True,
-              help="Comma-separated observation thresholds in tokens.")
-@click.option("--reflection-threshold", "reflection", default="2000", callback=_csv(POSITIVE), show_default=True,
-              help="Comma-separated reflection thresholds in tokens.")
-@click.option("--window", "--last-messages", "windows", default="10", callback=_csv(POSITIVE), show_default=True,
-              help="Comma-separated recall windows (messages kept verbatim).")
-@click.option("--observer", "observers", default=OFFLINE_MODEL, callback=_csv(str), show_default=True,
-              help="Comma-separated litellm model strings.")
-@click.option("--reflector", "reflectors", default=OFFLINE_MODEL, callback=_csv(str), show_default=True,
-              help="Comma-separated models, or 'none'.")
-@click.option("--observer-prompt", "observer_prompts", default=None, callback=_csv(str),
-              help="Comma-separated prompt versions (default: the newest built-in).")
-@click.option("--reflector-prompt", "reflector_prompts", default=None, callback=_csv(str),
-              help="Comma-separated prompt versions (default: the newest built-in).")
+@click.option("--observation-threshold", "observation", multiple=True, default=("1000",),
+              callback=_csv(POSITIVE), show_default=True,
+              help="Comma-separated observation thresholds in tokens, or the option repeated.")
+@click.option("--reflection-threshold", "reflection", multiple=True, default=("2000",),
+              callback=_csv(POSITIVE), show_default=True,
+              help="Comma-separated reflection thresholds in tokens, or the option repeated.")
+@click.option("--window", "--last-messages", "windows", multiple=True, default=("10",),
+              callback=_csv(POSITIVE), show_default=True,
+              help="Comma-separated recall windows (messages kept verbatim), or the option repeated.")
+@click.option("--observer", "observers", multiple=True, default=(OFFLINE_MODEL,), callback=_csv(str), show_default=True,
+              help="Comma-separated litellm model strings, or the option repeated.")
+@click.option("--reflector", "reflectors", multiple=True, default=(OFFLINE_MODEL,),
+              callback=_csv(str), show_default=True,
+              help="Comma-separated models, or 'none', or the option repeated.")
+@click.option("--observer-prompt", "observer_prompts", multiple=True, default=None, callback=_csv(str),
+              help="Comma-separated prompt versions (default: the newest built-in), or the option repeated.")
+@click.option("--reflector-prompt", "reflector_prompts", multiple=True, default=None, callback=_csv(str),
+              help="Comma-separated prompt versions (default: the newest built-in), or the option repeated.")
 @click.option("--token-counter", type=click.Choice(TOKEN_COUNTERS), default="heuristic", show_default=True,
               help="How tokens are counted for thresholds and figures.")
-@click.option("--max-backlog", "max_backlogs", default="off", show_default=True,
-              help="Comma-separated backlog ceilings in tokens, or 'off' (see replay --max-backlog).")
+@click.option("--max-backlog", "max_backlogs", multiple=True, default=("off",), show_default=True,
+              help="Comma-separated backlog ceilings in tokens, or 'off' (see replay --max-backlog); the option "
+                   "may be repeated.")
 @click.option("--judge", help="LLM-judged accuracy: the model that grades answers (with --answerer).")
 @click.option("--answerer", help="LLM-judged accuracy: the model that answers the probes (with --judge).")
 @click.option("--concurrency", type=click.IntRange(1, 256), default=2, show_default=True,
@@ -1439,7 +1450,7 @@ def experiment_run(dataset, fmt, conversations, observation, reflection, windows
                 observer_prompts=[_resolve_prompt(store, "observer", v) for v in observer_prompts or [None]],
                 reflector_prompts=[_resolve_prompt(store, "reflector", v) for v in reflector_prompts or [None]],
                 token_counter=token_counter, timeout=timeout, cache=not no_cache,
-                max_backlogs=_backlogs(max_backlogs))
+                max_backlogs=_backlogs(",".join(max_backlogs)))
         except ConfigurationError as exc:  # options that cannot go together: refused (exit 2), nothing run
             raise click.UsageError(str(exc)) from None
         options = ex.ExperimentOptions(concurrency=concurrency, max_cost=max_cost, rpm=rpm, num_retries=num_retries,

@@ -129,6 +129,10 @@ with st.expander("New experiment", expanded=existing.empty):
         except ValueError as exc:
             problems.append(f"{label}: {exc}")
             ui.error("", problems[-1])  # (under its field: at the form's end it was below the fold)
+        else:
+            if len(values[label]) < len(app_data.split_list(text)):  # ("300,300": one run, said nowhere)
+                st.caption(ui.plain(f"{label}: a value given twice counts once "
+                                    f"({', '.join(map(str, values[label]))})."))
     observer_prompts = ui.prompt_choices(store, "observer")
     reflector_prompts = ui.prompt_choices(store, "reflector")
     left, right = st.columns(2)
