@@ -492,8 +492,12 @@ def test_experiment_list_show_compare_and_export(tmp_path) -> None:
     worse = PairedDifference("obs 500", "obs 1000", 584, -0.018, (-0.031, -0.006))
     assert _comparison_line("obs 500", "obs 1000", worse.verdict(), not worse.detectable) == \
         "obs 500 vs obs 1000: obs 500 keeps 0.018 more [0.006, 0.031]"
+    # a label it does not have, or one side twice, is a refused option (exit 2, as the README says;
+    # it was 1, a failure's), naming the option
     code, _, err = invoke("experiment", "compare", experiment_id, "--a", "obs 999", "--db", db)
-    assert code == 1 and "no configuration 'obs 999'" in err
+    assert code == 2 and "no configuration 'obs 999'" in err and "--a" in err
+    code, _, err = invoke("experiment", "compare", experiment_id, "--a", "1", "--b", "obs 150", "--db", db)
+    assert code == 2 and "both sides are 'obs 150'" in err
     code, out, _ = invoke("experiment", "export", experiment_id, "--parquet", str(tmp_path / "out"), "--db", db)
     import pandas as pd
 
@@ -1173,7 +1177,11 @@ def test_a_conversation_named_twice_is_replayed_once_and_an_unknown_one_refused_
     assert (data["planned_runs"], data["completed_runs"]) == (1, 1) and "1 conversation" in err
     code, out, err = invoke("experiment", "run", "--dataset", str(LONGMEMEVAL), "--conversation", "nope",
                             "--db", db)
-    assert code == 1 and "no conversation 'nope'" in err and "1 run" not in err
+    assert code == 2 and "no conversation 'nope'" in err and "--conversation" in err and "1 run" not in err
+    # --judge without --answerer: refused as an option (it was exit 1, "judge and answerer go together")
+    code, out, err = invoke("experiment", "run", "--dataset", str(LONGMEMEVAL), "--judge", "omem/extractive",
+                            "--db", db)
+    assert code == 2 and "--judge and --answerer go together: --answerer is the model that answers" in err
 
 
 @pytest.mark.parametrize("start", ["fork", "forkserver"])  # the CLI's and the app's

@@ -470,7 +470,8 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
     from .datasets import load_conversation
 
     if bool(answerer) != bool(judge):
-        raise click.UsageError("--answerer and --judge go together")
+        raise click.UsageError("--judge and --answerer go together: --answerer is the model that answers the "
+                               "probes, --judge the one that grades its answers")
     chosen = None
     if not resume:  # read before the model library loads (seconds): a file that cannot be read is said at once
         try:
@@ -1435,6 +1436,10 @@ def experiment_run(dataset, fmt, conversations, observation, reflection, windows
     """Run a dataset × a grid of configurations (every combination of the values given)."""
     from .datasets import list_conversations
 
+    if bool(judge) != bool(answerer):  # (refused before anything is read, as replay's are: exit 2)
+        raise click.UsageError("--judge and --answerer go together: --answerer is the model that answers the "
+                               "probes, --judge the one that grades its answers")
+
     try:  # read before the model library loads (seconds): a file that cannot be read is said at once
         listed = {c.id: c for c in list_conversations(dataset, fmt)}
     except WorkbenchError as exc:
@@ -1469,7 +1474,10 @@ def experiment_run(dataset, fmt, conversations, observation, reflection, windows
         for label, problem in problems.items():
             if problem:
                 _tell(f"warning: {label} cannot run here and will be recorded as failed: {problem}")
-        chosen = ex.choose_conversations(list(listed), conversations, dataset)  # before announcing the plan
+        try:  # (an unknown id is a refused option: exit 2, as a bad threshold is)
+            chosen = ex.choose_conversations(list(listed), conversations, dataset)  # before announcing the plan
+        except ex.ExperimentError as exc:
+            raise click.BadParameter(str(exc), param_hint="--conversation") from None
         if unscored := ex.unscored_warning([listed[c] for c in chosen]):
             _tell(f"warning: {unscored}")
         if judge and answerer:  # (the judging comes after every replay: refused now, not then)
@@ -1663,7 +1671,16 @@ def experiment_compare(experiment_id: str, label_a: str | None, label_b: str | N
         names = [c["label"] for c in experiment["configs"]]
         if len(names) < 2 and not (label_a and label_b):
             raise ex.ExperimentError(f"{experiment_id} has one configuration; nothing to compare")
-        diff = ex.compare(store, experiment_id, label_a or names[0], label_b or names[1])
+        picked = []
+        for hint, given, default in (("--a", label_a, names[0]), ("--b", label_b, names[-1] if len(names) < 2
+                                                                                   else names[1])):
+            try:  # (a label it does not have is a refused option: exit 2)
+                picked.append(ex.resolve_label(names, given, experiment_id) if given else default)
+            except ex.ExperimentError as exc:
+                raise click.BadParameter(str(exc), param_hint=hint) from None
+        if picked[0] == picked[1]:
+            raise click.UsageError(f"both sides are {picked[0]!r}: name two different configurations")
+        diff = ex.compare(store, experiment_id, *picked)
         runs, probes = store.experiment_runs(experiment_id), store.experiment_probes(experiment_id)
         tally = ex.conversation_tally(probes, diff.a, diff.b)
         rule = _experiment_rule(store, experiment_id)
