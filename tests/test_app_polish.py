@@ -123,6 +123,21 @@ def test_a_crowd_whose_labels_would_overlap_gets_a_stack_of_labels_with_leader_l
     assert all(low < a.ay < high for a in figure.layout.annotations)
 
 
+def test_the_retention_axis_never_runs_past_what_a_retention_can_be() -> None:
+    """Found by a newcomer: Tune on an experiment of one configuration at retention 1.0 drew the
+    axis from 0 to 2 (plotly's own range for one point)."""
+    one = points([1.23], [1.0], ["obs 600"]).assign(low=[1.0], high=[1.0])
+    low, high = charts.experiment_pareto_chart(one).layout.yaxis.range
+    assert 0.85 < low < 1.0 < high <= 1.01
+    low, high = charts.experiment_pareto_chart(points([5.0], [0.0], ["a"]).assign(low=[0.0], high=[0.0])
+                                               ).layout.yaxis.range
+    assert -0.01 <= low < 0.0 < high < 0.15
+    runs = pd.DataFrame({"compression": [1.23], "retention": [1.0], "observation_threshold": [600],
+                         "reflection_threshold": [2000], "window": [10], "run_id": ["r"]})
+    low, high = charts.pareto_chart(runs).layout.yaxis.range  # (the runs' scatter alike)
+    assert 0.85 < low < 1.0 < high <= 1.01
+
+
 # -- heatmap colours -------------------------------------------------------------------------------
 
 def cells(values, value) -> pd.DataFrame:

@@ -206,6 +206,7 @@ def pareto_chart(runs: pd.DataFrame) -> go.Figure:
         fig.add_scatter(x=data.compression, y=data.retention, mode="markers", name="runs", text=labels,
                         customdata=data.run_id, marker=marker,
                         hovertemplate="%{text}<br>compression %{x:.1f}x<br>retention %{y:.3f}<extra></extra>")
+        fig.update_yaxes(range=list(retention_range(float(data.retention.min()), float(data.retention.max()))))
     fig.update_layout(title="Compression vs retention", xaxis_title="compression (x)", yaxis_title="retention",
                       height=420, margin=dict(l=40, r=20, t=50, b=40), clickmode="event+select",
                       legend=dict(orientation="h", y=-0.2))  # (on the right it covered the colour bar)
@@ -308,6 +309,22 @@ def _stacked_labels(points: pd.DataFrame, positions: list[str], y_range: tuple[f
     return stacked
 
 
+def retention_range(low: float, high: float, least: float = 0.1) -> tuple[float, float]:
+    """A retention axis for values from ``low`` to ``high``: padded, at least ``least`` wide, and
+    never past 0 or 1 by more than its padding (plotly's own range for one point at 1.0 ran from 0
+    to 2, a retention no run can have)."""
+    pad = max(high - low, 0.02) * 0.06
+    low, high = low - pad, high + pad
+    if high - low < least:
+        middle = (low + high) / 2
+        low, high = middle - least / 2, middle + least / 2
+    if high > 1 + pad:
+        low, high = low - (high - 1 - pad), 1 + pad
+    if low < -pad:
+        low, high = -pad, high + (-pad - low)
+    return low, high
+
+
 def experiment_pareto_chart(points: pd.DataFrame) -> go.Figure:
     """Pooled retention (with its 95% CI as error bars) vs compression, one point per configuration
     of an experiment; the Pareto front drawn first, under the points, and never hovered."""
@@ -317,14 +334,12 @@ def experiment_pareto_chart(points: pd.DataFrame) -> go.Figure:
         fig.add_scatter(x=front.compression, y=front.retention, mode="lines", name="Pareto front",
                         line=dict(color="#d63031", dash="dot", width=2), hoverinfo="skip")
         positions = label_positions(points.compression, points.retention)
-        low, high = float(points.low.min()), float(points.high.max())
-        pad = max(high - low, 0.02) * 0.06
-        y_range = (low - pad, high + pad)
+        y_range = retention_range(float(points.low.min()), float(points.high.max()))
+        fig.update_yaxes(range=list(y_range))  # (plotly's own for one point at 1.0 ran from 0 to 2)
         stacked = _stacked_labels(points, positions, y_range)
         labels = [_esc(v) for v in points.label]
         x_range = _padded_range(points.compression, positions, list(points.label))
-        if stacked:
-            fig.update_yaxes(range=list(y_range))  # (the stack is placed for this range)
+        if stacked:  # (placed for y_range)
             span = float(points.compression.max() - points.compression.min()) or 1.0
             for i, x, y, anchor in stacked:
                 fig.add_annotation(x=float(points.compression.iloc[i]), y=float(points.retention.iloc[i]),
