@@ -39,6 +39,27 @@ def environment_secrets() -> list[tuple[str, str]]:
                    if len(value) >= _SECRET_MIN and _SECRET_NAME.search(name)), key=lambda p: -len(p[0]))
 
 
+def call_secrets(kwargs: object, prefix: str = "") -> list[tuple[str, str]]:
+    """``(value, name)`` of every secret-looking string among a model call's keyword arguments
+    (``api_key``, ``extra_headers={"Authorization": ...}``, nested dicts too), plus every
+    secret-looking environment variable's, longest value first: a per-tenant key passed in
+    ``completion_kwargs`` was quoted by a provider's error into every error, event and trace."""
+    found: list[tuple[str, str]] = []
+
+    def walk(value: object, name: str) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                walk(item, f"{name}[{key!r}]" if name else str(key))
+        elif (isinstance(value, str) and len(value) >= _SECRET_MIN
+              and (_SECRET_NAME.search(name) or "authorization" in name.lower())):
+            found.append((value, name))
+            if value.lower().startswith("bearer "):  # (a header's value: the key alone is quoted too)
+                found.append((value[7:].strip(), name))
+
+    walk(kwargs, prefix)
+    return sorted([*found, *environment_secrets()], key=lambda p: -len(p[0]))
+
+
 def redact_secrets(text: str, secrets: list[tuple[str, str]] | None = None) -> str:
     """``text`` with the value of every secret-looking environment variable (``*_API_KEY``,
     ``*_KEY``, ``*_TOKEN``, ``*SECRET*``, ``*_PASSWORD``, ``*_CREDENTIALS``; 12 characters or

@@ -176,7 +176,9 @@ def render_memory(view: MemoryView, thread_id: str, window: Sequence[Message] = 
     records = ([view.reflection] if view.reflection is not None else []) + list(view.unreflected)
     if not records:
         return None
-    newest = max(records, key=lambda record: record.created_at)
+    # (ties, a fixed or coarse clock: the later in order, the one saved last; the first kept the id
+    # of the first note while the content changed)
+    newest = max(enumerate(records), key=lambda pair: (pair[1].created_at, pair[0]))[1]
     base, taken, number = f"{MEMORY_MESSAGE_PREFIX}{newest.id}", {m.id for m in window}, 1
     memory_id = base
     while memory_id in taken:

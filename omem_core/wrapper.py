@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import inspect as _inspect
 import json
@@ -33,7 +34,6 @@ import math
 import numbers
 import os
 import socket
-import threading
 import time
 import unicodedata
 import uuid
@@ -45,7 +45,7 @@ from typing import Any, cast
 
 import litellm
 
-from ._env import error_text, redact_secrets
+from ._env import call_secrets, error_text, redact_secrets
 from .errors import CompactionError, Stage
 from .extractive import trim
 from .memory import MAX_LAST, InMemoryMemoryStore, MemoryStore, check_read, check_store, close_stores, whole_number
@@ -416,28 +416,6 @@ def _validate_clock(clock: Callable[[], datetime]) -> Callable[[], datetime]:
     return clock
 
 
-_WRAPPERS_OVER: dict[int, int] = {}  # id(observation store) -> how many live wrappers use it
-_WRAPPERS_LOCK = threading.Lock()  # (wrappers are made, and collected, in any thread)
-
-
-def _count_wrapper(wrapper: Any, observations: Any) -> None:
-    """Count ``wrapper`` among the wrappers over ``observations`` until it is collected (the store
-    outlives it: the wrapper holds it, so its id is not reused meanwhile)."""
-    key = id(observations)
-    with _WRAPPERS_LOCK:
-        _WRAPPERS_OVER[key] = _WRAPPERS_OVER.get(key, 0) + 1
-    weakref.finalize(wrapper, _uncount_wrapper, key)
-
-
-def _uncount_wrapper(key: int) -> None:
-    with _WRAPPERS_LOCK:
-        left = _WRAPPERS_OVER.get(key, 0) - 1
-        if left > 0:
-            _WRAPPERS_OVER[key] = left
-        else:
-            _WRAPPERS_OVER.pop(key, None)
-
-
 def _record_id(kind: str, thread_id: str, source_ids: Sequence[str]) -> str:
     """The record's id: a digest of its kind, thread and sources, the same in every process. Ids
     and thread ids may hold any character: parts joined by a unit separator (the ids kept so far)
@@ -503,7 +481,6 @@ class ObservationalMemoryStore:
         self._clock = clock
         self._inflight: dict[str, _Inflight] = {}
         self._guards: weakref.WeakValueDictionary[str, _Guard] = weakref.WeakValueDictionary()
-        _count_wrapper(self, observations)
         # Leases this process holds but could not give back (the database was away): given back at
         # the next lease taken, so a short outage does not block the thread until they expire.
         self._unreleased: dict[str, str] = {}
@@ -675,7 +652,14 @@ class ObservationalMemoryStore:
         # The working-memory capability of ``inner`` passes through unchanged (and is absent
         # when ``inner`` lacks it, so ``hasattr`` checks stay truthful).
         if name in _WORKING_MEMORY and "inner" in self.__dict__:
-            return getattr(self.__dict__["inner"], name)
+            method = getattr(self.__dict__["inner"], name)
+
+            @functools.wraps(method)
+            async def checked(*args: Any, **kwargs: Any) -> Any:  # (refused after close(), as every call is)
+                self._check_open()
+                result = method(*args, **kwargs)
+                return await result if _inspect.isawaitable(result) else result
+            return checked
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # -- inspection -------------------------------------------------------------------------
@@ -685,6 +669,7 @@ class ObservationalMemoryStore:
         no write: what is due is reported, not done. It also lists every record and audits the
         history behind the cursor for messages no observation covers (``late``), so its cost
         grows with the thread; reads do not do this."""
+        self._check_open()  # (it went through after close(): a store closed under it raised its own error)
         last = check_read(thread_id, last)  # (a plain int: a NumPy one is one for SQL too)
         plan = await self._plan(thread_id, last, peek=True)
         records = await self.observations.list(thread_id)
@@ -924,6 +909,11 @@ class ObservationalMemoryStore:
         entry = self._inflight.get(thread_id)
         if entry is not None and not _this_loop(entry.task.get_loop()):
             entry = None  # a pass of an event loop that has stopped (asyncio.run per request): not ours to wait for
+        if entry is not None and entry.task is asyncio.current_task():  # (it hung for ever, then every read and close)
+            raise RuntimeError(
+                f"a read of thread {thread_id!r} was awaited inside that thread's own pass (an on_event callback): it "
+                "would wait for the pass, and the pass waits for the callback. Read it after the read that ran the "
+                "pass returns, or schedule it from the callback (asyncio.get_running_loop().create_task(...))")
         if entry is None:
             self._check_open()  # (a read that began before close(): no new pass whose record it could not save)
             entry = _Inflight(asyncio.ensure_future(self._compact(thread_id, last)))
@@ -1138,6 +1128,7 @@ class ObservationalMemoryStore:
         fit = _Fit()
         record: ObservationRecord | None = None
         error: CompactionError | None = None
+        other: Exception | None = None
         skipped: str | None = None
         try:
             await self._call_and_fit(config, plan.thread_id, request, fit)
@@ -1156,6 +1147,9 @@ class ObservationalMemoryStore:
                 record = None
         except CompactionError as exc:
             error = exc
+        except Exception as exc:  # the store's own (a database gone mid-pass), a token counter's: raised as they
+            other = exc  # are, after the report (a call made and paid for went unreported: no cost, no trace)
+            record = None
         reply = fit.reply
         await self._report(CompactionEvent(
             thread_id=plan.thread_id,
@@ -1173,7 +1167,8 @@ class ObservationalMemoryStore:
             latency_ms=(time.perf_counter() - started) * 1000,
             cost_usd=reply.cost_usd if reply else None,
             cache_hit=reply.cache_hit if reply else False,
-            error=str(error) if error is not None else None,
+            error=(str(error) if error is not None
+                   else redact_secrets(f"{type(other).__name__}: {other}") if other is not None else None),
             record=record,
             attempts=max(fit.attempts, 1),
             trimmed=fit.trimmed,
@@ -1184,6 +1179,8 @@ class ObservationalMemoryStore:
         ))
         if error is not None:
             raise error
+        if other is not None:
+            raise other
         return (record, fit.output_volume) if record is not None else None
 
     async def _call_and_fit(self, config: _StageConfig, thread_id: str, request: _Request, fit: _Fit) -> None:
@@ -1282,11 +1279,13 @@ class ObservationalMemoryStore:
                     return stale or "the pass lost its lease, and another pass saved a record meanwhile"
             if verify is not None and (changed := await verify()) is not None:
                 return changed
-            if self._leases is None and _WRAPPERS_OVER.get(id(self.observations), 0) > 1:
+            if self._leases is None:
                 # Another wrapper over the same lease-less store (in memory, DuckDB: one built per
                 # request over global stores) may have run a pass of this thread meanwhile, on a
                 # segment of its own (other thresholds): saved after it, this record overlapped
                 # it. Checked last, next to the save (those stores answer without suspending).
+                # Always: checked only while several wrappers were alive, a pass whose rival's
+                # wrapper was collected meanwhile (its request over) saved an overlapping note.
                 if (stale := await self._saved_since(plan)) is not None:
                     return stale or "another pass saved a record meanwhile (another wrapper over the same stores)"
             if plan.epoch is not None:
@@ -1327,8 +1326,10 @@ class ObservationalMemoryStore:
         ]
 
         def failure(reason: str, response: str | None = None) -> CompactionError:
-            # A provider's error may quote the key it was sent: never carried any further.
-            reason, response = redact_secrets(reason), response and redact_secrets(response)
+            # A provider's error may quote the key it was sent (the environment's, or one in
+            # completion_kwargs): never carried any further.
+            secrets = call_secrets(self.completion_kwargs)
+            reason, response = redact_secrets(reason, secrets), response and redact_secrets(response, secrets)
             trace.append(CallTrace(tuple(messages), response, reason))
             return CompactionError(
                 stage=config.stage, model=config.model, thread_id=thread_id, reason=reason
@@ -1344,7 +1345,8 @@ class ObservationalMemoryStore:
         except Exception as exc:
             error = failure(error_text(exc))
             # A cause that quotes a secret stays out of the chain (a logged traceback prints it).
-            raise error from (exc if redact_secrets(str(exc)) == str(exc) else None)
+            raise error from (exc if redact_secrets(str(exc), call_secrets(self.completion_kwargs)) == str(exc)
+                              else None)
         try:
             text = response.choices[0].message.content
         except (AttributeError, IndexError) as exc:

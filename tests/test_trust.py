@@ -712,6 +712,59 @@ async def test_a_compaction_error_quoting_a_key_keeps_it_out_of_the_traceback(mo
     assert "[OPENAI_API_KEY]" in str(caught.value) and key not in printed
 
 
+async def test_a_key_given_in_completion_kwargs_is_kept_out_of_errors_events_and_traces(monkeypatch) -> None:
+    """Found by a library review: a per-tenant key passed as completion_kwargs' api_key (or in a
+    header) was only redacted when it was also an environment variable: a provider's error quoting
+    it carried it into the CompactionError, the event, its call trace and the chained cause."""
+    import traceback
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    key, token = "tenant-42-THISISASECRET1234567890", "hdr-token-0987654321abcdef"
+    events: list[CompactionEvent] = []
+    store = create_observational_memory_store(
+        observer="gpt-4o-mini", thresholds={"observation": 3}, count_tokens=ones, on_event=events.append,
+        completion_kwargs={"api_key": key, "extra_headers": {"Authorization": f"Bearer {token}"},
+                           "mock_response": Exception(f"invalid key {key}; header Bearer {token}")})
+    await store.save_messages([msg(i) for i in range(6)])
+    with pytest.raises(CompactionError) as caught:
+        await store.recall("t", last=1)
+    printed = "".join(traceback.format_exception(caught.value))
+    [event] = events
+    for text in (printed, event.error, event.calls[0].error):
+        assert key not in text and token not in text, text
+    assert "key [api_key]; header [extra_headers['Authorization']]" in str(caught.value)
+
+
+async def test_a_record_save_that_fails_is_still_reported_with_its_paid_call(scripted: Scripted) -> None:
+    """Found by a library review: the observation store raising at save (a database gone mid-pass)
+    skipped on_event: a call made and paid for was never reported (no cost, no trace)."""
+    from omem_core import create_in_memory_observation_store
+
+    class DownAtSave:
+        def __init__(self) -> None:
+            self.inner = create_in_memory_observation_store()
+
+        async def list(self, thread_id: str):
+            return await self.inner.list(thread_id)
+
+        async def save(self, record) -> None:
+            raise ConnectionError("database went away")
+
+        async def delete_by_thread(self, thread_id: str) -> None:
+            await self.inner.delete_by_thread(thread_id)
+
+    events: list[CompactionEvent] = []
+    store = create_observational_memory_store(observer=MODEL, observations=DownAtSave(), count_tokens=ones,
+                                              thresholds={"observation": 3}, on_event=events.append)
+    scripted.replies = ["- o1"]
+    await store.save_messages([msg(i) for i in range(6)])
+    with pytest.raises(ConnectionError, match="database went away"):  # raised as it is
+        await store.recall("t", last=1)
+    [event] = events
+    assert event.error == "ConnectionError: database went away" and event.record is None
+    assert event.tokens_in and event.calls[0].response == "- o1"
+
+
 def test_one_store_used_from_two_threads_says_so_and_asyncio_run_per_call_works(scripted: Scripted) -> None:
     """One global store, each web request's thread calling asyncio.run(recall(...)): a read while
     another thread's pass was in flight died with "Task … got Future … attached to a different loop"."""

@@ -651,6 +651,31 @@ async def test_working_memory_passes_through(scripted: Scripted) -> None:
     bare = make(scripted, inner=Bare())
     assert not hasattr(bare, "get_working_memory")
     assert not Memory(bare).has_working_memory
+    # after close(), refused as every call is (they went through to an open in-memory store; a
+    # closed SQLite one raised its own error), inspect() too
+    await store.close()
+    for call in (lambda: store.update_working_memory("t", "x"), lambda: store.get_working_memory("t"),
+                 lambda: store.inspect("t", last=1)):
+        with pytest.raises(RuntimeError, match="this observational memory store is closed"):
+            await call()
+    if isinstance(store.inner, InMemoryMemoryStore):  # (nothing written through it after the close)
+        assert await store.inner.get_working_memory("t") == "prefers tea"
+
+
+async def test_the_memory_message_takes_the_newest_records_id_under_a_fixed_clock(scripted: Scripted) -> None:
+    """Found by a library review: with a fixed (or coarse) clock every record has the same time,
+    and the memory message kept the first note's id while its content changed."""
+    from datetime import datetime, timezone
+
+    fixed = datetime(2024, 1, 1, tzinfo=timezone.utc)
+    store = make(scripted, observation=3, clock=lambda: fixed)
+    await fill(store, 20)
+    ids = []
+    for _ in range(3):
+        memory = (await store.recall("t", last=2))[0]
+        ids.append(memory.id)
+        assert memory.id == "omem-memory:" + (await store.observations.list("t"))[-1].id
+    assert len(set(ids)) == 3
 
 
 async def test_custom_prompt_per_store(scripted: Scripted) -> None:
@@ -941,6 +966,39 @@ async def test_wrappers_over_the_same_stores_never_overlap_their_records(scripte
         stores[1][1].close()  # (the DuckDB file's)
 
 
+@pytest.mark.parametrize("records", ["memory", "duckdb"])
+async def test_a_pass_whose_rival_wrapper_was_collected_meanwhile_saves_no_overlapping_note(
+        scripted: Scripted, records, tmp_path) -> None:
+    """Found by a library review: the check above ran only while several wrappers over the store
+    were alive. A per-request wrapper is collected once its request ends: a pass of another
+    wrapper still in flight then saved (m0 … m5) over the (m0 … m2) just saved. (Stores without
+    leases: with leases, the second request's read waits for the first's pass.)"""
+    import gc
+
+    from omem_core import create_in_memory_observation_store, create_observational_memory_store
+    from omem_core.duckdb_store import DuckDBObservationStore
+
+    inner = InMemoryMemoryStore()
+    observations = (create_in_memory_observation_store() if records == "memory"
+                    else DuckDBObservationStore(tmp_path / "records.duckdb"))
+    large = make(scripted, observation=6, inner=inner, observations=observations)
+    await fill(large, 12)
+    scripted.gate = asyncio.Event()
+    read = asyncio.ensure_future(large.recall("t", last=2))  # its call held
+    await until_started(scripted)
+    small = create_observational_memory_store(inner, observer="omem/extractive", thresholds={"observation": 3},
+                                              count_tokens=ones, observations=observations)
+    await small.recall("t", last=2)  # another request's wrapper: observes (m0 … m2), then ends
+    del small
+    gc.collect()
+    scripted.gate.set()
+    await read
+    scripted.gate = None
+    covered = [i for r in await observations.list("t") for i in r.source_ids]
+    assert covered == [f"m{i}" for i in range(len(covered))], covered  # each message in one note
+    await large.close()
+
+
 def test_wrappers_over_the_same_stores_in_other_threads_or_stacked_work_as_alone(scripted: Scripted) -> None:
     """Found by a review of a first fix for the test above, which shared a lock per thread among
     the wrappers over one store: a wrapper in another thread (its own event loop) then failed
@@ -1015,6 +1073,34 @@ async def test_closing_from_an_event_callback_is_refused_not_a_hang(scripted: Sc
     await asyncio.wait_for(scheduled[0], 10)
     with pytest.raises(RuntimeError, match="closed"):
         await store.recall("u", last=2)
+
+
+async def test_reading_the_thread_from_its_own_event_callback_is_refused_not_a_hang(scripted: Scripted,
+                                                                                   caplog) -> None:
+    """Found by a library review: an async on_event that read the same thread (to refresh a UI)
+    joined the pass it was called from: the read hung for ever, then every later read of the
+    thread and close() too, with no error. It is refused (logged as every callback's exception);
+    a read of another thread from the callback, or one scheduled as a task, works."""
+    store = None
+    seen: list[int] = []
+    scheduled: list[asyncio.Task] = []
+
+    async def reads(event: CompactionEvent) -> None:
+        if event.thread_id == "t" and event.source_ids[0] == "m0":  # (more of t is due after it)
+            seen.append(len(await store.recall("u", last=2)))  # another thread: its own pass
+            scheduled.append(asyncio.get_running_loop().create_task(store.recall("t", last=2)))
+            await store.recall("t", last=2)
+
+    store = make(scripted, observation=3, on_event=reads)
+    await fill(store, 20)
+    await store.save_messages([msg(i, thread="u") for i in range(8)])
+    context = await asyncio.wait_for(store.recall("t", last=2), 10)
+    assert context[0].role == "system" and [m.id for m in context[1:]] == ["m18", "m19"]
+    assert "a read of thread 't' was awaited inside that thread's own pass" in caplog.text
+    assert seen == [3]  # u's memory and its window of two
+    assert (await asyncio.wait_for(scheduled[0], 10))[0].content == context[0].content
+    await asyncio.wait_for(store.recall("t", last=2), 10)  # the thread is not stuck
+    await asyncio.wait_for(store.close(), 10)
 
 
 async def test_closing_from_inside_a_save_returns(scripted: Scripted) -> None:
