@@ -773,6 +773,25 @@ def test_error_banners_show_data_as_text(db: Path, tmp_path) -> None:
     assert not at.metric and not [t for t in at.text if t.value.startswith("Run ")] and not at.exception
 
 
+def test_the_step_slider_comes_back_where_it_was_after_a_path_that_cannot_be_read(db: Path, tmp_path) -> None:
+    """Found in Chromium: a mistyped path (the page ends under its error), then a good one: the page
+    said "At step 4" but the browser drew the step slider at 0 (its value was kept here and never
+    sent again), and Next pass counted from 0. The value is sent with the slider (set_value)."""
+    from workbench import ui
+
+    at = app()
+    [run_id] = store(db).runs().run_id
+    key = f"ex_step_{run_id}"
+    at.slider(key=key).set_value(4).run()
+    at.sidebar.selectbox(key="ex_dataset").set_value(ui.BY_PATH).run()
+    at.sidebar.text_input(key="ex_path").set_value(str(tmp_path / "nonexistent.json")).run()
+    assert not at.slider and any("No such file or folder" in e.value for e in at.error)
+    at.sidebar.text_input(key="ex_path").set_value(str(PROJECT_DEMO)).run()
+    assert not at.exception
+    slider = at.slider(key=key)
+    assert slider.value == 4 and slider.proto.set_value and slider.proto.value == [4]
+
+
 def test_a_dataset_warning_is_shown_beside_it(db: Path, tmp_path) -> None:
     """Loaders' warnings (a message dated before the one before it, evidence pointing nowhere)
     were printed by the CLI only."""

@@ -320,7 +320,13 @@ def kept(key: str, options: Sequence[Any] | None = None) -> bool:
     and ``True`` says so (then give the widget no default of its own)."""
     shadow = f"_kept_{key}"
     if key in st.session_state:
-        st.session_state[shadow] = st.session_state[key]
+        value = st.session_state[key]
+        st.session_state[shadow] = value
+        if options is None or value in options:
+            # Set again, so the browser is sent it: a widget the last run did not draw (a page ended
+            # early by a dataset that cannot be read) kept its value here, but the browser drew it
+            # anew at its default (the explorer's slider at 0 beside "At step 4").
+            st.session_state[key] = value
         return True
     if shadow in st.session_state and (options is None or st.session_state[shadow] in options):
         st.session_state[key] = st.session_state[shadow]
