@@ -1168,7 +1168,8 @@ class ObservationalMemoryStore:
             cost_usd=reply.cost_usd if reply else None,
             cache_hit=reply.cache_hit if reply else False,
             error=(str(error) if error is not None
-                   else redact_secrets(f"{type(other).__name__}: {other}") if other is not None else None),
+                   else redact_secrets(f"{type(other).__name__}: {other}", call_secrets(self.completion_kwargs))
+                   if other is not None else None),
             record=record,
             attempts=max(fit.attempts, 1),
             trimmed=fit.trimmed,

@@ -422,6 +422,22 @@ def _csv(kind):
     return convert
 
 
+def _grid_prompts_and_counter(command):
+    """``--observer-prompt``, ``--reflector-prompt`` (lists, as the grid's other options) and
+    ``--token-counter``, as ``sweep`` and ``experiment run`` take them."""
+    for option in reversed((
+            click.option("--observer-prompt", "observer_prompts", multiple=True, default=None, callback=_csv(str),
+                         help="Comma-separated prompt versions (default: the newest built-in), or the option "
+                              "repeated."),
+            click.option("--reflector-prompt", "reflector_prompts", multiple=True, default=None, callback=_csv(str),
+                         help="Comma-separated prompt versions (default: the newest built-in), or the option "
+                              "repeated."),
+            click.option("--token-counter", type=click.Choice(TOKEN_COUNTERS), default="heuristic",
+                         show_default=True, help="How tokens are counted for thresholds and figures."))):
+        command = option(command)
+    return command
+
+
 @click.group(cls=JsonGroup)
 def cli() -> None:
     """omem workbench: replay conversations through observational memory and study the runs."""
@@ -802,12 +818,7 @@ def _run_judge(store, result, conv, config, answerer, judge, yes, quiet) -> None
 @click.option("--last-messages", "--window", "windows", multiple=True, default=("10",),
               callback=_csv(POSITIVE), show_default=True,
               help="Comma-separated recall windows (messages kept verbatim), or the option repeated.")
-@click.option("--observer-prompt", "observer_prompts", multiple=True, default=None, callback=_csv(str),
-              help="Comma-separated prompt versions (default: the newest built-in), or the option repeated.")
-@click.option("--reflector-prompt", "reflector_prompts", multiple=True, default=None, callback=_csv(str),
-              help="Comma-separated prompt versions (default: the newest built-in), or the option repeated.")
-@click.option("--token-counter", type=click.Choice(TOKEN_COUNTERS), default="heuristic", show_default=True,
-              help="How tokens are counted for thresholds and figures.")
+@_grid_prompts_and_counter
 @click.option("--concurrency", type=click.IntRange(1, 64), default=4, show_default=True, help="Runs at once.")
 @click.option("--yes", is_flag=True, help="Do not ask before a paid sweep starts.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object as the last line of stdout.")
@@ -1404,12 +1415,7 @@ def _print_breakdown(configs: list[dict[str, Any]], conversations: list[dict[str
 @click.option("--reflector", "reflectors", multiple=True, default=(OFFLINE_MODEL,),
               callback=_csv(str), show_default=True,
               help="Comma-separated models, or 'none', or the option repeated.")
-@click.option("--observer-prompt", "observer_prompts", multiple=True, default=None, callback=_csv(str),
-              help="Comma-separated prompt versions (default: the newest built-in), or the option repeated.")
-@click.option("--reflector-prompt", "reflector_prompts", multiple=True, default=None, callback=_csv(str),
-              help="Comma-separated prompt versions (default: the newest built-in), or the option repeated.")
-@click.option("--token-counter", type=click.Choice(TOKEN_COUNTERS), default="heuristic", show_default=True,
-              help="How tokens are counted for thresholds and figures.")
+@_grid_prompts_and_counter
 @click.option("--max-backlog", "max_backlogs", multiple=True, default=("off",), show_default=True,
               help="Comma-separated backlog ceilings in tokens, or 'off' (see replay --max-backlog); the option "
                    "may be repeated.")
