@@ -39,24 +39,37 @@ def environment_secrets() -> list[tuple[str, str]]:
                    if len(value) >= _SECRET_MIN and _SECRET_NAME.search(name)), key=lambda p: -len(p[0]))
 
 
-def call_secrets(kwargs: object, prefix: str = "") -> list[tuple[str, str]]:
+def call_secrets(kwargs: object) -> list[tuple[str, str]]:
     """``(value, name)`` of every secret-looking string among a model call's keyword arguments
-    (``api_key``, ``extra_headers={"Authorization": ...}``, nested dicts too), plus every
-    secret-looking environment variable's, longest value first: a per-tenant key passed in
-    ``completion_kwargs`` was quoted by a provider's error into every error, event and trace."""
+    (``api_key``, ``extra_headers={"x-api-key": ...}`` or ``{"Authorization": "Bearer ..."}``,
+    nested dicts, and lists of ``(name, value)`` pairs), plus every secret-looking environment
+    variable's, longest value first: a per-tenant key passed in ``completion_kwargs`` was quoted
+    by a provider's error into every error, event and trace. A name is judged by its own last
+    part, ``-`` read as ``_`` (``x-api-key``, ``X-Auth-Token``)."""
     found: list[tuple[str, str]] = []
 
-    def walk(value: object, name: str) -> None:
-        if isinstance(value, dict):
-            for key, item in value.items():
-                walk(item, f"{name}[{key!r}]" if name else str(key))
-        elif (isinstance(value, str) and len(value) >= _SECRET_MIN
-              and (_SECRET_NAME.search(name) or "authorization" in name.lower())):
-            found.append((value, name))
-            if value.lower().startswith("bearer "):  # (a header's value: the key alone is quoted too)
-                found.append((value[7:].strip(), name))
+    def secret_name(key: str) -> bool:
+        key = key.replace("-", "_")
+        return bool(_SECRET_NAME.search(key)) or "authorization" in key.lower()
 
-    walk(kwargs, prefix)
+    def walk(value: object, name: str, key: str) -> None:
+        if isinstance(value, dict):
+            for inner, item in value.items():
+                walk(item, f"{name}[{inner!r}]" if name else str(inner), str(inner))
+        elif isinstance(value, (list, tuple)):
+            if len(value) == 2 and isinstance(value[0], str) and isinstance(value[1], str):
+                walk(value[1], f"{name}[{value[0]!r}]", value[0])  # (a header as a (name, value) pair)
+            else:
+                for item in value:
+                    walk(item, name, key)
+        elif isinstance(value, str) and secret_name(key):
+            token = value[7:].strip() if value.lower().startswith("bearer ") else value
+            if len(token) >= _SECRET_MIN:  # ("Bearer EMPTY" for a local server: an ordinary word)
+                found.append((value, name))
+                if token != value:  # (the key alone is quoted too)
+                    found.append((token, name))
+
+    walk(kwargs, "", "")
     return sorted([*found, *environment_secrets()], key=lambda p: -len(p[0]))
 
 

@@ -70,6 +70,16 @@ def test_json_given_as_a_value_does_not_ask_for_json(args) -> None:
     assert code == 2 and out == ""
 
 
+@pytest.mark.parametrize("command", ["replay", "sweep"])
+def test_an_unknown_conversation_is_a_refused_option(tmp_path, command) -> None:
+    """Exit 2 (a refused option, as the README says, as experiment run's): it was 1, a failure's."""
+    code, out, err = invoke(command, "--dataset", TINY, "--conversation", "nope", "--json",
+                            "--db", str(tmp_path / "r.duckdb"))
+    assert code == 2 and "Invalid value for --conversation" in err and "'nope': not found; available: tiny" in err
+    assert json.loads(out.strip().splitlines()[-1])["status"] == "failed"
+    assert not (tmp_path / "r.duckdb").exists()  # nothing recorded
+
+
 def test_resuming_in_a_run_store_that_does_not_exist_creates_none(tmp_path) -> None:
     db = tmp_path / "typo" / "x.duckdb"
     code, _, err = invoke("replay", "--resume", "r1", "--db", str(db))

@@ -733,6 +733,14 @@ async def test_a_key_given_in_completion_kwargs_is_kept_out_of_errors_events_and
     for text in (printed, event.error, event.calls[0].error):
         assert key not in text and token not in text, text
     assert "key [api_key]; header [extra_headers['Authorization']]" in str(caught.value)
+    # (a review) any header's name, "-" read as "_", pairs in a list; "Bearer EMPTY" is no secret
+    from omem_core._env import call_secrets
+
+    named = dict((name, value) for value, name in call_secrets(
+        {"extra_headers": {"x-api-key": key, "X-Auth-Token": token, "Authorization": "Bearer EMPTY"},
+         "headers": [("api-key", key + "2")], "extra_body": {"token": token + "3"}}))
+    assert named == {"extra_headers['x-api-key']": key, "extra_headers['X-Auth-Token']": token,
+                     "headers['api-key']": key + "2", "extra_body['token']": token + "3"}
 
 
 async def test_a_record_save_that_fails_is_still_reported_with_its_paid_call(scripted: Scripted) -> None:

@@ -24,6 +24,7 @@ import click
 
 from .catalog import DEMO_DATASET, ROOT, known_datasets
 from .datasets import FORMATS  # the format registry (imports no model library)
+from .datasets.base import ConversationNotFound
 from .errors import ConfigurationError, WorkbenchError
 from .formatting import (DEFAULT_DB, about_money, cli_command, count, money, not_text, printable, ratio, share,
                          short_path, split_list, terminal_text)
@@ -492,6 +493,8 @@ def replay_command(dataset: Path, fmt: str | None, conversation: str | None, obs
     if not resume:  # read before the model library loads (seconds): a file that cannot be read is said at once
         try:
             chosen = load_conversation(dataset, conversation, fmt)
+        except ConversationNotFound as exc:  # (a refused option: exit 2, as experiment run's)
+            raise click.BadParameter(str(exc), param_hint="--conversation") from None
         except WorkbenchError as exc:
             raise click.ClickException(str(exc)) from exc
     _loading_note()
@@ -835,6 +838,8 @@ def sweep(dataset, fmt, conversation, observers, reflectors, observation, reflec
 
     try:  # read before the model library loads (seconds): a file that cannot be read is said at once
         conv = load_conversation(dataset, conversation, fmt)
+    except ConversationNotFound as exc:  # (a refused option: exit 2)
+        raise click.BadParameter(str(exc), param_hint="--conversation") from None
     except WorkbenchError as exc:
         raise click.ClickException(str(exc)) from exc
     _loading_note()

@@ -32,6 +32,10 @@ class DatasetError(WorkbenchError, ValueError):
         super().__init__(f"{where}: {problem}")
 
 
+class ConversationNotFound(DatasetError):
+    """A conversation id the dataset does not hold (a refused option, where one is given)."""
+
+
 def ordinal(number: int) -> str:
     """``1st``, ``2nd``, ``3rd``, ``11th``: a position counted in the loaded conversation, said
     so that it cannot be read as one of the file's 0-based JSON positions (``sample 0``)."""

@@ -18,7 +18,7 @@ from types import ModuleType
 from typing import Any
 
 from . import beam, index, locomo, longmemeval, memorybank, omem, openai_export, sharegpt
-from .base import Conversation, ConversationInfo, DatasetError, ordinal
+from .base import Conversation, ConversationInfo, ConversationNotFound, DatasetError, ordinal
 from .source import Element, Source, read_at
 
 
@@ -326,7 +326,7 @@ def list_conversations(path: str | Path, format: str | None = None) -> list[Conv
 
 def _not_found(path: Path, conversation_id: str, ids: list[str]) -> DatasetError:
     shown = ", ".join(ids[:20]) + (f", … ({len(ids)} in all)" if len(ids) > 20 else "")
-    return DatasetError(path, f"conversation {conversation_id!r}", None, f"not found; available: {shown}")
+    return ConversationNotFound(path, f"conversation {conversation_id!r}", None, f"not found; available: {shown}")
 
 
 def _closed(path: Path) -> bool:
