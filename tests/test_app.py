@@ -224,6 +224,15 @@ def test_a_run_that_failed_before_its_first_read_is_compared_with_a_sentence(db:
     blank = [c.value for c in at.caption if "no memory read was recorded" in c.value]
     assert len(blank) == 2 and all(text.startswith("B:") for text in blank)  # (volumes, thresholds)
     assert len(at.get("plotly_chart")) == 2  # A's two charts only
+    # Traces says it failed, and why (found by a walkthrough: "This run made no model calls
+    # (nothing was old enough to compact)")
+    traces = AppTest.from_file(APP, default_timeout=120)
+    traces.query_params.update({"run": row.run_id})
+    traces.switch_page(PAGES.format("traces"))
+    traces.run()
+    assert not traces.exception and not any("nothing was old enough" in i.value for i in traces.info)
+    assert any("This run failed at step 0" in shown(e.value) and "before any model call" in shown(e.value)
+               and "missing OPENAI_API_KEY" in shown(e.value) for e in traces.error), [e.value for e in traces.error]
 
 
 def test_a_provider_error_mid_run_says_where_and_keeps_the_steps(db: Path, monkeypatch) -> None:
@@ -511,6 +520,18 @@ def test_prompts_save_a_version(db: Path) -> None:
     at.text_area(key="pr_text_observer_v2").set_value("Something else.")
     at.button(key="pr_save").click().run()
     assert at.error and "already exists" in at.error[0].value
+    # A name the CLI's lists would split ("x,y": sweep --observer-prompt x,y asked for "x" and "y"):
+    # said before the click, Save off; the store refuses it too, and names with control characters
+    at.text_input(key="pr_new_observer").set_value("x,y").run()
+    assert at.button(key="pr_save").disabled and any("no commas" in shown(e.value) for e in at.error)
+    from omem_core import Prompt
+    from workbench.runstore import RunStoreError
+
+    with RunStore(db) as s:
+        for bad, said in (("x,y", "no commas"), ("v2 ", "no space"), ("a\nb", "no control"), ("  ", "a name")):
+            with pytest.raises(RunStoreError, match=said):
+                s.save_prompt(Prompt(name="observer", version=bad, text="Other notes."))
+        assert list(s.prompts().version) == ["v2-short"]
 
 
 def test_saving_a_prompt_unchanged_says_it_is_the_same_as_its_version(db: Path) -> None:
@@ -566,6 +587,26 @@ def test_runs_page_filters_and_deletes(db: Path, monkeypatch) -> None:
     # The run shown next is not confirmed for deletion: a second click deletes nothing.
     assert at.selectbox(key="runs_pick").value == left[0]
     assert not at.checkbox(key=f"runs_confirm_{left[0]}").value and at.button(key="runs_delete").disabled
+
+
+
+def test_a_run_deleted_on_the_runs_page_is_not_said_deleted_elsewhere(db: Path) -> None:
+    """Found by a walkthrough: a run opened on Traces and Presentation, then deleted on the Runs
+    page, made Traces say "Run X is no longer in the run store (deleted elsewhere)"."""
+    at = app()  # the demo replayed: a run with calls
+    [run_id] = store(db).runs().run_id
+    for page in ("traces", "present"):
+        at.switch_page(PAGES.format(page)).run()
+    assert at.session_state["omem_trace"][0] == run_id  # (ui.TRACE_KEY: Traces showed its call)
+    at.switch_page(PAGES.format("runs")).run()
+    at.checkbox(key=f"runs_confirm_{run_id}").check().run()
+    at.button(key="runs_delete").click().run()
+    assert store(db).runs().empty
+    for page in ("traces", "present", "explorer"):
+        at.switch_page(PAGES.format(page)).run()
+        assert not at.exception, at.exception
+        assert not any("no longer in the run store" in w.value or "not in this run store" in w.value
+                       for w in at.warning), (page, [w.value for w in at.warning])
 
 
 def test_the_runs_page_acts_on_the_run_its_picker_shows(db: Path) -> None:

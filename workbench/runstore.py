@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import socket
+import unicodedata
 import threading
 import time
 import uuid
@@ -541,6 +542,21 @@ def process_alive(pid: int, token: str | None) -> bool:
     return token is None or current is None or current == token
 
 
+def version_problem(version: str) -> str | None:
+    """Why ``version`` cannot name a saved prompt version, or ``None``: a comma (the CLI's lists
+    split on it: ``sweep --observer-prompt x,y`` asked for "x" and "y"), space around it (``"v2 "``
+    read as a second "v2" in the pickers), a control character (a line break read as a space)."""
+    if not version.strip():
+        return "give it a name"
+    if "," in version:
+        return "no commas (the CLI's lists of versions split on them)"
+    if version != version.strip():
+        return "no space before or after it"
+    if any(unicodedata.category(ch)[0] == "C" for ch in version):
+        return "no control or invisible format characters"
+    return None
+
+
 class RunStore:
     """A DuckDB file of replay runs. ``RunStore(":memory:")`` for a throwaway store.
 
@@ -994,6 +1010,8 @@ class RunStore:
         only the built-in, so the saved text could never be chosen)."""
         from omem_core.prompts import BUILTIN_PROMPTS
 
+        if problem := version_problem(prompt.version):
+            raise RunStoreError(f"prompt version {prompt.version!r}: {problem}")
         builtin = {p.version: p for p in BUILTIN_PROMPTS.get(prompt.name, [])}
         if prompt.version in builtin:
             if builtin[prompt.version].sha256 == prompt.sha256:

@@ -516,6 +516,20 @@ def run_label(row: pd.Series) -> str:
     return " · ".join([*parts, str(row["run_id"])])
 
 
+DELETED_HERE_KEY = "omem_deleted_here"  # runs this session deleted: no "deleted elsewhere" for them
+
+
+def forget_run(run_id: str) -> None:
+    """A run this session deleted: let go of it wherever a page kept it (the run opened across
+    pages, Traces' call), and never call it "deleted elsewhere" (Traces did, after a delete on
+    the Runs page)."""
+    st.session_state.setdefault(DELETED_HERE_KEY, set()).add(run_id)
+    if st.session_state.get(RUN_KEY) == run_id:
+        st.session_state.pop(RUN_KEY)
+    if (st.session_state.get(TRACE_KEY) or (None,))[0] == run_id:
+        st.session_state.pop(TRACE_KEY)
+
+
 def run_picker(store: RunStore, label: str, key: str, *, default: str | None = None,
                container=None, only: set[str] | None = None, keep: bool = False) -> str | None:
     """A stored run, chosen in a select box labelled by :func:`run_label` (``None`` when there is
@@ -529,7 +543,8 @@ def run_picker(store: RunStore, label: str, key: str, *, default: str | None = N
         kept(key)
     wanted = (st.session_state.get(key) if keep else None) or default or st.session_state.get(key)
     if wanted and wanted not in set(runs.run_id):
-        st.warning(plain(f"Run {wanted} is no longer in the run store (deleted elsewhere)."))
+        if wanted not in st.session_state.get(DELETED_HERE_KEY, set()):  # (deleted on the Runs page: known)
+            st.warning(plain(f"Run {wanted} is no longer in the run store (deleted elsewhere)."))
         if st.session_state.get(RUN_KEY) == wanted:
             st.session_state.pop(RUN_KEY)
         if st.session_state.get(key) == wanted:

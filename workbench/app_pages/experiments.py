@@ -405,6 +405,8 @@ if actions.button("Delete experiment", key="xp_delete", disabled=not confirm or 
     except WorkbenchError as exc:  # running, here or in another process (RunBusy): nothing is deleted
         ui.error("", exc)
     else:
+        for deleted in runs.run_id:  # (its runs: not "deleted elsewhere" on Traces or the explorer)
+            ui.forget_run(deleted)
         st.session_state.pop(ui.EXPERIMENT_KEY, None)
         st.session_state.pop("xp_pick", None)
         st.session_state.pop(f"xp_confirm_{experiment_id}", None)

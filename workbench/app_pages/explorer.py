@@ -21,7 +21,7 @@ if (linked := app_data.linked_step(dict(st.query_params))) and linked != st.sess
     st.session_state["_ex_link"] = linked
     if linked[0] in set(store.runs().run_id):
         ui.open_run_at(*linked)
-    else:
+    elif linked[0] not in st.session_state.get(ui.DELETED_HERE_KEY, set()):  # (deleted here: known)
         st.warning(ui.plain(f"Run {linked[0]} of the link is not in this run store ({store.path})."))
 
 st.sidebar.header("Replay")

@@ -13,7 +13,7 @@ if (linked := app_data.linked_step(dict(st.query_params))) and linked[0] != st.s
     if linked[0] in set(store.runs().run_id):
         ui.open_run(linked[0])
         st.session_state.pop("pres_run", None)
-    else:
+    elif linked[0] not in st.session_state.get(ui.DELETED_HERE_KEY, set()):  # (deleted here: known)
         st.warning(ui.plain(f"Run {linked[0]} of the link is not in this run store ({store.path})."))
 run_id = ui.run_picker(store, "Run to present", "pres_run", default=st.session_state.get(ui.RUN_KEY),
                        container=st.sidebar)

@@ -4,7 +4,7 @@ import streamlit as st
 
 from omem_core import Prompt
 from workbench import ui
-from workbench.runstore import RunStoreError
+from workbench.runstore import RunStoreError, version_problem
 
 store = ui.get_store()
 st.title("Prompts")
@@ -24,12 +24,16 @@ same = [v for v, p in choices.items() if p.text == text and v != new_version.str
 if new_version.strip() and same:  # (saved unchanged, a version compared equal to another under a new name)
     st.info(ui.plain(f"This text is the same as {name} {same[0]}'s: a version saved from it gives the same "
                      "notes as that one. Edit the text first to compare a new wording."))
-if st.button("Save version", type="primary", key="pr_save", disabled=not new_version.strip() or store.read_only):
+named = new_version.strip()
+if named and (problem := version_problem(named)):  # (said before the click, the button off)
+    ui.error(f"**Version {ui.plain(repr(named))}:** ", problem)
+if st.button("Save version", type="primary", key="pr_save",
+             disabled=not named or store.read_only or version_problem(named) is not None):
     try:
         candidate = Prompt(name=name, version=new_version.strip(), text=text)
         if store.save_prompt(candidate):
             st.success(ui.plain(f"Saved {candidate.label} (sha256 {candidate.sha256[:16]}…).")
-                       + " Pick it in Compare or in a new experiment.")
+                       + " Pick it in the explorer, Compare or a new experiment.")
         else:  # (it said "Saved", and no version was added)
             st.info(ui.plain(f"{candidate.label} is already there with this text: nothing to save."))
     except (ValueError, RunStoreError) as exc:

@@ -79,7 +79,6 @@ if actions.button("Delete run", disabled=not confirm or store.read_only, key="ru
     else:
         st.session_state.pop(f"runs_confirm_{run_id}", None)
         st.session_state.pop("runs_pick", None)  # (deleted here: not "deleted elsewhere" next time)
-        if st.session_state.get(ui.RUN_KEY) == run_id:
-            st.session_state.pop(ui.RUN_KEY)
+        ui.forget_run(run_id)
         st.session_state["runs_done"] = f"Deleted {run_id}."
         st.rerun()

@@ -22,7 +22,7 @@ if (linked := app_data.linked_step(query, "call")) and linked != st.session_stat
         st.session_state.pop("tr_run", None)
         st.session_state.pop("tr_call", None)
         linked_call = linked[1]
-    else:
+    elif linked[0] not in st.session_state.get(ui.DELETED_HERE_KEY, set()):  # (deleted here: known)
         st.warning(ui.plain(f"Run {linked[0]} of the link is not in this run store ({store.path})."))
 
 wanted = st.session_state.get(ui.TRACE_KEY)
@@ -35,7 +35,12 @@ run = store.run(run_id)
 calls = store.model_calls(run_id)
 st.text(f"Run {run_id} · {run['conversation_id']} · {app_data.config_sentence(run['config'], app_data.run_name(run))}")
 if calls.empty:
-    st.info("This run made no model calls (nothing was old enough to compact).")
+    if run["status"] == "completed":
+        st.info("This run made no model calls (nothing was old enough to compact).")
+    else:  # (a run refused before its first call read as one with nothing to compact)
+        where = app_data.state_phrase(run)
+        (ui.error if run["status"] == "failed" else ui.warning)(
+            f"**This run {where}** before any model call. ", f"Error: {run['error']}" if run["error"] else "")
     if query != {"run": run_id}:  # (the address named the run shown before)
         st.session_state["_tr_link"] = (run_id, None)
         st.query_params.from_dict({"run": run_id})
