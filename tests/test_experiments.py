@@ -622,6 +622,17 @@ def test_labels_name_only_what_varies() -> None:
     # Only the built-in model goes unnamed: a typo of it shows.
     typo = ReplayConfig(observer="omem/extractivX").to_json()
     assert short_config({"config": typo}).startswith("omem/extractivX · obs 1000 · ref 2000 · window 10")
+    # Prompt versions and a token counter other than the defaults are named (found by a walkthrough:
+    # runs that differ only in their prompt read alike in every picker and in `runs`)
+    from omem_core.prompts import BUILTIN_PROMPTS, OBSERVER_PROMPT_V1
+    from workbench.models import DEFAULT_PROMPT_VERSIONS
+
+    assert DEFAULT_PROMPT_VERSIONS == {name: versions[0].version for name, versions in BUILTIN_PROMPTS.items()}
+    assert short_config({"config": ReplayConfig().to_json()}) == "obs 1000 · ref 2000 · window 10"
+    older = ReplayConfig(observer_prompt=OBSERVER_PROMPT_V1, token_counter="o200k_base").to_json()
+    assert short_config({"config": older}) == "obs 1000 · ref 2000 · window 10 · prompts v1/v2 · o200k_base"
+    older_alone = ReplayConfig(observer_prompt=OBSERVER_PROMPT_V1, reflector=None).to_json()
+    assert short_config({"config": older_alone}) == "obs 1000 · no reflector · window 10 · prompts v1/–"
 
 
 @pytest.mark.parametrize("verdict, score", [("**CORRECT**", 1.0), ("Verdict: Correct.", 1.0), ("INCORRECT", 0.0),

@@ -18,7 +18,7 @@ import pandas as pd
 
 from .formatting import DEFAULT_DB, MISSING, about_money, cli_command, count, default_run_label, display, fixed, money, progress, ratio, share, short_path, split_list, tokens
 from .formatting import missing as _missing
-from .models import OFFLINE_MODEL
+from .models import DEFAULT_PROMPT_VERSIONS, OFFLINE_MODEL
 from .losses import STAGE_NAMES, STAGES
 from .retention import is_earlier
 from .stats import paired_difference, signed
@@ -1103,6 +1103,8 @@ def run_name(run: dict[str, Any]) -> str | None:
     return None
 
 
+
+
 def short_config(run: Any) -> str:
     """A run's configuration in a few words: its experiment label (``obs 150``), else thresholds and
     window, the observer named when it is not the built-in model and the reflector when it differs
@@ -1121,6 +1123,14 @@ def short_config(run: Any) -> str:
         text += f" · reflector {reflector}"
     if config.get("max_backlog"):
         text += f" · max backlog {config['max_backlog']}"
+    # Prompt versions and the token counter when not the defaults: runs that differ only in them
+    # read alike in every picker (found by a walkthrough, on the Runs, Traces and Presentation pages).
+    versions = [(config.get(f"{name}_prompt") or {}).get("version") for name in ("observer", "reflector")]
+    if any(v is not None and v != DEFAULT_PROMPT_VERSIONS.get(name)
+           for name, v in zip(("observer", "reflector"), versions)):
+        text += f" · prompts {versions[0] or '–'}/{versions[1] if reflector is not None and versions[1] else '–'}"
+    if config.get("token_counter") not in (None, "heuristic"):
+        text += f" · {config['token_counter']}"
     return text if observer == OFFLINE_MODEL else f"{observer} · {text}"  # (a typo such as omem/extractivX shows)
 
 

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 OFFLINE_MODEL = "omem/extractive"  # omem_core.OFFLINE_MODEL, without importing litellm for it
+# Each prompt's default version (omem_core.prompts.BUILTIN_PROMPTS lists it first), likewise: the
+# CLI's `runs` names a run's prompts when they are not these, in well under a second.
+DEFAULT_PROMPT_VERSIONS = {"observer": "v2", "reflector": "v2"}
 # Providers whose only "missing key" is a server address with a local default: not a reason to refuse.
 _LOCAL_DEFAULTS = {"OLLAMA_API_BASE", "LM_STUDIO_API_BASE", "HOSTED_VLLM_API_BASE"}
 
