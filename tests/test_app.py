@@ -590,6 +590,34 @@ def test_runs_page_filters_and_deletes(db: Path, monkeypatch) -> None:
 
 
 
+def test_a_run_without_gold_answers_says_why_it_has_no_retention_on_presentation_and_its_export(
+        db: Path, tmp_path) -> None:
+    """Found by a walkthrough: MemoryBank's Presentation said "Answer words retained –", and its
+    HTML export "Probes (retention –)", with no reason (only the explorer's sidebar gave one)."""
+    import asyncio
+
+    from workbench.datasets import load_conversation
+    from workbench.export_html import run_html
+    from workbench.replay import ReplayConfig, replay
+
+    lines = [json.loads(line) for line in (PROJECT_DEMO.parent / "tiny.jsonl").read_text().splitlines()]
+    data = tmp_path / "no-gold.jsonl"
+    data.write_text("".join(json.dumps({**r, "answer": None} if r["type"] == "probe" else r) + "\n" for r in lines))
+    at = app("present")
+    with RunStore(db) as s:
+        run_id = asyncio.run(replay(load_conversation(data), ReplayConfig(observation_threshold=50), s)).run_id
+        page = run_html(s, run_id)
+    at.run()  # (its picker lists the new run)
+    at.sidebar.selectbox(key="pres_run").set_value(run_id).run()
+    assert not at.exception
+    said = [shown(c.value) for c in at.caption if "No retention figure" in c.value]
+    assert said and "could be scored" in said[0] and "no gold answer" in said[0], [c.value for c in at.caption]
+    assert "No retention figure. None of the" in page and "no gold answer" in page
+    demo = store(db).runs().query("run_id != @run_id").run_id.iloc[0]  # (a scored run: no such note)
+    at.sidebar.selectbox(key="pres_run").set_value(demo).run()
+    assert not any("No retention figure" in c.value for c in at.caption)
+
+
 def test_a_run_deleted_on_the_runs_page_is_not_said_deleted_elsewhere(db: Path) -> None:
     """Found by a walkthrough: a run opened on Traces and Presentation, then deleted on the Runs
     page, made Traces say "Run X is no longer in the run store (deleted elsewhere)"."""

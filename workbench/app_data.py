@@ -126,6 +126,17 @@ def unscored_sentence(probes: pd.DataFrame) -> str:
             + (f": {' and '.join(reasons)}." if reasons else "."))
 
 
+def no_retention_note(run: Any, probes: pd.DataFrame) -> str | None:
+    """Why a completed run's retention is "–" (no probes; none with a gold answer, MemoryBank's;
+    their evidence still in the window), or ``None`` when it has one: the Presentation and its
+    HTML export showed the dash with no reason (only the explorer's sidebar said it)."""
+    if run.get("status") != "completed" or not missing(run.get("retention")):
+        return None
+    if probes.empty:
+        return "No retention figure: the conversation has no probes."
+    return "No retention figure. " + unscored_sentence(probes)
+
+
 def run_settings(runs: pd.DataFrame) -> list[str]:
     """Per stored run, what differs across ``runs`` besides the two thresholds (window, models,
     prompt versions, backlog ceiling…; ``""`` when nothing does): a heatmap of a conversation's
@@ -1269,7 +1280,7 @@ __all__ = [
     "next_compaction", "offline_prompt_note", "opening_sentence", "page_count", "page_slice", "pareto_points",
     "pair_conversations", "parse_values", "pass_steps", "probe_grid", "prompt_of", "shared_range", "summary_table", "text_diff",
     "run_name", "short_config", "status_text", "threshold_cells", "trace_attempts", "verdict",
-    "EXPERIMENTS_FIRST", "EXPERIMENTS_FORMATS", "SUMMARY_FIRST", "SUMMARY_FORMATS", "as_text", "beats_history_note", "natural_order", "run_findings", "run_settings", "text_widths", "unscored_sentence",
+    "EXPERIMENTS_FIRST", "EXPERIMENTS_FORMATS", "SUMMARY_FIRST", "SUMMARY_FORMATS", "as_text", "beats_history_note", "natural_order", "run_findings", "no_retention_note", "run_settings", "text_widths", "unscored_sentence",
     "experiments_numbers", "sortable", "summary_numbers", "already_swept", "key_first", "last_read_compression", "state_phrase",
     "sweep_skip_note", "unfinished_banner",
 ]

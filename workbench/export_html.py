@@ -166,6 +166,8 @@ def run_html(store: Any, run_id: str) -> str:
     ])
     if earlier := earlier_rule_note(run.get("scoring")):
         page.text("p", app_data.as_sentence(earlier), "warn")
+    if unscored := app_data.no_retention_note(run, store.probes(run_id)):  # (the dash said no reason)
+        page.text("p", unscored, "meta")
     if not steps.empty:
         last = int(steps.step.max())
         volumes = charts.volumes_chart(steps)

@@ -67,6 +67,8 @@ big.metric("Model calls", fmt.display(sum(0 if fmt.missing(c) else int(c) for c 
 end_note = app_data.compression_note(run, steps)
 if end_note:
     st.caption(ui.plain(end_note))
+if unscored := app_data.no_retention_note(run, store.probes(run_id)):
+    st.caption(ui.plain(unscored))
 if earlier := earlier_rule_note(run.get("scoring")):  # (as the explorer says it)
     st.caption(ui.plain(app_data.as_sentence(earlier)))
 for note in app_data.run_findings(run, steps, store.model_calls(run_id)):  # (as the explorer says them)
