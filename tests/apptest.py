@@ -15,7 +15,8 @@ def app(page: str | None = None) -> AppTest:
     then ``page`` when given; no exception either time."""
     at = AppTest.from_file(APP, default_timeout=120)
     at.run()
-    if page is not None:
+    if page is not None:  # (a browser's page change clears the address's parameters; AppTest's keeps them)
+        at.query_params.clear()
         at.switch_page(PAGES.format(page)).run()
     assert not at.exception, at.exception
     return at

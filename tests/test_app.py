@@ -618,6 +618,33 @@ def test_a_run_without_gold_answers_says_why_it_has_no_retention_on_presentation
     assert not any("No retention figure" in c.value for c in at.caption)
 
 
+def test_presentation_opens_at_the_step_a_link_names(db: Path) -> None:
+    """Found by a walkthrough: /present?run=X&step=40 opened at step 0 and rewrote the address
+    without a word (the explorer and Traces follow or explain their links)."""
+    app()  # the demo replayed
+    [run_id] = store(db).runs().run_id
+    last = int(store(db).steps(run_id).step.max())
+
+    def opened(**query: str) -> AppTest:
+        linked = AppTest.from_file(APP, default_timeout=120)
+        linked.query_params.update(query)
+        linked.switch_page(PAGES.format("present"))
+        linked.run()
+        assert not linked.exception, linked.exception
+        return linked
+
+    at = opened(run=run_id, step="4")
+    assert at.session_state[f"pres_step_{run_id}"] == 4 and not at.warning
+    assert any(p.proto.text == f"Step 4 of {last}" for p in at.get("progress"))
+    at = opened(run=run_id, step="99999")
+    assert at.session_state[f"pres_step_{run_id}"] == last
+    assert any(f"past this run's last step ({last:,})" in w.value for w in at.warning)
+    at = opened(run=run_id, step="abc")
+    assert at.session_state[f"pres_step_{run_id}"] == 0
+    assert any("is not a step number" in shown(w.value) and "opens at its first step" in shown(w.value)
+               for w in at.warning)
+
+
 def test_a_run_deleted_on_the_runs_page_is_not_said_deleted_elsewhere(db: Path) -> None:
     """Found by a walkthrough: a run opened on Traces and Presentation, then deleted on the Runs
     page, made Traces say "Run X is no longer in the run store (deleted elsewhere)"."""

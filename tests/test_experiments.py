@@ -882,7 +882,7 @@ def test_comparing_a_configuration_with_itself_is_refused(tmp_path) -> None:
                           "--concurrency", "1", "--json", "--db", db)
     experiment_id = json.loads(out.strip().splitlines()[-1])["experiment_id"]
     code, _, err = invoke("experiment", "compare", experiment_id, "--a", "obs 150", "--b", "obs 150", "--db", db)
-    assert code == 1 and "name two different configurations" in err
+    assert code == 2 and "name two different configurations" in err  # (a refused option)
 
 
 def test_workers_are_never_forked_from_a_threaded_process() -> None:

@@ -41,7 +41,9 @@ def note(body: dict) -> str:
 
 
 def run(server: OpenAIServer, db: Path, *extra: str) -> tuple[int, dict, str]:
-    code, out, err = invoke("experiment", "run", "--dataset", str(TINY), "--observer", MODEL, "--reflector", MODEL,
+    # (a list option given twice joins its values: the reflector is given once, ``extra``'s if any)
+    reflector = () if "--reflector" in extra else ("--reflector", MODEL)
+    code, out, err = invoke("experiment", "run", "--dataset", str(TINY), "--observer", MODEL, *reflector,
                             "--observation-threshold", "40", "--window", "2", "--api-base", server.url,
                             "--json", "--yes", "--db", str(db), *extra)
     return code, json.loads(out.strip().splitlines()[-1]), err

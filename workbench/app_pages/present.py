@@ -13,6 +13,11 @@ if (linked := app_data.linked_step(dict(st.query_params))) and linked[0] != st.s
     if linked[0] in set(store.runs().run_id):
         ui.open_run(linked[0])
         st.session_state.pop("pres_run", None)
+        if linked[1] is not None:  # (?run=…&step=N: it opened at step 0, the step dropped without a word)
+            st.session_state[f"pres_step_{linked[0]}"] = linked[1]
+            st.session_state["_pres_linked_step"] = linked
+        elif note := app_data.link_note(dict(st.query_params)):
+            st.warning(ui.plain(note.replace("opens at its last step", "opens at its first step")))
     elif linked[0] not in st.session_state.get(ui.DELETED_HERE_KEY, set()):  # (deleted here: known)
         st.warning(ui.plain(f"Run {linked[0]} of the link is not in this run store ({store.path})."))
 run_id = ui.run_picker(store, "Run to present", "pres_run", default=st.session_state.get(ui.RUN_KEY),
@@ -46,6 +51,11 @@ if steps.empty:
 key = f"pres_step_{run_id}"
 last = int(steps.step.max())
 st.session_state.setdefault(key, 0)
+if st.session_state[key] > last:  # (a link past the run's end: said, as the explorer says it)
+    if st.session_state.pop("_pres_linked_step", None) == (run_id, st.session_state[key]):
+        st.warning(f"Step {st.session_state[key]:,} of the link is past this run's last step ({last:,}): the "
+                   "presentation opens at its last step.")
+    st.session_state[key] = last
 autoplay = st.sidebar.toggle("Autoplay", key="pres_auto")
 speed = st.sidebar.slider("Seconds per step", 0.5, 5.0, 1.5, key="pres_speed")
 
