@@ -1494,6 +1494,9 @@ def test_links_to_traces_and_the_presentation_open_the_run_and_call_they_name(db
 
     present = opened("present", run=older)
     assert present.sidebar.selectbox(key="pres_run").value == older and present.query_params == {"run": older}
+    gone = opened("present", run="20200101-000000-abcdef")  # a run the store does not hold: said
+    assert any("Run 20200101-000000-abcdef of the link is not in this run store" in shown(w.value)
+               for w in gone.warning), [w.value for w in gone.warning]
     newest = opened("present")  # no link: the newest run, and the address names it
     assert newest.query_params == {"run": newest.sidebar.selectbox(key="pres_run").value} != {"run": older}
 

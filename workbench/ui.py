@@ -530,6 +530,13 @@ def forget_run(run_id: str) -> None:
         st.session_state.pop(TRACE_KEY)
 
 
+def warn_link_run_gone(store: RunStore, run_id: str) -> None:
+    """A link named a run the store does not hold: said, unless this session deleted it (then the
+    page simply opens without it)."""
+    if run_id not in st.session_state.get(DELETED_HERE_KEY, set()):
+        st.warning(plain(f"Run {run_id} of the link is not in this run store ({store.path})."))
+
+
 def run_picker(store: RunStore, label: str, key: str, *, default: str | None = None,
                container=None, only: set[str] | None = None, keep: bool = False) -> str | None:
     """A stored run, chosen in a select box labelled by :func:`run_label` (``None`` when there is

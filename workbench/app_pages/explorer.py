@@ -21,8 +21,8 @@ if (linked := app_data.linked_step(dict(st.query_params))) and linked != st.sess
     st.session_state["_ex_link"] = linked
     if linked[0] in set(store.runs().run_id):
         ui.open_run_at(*linked)
-    elif linked[0] not in st.session_state.get(ui.DELETED_HERE_KEY, set()):  # (deleted here: known)
-        st.warning(ui.plain(f"Run {linked[0]} of the link is not in this run store ({store.path})."))
+    else:
+        ui.warn_link_run_gone(store, linked[0])
 
 st.sidebar.header("Replay")
 mode = st.sidebar.radio("Source", ["Run a replay", "Open a stored run"], key="ex_mode", horizontal=True)

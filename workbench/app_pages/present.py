@@ -18,8 +18,8 @@ if (linked := app_data.linked_step(dict(st.query_params))) and linked[0] != st.s
             st.session_state["_pres_linked_step"] = linked
         elif note := app_data.link_note(dict(st.query_params)):
             st.warning(ui.plain(note.replace("opens at its last step", "opens at its first step")))
-    elif linked[0] not in st.session_state.get(ui.DELETED_HERE_KEY, set()):  # (deleted here: known)
-        st.warning(ui.plain(f"Run {linked[0]} of the link is not in this run store ({store.path})."))
+    else:
+        ui.warn_link_run_gone(store, linked[0])
 run_id = ui.run_picker(store, "Run to present", "pres_run", default=st.session_state.get(ui.RUN_KEY),
                        container=st.sidebar)
 if run_id is not None and dict(st.query_params) != {"run": run_id}:  # the address names the run: a link to it

@@ -22,8 +22,8 @@ if (linked := app_data.linked_step(query, "call")) and linked != st.session_stat
         st.session_state.pop("tr_run", None)
         st.session_state.pop("tr_call", None)
         linked_call = linked[1]
-    elif linked[0] not in st.session_state.get(ui.DELETED_HERE_KEY, set()):  # (deleted here: known)
-        st.warning(ui.plain(f"Run {linked[0]} of the link is not in this run store ({store.path})."))
+    else:
+        ui.warn_link_run_gone(store, linked[0])
 
 wanted = st.session_state.get(ui.TRACE_KEY)
 default_run = wanted[0] if wanted else st.session_state.get(ui.RUN_KEY)
