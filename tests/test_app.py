@@ -546,6 +546,19 @@ def test_saving_a_prompt_unchanged_says_it_is_the_same_as_its_version(db: Path) 
     assert not at.info
 
 
+def test_the_prompts_header_describes_the_text_shown(db: Path) -> None:
+    """Its header gave the version's hash and length while the box held edited text."""
+    at = app("prompts")
+    version_line = at.text[0].value
+    assert version_line.startswith("observer@v2 · sha256 ") and "edited" not in version_line
+    original = at.text_area(key="pr_text_observer_v2").value
+    at.text_area(key="pr_text_observer_v2").set_value("Write short dated notes.").run()
+    assert at.text[0].value.startswith(f"observer@v2, edited (not saved) · 24 characters (the version has {len(original)})")
+    assert "sha256" not in at.text[0].value
+    at.text_area(key="pr_text_observer_v2").set_value(original).run()  # edited back: the version's own line
+    assert at.text[0].value == version_line
+
+
 def test_runs_page_filters_and_deletes(db: Path, monkeypatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     at = app("runs")

@@ -15,10 +15,14 @@ name = st.radio("Prompt", ["observer", "reflector"], horizontal=True, key="pr_na
 choices = ui.prompt_choices(store, name)
 version = st.selectbox("Version", list(choices), key=f"pr_version_{name}")
 prompt = choices[version]
-st.text(f"{prompt.label} · sha256 {prompt.sha256[:16]}… · {len(prompt.text)} characters")
-
+header = st.empty()  # (filled once the text is read: it described the version, not the text edited)
 text = st.text_area("Text (the system message of each compaction call)", prompt.text, height=360,
                     key=f"pr_text_{name}_{version}")
+if text == prompt.text:
+    header.text(f"{prompt.label} · sha256 {prompt.sha256[:16]}… · {len(prompt.text)} characters")
+else:
+    header.text(f"{prompt.label}, edited (not saved) · {len(text)} characters (the version has "
+                f"{len(prompt.text)}): save it as a new version to use it")
 new_version = st.text_input("Save as version", value="", placeholder="e.g. v2-shorter", key=f"pr_new_{name}")
 same = [v for v, p in choices.items() if p.text == text and v != new_version.strip()]
 if new_version.strip() and same:  # (saved unchanged, a version compared equal to another under a new name)
