@@ -1349,3 +1349,13 @@ def test_keys_the_omem_format_does_not_read_are_warned_about_once(tmp_path) -> N
     lines += [dict(line, conversation_id="d") for line in lines]
     path.write_text("\n".join(json.dumps(line) for line in lines))
     assert [len(c.warnings) for c in load_dataset(path)] == [2, 2]
+
+
+def test_dataset_error_takes_the_keywords_its_docs_name() -> None:
+    """datasets/README.md documents ``DatasetError(file, record, field, problem)``; the constructor
+    called its third parameter ``field_name``, so the documented keywords raised TypeError."""
+    from workbench.datasets import DatasetError
+
+    error = DatasetError(file="chat.jsonl", record="line 3", field="role", problem="is not a known role")
+    assert (error.file, error.record, error.field, error.problem) == ("chat.jsonl", "line 3", "role", "is not a known role")
+    assert str(error) == "chat.jsonl: line 3: field 'role': is not a known role"

@@ -529,6 +529,21 @@ def test_a_runaway_text_is_trimmed_from_its_start_only() -> None:
     assert kept.splitlines() and all(line in start for line in kept.splitlines())
 
 
+def test_a_runaway_paragraph_is_read_up_to_a_whole_sentence() -> None:
+    """Found by a spec review: a runaway reply with no line break was read up to a character
+    count, mid-sentence, and that piece was kept as a sentence with a full stop ("Fact 25: Ada
+    bought 25 apples in shop number 175." where it said "… 175 on Tuesday."). Every sentence kept
+    is now one the reply holds whole."""
+    from omem_core.extractive.algorithm import trim
+    from omem_core.tokens import heuristic_count
+
+    said = [f"Fact {i}: Ada bought {i} apples in shop number {i * 7} on Tuesday." for i in range(40)]
+    kept = trim(" ".join(said), 48, heuristic_count)
+    assert 0 < heuristic_count([kept])[0] <= 48
+    sentences = [s.strip() + "." for s in kept.removeprefix("- Fact 0: ").split(".") if s.strip()]
+    assert sentences and all(sentence in said for sentence in sentences), kept
+
+
 @pytest.mark.parametrize("reply", ["ユーザーは東京に住んでいて猫が好きです。" * 1000, "x" * 5000, "日本語" * 2000,
                                    "- " + "ユーザーは東京に住んでいて猫が好きです。" * 1000,  # a bullet first: was cut to "-"
                                    "* 2024-05-01 " + "日本語" * 2000])

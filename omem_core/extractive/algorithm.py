@@ -789,13 +789,18 @@ def trim(text: str, limit: int, count: Callable[[list[str]], list[int]]) -> str:
     reflection (or a runaway observation) within its limit.
 
     Only the start of a runaway text is read (:data:`TRIM_READS` characters per token of the
-    limit, cut at a line): choosing among a megabyte of sentences took more than a minute of CPU,
+    limit, cut at a line or after a sentence): choosing among a megabyte of sentences took more than a minute of CPU,
     holding the event loop and every read waiting on it, to keep a few thousand tokens."""
     budget = max(limit, 1) * TRIM_READS
     if len(text) > budget:
         head = text[:budget]
         line = head.rfind("\n")
-        text = head[:line] if line > budget // 2 else head
+        if line > budget // 2:
+            text = head[:line]
+        else:  # (one long paragraph: cut after a sentence, never mid-sentence as a whole one)
+            end = max(head.rfind(mark, budget // 2) for mark in SENTENCE_MARKS)
+            space = head.rfind(" ", budget // 2)
+            text = head[: end + 1] if end >= 0 else f"{head[:space]}…" if space >= 0 else head
     target = limit
     while target >= 1:
         trimmed = reflect("", text, target)

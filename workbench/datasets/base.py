@@ -23,12 +23,12 @@ EPOCH = datetime(2024, 1, 1, tzinfo=timezone.utc)  # the clock of formats withou
 class DatasetError(WorkbenchError, ValueError):
     """A dataset file that cannot be read, with where and what."""
 
-    def __init__(self, file: str | Path, record: str, field_name: str | None, problem: str) -> None:
-        self.file, self.record, self.field, self.problem = str(file), record, field_name, problem
-        if record == "file" and not field_name:  # "x.jsonl: the file is empty", not "x.jsonl: file: is empty"
+    def __init__(self, file: str | Path, record: str, field: str | None, problem: str) -> None:
+        self.file, self.record, self.field, self.problem = str(file), record, field, problem
+        if record == "file" and not field:  # "x.jsonl: the file is empty", not "x.jsonl: file: is empty"
             super().__init__(f"{file}: the file {problem}")
             return
-        where = f"{file}: {record}" + (f": field {field_name!r}" if field_name else "")
+        where = f"{file}: {record}" + (f": field {field!r}" if field else "")
         super().__init__(f"{where}: {problem}")
 
 
