@@ -7,7 +7,7 @@ import numbers
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .messages import Message, check_batch, check_message, check_text, check_thread_id, check_working_memory
 
@@ -291,13 +291,28 @@ class Memory:
             self.storage, "update_working_memory"
         )
 
-    async def get_working_memory(self, thread_id: str) -> str | None:
-        check_thread_id(thread_id, "get_working_memory")
-        self._require_working_memory()
-        return await self.storage.get_working_memory(thread_id)  # type: ignore[attr-defined]
+    # The working-memory methods exist when the storage has them (SPEC: "and the working-memory
+    # methods when the storage has them"), as on the observational-memory wrapper: without them,
+    # ``hasattr(memory, "get_working_memory")`` is False and a call is an AttributeError naming the
+    # storage. (Declared for type checkers; looked up in ``__getattr__``.)
+    if TYPE_CHECKING:
+        async def get_working_memory(self, thread_id: str) -> str | None: ...
 
-    async def update_working_memory(self, thread_id: str, text: str) -> None:
-        self._require_working_memory()
+        async def update_working_memory(self, thread_id: str, text: str) -> None: ...
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("get_working_memory", "update_working_memory") and "storage" in self.__dict__:
+            if not self.has_working_memory:
+                raise AttributeError(f"{type(self.storage).__name__} has no working-memory capability: "
+                                     f"Memory.{name} exists only over a storage that has it")
+            return getattr(self, f"_{name}")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    async def _get_working_memory(self, thread_id: str) -> str | None:
+        check_thread_id(thread_id, "get_working_memory")
+        return await self.storage.get_working_memory(thread_id)  # type: ignore[attr-defined,no-any-return]
+
+    async def _update_working_memory(self, thread_id: str, text: str) -> None:
         await self.storage.update_working_memory(thread_id, text)  # type: ignore[attr-defined]
 
     async def close(self) -> None:
@@ -310,9 +325,3 @@ class Memory:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-    def _require_working_memory(self) -> None:
-        if not self.has_working_memory:
-            raise NotImplementedError(
-                f"{type(self.storage).__name__} has no working-memory capability"
-            )

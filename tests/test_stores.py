@@ -185,8 +185,17 @@ async def test_memory_without_working_memory_capability() -> None:
 
     memory = Memory(Bare())
     assert not memory.has_working_memory
-    with pytest.raises(NotImplementedError, match="Bare"):
+    # SPEC: the facade has the working-memory methods "when the storage has them" (as the wrapper
+    # does); they were always there and raised NotImplementedError
+    assert not hasattr(memory, "get_working_memory") and not hasattr(memory, "update_working_memory")
+    with pytest.raises(AttributeError, match="Bare has no working-memory capability"):
         await memory.get_working_memory("t")
+    with pytest.raises(AttributeError, match="no attribute 'get_working_memry'"):
+        memory.get_working_memry  # (any other name: the usual error)
+    full = Memory(InMemoryMemoryStore())
+    assert full.has_working_memory and hasattr(full, "get_working_memory")
+    await full.update_working_memory("t", "prefers tea")
+    assert await full.get_working_memory("t") == "prefers tea"
 
 
 def expected_recent(records: list[ObservationRecord]) -> list[ObservationRecord]:
