@@ -505,6 +505,22 @@ def test_experiment_list_show_compare_and_export(tmp_path) -> None:
     # the format read is recorded when it was detected, not left null
     assert pd.read_parquet(tmp_path / "out" / "experiments.parquet").dataset_format.tolist() == ["omem"]
     assert len(pd.read_parquet(tmp_path / "out" / "probe_losses.parquet")) > 0
+    # SPEC lists export among the experiment commands with --json: one object, each file's table
+    # and rows (it was "No such option"); an error ends stdout with a JSON answer too
+    code, out, _ = invoke("experiment", "export", experiment_id, "--parquet", str(tmp_path / "out2"), "--json", "--db", db)
+    answer = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and answer["status"] == "completed" and answer["experiment_id"] == experiment_id
+    assert answer["folder"] == str(tmp_path / "out2")
+    files = {f["table"]: f for f in answer["files"]}
+    assert files["runs"]["rows"] == 2 == len(pd.read_parquet(files["runs"]["path"]))
+    assert files["probe_losses"]["rows"] == len(pd.read_parquet(tmp_path / "out" / "probe_losses.parquet"))
+    code, out, _ = invoke("experiment", "export", experiment_id, "--parquet", str(tmp_path / "out2"), "--json", "--db", db)
+    assert code == 1 and "already holds" in json.loads(out.strip().splitlines()[-1])["error"]
+    run_id = pd.read_parquet(files["runs"]["path"]).run_id[0]
+    code, out, _ = invoke("export", run_id, "--parquet", str(tmp_path / "one"), "--json", "--db", db)
+    answer = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and answer["run_id"] == run_id
+    assert {f["table"]: f["rows"] for f in answer["files"]}["runs"] == 1
     code, _, err = invoke("experiment", "show", "exp-nope", "--db", db)
     assert code == 1 and "no experiment exp-nope" in err
 

@@ -1142,14 +1142,29 @@ def _export_folder_free(folder: Path, overwrite: bool) -> None:
 @click.option("--parquet", "folder", required=True, type=click.Path(), callback=lambda ctx, param, value: _folder(value),
               help="Output folder.")
 @OVERWRITE_OPTION
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the files and their rows) instead of paths.")
 @DB_OPTION
-def export(run_id: str, folder: Path, overwrite: bool, db: str) -> None:
+@json_errors
+def export(run_id: str, folder: Path, overwrite: bool, as_json: bool, db: str) -> None:
     """Export one run's tables as Parquet files."""
     _export_folder_free(folder, overwrite)
     with _using_store(db, existing=True) as store:
         written = store.export_parquet(run_id, folder)
-    for path in written:
-        click.echo(str(path))
+    _say_written(written, {"run_id": run_id}, as_json)
+
+
+def _say_written(written: list[Path], about: dict[str, Any], as_json: bool) -> None:
+    """The files an export wrote: their paths, one per line, or with ``--json`` one object naming
+    each file's table and row count."""
+    if not as_json:
+        for path in written:
+            click.echo(str(path))
+        return
+    import pyarrow.parquet as pq
+
+    _say_json({"status": "completed", **about, "folder": str(written[0].parent) if written else None,
+               "files": [{"table": path.stem, "path": str(path), "rows": pq.ParquetFile(path).metadata.num_rows}
+                         for path in written]})
 
 
 @cli.command()
@@ -1755,8 +1770,10 @@ def experiment_delete(experiment_id: str, yes: bool, db: str) -> None:
 @click.option("--parquet", "folder", required=True, type=click.Path(), callback=lambda ctx, param, value: _folder(value),
               help="Output folder.")
 @OVERWRITE_OPTION
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the files and their rows) instead of paths.")
 @DB_OPTION
-def experiment_export(experiment_id: str, folder: Path, overwrite: bool, db: str) -> None:
+@json_errors
+def experiment_export(experiment_id: str, folder: Path, overwrite: bool, as_json: bool, db: str) -> None:
     """The experiment and its runs' tables as Parquet files."""
     from . import experiments as ex
 
@@ -1766,8 +1783,7 @@ def experiment_export(experiment_id: str, folder: Path, overwrite: bool, db: str
             written = ex.export_parquet(store, experiment_id, folder)
         except OSError as exc:
             raise click.ClickException(f"cannot write to {folder}: {exc}") from exc
-    for path in written:
-        click.echo(str(path))
+    _say_written(list(written), {"experiment_id": experiment_id}, as_json)
 
 
 @cli.command()
