@@ -37,3 +37,11 @@ def finish_experiments(at: AppTest, timeout: float = 300) -> AppTest:
         at.run()
     assert not at.exception, at.exception
     return at
+
+
+def action(at: AppTest, name: str):  # type: ignore[no-untyped-def]
+    """The page's action button ``name``. Its key names what it acts on (``xp_resume_<experiment>``,
+    ``runs_delete_<run>``): a click on a page whose run or experiment was deleted elsewhere meets a
+    button of another key in the rerun that falls back to another one, so it acts on nothing."""
+    [button] = [b for b in at.button if b.key.startswith(f"{name}_")]
+    return button

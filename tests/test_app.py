@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from apptest import APP, PAGES, app, finish_experiments
+from apptest import APP, PAGES, action, app, finish_experiments
 from streamlit.testing.v1 import AppTest
 
 from workbench import app_data
@@ -108,6 +108,57 @@ def test_a_double_click_on_run_replay_replays_once(db: Path, monkeypatch) -> Non
     at.sidebar.number_input(key="ex_obs_300").set_value(160).run()
     at.sidebar.button(key="ex_run").click().run()  # other settings: another replay
     assert len(store(db).runs()) == 3
+
+
+def test_a_first_visits_demo_cut_short_is_finished_on_the_next_visit(db: Path) -> None:
+    """Found in Chromium: closing the tab while the first visit replayed the demo (about 30 s on a
+    cold start) left "interrupted at step 82 of 100" for good: the store was no longer empty, so
+    the demo never replayed again. The next visit resumes it (the store's only run, the demo's)."""
+    import duckdb
+
+    app()
+    [demo] = store(db).runs().run_id
+    con = duckdb.connect(str(db))  # as the tab's close leaves it: steps up to 40, interrupted
+    for table in ("steps", "records", "model_calls", "probes"):
+        if table == "probes":
+            con.execute("DELETE FROM probes WHERE run_id = ?", [demo])
+        else:
+            con.execute(f"DELETE FROM {table} WHERE run_id = ? AND step > 40", [demo])
+    con.close()
+    with store(db) as s:
+        s.set_status(demo, "interrupted", "the session ended")
+    at = app()  # the next visit
+    runs = store(db).runs()
+    assert list(runs.run_id) == [demo] and runs.status[0] == "completed"  # resumed, not a second run
+    assert at.session_state["omem_run"] == demo
+    with store(db) as s:  # not when the store holds another run too (then it is a run like any other)
+        s.set_status(demo, "interrupted", "stopped")
+    run_experiment_in(db, observation=(150,))
+    app()
+    assert store(db).run(demo)["status"] == "interrupted"
+
+
+def test_a_partial_runs_message_count_says_how_many_were_replayed(db: Path) -> None:
+    """Found in Chromium: a demo run interrupted at step 82 of 100 showed "Messages 200" beside
+    "its figures cover only the part replayed"; its chart showed about 164 saved."""
+    import pandas as pd
+
+    from workbench.app_data import messages_text
+    from workbench.export_html import run_html
+
+    steps = pd.DataFrame({"step": [0, 1], "message_index": [1, 163]})
+    assert messages_text({"status": "interrupted", "messages": 200}, steps) == "164 of 200"
+    assert messages_text({"status": "completed", "messages": 200}, steps) == "200"
+    assert messages_text({"status": "failed", "messages": 200}, steps.iloc[:0]) == "200"  # (no read recorded)
+    at = app()
+    [demo] = store(db).runs().run_id
+    total = store(db).run(demo)["messages"]
+    with store(db) as s:
+        s.set_status(demo, "interrupted", "stopped")
+        saved = int(s.steps(demo).message_index.max()) + 1
+    at.run()
+    assert next(m.value for m in at.metric if m.label == "Messages") == f"{saved} of {total}"
+    assert f"{saved} of {total}" in run_html(store(db), demo)
 
 
 def test_a_second_click_stops_the_first_replay_and_resumes_it_not_a_new_one(db: Path, monkeypatch) -> None:
@@ -591,7 +642,7 @@ def test_runs_page_filters_and_deletes(db: Path, monkeypatch) -> None:
     assert json.loads(table.proto.columns)["retention"]["alignment"] == "right"
     picked = at.selectbox(key="runs_pick").value
     at.checkbox(key=f"runs_confirm_{picked}").check().run()
-    at.button(key="runs_delete").click().run()
+    action(at, "runs_delete").click().run()
     assert not at.exception
     left = [r for r in table.value.run_id if r != picked]
     assert list(store(db).runs().run_id) == left  # that one, only
@@ -599,7 +650,7 @@ def test_runs_page_filters_and_deletes(db: Path, monkeypatch) -> None:
     assert not any("no longer in the run store" in w.value for w in at.warning)  # deleted here, not elsewhere
     # The run shown next is not confirmed for deletion: a second click deletes nothing.
     assert at.selectbox(key="runs_pick").value == left[0]
-    assert not at.checkbox(key=f"runs_confirm_{left[0]}").value and at.button(key="runs_delete").disabled
+    assert not at.checkbox(key=f"runs_confirm_{left[0]}").value and action(at, "runs_delete").disabled
 
 
 
@@ -668,7 +719,7 @@ def test_a_run_deleted_on_the_runs_page_is_not_said_deleted_elsewhere(db: Path) 
     assert at.session_state["omem_trace"][0] == run_id  # (ui.TRACE_KEY: Traces showed its call)
     at.switch_page(PAGES.format("runs")).run()
     at.checkbox(key=f"runs_confirm_{run_id}").check().run()
-    at.button(key="runs_delete").click().run()
+    action(at, "runs_delete").click().run()
     assert store(db).runs().empty
     for page in ("traces", "present", "explorer"):
         at.switch_page(PAGES.format(page)).run()
@@ -690,7 +741,7 @@ def test_the_runs_page_acts_on_the_run_its_picker_shows(db: Path) -> None:
     picker = at.selectbox(key="runs_pick")
     assert len(picker.options) == 1 and picker.value == other
     at.checkbox(key=f"runs_confirm_{other}").check().run()
-    at.button(key="runs_delete").click().run()
+    action(at, "runs_delete").click().run()
     assert list(store(db).runs().run_id) == [demo]  # the run shown was deleted, not another
 
 
@@ -1222,7 +1273,7 @@ def test_launch_an_experiment_then_tune_compare_grid_and_a_trace(db: Path) -> No
     at.toggle(key="cmp_xp_differs").set_value(False).run()  # every probe again, not only the differing ones
     picker(at, "Probe").set_value(f"{full.at[row, 'conversation']} · {full.at[row, 'probe']}")
     picker(at, "Configuration").set_value(lost).run()
-    at.button(key="cmp_xp_open").click().run()
+    action(at, "cmp_xp_open").click().run()
     assert not at.exception, at.exception
     assert at.slider(key=f"ex_step_{run_id}").value == step
     assert any(h.value == f"At step {step}" for h in at.subheader)
@@ -1256,19 +1307,19 @@ def test_resume_export_and_delete_an_experiment(db: Path) -> None:
     at = app("experiments")
     assert any("This experiment was interrupted" in e.value for e in at.warning)
     assert not at.error  # (an interruption, a user's Stop included, is no error)
-    resume = at.button(key="xp_resume")
+    resume = action(at, "xp_resume")
     assert resume.label == "Resume (2 left)" and not resume.disabled
     finish_experiments(resume.click().run())
     assert not at.exception, at.exception
     s = store(db)
     assert s.experiment(experiment_id)["status"] == "completed" and len(s.experiment_runs(experiment_id)) == 2
     # nothing left to finish: no Resume at all (a greyed "Resume (to finish)" read as if there were)
-    assert not [b for b in at.button if b.key == "xp_resume"]
-    at.button(key="xp_prepare").click().run()
+    assert not [b for b in at.button if b.key.startswith("xp_resume_")]
+    action(at, "xp_prepare").click().run()
     assert not at.exception
     assert at.get("download_button")
     at.checkbox(key=f"xp_confirm_{experiment_id}").check().run()
-    at.button(key="xp_delete").click().run()
+    action(at, "xp_delete").click().run()
     assert not at.exception
     # the last experiment deleted: said so (the page showed its empty state without a word)
     assert any(f"Deleted {experiment_id} and its 2 runs." in shown(x.value) for x in at.success), at.success
@@ -1287,14 +1338,14 @@ def test_the_explorer_judges_the_opened_run(db: Path, scripted, monkeypatch) -> 
     at = app()
     [run_id] = list(store(db).runs().run_id)
     assert any("offline model summarises: it cannot answer or grade" in i.value for i in at.info)  # the default
-    assert "ex_judge_run" not in [b.key for b in at.button]
+    assert not any(b.key.startswith("ex_judge_run_") for b in at.button)
     scripted.default = lambda messages: ("CORRECT" if messages[-1]["content"].startswith("You grade answers")
                                          else "Lisbon.")
     at.selectbox(key="ex_answerer").set_value("scripted/model")
     at.selectbox(key="ex_judge").set_value("scripted/model").run()
     assert any(re.fullmatch(r"To judge: \d+ model calls, ~[\d,]+ input tokens, unknown cost \(.*\)\.", shown(c.value))
                for c in at.caption)  # the estimate, before the click (this model has no price)
-    at.button(key="ex_judge_run").click().run()
+    action(at, "ex_judge_run").click().run()
     assert not at.exception, at.exception
     judged = store(db).probes(run_id).query("method == 'llm_judge'")
     asked, _ = ex.judging_inputs(store(db), run_id)
@@ -1305,7 +1356,7 @@ def test_the_explorer_judges_the_opened_run(db: Path, scripted, monkeypatch) -> 
     assert any(e.label == "LLM-judged accuracy: 1.000" for e in at.expander)
     # a judge that fails: said, and the verdicts already stored stay as they were
     scripted.default = lambda messages: (_ for _ in ()).throw(RuntimeError("judge is down"))
-    at.button(key="ex_judge_run").click().run()
+    action(at, "ex_judge_run").click().run()
     assert not at.exception, at.exception
     assert any("Judging failed (nothing judged was stored)" in e.value and "judge is down" in shown(e.value)
                for e in at.error)
@@ -1313,7 +1364,7 @@ def test_the_explorer_judges_the_opened_run(db: Path, scripted, monkeypatch) -> 
     # a judge off script: its replies name no verdict; not scored, and said (review: the CLI only)
     scripted.default = lambda messages: ("I would need more context." if messages[-1]["content"].startswith(
         "You grade answers") else "Lisbon.")
-    at.button(key="ex_judge_run").click().run()
+    action(at, "ex_judge_run").click().run()
     assert not at.exception, at.exception
     assert store(db).probes(run_id).query("method == 'llm_judge'").score.isna().all()
     assert any(f"{len(judged)} judge repl" in w.value and "named no verdict" in w.value for w in at.warning), \
@@ -1415,7 +1466,7 @@ def test_experiment_pages_list_failed_configurations_and_show_no_nan(db: Path, m
     assert header and "· completed; 1 of 2 runs failed ·" in header[0]  # not a bare "completed"
     # the key is still unset: the run left can only fail again, so Resume is off and says why (on the
     # page too: it said "Resume retries it" beside the greyed button, the reason in its tooltip)
-    resume = at.button(key="xp_resume")
+    resume = action(at, "xp_resume")
     assert resume.label == "Resume (1 left)" and resume.disabled and "OPENAI_API_KEY" in resume.help
     assert ("1 run did not complete and is left out of the figures (it cannot be retried here: "
             "gpt-4o-mini: missing OPENAI_API_KEY") in " ".join(shown(w.value) for w in at.warning)
@@ -1424,8 +1475,8 @@ def test_experiment_pages_list_failed_configurations_and_show_no_nan(db: Path, m
     at.run()
     assert "1 run did not complete and is left out of the figures (Resume retries it):" in [
         shown(w.value) for w in at.warning]
-    assert at.button(key="xp_resume").label == "Resume (1 left, <$0.01)"  # (a paid call: never "$0.00", read as free)
-    assert not at.button(key="xp_resume").disabled
+    assert action(at, "xp_resume").label == "Resume (1 left, <$0.01)"  # (a paid call: never "$0.00", read as free)
+    assert not action(at, "xp_resume").disabled
     monkeypatch.delenv("OPENAI_API_KEY")
     at.run()
     texts = []
@@ -1454,7 +1505,7 @@ def test_traces_page_on_a_fresh_store_and_a_run(db: Path) -> None:
     at.selectbox(key="tr_call").set_value(int(calls.seq.iloc[-1])).run()
     assert not at.exception
     assert json.loads(calls.response.iloc[-1])[-1] in [c.value for c in at.code]
-    at.button(key="tr_open").click().run()
+    action(at, "tr_open").click().run()
     assert at.slider(key=f"ex_step_{run_id}").value == int(calls.step.iloc[-1])
 
 
@@ -1586,7 +1637,7 @@ def test_presentation_names_the_configuration_jumps_and_exports(db: Path) -> Non
     first = int(steps[steps.observed | steps.reflected].step.iloc[0])
     assert at.subheader[0].value.startswith(f"Step {first}:")
     assert spec(at, 0)["layout"]["xaxis"]["range"] == volumes["layout"]["xaxis"]["range"]
-    at.button(key="pres_prepare").click().run()
+    action(at, "pres_prepare").click().run()
     assert not at.exception and at.get("download_button")
 
 
@@ -1943,7 +1994,7 @@ def test_an_experiment_stopped_after_its_last_run_can_be_finished_from_the_app(d
     with RunStore(db) as s:
         s.finish_experiment(experiment_id, "interrupted", "stopped before the end", 0.0)
     at = app("experiments")
-    button = at.button(key="xp_resume")
+    button = action(at, "xp_resume")
     assert button.label == "Resume (to finish)" and not button.disabled
     finish_experiments(button.click().run())
     assert store(db).experiment(experiment_id)["status"] == "completed"
@@ -2082,6 +2133,60 @@ def test_a_page_whose_run_was_deleted_elsewhere_says_so(db: Path) -> None:
     assert not any("no longer in the run store" in w.value for w in at.warning)
 
 
+def test_a_click_on_a_page_whose_run_or_experiment_was_deleted_elsewhere_acts_on_nothing(db: Path) -> None:
+    """Found in Chromium: the run a page showed deleted in another tab (or by the CLI), a click on
+    its stale page acted on the run the picker fell back to: Traces' and the Runs page's "Open"
+    opened another conversation, Presentation prepared another run's HTML, the Experiments page
+    acted on another experiment; none said why. The click now meets a button of another key."""
+    from workbench.ui import OPENED_FOR_KEY
+
+    at = app()
+    [demo] = store(db).runs().run_id
+    pages = {"runs": ("runs_pick", "runs_open"), "traces": ("tr_run", "tr_open"), "present": ("pres_run", "pres_prepare")}
+    for page, (picker, name) in pages.items():
+        experiment_id = run_experiment_in(db, observation=(150,))
+        other = store(db).experiment_runs(experiment_id).run_id[0]
+        at.switch_page(PAGES.format(page)).run()
+        (at.selectbox(key=picker) if page == "runs" else at.sidebar.selectbox(key=picker)).set_value(other).run()
+        button = action(at, name)
+        assert button.key == f"{name}_{other}"
+        opened = at.session_state[OPENED_FOR_KEY] if OPENED_FOR_KEY in at.session_state else None
+        store(db).delete_run(other)  # in another tab
+        assert not store(db).has_run(other) and store(db).has_run(demo)  # (Presentation's steps check it)
+        button.click().run()
+        assert not at.exception, at.exception
+        assert any(f"Run {other} is no longer in the run store" in shown(w.value) for w in at.warning), page
+        # nothing opened or prepared: the page stays, on the run it fell back to, and says why
+        assert (at.session_state[OPENED_FOR_KEY] if OPENED_FOR_KEY in at.session_state else None) == opened, page
+        assert "pres_html" not in at.session_state, page
+        assert action(at, name).key == f"{name}_{demo}", page
+    at.switch_page(PAGES.format("experiments")).run()  # alike: an export prepared of another experiment
+    first = run_experiment_in(db, observation=(150,))
+    gone = run_experiment_in(db, observation=(300,))
+    at.run()
+    at.selectbox(key="xp_pick").set_value(gone).run()
+    button = action(at, "xp_prepare")
+    assert button.key == f"xp_prepare_{gone}"
+    store(db).delete_experiment(gone)
+    button.click().run()
+    assert not at.exception, at.exception
+    assert "xp_html" not in at.session_state and action(at, "xp_prepare").key != button.key
+    assert first in {e for e in store(db).experiments().experiment_id}
+
+
+def test_a_tune_point_is_compared_with_another_configuration_never_itself() -> None:
+    """Found in Chromium: clicking the best point, when the best was also first in the grid, opened
+    Compare with "A = obs 500 · B = obs 500" and a difference of 0.000 [0.000, 0.000]."""
+    import pandas as pd
+
+    from workbench.app_data import compare_pair
+
+    points = pd.DataFrame({"label": ["obs 500", "obs 1000", "obs 2000"], "retention": [0.70, 0.65, 0.68]})
+    assert compare_pair(points, "obs 1000") == ("obs 500", "obs 1000")  # the best against the point
+    assert compare_pair(points, "obs 500") == ("obs 2000", "obs 500")  # the best: against the next best
+    assert compare_pair(points.iloc[:1], "obs 500") is None  # nothing else to compare with
+
+
 def test_tune_says_when_an_experiments_figures_stand_on_fewer_runs_than_planned(db: Path) -> None:
     """A deleted run (or an interrupted grid) left Tune drawing its points with '0 not completed'
     and no word that they pool fewer conversations."""
@@ -2208,7 +2313,7 @@ def test_a_run_opened_from_another_page_is_the_run_the_explorer_shows(db: Path) 
                                    small, s)).run_id  # neither the demo nor the dataset chosen
     at.switch_page(PAGES.format("runs")).run()
     at.selectbox(key="runs_pick").set_value(third).run()
-    at.button(key="runs_open").click().run()
+    action(at, "runs_open").click().run()
     assert not at.exception, at.exception
     assert at.text[0].value.startswith(f"Run {third} ·"), at.text[0].value
     at.switch_page(PAGES.format("runs")).run()  # and back by the page list: the sidebar kept its dataset
@@ -2479,11 +2584,11 @@ def test_compare_keeps_the_configurations_picked_across_pages(db: Path) -> None:
     at.switch_page(PAGES.format("tune")).run()
     at.sidebar.radio(key="tune_mode").set_value("Sweep one conversation").run()
     at.switch_page(PAGES.format("experiments")).run()
-    at.button(key="xp_open_compare").click().run()
+    action(at, "xp_open_compare").click().run()
     assert not at.exception, at.exception
     assert at.sidebar.radio(key="cmp_mode").value == "Two configurations of an experiment"
     at.switch_page(PAGES.format("experiments")).run()
-    at.button(key="xp_open_tune").click().run()
+    action(at, "xp_open_tune").click().run()
     assert not at.exception, at.exception
     assert at.sidebar.radio(key="tune_mode").value == "An experiment"
     # a kept run deleted elsewhere is said, not replaced without a word (review)
@@ -2522,7 +2627,7 @@ def test_a_resume_the_app_refuses_says_why(db: Path, tmp_path) -> None:
         s.finish_experiment(experiment_id, "interrupted", "stopped for the test", 0.0)
     data.write_text(original.replace("puzzle toys", "chew toys"), encoding="utf-8")
     at = app("experiments")
-    finish_experiments(at.button(key="xp_resume").click().run())
+    finish_experiments(action(at, "xp_resume").click().run())
     assert not at.exception, at.exception
     assert any("cannot be resumed: conversation 'tiny' changed in" in shown(e.value) for e in at.error), \
         [e.value for e in at.error]
@@ -2556,19 +2661,19 @@ def test_an_experiment_started_in_the_app_goes_on_when_its_page_is_left(db: Path
     experiment_id = held_experiment(db)
     at = app("experiments")
     at.checkbox(key=f"xp_confirm_{experiment_id}").check().run()  # Delete armed before the resume
-    at.button(key="xp_resume").click().run()
+    action(at, "xp_resume").click().run()
     assert not at.exception, at.exception
     assert background.job(experiment_id).alive  # running after the page's script ended
     assert any(t.value.startswith(f"{experiment_id} · running · ") for t in at.text)
     # (the picker too: it said "interrupted" while the header said it ran)
     [label] = [o for o in at.selectbox(key="xp_pick").options if experiment_id in o]
     assert " · running · " in label and "interrupted" not in label, label
-    assert at.button(key="xp_resume").disabled and at.button(key="xp_delete").disabled
+    assert action(at, "xp_resume").disabled and action(at, "xp_delete").disabled
     assert at.checkbox(key=f"xp_confirm_{experiment_id}").disabled
     assert not at.checkbox(key=f"xp_confirm_{experiment_id}").value  # (ticked, Delete was live when it ended)
     at.switch_page(PAGES.format("runs")).run()  # the page left: it stopped there
     other = app("experiments")  # another browser tab sees it running, with its Stop
-    assert any(b.key == "xp_stop" for b in other.button)
+    assert any(b.key.startswith("xp_stop_") for b in other.button)
     held.set()
     background.wait(experiment_id, 300)
     s = store(db)
@@ -2586,8 +2691,8 @@ def test_stop_ends_an_experiment_running_in_the_app_and_resume_finishes_it(db: P
 
     experiment_id = held_experiment(db)
     at = app("experiments")
-    at.button(key="xp_resume").click().run()
-    at.button(key="xp_stop").click().run()
+    action(at, "xp_resume").click().run()
+    action(at, "xp_stop").click().run()
     assert not at.exception, at.exception
     held.set()  # (the model's answer comes back, and the stop lands)
     background.wait(experiment_id, 120)
@@ -2597,8 +2702,8 @@ def test_stop_ends_an_experiment_running_in_the_app_and_resume_finishes_it(db: P
     s = store(db)
     assert s.experiment(experiment_id)["status"] == "interrupted"
     kept = len(s.experiment_runs(experiment_id))
-    assert kept < 12 and not at.button(key="xp_resume").disabled
-    finish_experiments(at.button(key="xp_resume").click().run())
+    assert kept < 12 and not action(at, "xp_resume").disabled
+    finish_experiments(action(at, "xp_resume").click().run())
     assert store(db).experiment(experiment_id)["status"] == "completed"
     assert len(store(db).experiment_runs(experiment_id)) == 12
 
@@ -2671,15 +2776,15 @@ def test_an_experiment_stopped_by_its_cost_limit_resumes_in_the_app_with_a_highe
         limit = at.number_input(key=f"xp_new_limit_{experiment_id}")
         assert limit.value == 0.08 and "$0.0500 of the $0.0300 limit is spent" in limit.help
         limit.set_value(0.04).run()  # (below the spend: refused, the stored limit left as it was)
-        at.button(key="xp_resume").click().run()
+        action(at, "xp_resume").click().run()
         assert any("must be above the $0.0500 already spent" in e.value for e in at.error)
         assert store(db).experiment(experiment_id)["options"]["max_cost"] == 0.03 and not background.running()
         at.number_input(key=f"xp_new_limit_{experiment_id}").set_value(-1.0).run()  # (was dropped: resumed at 0.08)
-        at.button(key="xp_resume").click().run()
+        action(at, "xp_resume").click().run()
         assert any("must be above the $0.0500 already spent" in e.value for e in at.error)
         assert store(db).experiment(experiment_id)["options"]["max_cost"] == 0.03 and not background.running()
         at.number_input(key=f"xp_new_limit_{experiment_id}").set_value(10.0).run()
-        finish_experiments(at.button(key="xp_resume").click().run())
+        finish_experiments(action(at, "xp_resume").click().run())
         background.wait(experiment_id, 60)
         assert store(db).experiment(experiment_id)["status"] == "completed"
         assert store(db).experiment(experiment_id)["options"]["max_cost"] == 10.0 and len(scripted.calls) > calls

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pandas as pd
-from apptest import app
+from apptest import action, app
 
 from workbench import app_data, charts
 from workbench.replay import ReplayConfig
@@ -61,7 +61,7 @@ def test_the_experiments_page_banner_reads_right(db: Path) -> None:
     [banner] = [e.value.replace("\\", "") for e in at.warning if "This experiment was interrupted" in e.value]
     assert ". Stopped before the end. To finish it, press **Resume** below" in banner, banner
     assert ". stopped" not in banner and "finish it with:" not in banner
-    assert not at.button(key="xp_resume").disabled
+    assert not action(at, "xp_resume").disabled
 
 
 # -- tables: what people compare by comes first ----------------------------------------------------

@@ -52,7 +52,7 @@ def test_presentation_buttons_sit_in_one_row_that_wraps(db: Path) -> None:
 def test_runs_actions_sit_in_one_row_that_wraps(db: Path) -> None:
     at = app("runs")
     run_id = RunStore(db).runs().run_id[0]
-    assert_one_wrapping_row(at, "runs_open", "runs_export", f"runs_confirm_{run_id}", "runs_delete")
+    assert_one_wrapping_row(at, f"runs_open_{run_id}", "runs_export", f"runs_confirm_{run_id}", f"runs_delete_{run_id}")
 
 
 # -- the experiment scatter's point labels ---------------------------------------------------------

@@ -464,6 +464,15 @@ def sortable(frame: pd.DataFrame, formats: dict[str, Any]) -> Any:
     return shown.style.format(numeric)
 
 
+def compare_pair(points: pd.DataFrame, label: str) -> tuple[str, str] | None:
+    """The Compare pair for a point clicked on Tune: the best-retention configuration against it,
+    or, when it is the best, the next best against it (it was compared with itself when the best
+    was also first in the grid); ``None`` when no other configuration has a point."""
+    ranked = [str(other) for other in points.sort_values("retention", ascending=False, kind="stable").label]
+    other = next((candidate for candidate in ranked if candidate != label), None)
+    return None if other is None else (other, label)
+
+
 def pareto_points(summaries: Sequence[Any]) -> pd.DataFrame:
     """Configurations with both figures: retention (with its CI) and compression, plus thresholds."""
     rows = []
@@ -687,6 +696,18 @@ def replays_the_demo_unasked(store_empty: bool, conversation: Any, config: Any, 
     return (store_empty and not done_already and conversation is not None and config is not None
             and conversation.source == str(DEMO_DATASET)
             and config.observer == OFFLINE_MODEL and config.reflector in (OFFLINE_MODEL, None))
+
+
+def demo_to_finish(runs: pd.DataFrame, conversation: Any, config: Any, stored: Any) -> str | None:
+    """The demo's run to resume on its own: the store's only run, the replay a first visit started
+    unasked (the demo on the offline model, this configuration), interrupted (the tab was closed
+    while it replayed). A first visit cut short otherwise left "interrupted at step 82 of 100" for
+    good: the store was no longer empty, so the demo never replayed again."""
+    if len(runs) != 1 or runs.status.iloc[0] != "interrupted" or not replays_the_demo_unasked(
+            True, conversation, config, False):
+        return None
+    run = first_clicks_run(runs, set(), conversation, config.to_json(), stored)
+    return None if run is None else str(run["run_id"])
 
 
 def replay_cost_text(conversation: Any, config: Any) -> str | None:
@@ -1277,7 +1298,7 @@ __all__ = [
     "config_table", "crossing_series", "figure_columns", "number_text", "experiment_label", "experiments_table",
     "failed_configs",
     "figures_comparison", "final_memory", "grid_reason", "opens_plainly", "step_sentence", "funnel_note", "funnel_table", "grid_target", "grid_view", "neighbour",
-    "next_compaction", "offline_prompt_note", "opening_sentence", "page_count", "page_slice", "pareto_points",
+    "next_compaction", "offline_prompt_note", "opening_sentence", "page_count", "page_slice", "pareto_points", "compare_pair", "demo_to_finish", "messages_text",
     "pair_conversations", "parse_values", "pass_steps", "probe_grid", "prompt_of", "shared_range", "summary_table", "text_diff",
     "run_name", "short_config", "status_text", "threshold_cells", "trace_attempts", "verdict",
     "EXPERIMENTS_FIRST", "EXPERIMENTS_FORMATS", "SUMMARY_FIRST", "SUMMARY_FORMATS", "as_text", "beats_history_note", "natural_order", "run_findings", "no_retention_note", "run_settings", "text_widths", "unscored_sentence",
@@ -1326,6 +1347,15 @@ def last_read_compression(run: Any, steps: pd.DataFrame) -> float | None:
         return None
     last = steps.sort_values("step").iloc[-1]
     return float(last.history_tokens) / float(last.context_tokens) if last.context_tokens else None
+
+
+def messages_text(run: Any, steps: pd.DataFrame) -> str:
+    """The run's message count as a figure: for a run that did not finish, the messages saved by
+    its last recorded read "of" the conversation's ("164 of 200"): beside "its figures cover only
+    the part replayed", a bare "200" read as the whole conversation replayed."""
+    if run["status"] == "completed" or steps.empty or missing(run.get("messages")):
+        return display(run.get("messages"))
+    return f"{display(int(steps.message_index.max()) + 1)} of {display(run['messages'])}"
 
 
 def redraw_for_other_process(store: Any, experiment_id: str, shown_done: int, may_redraw: bool) -> bool:

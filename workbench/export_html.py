@@ -162,7 +162,7 @@ def run_html(store: Any, run_id: str) -> str:
         ("Answer words retained", percent_of(run.get("retention"))),
         ("Model calls", display(calls_made)),
         ("Blind-spot tokens (mean)", tokens(run.get("blind_spot_tokens"))),
-        ("Messages", display(run.get("messages"))),
+        ("Messages", app_data.messages_text(run, steps)),
     ])
     if earlier := earlier_rule_note(run.get("scoring")):
         page.text("p", app_data.as_sentence(earlier), "warn")

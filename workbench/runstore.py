@@ -1225,6 +1225,10 @@ class RunStore:
     def runs(self) -> pd.DataFrame:
         return self._df(_RUNS + " ORDER BY runs.created_at DESC")
 
+    def has_run(self, run_id: str) -> bool:
+        """Whether the store holds ``run_id`` (a cheap check for a page that follows a run)."""
+        return not self._df("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).empty
+
     def steps(self, run_id: str) -> pd.DataFrame:
         return self._df("SELECT * FROM steps WHERE run_id = ? ORDER BY step", [run_id])
 

@@ -549,15 +549,16 @@ def run_picker(store: RunStore, label: str, key: str, *, default: str | None = N
     if keep:
         kept(key)
     wanted = (st.session_state.get(key) if keep else None) or default or st.session_state.get(key)
-    if wanted and wanted not in set(runs.run_id):
-        if wanted not in st.session_state.get(DELETED_HERE_KEY, set()):  # (deleted on the Runs page: known)
-            st.warning(plain(f"Run {wanted} is no longer in the run store (deleted elsewhere)."))
-        if st.session_state.get(RUN_KEY) == wanted:
+    # (the picker's own value too: the run picked there over ``default`` was dropped without a word)
+    for gone in dict.fromkeys(r for r in (wanted, st.session_state.get(key)) if r and r not in set(runs.run_id)):
+        if gone not in st.session_state.get(DELETED_HERE_KEY, set()):  # (deleted on the Runs page: known)
+            st.warning(plain(f"Run {gone} is no longer in the run store (deleted elsewhere)."))
+        if st.session_state.get(RUN_KEY) == gone:
             st.session_state.pop(RUN_KEY)
-        if st.session_state.get(key) == wanted:
+        if st.session_state.get(key) == gone:
             st.session_state.pop(key)
             st.session_state.pop(f"_kept_{key}", None)
-        default = None if default == wanted else default
+        default = None if default == gone else default
     if only is not None:
         runs = runs[runs.run_id.isin(only)]
     if runs.empty:

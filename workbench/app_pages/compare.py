@@ -205,7 +205,7 @@ def experiment_comparison() -> None:
             target = app_data.grid_target(grid, row, label)
             where = "at the step its evidence was lost" if target and target[1] is not None else "at its last step"
             # On a row of its own: in a sixth of a 900 px page its label read "Op…".
-            if st.button("Open run", key="cmp_xp_open", disabled=target is None, help=f"Opens the run {where}"):
+            if st.button("Open run", key=f"cmp_xp_open_{experiment_id}", disabled=target is None, help=f"Opens the run {where}"):
                 ui.open_run_at(*target, why=app_data.grid_reason(grid, row, label))
                 st.switch_page("workbench/app_pages/explorer.py")
 

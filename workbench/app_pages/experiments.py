@@ -280,7 +280,7 @@ st.text(f"{experiment_id} · {shown_status} · {fmt.short_path(experiment['datas
 if rescored := st.session_state.pop("xp_rescored", None):
     st.success(rescored)
 if ui.rule_warning(experiment, runs):
-    if st.button(f"Re-score under rule {SCORING}", key="xp_rescore", disabled=resuming,
+    if st.button(f"Re-score under rule {SCORING}", key=f"xp_rescore_{experiment_id}", disabled=resuming,
                  help="Scores its completed runs again from the run store, with no model call, and its later runs "
                       "under the same rule. Each run is first checked to give back its recorded scores under its "
                       "own rule; if any does not, nothing is changed and the reason is shown."):
@@ -312,7 +312,7 @@ if resuming:
         st.progress(fraction, text=ui.plain(text))
         if current.stop_asked:
             st.caption("Stopping: the runs in flight are dropped (Resume replays them).")
-        elif st.button("Stop", key="xp_stop", help="Stop the experiment: the runs it finished are kept, and "
+        elif st.button("Stop", key=f"xp_stop_{experiment_id}", help="Stop the experiment: the runs it finished are kept, and "
                                                    "Resume finishes it"):
             background.stop(experiment_id)
             st.caption("Stopping: the runs in flight are dropped (Resume replays them).")
@@ -351,10 +351,10 @@ if not resuming:
 # One row that wraps (in five equal columns of a 900 px page the labels read "Resu…", "Delet…").
 actions = st.container(horizontal=True, vertical_alignment="center")
 # (in their experiment mode: the pages keep the mode they were left in, another perhaps)
-if actions.button("Tune", key="xp_open_tune", help="Retention vs compression over the grid"):
+if actions.button("Tune", key=f"xp_open_tune_{experiment_id}", help="Retention vs compression over the grid"):
     st.session_state["tune_mode"] = "An experiment"
     st.switch_page("workbench/app_pages/tune.py")
-if actions.button("Compare", key="xp_open_compare", help="Two configurations, probe by probe"):
+if actions.button("Compare", key=f"xp_open_compare_{experiment_id}", help="Two configurations, probe by probe"):
     st.session_state["cmp_mode"] = "Two configurations of an experiment"
     st.switch_page("workbench/app_pages/compare.py")
 running = experiment["status"] == "running" and not resuming  # (running in another process)
@@ -387,11 +387,11 @@ if reached is not None:
 # its price read as still owed)
 resume = (pending or unfinished or resuming) and actions.button(
     "Resume" if resuming else f"Resume ({pending} left{priced})" if pending else f"Resume (to finish{priced})",
-    key="xp_resume",
+    key=f"xp_resume_{experiment_id}",
     disabled=running or resuming or store.read_only or bool(stuck),
     help=stuck or ("Running in another process" if running else "Running (Stop ends it)" if resuming else
                    "Paid models: the cost is an estimate meant to err high" if priced else None))
-if actions.button("Prepare HTML export", key="xp_prepare"):
+if actions.button("Prepare HTML export", key=f"xp_prepare_{experiment_id}"):
     st.session_state["xp_html"] = (experiment_id, export_html.experiment_html(store, experiment_id))
 prepared = st.session_state.get("xp_html")
 if prepared and prepared[0] == experiment_id:
@@ -399,7 +399,7 @@ if prepared and prepared[0] == experiment_id:
                                key="xp_download")
 confirm = actions.checkbox("Confirm delete", key=f"xp_confirm_{experiment_id}", disabled=resuming,
                            help="Stop it first" if resuming else None)  # one experiment's only
-if actions.button("Delete experiment", key="xp_delete", disabled=not confirm or store.read_only or resuming):
+if actions.button("Delete experiment", key=f"xp_delete_{experiment_id}", disabled=not confirm or store.read_only or resuming):
     try:
         background.delete(store, experiment_id)  # (refused while it runs here)
     except WorkbenchError as exc:  # running, here or in another process (RunBusy): nothing is deleted

@@ -66,6 +66,13 @@ if mode == "Run a replay":
         result = ui.run_replay(store, conversation, config)
         if result is not None and result.run_id:
             ui.open_run(result.run_id)
+    elif not store.read_only and not st.session_state.get("_ex_demo_replayed", False) and (
+            unfinished := app_data.demo_to_finish(store.runs(), conversation, config, store.run)):
+        # The first visit's demo, cut short (its tab closed while it replayed): finished now.
+        st.session_state["_ex_demo_replayed"] = True
+        result = ui.run_replay(store, conversation, config, resume=unfinished)
+        if result is not None and result.run_id:
+            ui.open_run(result.run_id)
 else:
     picked = ui.run_picker(store, "Run", "ex_open", default=st.session_state.get(ui.RUN_KEY),
                            container=st.sidebar)
@@ -156,7 +163,7 @@ if not done:
                     st.rerun()
 
 cols = ui.MetricRow()
-cols.metric("Messages", fmt.display(run["messages"]))
+cols.metric("Messages", app_data.messages_text(run, steps))
 cols.metric("Memory reads", fmt.display(run["steps"]) if done
                else f"{fmt.display(run['steps'])} of {fmt.display(run['planned_steps'])}")
 cols.metric("Model calls", f"{fmt.display(run['observer_calls'])} / {fmt.display(run['reflector_calls'])}",
@@ -342,7 +349,7 @@ def judged_section(run: dict, run_id: str, probes) -> None:
                        "abstention question.")
             return
         st.caption(ui.plain(f"To judge: {estimate(asked, context, answerer, judge).describe()}."))
-        if st.button("Judge this run", key="ex_judge_run"):
+        if st.button("Judge this run", key=f"ex_judge_run_{run_id}"):
             with st.spinner(f"Judging {fmt.count(len(asked), 'probe')}…"):
                 try:
                     asyncio.run(judge_stored_run(store, run_id, answerer=answerer, judge=judge))

@@ -98,6 +98,8 @@ top = float(max(steps.history_tokens.max(), steps.context_tokens.max())) * 1.08 
 
 @st.fragment(run_every=speed if autoplay else None)
 def walk() -> None:
+    if not store.has_run(run_id):  # deleted elsewhere: the whole page again, whose picker says so
+        st.rerun()              # (Next and Autoplay stepped on through the deleted run's steps)
     if autoplay and st.session_state[key] < last:
         st.session_state[key] += 1
     step = st.session_state[key]
@@ -132,7 +134,7 @@ def walk() -> None:
 walk()
 
 st.divider()
-if st.button("Prepare a self-contained HTML file", key="pres_prepare",
+if st.button("Prepare a self-contained HTML file", key=f"pres_prepare_{run_id}",
              help="Charts and text in one file that opens without the app or a network"):
     st.session_state["pres_html"] = (run_id, export_html.run_html(store, run_id))
 prepared = st.session_state.get("pres_html")

@@ -55,7 +55,7 @@ run_id = ui.run_picker(store, "Run", "runs_pick", only=set(shown.run_id))  # act
 # One row that wraps (in three equal columns of a 900 px page the labels were cut to "Open in the
 # expl…", "Export as Parqu…", and "Delete run" fell to a row of its own under its checkbox).
 actions = st.container(horizontal=True, vertical_alignment="center")
-if actions.button("Open in the explorer", key="runs_open"):
+if actions.button("Open in the explorer", key=f"runs_open_{run_id}"):
     ui.open_run_at(run_id)  # (as a stored run: not filtered out by the explorer's chosen dataset)
     st.switch_page("workbench/app_pages/explorer.py")
 
@@ -71,7 +71,7 @@ actions.download_button("Export as Parquet (zip)", buffer.getvalue(), file_name=
 # The confirmation belongs to one run: after a delete (or another pick) it starts unticked, so a
 # second click can never delete the run shown next.
 confirm = actions.checkbox("Confirm delete", key=f"runs_confirm_{run_id}")
-if actions.button("Delete run", disabled=not confirm or store.read_only, key="runs_delete"):
+if actions.button("Delete run", disabled=not confirm or store.read_only, key=f"runs_delete_{run_id}"):
     try:
         store.delete_run(run_id)
     except RunBusy as exc:  # another process is replaying it: nothing is deleted

@@ -85,7 +85,7 @@ st.text(f"{call['stage']} · {call['model']} · prompt {call['prompt_version']} 
         f"step {fmt.display(call['step'])}")
 if not app_data.missing(call.get("error")):
     ui.error("**This call failed:** ", call["error"])
-if not app_data.missing(call.get("step")) and st.button("Open this step in the explorer", key="tr_open"):
+if not app_data.missing(call.get("step")) and st.button("Open this step in the explorer", key=f"tr_open_{run_id}"):
     ui.open_run_at(run_id, int(call["step"]))
     st.switch_page("workbench/app_pages/explorer.py")
 

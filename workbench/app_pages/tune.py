@@ -64,17 +64,20 @@ if mode == "An experiment":
     else:
         st.caption("Each point is a configuration: retention pooled over every probe of every conversation, with "
                    "its 95% bootstrap interval; the dotted line is the Pareto front. Click a point to compare it "
-                   "with the best-retention configuration.")
+                   "with the best-retention configuration (the best with the next best).")
         event = st.plotly_chart(charts.experiment_pareto_chart(points), key="tune_xp_pareto", on_select="rerun",
                                 selection_mode="points")
         chosen = (event.selection.points if event and event.selection else []) or []
         if chosen and chosen[0].get("customdata"):
             label = chosen[0]["customdata"]
             label = label[0] if isinstance(label, list) else label
-            best = points.sort_values("retention", ascending=False).label.iloc[0]
-            st.session_state["cmp_xp_pair"] = (best if best != label else points.label.iloc[0], label)
-            st.session_state["cmp_mode"] = "Two configurations of an experiment"
-            st.switch_page("workbench/app_pages/compare.py")
+            pair = app_data.compare_pair(points, label)
+            if pair is None:
+                st.info(ui.plain(f"{label} is the only configuration with a point: nothing to compare it with."))
+            else:
+                st.session_state["cmp_xp_pair"] = pair
+                st.session_state["cmp_mode"] = "Two configurations of an experiment"
+                st.switch_page("workbench/app_pages/compare.py")
     cells = app_data.threshold_cells(summaries)
     settings = list(dict.fromkeys(cells.settings))
     if len(settings) > 1:  # one heatmap per combination of the other settings: a cell never averages two
