@@ -1399,7 +1399,7 @@ def create_observational_memory_store(
     clock: Callable[[], datetime] | None = None,
     on_busy: str = "wait",
     lease_ttl: float = 120.0,
-    max_input_tokens: int = DEFAULT_MAX_INPUT_TOKENS,
+    max_input_tokens: int | None = None,
     max_backlog: int | None = None,
 ) -> ObservationalMemoryStore:
     """Wrap ``inner`` (default ``InMemoryMemoryStore()``) with observational memory.
@@ -1434,10 +1434,10 @@ def create_observational_memory_store(
         lease_ttl: seconds a process's lease lasts (finite); the holder renews it every third of
             that while its pass runs, however long the model takes, so a crashed holder blocks
             others at most this long.
-        max_input_tokens: the observer's input cap (default 16,000 tokens, which fits common
-            models): a single message larger than this is sent as its head and tail around an
-            explicit ``[... N tokens of this message omitted ...]`` marker. It must be at least
-            the observation threshold.
+        max_input_tokens: the observer's input cap: a single message larger than this is sent
+            as its head and tail around an explicit ``[... N tokens of this message omitted ...]``
+            marker. Default ``None``: 16,000 tokens (which fits common models), or the observation
+            threshold when that is larger. A value given must be at least the observation threshold.
         max_backlog: opt-in backlog ceiling (tokens). When the backlog (messages older than the
             window that no observation covers) exceeds it, the one observer pass of a read takes
             a larger oldest segment — the threshold plus the excess, at most ``max_input_tokens``
@@ -1473,9 +1473,12 @@ def create_observational_memory_store(
     if on_busy not in ("wait", "render"):
         raise ValueError(f"on_busy must be 'wait' or 'render', got {on_busy!r}")
     lease_ttl = _seconds("lease_ttl", lease_ttl)
-    max_input_tokens = cast(int, _positive_int("max_input_tokens", max_input_tokens))  # (plain ints: a NumPy one too)
+    cap = _positive_int("max_input_tokens", max_input_tokens, optional=True)  # (plain ints: a NumPy one too)
     max_backlog = _positive_int("max_backlog", max_backlog, optional=True)
     merged = _validate_thresholds(thresholds)
+    # (by default the cap grows with the threshold: a threshold of 30,000 tokens was refused until
+    # max_input_tokens was raised too, though nothing asked for a cap)
+    max_input_tokens = max(DEFAULT_MAX_INPUT_TOKENS, merged["observation"]) if cap is None else cap
     if merged["observation"] > max_input_tokens:
         raise ValueError(f"the observation threshold ({merged['observation']}) exceeds max_input_tokens "
                          f"({max_input_tokens}): a segment would not fit the observer's input; raise max_input_tokens")

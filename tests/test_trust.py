@@ -171,6 +171,23 @@ async def test_the_observer_gets_a_huge_message_cut_head_and_tail(scripted: Scri
     assert 1500 < len(sent) / 4 <= 2000 + 100  # the cap, plus the layout's few lines
 
 
+async def test_the_default_input_cap_grows_with_a_larger_observation_threshold(scripted: Scripted) -> None:
+    """A spec review: an observation threshold of 20,000 tokens was refused ("exceeds
+    max_input_tokens (16000)") though no cap was asked for. By default the cap is 16,000 or the
+    threshold, whichever is larger: a message of about 18,000 tokens reaches the observer whole."""
+    store = create_observational_memory_store(observer=MODEL, thresholds={"observation": 20_000, "reflection": 40_000})
+    assert store.max_input_tokens == 20_000
+    assert create_observational_memory_store(observer=MODEL).max_input_tokens == 16_000
+    big = " ".join(f"word{i}" for i in range(8_000))  # ~17,700 tokens by characters/4
+    await store.save_messages([msg(0, "HEAD " + big + " TAIL"), msg(1, "more " * 2_400), msg(2, "a"), msg(3, "b")])
+    await store.recall("t", last=2)  # a backlog of ~20,700: over the threshold
+    sent = scripted.calls[0][-1]["content"]
+    assert "HEAD" in sent and "TAIL" in sent and "omitted" not in sent and big in sent
+    with pytest.raises(ValueError, match=r"observation threshold \(20000\) exceeds max_input_tokens \(16000\)"):
+        create_observational_memory_store(observer=MODEL, thresholds={"observation": 20_000, "reflection": 40_000},
+                                          max_input_tokens=16_000)  # a cap given is a cap
+
+
 async def test_a_message_cut_to_fit_is_cut_between_words_and_its_marker_stays_out_of_the_notes() -> None:
     """The head and tail were cut mid-word ("… Zephyr ju"), and the offline model copied the
     marker into the notes: "- User: … 14,014 tokens of this message omitted ...] k brown fox …"."""
