@@ -1330,6 +1330,26 @@ def test_resume_export_and_delete_an_experiment(db: Path) -> None:
     assert [i for i, e in enumerate(body) if "No experiments yet" in e] < [i for i, e in enumerate(body) if e.startswith("Expander")]
 
 
+def test_an_experiment_deleted_here_is_not_said_deleted_elsewhere(db: Path) -> None:
+    """Compare and Tune now say when the experiment they showed is gone (they switched to another
+    without a word); one deleted on the Experiments page of this session is not "elsewhere"."""
+    run_experiment_in(db, observation=(150, 600))
+    doomed = run_experiment_in(db, observation=(150, 300))
+    at = app("experiments")
+    at.selectbox(key="xp_pick").set_value(doomed).run()
+    for page in ("compare", "tune"):
+        at.switch_page(PAGES.format(page)).run()
+        assert not at.exception, at.exception
+    at.switch_page(PAGES.format("experiments")).run()
+    assert at.selectbox(key="xp_pick").value == doomed
+    at.checkbox(key=f"xp_confirm_{doomed}").check().run()
+    action(at, "xp_delete").click().run()
+    for page in ("compare", "tune", "experiments"):
+        at.switch_page(PAGES.format(page)).run()
+        assert not at.exception, at.exception
+        assert not any("no longer in the run store" in w.value for w in at.warning), (page, [w.value for w in at.warning])
+
+
 def test_the_explorer_judges_the_opened_run(db: Path, scripted, monkeypatch) -> None:
     """LLM-judged accuracy was CLI-only (replay --judge): the app could show a judged run's column
     but not judge one. Models through litellm (a custom provider here); the offline summariser,
@@ -2160,6 +2180,10 @@ def test_a_click_on_a_page_whose_run_or_experiment_was_deleted_elsewhere_acts_on
         assert (at.session_state[OPENED_FOR_KEY] if OPENED_FOR_KEY in at.session_state else None) == opened, page
         assert "pres_html" not in at.session_state, page
         assert action(at, name).key == f"{name}_{demo}", page
+        # and the browser's picker is told which run the page is on now: it kept showing the deleted
+        # run while the buttons acted on this one (a "Delete run" deleted another run than shown)
+        box = at.selectbox(key=picker) if page == "runs" else at.sidebar.selectbox(key=picker)
+        assert box.value == demo and box.proto.set_value, page
     at.switch_page(PAGES.format("experiments")).run()  # alike: an export prepared of another experiment
     first = run_experiment_in(db, observation=(150,))
     gone = run_experiment_in(db, observation=(300,))
@@ -2171,6 +2195,10 @@ def test_a_click_on_a_page_whose_run_or_experiment_was_deleted_elsewhere_acts_on
     button.click().run()
     assert not at.exception, at.exception
     assert "xp_html" not in at.session_state and action(at, "xp_prepare").key != button.key
+    assert any(f"Experiment {gone} is no longer in the run store (deleted elsewhere)" in shown(w.value)
+               for w in at.warning), [w.value for w in at.warning]  # (it switched without a word)
+    at.run()
+    assert not any("no longer in the run store" in w.value for w in at.warning)  # said once
     assert first in {e for e in store(db).experiments().experiment_id}
 
 

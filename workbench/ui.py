@@ -550,7 +550,9 @@ def run_picker(store: RunStore, label: str, key: str, *, default: str | None = N
         kept(key)
     wanted = (st.session_state.get(key) if keep else None) or default or st.session_state.get(key)
     # (the picker's own value too: the run picked there over ``default`` was dropped without a word)
+    fell_back = False
     for gone in dict.fromkeys(r for r in (wanted, st.session_state.get(key)) if r and r not in set(runs.run_id)):
+        fell_back = True
         if gone not in st.session_state.get(DELETED_HERE_KEY, set()):  # (deleted on the Runs page: known)
             st.warning(plain(f"Run {gone} is no longer in the run store (deleted elsewhere)."))
         if st.session_state.get(RUN_KEY) == gone:
@@ -569,6 +571,10 @@ def run_picker(store: RunStore, label: str, key: str, *, default: str | None = N
     # opens on a failed run's "no steps" unless that run was asked for.
     done = [i for i, status in enumerate(runs.status) if status == "completed"]
     index = ids.index(default) if default in ids else (done[0] if done else 0)
+    if fell_back and st.session_state.get(key) not in ids:
+        # Set through the widget's state, so the browser is told: it kept showing the deleted run
+        # while the page (and its buttons: Delete run) acted on the run it fell back to.
+        st.session_state[key] = ids[index]
     if keep and st.session_state.get(key) in ids:  # (drawn without a default of its own: its kept value stands)
         picked = box.selectbox(label, ids, format_func=labels.get, key=key)
     else:
@@ -636,9 +642,13 @@ def experiment_picker(store: RunStore, label: str, key: str, *, container=None, 
     # browser keeps a widget's own selection (the previous experiment after a new one started)
     # unless the app sets it. A pick by hand opens that experiment (the callback runs first).
     wanted = st.session_state.get(EXPERIMENT_KEY)
+    shown = st.session_state.get(key)
+    for gone in dict.fromkeys(e for e in (wanted, shown) if e and e not in ids):  # deleted meanwhile: said
+        if gone not in st.session_state.get(DELETED_HERE_KEY, set()):  # (it switched without a word)
+            st.warning(plain(f"Experiment {gone} is no longer in the run store (deleted elsewhere)."))
     if wanted in ids:
         st.session_state[key] = wanted
-    elif st.session_state.get(key) not in ids:  # none opened yet, or deleted meanwhile
+    elif shown not in ids:  # none opened yet, or deleted meanwhile
         st.session_state[key] = ids[0]
     picked = box.selectbox(label, ids, format_func=labels.get, key=key, on_change=_open_experiment, args=(key,),
                            disabled=disabled)
