@@ -295,18 +295,20 @@ class Memory:
     # methods when the storage has them"), as on the observational-memory wrapper: without them,
     # ``hasattr(memory, "get_working_memory")`` is False and a call is an AttributeError naming the
     # storage. (Declared for type checkers; looked up in ``__getattr__``.)
+    # (``__getattr__`` outside TYPE_CHECKING: seen by a type checker, it made every misspelt
+    # attribute of Memory an ``Any``, ``memory.recal(...)`` included)
     if TYPE_CHECKING:
         async def get_working_memory(self, thread_id: str) -> str | None: ...
 
         async def update_working_memory(self, thread_id: str, text: str) -> None: ...
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ("get_working_memory", "update_working_memory") and "storage" in self.__dict__:
-            if not self.has_working_memory:
-                raise AttributeError(f"{type(self.storage).__name__} has no working-memory capability: "
-                                     f"Memory.{name} exists only over a storage that has it")
-            return getattr(self, f"_{name}")
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+    else:
+        def __getattr__(self, name: str) -> Any:
+            if name in ("get_working_memory", "update_working_memory") and "storage" in self.__dict__:
+                if not self.has_working_memory:
+                    raise AttributeError(f"{type(self.storage).__name__} has no working-memory capability: "
+                                         f"Memory.{name} exists only over a storage that has it")
+                return getattr(self, f"_{name}")
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     async def _get_working_memory(self, thread_id: str) -> str | None:
         check_thread_id(thread_id, "get_working_memory")

@@ -118,6 +118,7 @@ def test_a_first_visits_demo_cut_short_is_finished_on_the_next_visit(db: Path) -
 
     app()
     [demo] = store(db).runs().run_id
+    first_text = store(db).messages(demo).content[0]
     con = duckdb.connect(str(db))  # as the tab's close leaves it: steps up to 40, interrupted
     for table in ("steps", "records", "model_calls", "probes"):
         if table == "probes":
@@ -131,9 +132,17 @@ def test_a_first_visits_demo_cut_short_is_finished_on_the_next_visit(db: Path) -
     runs = store(db).runs()
     assert list(runs.run_id) == [demo] and runs.status[0] == "completed"  # resumed, not a second run
     assert at.session_state["omem_run"] == demo
-    with store(db) as s:  # not when the store holds another run too (then it is a run like any other)
+    with store(db) as s:  # nor when the demo changed since (its refusal was shown on every visit)
         s.set_status(demo, "interrupted", "stopped")
-    run_experiment_in(db, observation=(150,))
+    con = duckdb.connect(str(db))
+    con.execute("UPDATE messages SET content = 'an older text' WHERE run_id = ? AND idx = 0", [demo])
+    con.close()
+    at = app()
+    assert store(db).run(demo)["status"] == "interrupted" and not at.error, [e.value for e in at.error]
+    run_experiment_in(db, observation=(150,))  # nor when the store holds another run too
+    con = duckdb.connect(str(db))
+    con.execute("UPDATE messages SET content = ? WHERE run_id = ? AND idx = 0", [first_text, demo])
+    con.close()
     app()
     assert store(db).run(demo)["status"] == "interrupted"
 
@@ -1348,6 +1357,25 @@ def test_an_experiment_deleted_here_is_not_said_deleted_elsewhere(db: Path) -> N
         at.switch_page(PAGES.format(page)).run()
         assert not at.exception, at.exception
         assert not any("no longer in the run store" in w.value for w in at.warning), (page, [w.value for w in at.warning])
+
+
+def test_a_run_a_resume_here_replaced_is_not_said_deleted_elsewhere(db: Path) -> None:
+    """(a review) A resume replaces the experiment's unfinished runs: a page that showed one of them
+    then said it was "deleted elsewhere", though this session's Resume did it."""
+    experiment_id = run_experiment_in(db, observation=(150, 600))
+    unfinished = store(db).experiment_runs(experiment_id).run_id[0]
+    with store(db) as s:
+        s.set_status(unfinished, "interrupted", "stopped")
+        s.finish_experiment(experiment_id, "interrupted", "stopped before the end", 0.0)
+    at = app("traces")
+    at.sidebar.selectbox(key="tr_run").set_value(unfinished).run()
+    at.switch_page(PAGES.format("experiments")).run()
+    at.selectbox(key="xp_pick").set_value(experiment_id).run()
+    finish_experiments(action(at, "xp_resume").click().run())
+    assert not store(db).has_run(unfinished)  # replaced by the resume's run
+    at.switch_page(PAGES.format("traces")).run()
+    assert not at.exception, at.exception
+    assert not any("no longer in the run store" in w.value for w in at.warning), [w.value for w in at.warning]
 
 
 def test_the_explorer_judges_the_opened_run(db: Path, scripted, monkeypatch) -> None:

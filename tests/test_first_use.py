@@ -404,7 +404,7 @@ def test_a_threshold_the_library_refuses_is_a_clear_error(tmp_path) -> None:
     code, _, err = invoke("replay", "--dataset", str(TINY), "--observation-threshold", "50000",
                           "--db", str(tmp_path / "r.duckdb"), "--no-cache")
     # the cap is named (not max_input_tokens, which neither the CLI nor the app sets)
-    assert code == 2 and "at most 16,000 tokens (the observer's input cap" in err and "Traceback" not in err
+    assert code == 2 and "at most 16,000 tokens (the workbench's limit" in err and "Traceback" not in err
 
 
 def test_a_wrong_format_override_says_what_the_file_is(tmp_path) -> None:

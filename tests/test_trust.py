@@ -559,6 +559,16 @@ def test_a_runaway_paragraph_is_read_up_to_a_whole_sentence() -> None:
     assert 0 < heuristic_count([kept])[0] <= 48
     sentences = [s.strip() + "." for s in kept.removeprefix("- Fact 0: ").split(".") if s.strip()]
     assert sentences and all(sentence in said for sentence in sentences), kept
+    # (a review) nor at a dot inside a sentence: a decimal, an abbreviation, a version number
+    from omem_core.extractive.algorithm import split_sentences
+
+    for pattern in ("Ada paid {i}.5 dollars at shop {i} on Tuesday.", "Ada met Dr. Smith in room {i} on Tuesday.",
+                    "Ada installed version 3.{i} of the tool on Tuesday."):
+        for pad in range(12):
+            said = [("x" * pad if i == 0 else "") + pattern.format(i=i) for i in range(60)]
+            kept = trim(" ".join(said), 48, heuristic_count)
+            pieces = split_sentences(kept.removeprefix("- "))
+            assert pieces and all(any(piece.endswith(whole[-25:]) for whole in said) for piece in pieces), (pattern, kept)
 
 
 @pytest.mark.parametrize("reply", ["ユーザーは東京に住んでいて猫が好きです。" * 1000, "x" * 5000, "日本語" * 2000,

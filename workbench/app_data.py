@@ -698,16 +698,21 @@ def replays_the_demo_unasked(store_empty: bool, conversation: Any, config: Any, 
             and config.observer == OFFLINE_MODEL and config.reflector in (OFFLINE_MODEL, None))
 
 
-def demo_to_finish(runs: pd.DataFrame, conversation: Any, config: Any, stored: Any) -> str | None:
-    """The demo's run to resume on its own: the store's only run, the replay a first visit started
-    unasked (the demo on the offline model, this configuration), interrupted (the tab was closed
-    while it replayed). A first visit cut short otherwise left "interrupted at step 82 of 100" for
-    good: the store was no longer empty, so the demo never replayed again."""
+def demo_to_finish(store: Any, runs: pd.DataFrame, conversation: Any, config: Any) -> str | None:
+    """The demo's run to resume on its own: the store's only run (``runs``), the replay a first
+    visit started unasked (the demo on the offline model, this configuration), interrupted (the tab
+    was closed while it replayed), and resumable (not when the demo changed since: its refusal was
+    then shown on every visit). A first visit cut short otherwise left "interrupted at step 82 of
+    100" for good: the store was no longer empty, so the demo never replayed again."""
+    from .replay import resume_refusal
+
     if len(runs) != 1 or runs.status.iloc[0] != "interrupted" or not replays_the_demo_unasked(
             True, conversation, config, False):
         return None
-    run = first_clicks_run(runs, set(), conversation, config.to_json(), stored)
-    return None if run is None else str(run["run_id"])
+    run = first_clicks_run(runs, set(), conversation, config.to_json(), store.run)
+    if run is None or resume_refusal(conversation, store, run["run_id"]) is not None:
+        return None
+    return str(run["run_id"])
 
 
 def replay_cost_text(conversation: Any, config: Any) -> str | None:
@@ -1238,8 +1243,9 @@ def config_problems(observation: float, reflection: float, window: float, backlo
             problems.append(f"the {label} must be a whole number{' of at least 1' if least else ' (0 = off)'}, "
                             f"not {display(value)}")
     if observation > OBSERVER_INPUT_CAP:
-        problems.append(f"the observation threshold must be at most {OBSERVER_INPUT_CAP:,} tokens (the observer's "
-                        f"input cap: each segment it is sent is one threshold's worth), not {display(observation)}")
+        problems.append(f"the observation threshold must be at most {OBSERVER_INPUT_CAP:,} tokens (the workbench's "
+                        f"limit, sized for common models: each segment the observer is sent is one threshold's "
+                        f"worth), not {display(observation)}")
     return problems
 
 
@@ -1350,9 +1356,10 @@ def last_read_compression(run: Any, steps: pd.DataFrame) -> float | None:
 
 
 def messages_text(run: Any, steps: pd.DataFrame) -> str:
-    """The run's message count as a figure: for a run that did not finish, the messages saved by
-    its last recorded read "of" the conversation's ("164 of 200"): beside "its figures cover only
-    the part replayed", a bare "200" read as the whole conversation replayed."""
+    """The run's message count as a figure: for a run that did not finish, the messages replayed up
+    to its last recorded read (that read's message included: where a resume goes on from) "of"
+    the conversation's ("164 of 200"): beside "its figures cover only the part replayed", a bare
+    "200" read as the whole conversation replayed."""
     if run["status"] == "completed" or steps.empty or missing(run.get("messages")):
         return display(run.get("messages"))
     return f"{display(int(steps.message_index.max()) + 1)} of {display(run['messages'])}"

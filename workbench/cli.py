@@ -452,7 +452,7 @@ def cli() -> None:
 @click.option("--observer", default=OFFLINE_MODEL, show_default=True, help="litellm model string.")
 @click.option("--reflector", default=OFFLINE_MODEL, show_default=True, help="litellm model string, or 'none'.")
 @click.option("--observation-threshold", type=POSITIVE, default=1000, show_default=True,
-              help="Tokens of unobserved messages that trigger the observer (at most the observer's input cap).")
+              help="Tokens of unobserved messages that trigger the observer (at most 16,000 here, the workbench's limit).")
 @click.option("--reflection-threshold", type=POSITIVE, default=2000, show_default=True,
               help="Tokens of unreflected observations that trigger the reflector.")
 @click.option("--last-messages", "--window", "last_messages", type=POSITIVE, default=10,

@@ -84,8 +84,9 @@ class ReplayConfig:
             # (the library takes a larger cap, but a replay would then send the observer segments
             # larger than common models accept: refused here, before a failed run is recorded)
             raise ConfigurationError(
-                f"observation_threshold must be at most {OBSERVER_INPUT_CAP:,} tokens (the observer's input cap: "
-                f"each segment sent to the observer is one threshold's worth), got {self.observation_threshold:,}")
+                f"observation_threshold must be at most {OBSERVER_INPUT_CAP:,} tokens (the workbench's limit, sized "
+                f"for common models: each segment sent to the observer is one threshold's worth), got "
+                f"{self.observation_threshold:,}")
         if self.timeout is not None and (isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float))
                                          or not math.isfinite(self.timeout) or self.timeout <= 0):
             raise ConfigurationError(f"timeout must be a positive number of seconds or None, got {self.timeout!r}")

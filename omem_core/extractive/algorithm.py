@@ -798,9 +798,9 @@ def trim(text: str, limit: int, count: Callable[[list[str]], list[int]]) -> str:
         if line > budget // 2:
             text = head[:line]
         else:  # (one long paragraph: cut after a sentence, never mid-sentence as a whole one)
-            end = max(head.rfind(mark, budget // 2) for mark in SENTENCE_MARKS)
+            end = _last_sentence_end(head, budget // 2)
             space = head.rfind(" ", budget // 2)
-            text = head[: end + 1] if end >= 0 else f"{head[:space]}…" if space >= 0 else head
+            text = head[:end] if end is not None else f"{head[:space]}…" if space >= 0 else head
     target = limit
     while target >= 1:
         trimmed = reflect("", text, target)
@@ -823,6 +823,23 @@ def trim(text: str, limit: int, count: Callable[[list[str]], list[int]]) -> str:
         # the bullet. As much of the run as fits, ended at a sentence mark when there is one.
         return _unspaced_prefix(kept + " ", words[low], limit, count)
     return kept
+
+
+def _last_sentence_end(text: str, after: int) -> int | None:
+    """Where the last whole sentence of ``text`` ends, past ``after``: a boundary as
+    :func:`split_sentences` reads one (not "Dr." or "34.5", nor a dot at the very end, which may be
+    a cut "34." of "34.5"), else after the last "。", "！" or "？"; ``None`` when there is none."""
+    start, end = 0, None
+    for boundary in _BOUNDARY.finditer(text):
+        if boundary.group().strip() == "/" or _not_an_end(text, boundary, start):
+            continue
+        start = boundary.end()
+        if boundary.start() >= after:
+            end = boundary.start() + len(boundary.group().rstrip())
+    if end is not None:
+        return end
+    unspaced = max(text.rfind(mark, after) for mark in ("。", "！", "？"))
+    return unspaced + 1 if unspaced >= 0 else None
 
 
 UNSPACED_RUN = 32  # characters: a "word" this long is text without spaces, cut by characters

@@ -417,6 +417,8 @@ if resume and new_limit is not None and (new_limit < 0 or 0 < new_limit <= reach
 elif resume:
     if new_limit is not None:
         store.update_experiment_options(experiment_id, max_cost=float(new_limit) or None)
+    for replaced in runs[runs.status != "completed"].run_id:  # (the resume replaces them: not "deleted
+        ui.forget_run(replaced)                               # elsewhere" on Traces or the explorer)
     launch(experiment_id)
 
 summaries = tables["summaries"]

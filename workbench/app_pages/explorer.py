@@ -60,14 +60,14 @@ if mode == "Run a replay":
             if result is not None and result.run_id:
                 ui.open_run(result.run_id)
     elif not store.read_only and app_data.replays_the_demo_unasked(
-            store.runs().empty, conversation, config, st.session_state.get("_ex_demo_replayed", False)):
+            (known := store.runs()).empty, conversation, config, st.session_state.get("_ex_demo_replayed", False)):
         # A fresh store: replay the demo on the built-in model so there is something to explore.
         st.session_state["_ex_demo_replayed"] = True
         result = ui.run_replay(store, conversation, config)
         if result is not None and result.run_id:
             ui.open_run(result.run_id)
     elif not store.read_only and not st.session_state.get("_ex_demo_replayed", False) and (
-            unfinished := app_data.demo_to_finish(store.runs(), conversation, config, store.run)):
+            unfinished := app_data.demo_to_finish(store, known, conversation, config)):
         # The first visit's demo, cut short (its tab closed while it replayed): finished now.
         st.session_state["_ex_demo_replayed"] = True
         result = ui.run_replay(store, conversation, config, resume=unfinished)

@@ -5,6 +5,7 @@ import streamlit as st
 from workbench import app_data, charts, export_html, ui
 from workbench import formatting as fmt
 from workbench.retention import earlier_rule_note
+from workbench.runstore import RunStoreError
 
 store = ui.get_store()
 # A link to a run's presentation (the address this page keeps: ?run=…) opens it.
@@ -98,8 +99,12 @@ top = float(max(steps.history_tokens.max(), steps.context_tokens.max())) * 1.08 
 
 @st.fragment(run_every=speed if autoplay else None)
 def walk() -> None:
-    if not store.has_run(run_id):  # deleted elsewhere: the whole page again, whose picker says so
-        st.rerun()              # (Next and Autoplay stepped on through the deleted run's steps)
+    try:  # deleted elsewhere: the whole page again, whose picker says so (Next and Autoplay
+        gone = not store.has_run(run_id)  # stepped on through the deleted run's steps)
+    except RunStoreError:  # (the store held by a writer: the steps shown are read already, go on)
+        gone = False
+    if gone:
+        st.rerun()
     if autoplay and st.session_state[key] < last:
         st.session_state[key] += 1
     step = st.session_state[key]
