@@ -910,6 +910,10 @@ def test_a_replay_form_number_out_of_range_is_refused_not_replaced(db: Path) -> 
         [said] = [e.value for e in at.sidebar.error]
         assert "observation threshold must be" in shown(said), said
         assert at.sidebar.button(key="ex_run").disabled
+    at.sidebar.number_input(key="ex_window").set_value(2.5).run()  # (the fields hold real numbers, as typed)
+    assert not at.exception and "window must be a whole number of at least 1, not 2.5" in shown(
+        at.sidebar.error[0].value)
+    at.sidebar.number_input(key="ex_window").set_value(10).run()
     at.sidebar.number_input(key="ex_obs_300").set_value(200).run()
     assert not at.sidebar.error and not at.sidebar.button(key="ex_run").disabled
     at.sidebar.button(key="ex_run").click().run()
@@ -921,6 +925,11 @@ def test_a_replay_form_number_out_of_range_is_refused_not_replaced(db: Path) -> 
     assert not at.exception, at.exception
     assert any("at most 16,000 tokens" in shown(e.value) for e in at.error) and at.button(key="cmp_run").disabled
     assert app_data.config_problems(300, 600, 10, 0) == []
+    # (the fields hold real numbers, as typed: a whole-number field read "2.5" as 2 and "1e3" as 1)
+    assert app_data.config_problems(300.0, 600.0, 2.5, 0.0) == ["the window must be a whole number of at least 1, "
+                                                                "not 2.5"]
+    assert app_data.config_problems(float("inf"), 600, 10, 0)[0] == ("the observation threshold must be a whole "
+                                                                     "number of at least 1, not inf")
     assert app_data.config_problems(300, 600, 0, -1) == ["the window must be a whole number of at least 1, not 0",
                                                          "the backlog ceiling must be a whole number (0 = off), not -1"]
 
@@ -1464,6 +1473,7 @@ def test_an_experiment_form_number_out_of_range_is_refused_not_replaced(db: Path
     assert not at.button(key="xp_start").disabled
     for key, value, said in (("xp_concurrency", 0, "runs at once must be a whole number from 1 to 16, not 0"),
                              ("xp_concurrency", 50, "runs at once must be a whole number from 1 to 16, not 50"),
+                             ("xp_concurrency", 2.5, "runs at once must be a whole number from 1 to 16, not 2.5"),
                              ("xp_max_cost", -1.0, "the cost limit must be 0 (none) or more USD, not -1")):
         before = at.number_input(key=key).value
         at.number_input(key=key).set_value(value).run()

@@ -116,6 +116,20 @@ def test_replay_slider_compare_and_screenshots(server) -> None:
         moved = page.get_by_role("heading", name=re.compile(r"^At step \d+")).first.inner_text()
         assert moved != last_step and int(moved.split()[-1]) == int(last_step.split()[-1]) - 5
 
+        # A threshold typed as a real number is read as typed: "2.5" is refused (a whole-number field
+        # read it as 2 without a word), "1e3" is 1,000 (it was 1).
+        threshold = page.get_by_label("Observation threshold (tokens)")
+        threshold.fill("2.5")
+        threshold.press("Enter")
+        settle(page)
+        page.get_by_text("observation threshold must be a whole number of at least 1, not 2.5").wait_for(
+            timeout=30_000)
+        assert page.get_by_role("button", name="Run replay").is_disabled()
+        threshold.fill("1e3")
+        threshold.press("Enter")
+        settle(page)
+        assert threshold.input_value() == "1000" and page.get_by_text("must be a whole number").count() == 0
+
         # Run a second configuration from the sidebar, then compare the two.
         page.get_by_label("Observation threshold (tokens)").fill("150")
         page.get_by_label("Observation threshold (tokens)").press("Enter")

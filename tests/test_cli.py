@@ -856,6 +856,14 @@ def test_module_entry_point_help() -> None:
         assert command in out.stdout
 
 
+def test_the_threshold_help_states_the_workbenchs_limit() -> None:
+    # (the help is written out so the quick CLI path does not import omem_core for the constant)
+    from workbench.replay import OBSERVER_INPUT_CAP
+
+    code, out, _ = invoke("replay", "--help")
+    assert code == 0 and f"at most {OBSERVER_INPUT_CAP:,} here" in " ".join(out.split())
+
+
 def test_the_replay_summary_says_which_probes_were_not_scored_and_fits_a_terminal(tmp_path) -> None:
     code, out, _ = invoke("replay", "--dataset", str(PROJECT_DATASETS / "samples" / "beam-sample"),
                           "--last-messages", "2", "--db", str(tmp_path / "r.duckdb"), "--no-cache")

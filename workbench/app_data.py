@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import os
 import re
 from collections.abc import Sequence
@@ -16,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from .formatting import DEFAULT_DB, MISSING, about_money, cli_command, count, default_run_label, display, fixed, money, progress, ratio, share, short_path, split_list, tokens
+from .formatting import DEFAULT_DB, MISSING, about_money, cli_command, count, default_run_label, display, fixed, money, progress, ratio, share, short_path, split_list, tokens, typed
 from .formatting import missing as _missing
 from .models import DEFAULT_PROMPT_VERSIONS, OFFLINE_MODEL
 from .losses import STAGE_NAMES, STAGES
@@ -1239,13 +1240,13 @@ def config_problems(observation: float, reflection: float, window: float, backlo
     problems = []
     for label, value, least in (("observation threshold", observation, 1), ("reflection threshold", reflection, 1),
                                 ("window", window, 1), ("backlog ceiling", backlog, 0)):
-        if value != int(value) or value < least:
+        if not math.isfinite(value) or value != int(value) or value < least:  # ("1e400" is inf)
             problems.append(f"the {label} must be a whole number{' of at least 1' if least else ' (0 = off)'}, "
-                            f"not {display(value)}")
+                            f"not {typed(value)}")
     if observation > OBSERVER_INPUT_CAP:
         problems.append(f"the observation threshold must be at most {OBSERVER_INPUT_CAP:,} tokens (the workbench's "
                         f"limit, sized for common models: each segment the observer is sent is one threshold's "
-                        f"worth), not {display(observation)}")
+                        f"worth), not {typed(observation)}")
     return problems
 
 

@@ -1123,6 +1123,15 @@ def _experiment_rule(store: RunStore, experiment_id: str) -> int:
 OVERWRITE_OPTION = click.option("--overwrite", is_flag=True, help="Replace Parquet files already in the folder.")
 
 
+def export_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The options both exports take: the folder, ``--overwrite`` and ``--json``."""
+    command = click.option("--json", "as_json", is_flag=True,
+                           help="Print one JSON object (the files and their rows) instead of paths.")(command)
+    command = OVERWRITE_OPTION(command)
+    return click.option("--parquet", "folder", required=True, type=click.Path(),
+                        callback=lambda ctx, param, value: _folder(value), help="Output folder.")(command)
+
+
 def _export_folder_free(folder: Path, overwrite: bool) -> None:
     """Refuse a folder that already holds an export (another run's, say), unless ``overwrite``:
     its files were replaced without a word."""
@@ -1139,10 +1148,7 @@ def _export_folder_free(folder: Path, overwrite: bool) -> None:
 
 @cli.command()
 @click.argument("run_id")
-@click.option("--parquet", "folder", required=True, type=click.Path(), callback=lambda ctx, param, value: _folder(value),
-              help="Output folder.")
-@OVERWRITE_OPTION
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the files and their rows) instead of paths.")
+@export_options
 @DB_OPTION
 @json_errors
 def export(run_id: str, folder: Path, overwrite: bool, as_json: bool, db: str) -> None:
@@ -1767,10 +1773,7 @@ def experiment_delete(experiment_id: str, yes: bool, db: str) -> None:
 
 @experiment.command("export")
 @click.argument("experiment_id")
-@click.option("--parquet", "folder", required=True, type=click.Path(), callback=lambda ctx, param, value: _folder(value),
-              help="Output folder.")
-@OVERWRITE_OPTION
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the files and their rows) instead of paths.")
+@export_options
 @DB_OPTION
 @json_errors
 def experiment_export(experiment_id: str, folder: Path, overwrite: bool, as_json: bool, db: str) -> None:

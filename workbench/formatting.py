@@ -70,6 +70,13 @@ def display(value: Any) -> str:
     return str(value)
 
 
+def typed(value: float) -> str:
+    """A number someone typed, as typed: ``2.5``, ``0``, ``50,000`` (not ``2.500``: a form's
+    number fields hold real numbers, and its errors quote them)."""
+    value = float(value)
+    return f"{int(value):,}" if value.is_integer() else f"{value:,.15g}"
+
+
 def ratio(value: Any, *, partial: bool = False) -> str:
     """A compression figure: ``3.9x``; ``3.9x (partial)`` for a run that did not finish."""
     if missing(value):

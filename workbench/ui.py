@@ -44,6 +44,9 @@ UPLOAD = "Upload a file…"
 BY_PATH = "Open a file or folder by path…"
 AUTO = "detect automatically"
 DEMO_THRESHOLDS = (300, 600)  # the demo chat is ~3.6k tokens: scaled so every stage shows
+# A whole-number field's format: the field holds a real number (see config_form) shown as typed,
+# 1000 not 1000.00 (sprintf.js prints a %g number in full: 1234567, not 1.23457e+06).
+WHOLE = "%g"
 APP_WAIT_S = 10.0  # how long a page waits for the run store while a CLI command writes it ($OMEM_DB_WAIT)
 
 
@@ -431,13 +434,15 @@ def config_form(store: RunStore, prefix: str, conversation: Conversation | None,
     unusable = [status for status in map(model_status, sorted({observer, reflector} - {"none"})) if not status.usable]
     for status in unusable:  # (Run stays off: the replay would only be refused, and recorded as failed)
         box.warning(plain(f"{status.model}: {status.reason}. A replay needs a model usable here."))
-    # (no bounds on the fields: a value typed outside them was dropped, the run made with the last one)
-    observation = box.number_input("Observation threshold (tokens)", value=obs_default, step=50,
-                                   key=f"{prefix}_obs_{obs_default}")
-    reflection = box.number_input("Reflection threshold (tokens)", value=ref_default, step=50,
-                                  key=f"{prefix}_ref_{ref_default}")
-    window = box.number_input("Window (last messages)", value=10, step=1, key=f"{prefix}_window")
-    backlog = box.number_input("Backlog ceiling (tokens, 0 = off)", value=0, step=500,
+    # (no bounds on the fields: a value typed outside them was dropped, the run made with the last one;
+    # and real numbers shown as whole ones: the browser reads a whole-number field's "2.5" as 2 and
+    # "1e3" as 1, without a word, where config_problems says 2.5 is not a whole number)
+    observation = box.number_input("Observation threshold (tokens)", value=float(obs_default), step=50.0,
+                                   format=WHOLE, key=f"{prefix}_obs_{obs_default}")
+    reflection = box.number_input("Reflection threshold (tokens)", value=float(ref_default), step=50.0,
+                                  format=WHOLE, key=f"{prefix}_ref_{ref_default}")
+    window = box.number_input("Window (last messages)", value=10.0, step=1.0, format=WHOLE, key=f"{prefix}_window")
+    backlog = box.number_input("Backlog ceiling (tokens, 0 = off)", value=0.0, step=500.0, format=WHOLE,
                                key=f"{prefix}_backlog",
                                help="Opt-in: past this many tokens waiting to be observed, the observer takes "
                                     "larger segments until the backlog is under it again.")

@@ -146,14 +146,15 @@ with st.expander("New experiment", expanded=existing.empty):
     first, second, third = st.columns(3, vertical_alignment="bottom")
     counter = first.selectbox("Token counter", TOKEN_COUNTERS, key="xp_counter", persist_state="session")
     st.session_state.setdefault("xp_backlog", "off")
-    st.session_state.setdefault("xp_concurrency", 2)
+    st.session_state.setdefault("xp_concurrency", 2.0)  # (a real number: see ui.WHOLE)
     st.session_state.setdefault("xp_max_cost", 0.0)
     backlog_text = second.text_input("Backlog ceilings (tokens, or off)", key="xp_backlog", persist_state="session",
                                      help="Opt-in, comma-separated: past a ceiling the observer takes larger "
                                           "segments until the backlog is under it again. 'off, 2000' compares both.")
     # (the numbers unbounded, then checked: a value typed outside a field's bounds was dropped with only
     # a red outline, and the experiment started with the last one: a cost limit among them)
-    concurrency = third.number_input("Runs at once", step=1, key="xp_concurrency", persist_state="session",
+    concurrency = third.number_input("Runs at once", step=1.0, format=ui.WHOLE, key="xp_concurrency",
+                                     persist_state="session",
                                      help="1 to 16. Offline replays run in worker processes; remote ones as parallel "
                                           "calls")
     backlogs = []
@@ -172,8 +173,8 @@ with st.expander("New experiment", expanded=existing.empty):
         st.warning(ui.plain(app_data.as_sentence(same_name)))
 
     shown_problems = len(problems)
-    if concurrency != int(concurrency) or not 1 <= concurrency <= 16:
-        problems.append(f"runs at once must be a whole number from 1 to 16, not {fmt.display(concurrency)}")
+    if not 1 <= concurrency <= 16 or concurrency != int(concurrency):  # (not int(inf) first)
+        problems.append(f"runs at once must be a whole number from 1 to 16, not {fmt.typed(concurrency)}")
     if max_cost < 0:
         problems.append(f"the cost limit must be 0 (none) or more USD, not {fmt.display(max_cost)}")
     if not observers or not reflectors or not picked_op or not picked_rp:
