@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 import numbers
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
@@ -124,6 +125,28 @@ def whole_number(value: object) -> int | None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         return None
     return int(value)
+
+
+_WORKING_MEMORY = {"get_working_memory": "_wm_read", "update_working_memory": "_wm_write"}
+
+
+def _chain(storage: object) -> str:
+    """A storage and the stores it wraps, by class: ``ObservationalMemoryStore over SQLiteMemoryStore``
+    (the store that lacks a capability is the innermost, not the wrapper a user passed)."""
+    names, seen = [type(storage).__name__], {id(storage)}
+    while (inner := getattr(storage, "__dict__", {}).get("inner")) is not None and id(inner) not in seen:
+        names.append(type(inner).__name__)
+        seen.add(id(inner))
+        storage = inner
+    return " over ".join(names)
+
+
+def positive_seconds(name: str, value: object) -> float:
+    """``value`` as a float when it is a positive, finite number of seconds (not a ``bool``),
+    else a ``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive, finite number of seconds, got {value!r}")
+    return float(value)
 
 
 MAX_LAST = 2**62  # more messages than any store holds: a larger ``last`` reads the same
@@ -303,18 +326,20 @@ class Memory:
         async def update_working_memory(self, thread_id: str, text: str) -> None: ...
     else:
         def __getattr__(self, name: str) -> Any:
-            if name in ("get_working_memory", "update_working_memory") and "storage" in self.__dict__:
+            if name in _WORKING_MEMORY and "storage" in self.__dict__:
                 if not self.has_working_memory:
-                    raise AttributeError(f"{type(self.storage).__name__} has no working-memory capability: "
+                    raise AttributeError(f"{_chain(self.storage)} has no working-memory capability: "
                                          f"Memory.{name} exists only over a storage that has it")
-                return getattr(self, f"_{name}")
+                return getattr(self, _WORKING_MEMORY[name])
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
-    async def _get_working_memory(self, thread_id: str) -> str | None:
+    # (named apart from the public names: Python's "Did you mean: '_get_working_memory'?" pointed
+    # at a private method when the capability is missing)
+    async def _wm_read(self, thread_id: str) -> str | None:
         check_thread_id(thread_id, "get_working_memory")
         return await self.storage.get_working_memory(thread_id)  # type: ignore[attr-defined,no-any-return]
 
-    async def _update_working_memory(self, thread_id: str, text: str) -> None:
+    async def _wm_write(self, thread_id: str, text: str) -> None:
         await self.storage.update_working_memory(thread_id, text)  # type: ignore[attr-defined]
 
     async def close(self) -> None:

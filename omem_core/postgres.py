@@ -69,7 +69,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 # A NullHandler stops only that fallback: configured logging still receives them.
 logging.getLogger("psycopg.pool").addHandler(logging.NullHandler())
 
-from .memory import check_read
+from .memory import check_read, positive_seconds
 from .messages import (Message, ObservationRecord, check_batch, check_message, check_thread_id, check_working_memory,
                        shown_id)
 from .observations import ReflectionCache, already_saved, check_record
@@ -186,7 +186,8 @@ def _index_limit(what: Callable[[], str]) -> Iterator[None]:
     except psycopg.errors.ProgramLimitExceeded as exc:
         said = exc.diag.message_primary or str(exc).splitlines()[0]
         raise ValueError(f"{what()}: too long for PostgreSQL's index (an entry holds at most 2,704 bytes, "
-                         f"ids compressed); use shorter ids, or a hash of them. Nothing was saved. ({said})") from None
+                         f"the index's own overhead included: ids of a few hundred bytes are safe); use "
+                         f"shorter ids, or a hash of them. Nothing was saved. ({said})") from None
 
 
 def _longest(messages: Sequence[Message]) -> str:
@@ -261,7 +262,8 @@ class _Database:
         if not (isinstance(min_size, int) and isinstance(max_size, int) and 0 <= min_size <= max_size and max_size >= 1):
             raise ValueError(f"need 0 <= min_size <= max_size and max_size >= 1, got {min_size}, {max_size}")
         self._sizes = (min_size, max_size)
-        self._timeout = float(timeout)
+        self._timeout = positive_seconds("timeout", timeout)  # (0 failed every call as "no pooled connection")
+        connect_timeout = positive_seconds("connect_timeout", connect_timeout)
         self._connect: dict[str, Any] = {"autocommit": True}
         given = conninfo_to_dict(dsn)
         if "connect_timeout" not in given:

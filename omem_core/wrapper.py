@@ -30,7 +30,6 @@ import hashlib
 import inspect as _inspect
 import json
 import logging
-import math
 import numbers
 import os
 import socket
@@ -41,14 +40,14 @@ import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Any, cast
+from typing import Any
 
 import litellm
 
 from ._env import call_secrets, error_text, redact_secrets
 from .errors import CompactionError, Stage
 from .extractive import trim
-from .memory import MAX_LAST, InMemoryMemoryStore, MemoryStore, check_read, check_store, close_stores, whole_number
+from .memory import MAX_LAST, InMemoryMemoryStore, MemoryStore, check_read, check_store, close_stores, positive_seconds, whole_number
 from .messages import Message, ObservationRecord, check_batch, check_message, check_thread_id
 from .observations import (
     DeleteEpochs,
@@ -374,7 +373,7 @@ def _validate_model(role: str, model: object) -> str:
     if not isinstance(model, str) or not model.strip():
         raise ValueError(f"{role} must be a litellm model string, got {model!r}")
     try:
-        litellm.get_llm_provider(model)
+        model_name, provider, *_ = litellm.get_llm_provider(model)
     except Exception as exc:
         raise ValueError(
             f"unknown {role} model {model!r}: litellm cannot route it "
@@ -388,6 +387,9 @@ def _validate_model(role: str, model: object) -> str:
     if model.startswith(f"{PROVIDER}/") and model.split("/", 1)[1] not in MODELS:
         raise ValueError(f"unknown {role} model {model!r}: the offline provider has "
                          + ", ".join(f"{PROVIDER}/{name}" for name in MODELS))
+    if not str(model_name).strip():  # ("openai/" was accepted, and failed at the first pass on credentials)
+        raise ValueError(f"{role} model {model!r} names a provider ({provider}) but no model: "
+                         f"e.g. '{provider}/<model name>'")
     return model
 
 
@@ -398,12 +400,6 @@ def _positive_int(name: str, value: object, *, optional: bool = False) -> int | 
     if number is None or number < 1:
         raise ValueError(f"{name} must be a positive integer (tokens){' or None' if optional else ''}, got {value!r}")
     return number
-
-
-def _seconds(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a positive, finite number of seconds, got {value!r}")
-    return float(value)
 
 
 def _validate_clock(clock: Callable[[], datetime]) -> Callable[[], datetime]:
@@ -1456,7 +1452,7 @@ def create_observational_memory_store(
     if observations is not None:
         check_store(observations, ObservationStore, "observations")
     if timeout is not None:
-        _seconds("timeout", timeout)
+        positive_seconds("timeout", timeout)
     if count_tokens is not None and not callable(count_tokens):
         raise TypeError("count_tokens must be a callable (texts) -> counts")
     if count_tokens is not None and _inspect.iscoroutinefunction(count_tokens):
@@ -1472,7 +1468,7 @@ def create_observational_memory_store(
         raise ValueError("completion_kwargs cannot set 'model' or 'messages'")
     if on_busy not in ("wait", "render"):
         raise ValueError(f"on_busy must be 'wait' or 'render', got {on_busy!r}")
-    lease_ttl = _seconds("lease_ttl", lease_ttl)
+    lease_ttl = positive_seconds("lease_ttl", lease_ttl)
     cap = _positive_int("max_input_tokens", max_input_tokens, optional=True)  # (plain ints: a NumPy one too)
     max_backlog = _positive_int("max_backlog", max_backlog, optional=True)
     merged = _validate_thresholds(thresholds)

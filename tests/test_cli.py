@@ -292,12 +292,12 @@ def test_sweep_compare_runs_export(tmp_path) -> None:
     assert code == 0 and "steps.parquet" in out
     before = (tmp_path / "export" / "runs.parquet").read_bytes()
     code, _, err = invoke("export", b, "--parquet", str(tmp_path / "export"))  # replaced without a word
-    assert code == 1 and "already holds runs.parquet" in err and "--overwrite" in err
+    assert code == 2 and "already holds runs.parquet" in err and "--overwrite" in err  # a refused option
     assert (tmp_path / "export" / "runs.parquet").read_bytes() == before
     code, out, _ = invoke("export", b, "--parquet", str(tmp_path / "export"), "--overwrite")
     assert code == 0 and (tmp_path / "export" / "runs.parquet").read_bytes() != before
     code, _, err = invoke("export", b, "--parquet", str(tmp_path / "export" / "runs.parquet"))  # a file
-    assert code == 1 and "runs.parquet is a file, not a folder" in err, err  # (it said "File exists")
+    assert code == 2 and "runs.parquet is a file, not a folder" in err, err  # (it said "File exists")
     code, _, err = invoke("compare", a, "nope")
     assert code != 0 and "no run nope in" in err and "'nope'" not in err
 
@@ -1107,6 +1107,9 @@ def test_runs_and_experiments_are_deleted_from_the_cli_after_a_confirmation(tmp_
 
     result = CliRunner().invoke(cli, ["delete", ids[0], "--db", db], input="n\n")
     assert result.exit_code == 1 and f"run {ids[0]}: completed, conversation" in result.stderr
+    assert "nothing deleted (pass --yes" in result.stderr and "Aborted!" not in result.output
+    result = CliRunner().invoke(cli, ["delete", ids[0], "--db", db], input="\n")  # Enter is no
+    assert result.exit_code == 1 and "nothing deleted" in result.stderr
     code, _, err = invoke("delete", ids[0], "no-such-run", "--yes", "--db", db)
     assert code == 1 and "no-such-run" in err  # an unknown id: nothing is deleted, not even the known one
     with RunStore(db) as store:
@@ -1117,7 +1120,7 @@ def test_runs_and_experiments_are_deleted_from_the_cli_after_a_confirmation(tmp_
         assert set(store.runs().run_id) >= {ids[1]} and ids[0] not in set(store.runs().run_id)
 
     result = CliRunner().invoke(cli, ["experiment", "delete", experiment_id, "--db", db], input="n\n")
-    assert result.exit_code == 1 and "2 runs recorded" in result.stderr
+    assert result.exit_code == 1 and "2 runs recorded" in result.stderr and "nothing deleted" in result.stderr
     code, out, _ = invoke("experiment", "delete", experiment_id, "--yes", "--db", db)
     assert code == 0 and f"deleted experiment {experiment_id} and 2 runs" in out
     with RunStore(db) as store:

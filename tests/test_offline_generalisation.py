@@ -103,10 +103,27 @@ async def test_a_lone_label_in_an_ordinary_chat_stays_text() -> None:
         ("It is No. 5 on the list. No. I never went.", ["It is No. 5 on the list.", "No.", "I never went."]),
         ("The U.S. Open starts soon. Tickets sold out.", ["The U.S. Open starts soon.", "Tickets sold out."]),
         ("first line / second line", ["first line", "second line"]),
+        # capitals of any script (a Russian message was one sentence: its note kept it whole, three
+        # times over its target)
+        ("Маша живёт в Порту. Она работает в порту. Ей 34 года!",
+         ["Маша живёт в Порту.", "Она работает в порту.", "Ей 34 года!"]),
+        ("Élise est partie. Émile reste ici. ¿Vienes? Sí.", ["Élise est partie.", "Émile reste ici.", "¿Vienes?", "Sí."]),
+        ("Wait. then it rained.", ["Wait. then it rained."]),  # (a lower-case letter starts no sentence)
     ],
 )
 def test_sentences_split_around_abbreviations_initials_and_list_numbers(text: str, expected: list[str]) -> None:
     assert split_sentences(text) == expected
+
+
+async def test_a_message_in_another_script_is_cut_to_its_target_by_sentences() -> None:
+    content = ("Моя сестра Мария живёт в Порту и работает инженером. Она переехала туда в прошлом году. "
+               "По выходным она играет на скрипке в оркестре. Её собаку зовут Бублик.")
+    assert content in await observe([line(0, "user", content)], 10_000)
+    cut = (await observe([line(0, "user", content)], 25)).split("- User: ", 1)[1]
+    assert cut.endswith(".") and len(cut) < len(content) / 2 and cut in content  # whole sentences left out
+    # Chinese and Japanese, with no space between words, are kept or left a message at a time
+    japanese = "私の姉は大阪に住んでいます。姉は毎朝公園を走ります。"
+    assert japanese in await observe([line(0, "user", japanese)], 10_000)
 
 
 async def test_an_abbreviation_does_not_cut_a_kept_sentence() -> None:

@@ -47,6 +47,16 @@ def execute(dsn: str, *statements: str) -> None:
             con.execute(statement)
 
 
+@pytest.mark.parametrize("store", [PostgresMemoryStore, PostgresObservationStore])
+@pytest.mark.parametrize("kwargs, named", [({"timeout": 0}, "timeout"), ({"timeout": -1}, "timeout"),
+                                           ({"timeout": float("nan")}, "timeout"), ({"timeout": "10"}, "timeout"),
+                                           ({"connect_timeout": -5}, "connect_timeout")])
+def test_a_timeout_that_is_not_a_positive_number_of_seconds_is_refused_up_front(store, kwargs, named) -> None:
+    # (timeout=0 was taken, and every call then failed as an outage: "no pooled connection within 0 s")
+    with pytest.raises(ValueError, match=f"^{named} must be a positive, finite number of seconds, got "):
+        store("postgresql://nobody@127.0.0.1:1/none", **kwargs)
+
+
 # -- schema -----------------------------------------------------------------------------------
 
 
@@ -826,8 +836,11 @@ CRASHING = textwrap.dedent('''
     from omem_core import Message, create_observational_memory_store
     from omem_core.postgres import PostgresMemoryStore, PostgresObservationStore
 
+    ASKED = asyncio.Event()
+
     class Slow(CustomLLM):  # an observer still answering when the application fails
         async def acompletion(self, *args, **kwargs):
+            ASKED.set()
             await asyncio.sleep(30)
 
     litellm.custom_provider_map.append({"provider": "slow", "custom_handler": Slow()})
@@ -841,8 +854,9 @@ CRASHING = textwrap.dedent('''
         await store.save_messages([Message(id=f"m{i}", thread_id="t", role="user", content="hello there " * 5,
                                            created_at=datetime.now(timezone.utc)) for i in range(10)])
 
-        async def bug():
-            await asyncio.sleep(1.0)
+        async def bug():  # (once the model is asked: a fixed 1 s, on a loaded machine, came before the
+            await ASKED.wait()  # call, and litellm's coroutine for it was cancelled before it was awaited)
+            await asyncio.sleep(0.2)
             raise RuntimeError("a bug of the application")
 
         await asyncio.gather(store.recall("t", last=2), bug())

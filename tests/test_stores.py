@@ -8,6 +8,9 @@ import dataclasses
 import itertools
 import random
 import re
+import subprocess
+import sys
+import textwrap
 from datetime import datetime, timedelta
 
 import pytest
@@ -21,6 +24,7 @@ from omem_core import (
     ObservationRecord,
     ObservationStore,
     create_in_memory_observation_store,
+    create_observational_memory_store,
 )
 from omem_core.sqlite import SQLiteMemoryStore, SQLiteObservationStore, schema_version
 
@@ -192,6 +196,22 @@ async def test_memory_without_working_memory_capability() -> None:
         await memory.get_working_memory("t")
     with pytest.raises(AttributeError, match="no attribute 'get_working_memry'"):
         memory.get_working_memry  # (any other name: the usual error)
+    # Over a wrapper, the store that lacks it is named, and Python does not point at a private method
+    wrapped = Memory(create_observational_memory_store(Bare(), observer="omem/extractive"))
+    with pytest.raises(AttributeError) as raised:
+        wrapped.update_working_memory
+    assert str(raised.value).startswith("ObservationalMemoryStore over Bare has no working-memory capability")
+    # (Python 3.11 adds its suggestion only when it prints an uncaught error)
+    script = textwrap.dedent("""
+        from omem_core import Memory, create_observational_memory_store
+        class Bare:
+            async def save_messages(self, messages): ...
+            async def recall(self, thread_id, *, last, before=None): return []
+            async def delete_thread(self, thread_id): ...
+        Memory(create_observational_memory_store(Bare(), observer="omem/extractive")).update_working_memory
+    """)
+    shown = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True).stderr
+    assert "has no working-memory capability" in shown and "'_" not in shown.splitlines()[-1], shown
     full = Memory(InMemoryMemoryStore())
     assert full.has_working_memory and hasattr(full, "get_working_memory")
     await full.update_working_memory("t", "prefers tea")
@@ -445,7 +465,6 @@ def test_the_reflection_cache_keeps_long_reflections_within_its_bound() -> None:
 
 def test_the_duckdb_store_without_its_driver_says_how_to_install_it(tmp_path, monkeypatch) -> None:
     """A library user without the [duckdb] extra got a bare "No module named 'duckdb'"."""
-    import sys
 
     from omem_core.duckdb_store import DuckDBObservationStore
 
@@ -673,8 +692,6 @@ async def test_a_list_or_delete_of_records_of_a_non_str_thread_is_refused(make_o
 
 def test_a_duckdb_file_another_process_holds_is_named_as_such(tmp_path) -> None:
     """A raw `_duckdb.IOException: Could not set lock…` did not say one process per file is the rule."""
-    import subprocess
-    import sys
 
     path = tmp_path / "held.duckdb"
     holder = subprocess.Popen([sys.executable, "-c", "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); "
@@ -747,7 +764,6 @@ async def test_a_read_of_every_message_by_a_huge_last_works_through_the_memory_l
     """``last=sys.maxsize`` ("all of them") worked on a store alone but failed through the memory
     layer on SQLite and PostgreSQL with the driver's overflow error: it doubled ``last`` for its
     page size, past a database's 64-bit integer. A larger count than any store holds reads the same."""
-    import sys
 
     from omem_core import create_observational_memory_store
 

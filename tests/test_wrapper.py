@@ -359,7 +359,13 @@ async def test_a_cancelled_waiter_does_not_cancel_the_shared_pass(scripted: Scri
     first = asyncio.create_task(store.recall("t", last=2))
     second = asyncio.create_task(store.recall("t", last=2))
     await until_started(scripted)
-    await asyncio.sleep(0)
+    # Both reads wait on the pass before one is cancelled (on PostgreSQL under load the second was
+    # still reading the thread: the first was then the only waiter, and its pass was rightly cancelled)
+    for _ in range(5000):
+        if store._inflight["t"].waiters >= 2:  # (read only: no public signal says a read joined)
+            break
+        await asyncio.sleep(0.001)
+    assert store._inflight["t"].waiters == 2
     first.cancel()
     await asyncio.sleep(0)
     scripted.gate.set()
@@ -697,6 +703,8 @@ async def test_custom_prompt_per_store(scripted: Scripted) -> None:
         ({"reflector": "nonsense-model-xyz"}, "unknown reflector model"),
         ({"observer": "omem/nothing"}, "unknown observer model 'omem/nothing': the offline provider has omem/extractive"),
         ({"reflector": "omem/"}, "unknown reflector model 'omem/'"),
+        ({"observer": "openai/"}, r"observer model 'openai/' names a provider \(openai\) but no model"),
+        ({"reflector": "anthropic/ "}, r"names a provider \(anthropic\) but no model"),
         ({"timeout": 0}, "timeout"),
         ({"completion_kwargs": {"model": "x"}}, "cannot set"),
         ({"lease_ttl": float("inf")}, "lease_ttl must be a positive, finite number"),

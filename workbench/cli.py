@@ -255,8 +255,8 @@ def _dataset_name(path: str) -> str:
 
 
 def _agree(question: str) -> bool:
-    """Ask before paid work: ``No`` unless answered yes (Enter, or no terminal at all, is no: a
-    paid run started on a bare Enter, and a closed input printed only click's "Aborted!")."""
+    """Ask before paid work or a delete: ``No`` unless answered yes (Enter, or no terminal at all,
+    is no: a paid run started on a bare Enter, and a closed input printed only click's "Aborted!")."""
     try:
         return click.confirm(question, default=False, err=True)
     except click.Abort:
@@ -1037,6 +1037,9 @@ def runs_command(experiment_id: str | None, as_json: bool, db: str) -> None:
                        "names them)")
 
 
+NOT_DELETED = "nothing deleted (pass --yes to delete without asking)"  # (it was click's bare "Aborted!")
+
+
 @cli.command("delete")
 @click.argument("run_ids", nargs=-1, required=True, metavar="RUN_ID...")
 @click.option("--yes", is_flag=True, help="Do not ask before deleting.")
@@ -1052,8 +1055,8 @@ def delete_command(run_ids: tuple[str, ...], yes: bool, db: str) -> None:
         for run in runs:
             part = "" if missing(run.get("experiment_id")) else f" of experiment {run['experiment_id']}"
             _tell(f"run {run['run_id']}: {run['status']}, conversation {run['conversation_id']}{part}")
-        if not yes:
-            click.confirm(f"Delete {count(len(runs), 'run')}?", abort=True, err=True)
+        if not yes and not _agree(f"Delete {count(len(runs), 'run')}?"):
+            raise click.ClickException(NOT_DELETED)
         for run_id in run_ids:  # each in its own transaction: one another process is replaying stops here
             store.delete_run(run_id)
             click.echo(f"deleted run {run_id}")
@@ -1137,13 +1140,15 @@ def _export_folder_free(folder: Path, overwrite: bool) -> None:
     its files were replaced without a word."""
     from .runstore import RUN_TABLES
 
+    # (refused options, exit status 2 as the README says: they exited 1, "failed")
     if folder.exists() and not folder.is_dir():  # (it said "cannot create the export folder …: File exists")
-        raise click.ClickException(f"{folder} is a file, not a folder: the export writes one Parquet file per "
-                                   "table into a folder; give a folder's path (made if missing)")
+        raise click.BadParameter(f"{folder} is a file, not a folder: the export writes one Parquet file per "
+                                 "table into a folder; give a folder's path (made if missing)", param_hint="'--parquet'")
     held = [f"{t}.parquet" for t in ("experiments", *reversed(RUN_TABLES)) if (folder / f"{t}.parquet").exists()]
     if held and not overwrite:
-        raise click.ClickException(f"{folder} already holds {', '.join(held[:3])}{' …' if len(held) > 3 else ''} "
-                                   "(an earlier export?): choose another folder, or pass --overwrite")
+        raise click.BadParameter(f"{folder} already holds {', '.join(held[:3])}{' …' if len(held) > 3 else ''} "
+                                 "(an earlier export?): choose another folder, or pass --overwrite",
+                                 param_hint="'--parquet'")
 
 
 @cli.command()
@@ -1765,8 +1770,8 @@ def experiment_delete(experiment_id: str, yes: bool, db: str) -> None:
         runs = store.experiment_runs(experiment_id)
         name = "" if missing(experiment.get("name")) else f" ({experiment['name']})"
         _tell(f"experiment {experiment_id}{name}: {experiment['status']}, {count(len(runs), 'run')} recorded")
-        if not yes:
-            click.confirm(f"Delete it and its {count(len(runs), 'run')}?", abort=True, err=True)
+        if not yes and not _agree(f"Delete it and its {count(len(runs), 'run')}?"):
+            raise click.ClickException(NOT_DELETED)
         store.delete_experiment(experiment_id)
     click.echo(f"deleted experiment {experiment_id} and {count(len(runs), 'run')}")
 

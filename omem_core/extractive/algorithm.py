@@ -229,7 +229,12 @@ def tidy(sentence: str) -> str:
     return text.strip()
 
 
-_BOUNDARY = re.compile(r"[.!?]+[\"'”’)\]]*\s+(?=[\"'“(\[]?[A-Z0-9])|\s+/\s+")
+# After . ! ? and a space, before a capital of any script ("Она", "Émile") or a digit (checked in
+# split_sentences: the capital was [A-Z], and a Russian message stayed one sentence). Not after
+# the 。 of Chinese or Japanese: with no space between words, a sentence there is one word to the
+# selection, and a message cut into such sentences kept only its first at any target.
+_BOUNDARY = re.compile(r"[.!?]+[\"'”’»)\]]*\s+(?=[\"'“«(\[¿¡]?\w)|\s+/\s+")
+_OPENERS = "\"'“«([¿¡"
 _LAST_TOKEN = re.compile(r"(\S+)$")
 
 
@@ -253,12 +258,18 @@ def _not_an_end(text: str, boundary: re.Match[str], start: int) -> bool:
     return False
 
 
+def _capital_or_digit(char: str) -> bool:
+    return char.isupper() or char.isdigit()
+
+
 def split_sentences(text: str) -> list[str]:
     """Sentences of ``text``: split after . ! ? before a capital or a digit, and at the `` / ``
     that stands for a line break — but not after an abbreviation, an initial or a list number."""
     pieces: list[str] = []
     start = 0
     for boundary in _BOUNDARY.finditer(text):
+        if boundary.group()[0] in ".!?" and not _capital_or_digit(text[boundary.end():].lstrip(_OPENERS)[:1]):
+            continue
         if _not_an_end(text, boundary, start):
             continue
         end = boundary.start() if boundary.group().strip() == "/" else boundary.end()
@@ -299,7 +310,7 @@ def split_clauses(sentence: str) -> list[tuple[str, str]]:
     return pieces
 
 
-_END = re.compile(r"(?:[.!?…]['\"”’)\]]*|\])$")
+_END = re.compile(r"(?:[.!?…。！？]['\"”’»)\]」』）]*|\])$")
 
 
 def join_clauses(pieces: list[tuple[int, int, str, str]]) -> str:
