@@ -663,6 +663,53 @@ def test_runs_page_filters_and_deletes(db: Path, monkeypatch) -> None:
 
 
 
+def test_the_runs_page_acts_on_the_run_just_viewed_or_linked_not_the_newest(db: Path) -> None:
+    """Found by a walkthrough: the Runs page opened on the newest run while the explorer (and the
+    address, ?run=…) named another, so "Delete run" deleted a run other than the one just viewed."""
+    at = app()
+    at.sidebar.number_input(key="ex_obs_300").set_value(150).run()
+    at.sidebar.button(key="ex_run").click().run()
+    newest, older = list(store(db).runs().run_id)  # (newest first)
+    linked = AppTest.from_file(APP, default_timeout=120)  # a link to the Runs page names its run
+    linked.query_params.update({"run": older})
+    linked.switch_page(PAGES.format("runs")).run()
+    assert not linked.exception and linked.selectbox(key="runs_pick").value == older
+    at.query_params.update({"run": older, "step": "0"})  # the explorer opens the older run (a link)
+    at.run()
+    assert at.query_params["run"] == older
+    at.query_params.clear()  # (as a browser's page change)
+    at.switch_page(PAGES.format("runs")).run()
+    assert at.selectbox(key="runs_pick").value == older
+    at.checkbox(key=f"runs_confirm_{older}").check().run()
+    action(at, "runs_delete").click().run()
+    assert not at.exception and list(store(db).runs().run_id) == [newest]
+
+
+def test_an_experiment_whose_runs_a_dataset_date_stopped_offers_no_resume_that_would_stop_again(
+        db: Path, tmp_path) -> None:
+    """Found by a walkthrough: the CLI said "a resume would stop there again"; the app offered
+    "Resume (2 left)", which replayed both runs into the same failure, and offered it again."""
+    from click.testing import CliRunner
+
+    from workbench.cli import cli
+
+    rows = []
+    for i in range(12):  # the last message is dated before everything observed
+        rows.append({"conversation_id": "backwards", "id": f"m{i}", "role": ("user", "assistant")[i % 2],
+                     "content": f"message number {i} " + "words " * 30,
+                     "timestamp": f"2024-01-{1 if i == 11 else i + 1:02d}T{9 if i == 11 else 10:02d}:00:00+00:00"})
+    path = tmp_path / "backwards.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    done = CliRunner().invoke(cli, ["experiment", "run", "--dataset", str(path), "--observation-threshold", "40,60",
+                                    "--window", "2", "--db", str(db), "--no-cache"])
+    assert done.exit_code == 1 and "would stop there again" in done.stderr
+    at = app("experiments")
+    resume = action(at, "xp_resume")
+    assert resume.disabled and "the 2 runs stopped on a message of the dataset" in resume.help
+    assert any("cannot be retried here: the 2 runs stopped on a message of the dataset" in shown(w.value)
+               for w in at.warning), [w.value for w in at.warning]
+
+
 def test_a_run_without_gold_answers_says_why_it_has_no_retention_on_presentation_and_its_export(
         db: Path, tmp_path) -> None:
     """Found by a walkthrough: MemoryBank's Presentation said "Answer words retained –", and its
@@ -2290,6 +2337,21 @@ def test_tune_and_compare_say_a_running_experiments_figures_are_partial(db: Path
         assert any(shown(i.value).startswith("This experiment is running (2 of 8 runs so far): every figure below "
                                              "is partial") for i in at.info), (page, [i.value for i in at.info])
         assert not any("never started, or deleted" in w.value for w in at.warning), page
+
+
+def test_compare_on_a_running_experiment_with_no_run_done_says_so_not_that_nothing_has_probes(db: Path) -> None:
+    """Found by a walkthrough: Compare opened right after Start said "these conversations have no
+    probes" and "No run of A and B … (it did not run, or was deleted) … Resume the experiment"."""
+    experiment_id = run_experiment_in(db, observation=(150, 600), dataset=LONGMEMEVAL, window=2)
+    with RunStore(db) as s:
+        for run_id in s.experiment_runs(experiment_id).run_id:
+            s.delete_run(run_id)
+        s.finish_experiment(experiment_id, "running", None, 0.0)  # (as while this process runs it)
+    at = app("compare")
+    said = " ".join(shown(e.value) for e in [*at.info, *at.caption, *at.warning])
+    assert "This experiment is running (0 of 8 runs so far)" in said, said
+    assert "no run of the experiment has completed yet" in said
+    assert "have no probes" not in said and "did not run, or was deleted" not in said and "Resume" not in said, said
 
 
 def test_experiment_tables_sort_their_figures_by_value(db: Path) -> None:

@@ -468,6 +468,7 @@ def test_datasets_checks_files_of_ones_own_given_by_path(tmp_path) -> None:
     rows = json.loads(out)
     assert [row["name"] for row in rows] == ["mine.json", "cut.json", "absent.json"]  # these only, in order
     assert (rows[0]["origin"], rows[0]["conversations"], rows[0]["probes"]) == ("given", 4, 4)
+    assert rows[0]["format"] == "longmemeval" and rows[1]["format"] is None  # (detected: it said null)
     assert "invalid JSON" in rows[1]["error"] and "does not exist" in rows[2]["error"]
     assert invoke("datasets", str(mine))[0] == 0
     code, out, _ = invoke("datasets", str(mine), str(cut))

@@ -515,7 +515,7 @@ def test_experiment_list_show_compare_and_export(tmp_path) -> None:
     assert files["runs"]["rows"] == 2 == len(pd.read_parquet(files["runs"]["path"]))
     assert files["probe_losses"]["rows"] == len(pd.read_parquet(tmp_path / "out" / "probe_losses.parquet"))
     code, out, _ = invoke("experiment", "export", experiment_id, "--parquet", str(tmp_path / "out2"), "--json", "--db", db)
-    assert code == 1 and "already holds" in json.loads(out.strip().splitlines()[-1])["error"]
+    assert code == 2 and "already holds" in json.loads(out.strip().splitlines()[-1])["error"]
     run_id = pd.read_parquet(files["runs"]["path"]).run_id[0]
     code, out, _ = invoke("export", run_id, "--parquet", str(tmp_path / "one"), "--json", "--db", db)
     answer = json.loads(out.strip().splitlines()[-1])

@@ -1185,7 +1185,7 @@ def datasets(paths: tuple[Path, ...], as_json: bool) -> None:
     """List the datasets the workbench knows (project and ../shared), or check files or folders of
     your own: what each holds (conversations, messages, probes), or why it cannot be read (then,
     for paths given, the exit status is 1: a check a script can use)."""
-    from .datasets import DatasetError, list_conversations
+    from .datasets import DatasetError, detect_format, list_conversations
 
     from .catalog import DatasetEntry, shared_datasets_dir
 
@@ -1201,6 +1201,7 @@ def datasets(paths: tuple[Path, ...], as_json: bool) -> None:
                                "path": str(entry.path)}
         try:
             listed = list_conversations(entry.path, entry.format)
+            row["format"] = entry.format or detect_format(entry.path)  # (a path given: it said null)
         except DatasetError as exc:
             said = str(exc)  # (it names the file: once is enough)
             row["error"] = (said[len(exc.file):].lstrip(": ")
@@ -1366,7 +1367,7 @@ def _print_config_table(configs: list[dict[str, Any]]) -> None:
 def _probes_asked(data: dict[str, Any]) -> str | None:
     """What the probes column counts, when fewer than the conversations ask: "152 probes" of 199
     questions read as probes lost. ``None`` when all are scored or the dataset cannot be read."""
-    from .datasets import DatasetError, list_conversations
+    from .datasets import DatasetError, detect_format, list_conversations
 
     chosen = set(data["conversations"])
     try:

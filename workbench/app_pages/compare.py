@@ -58,7 +58,10 @@ def experiment_comparison() -> None:
         if len(conversations) > 1 else conversations[0]
 
     st.text(f"{experiment_id} · A = {a} · B = {b}")
-    ui.running_notice(store, experiment, runs)  # (partial figures read as final: "CI excludes 0: yes")
+    running = ui.running_notice(store, experiment, runs)  # (partial figures read as final: "CI excludes 0: yes")
+    # (while it runs, what is missing is not replayed yet: it said "these conversations have no probes"
+    # and "it did not run, or was deleted … Resume the experiment")
+    YET = "no run of the experiment has completed yet (it is running: the page follows it)"
     if a == b:
         st.warning("A and B are the same configuration.")
     shared, note = app_data.pair_conversations(runs, a, b)
@@ -110,7 +113,7 @@ def experiment_comparison() -> None:
     else:  # ("Retention pools the 0 probes scored")
         st.caption("No probe is scored, so retention is not compared: " + (
             f"none of the {fmt.count(listed, 'probe')} has a gold answer the word score reads with its evidence out "
-            "of the window." if listed else "these conversations have no probes."))
+            "of the window." if listed else YET + "." if running else "these conversations have no probes."))
 
     pick = {}
     for name, label in (("A", a), ("B", b)):
@@ -158,7 +161,8 @@ def experiment_comparison() -> None:
     ordered = list(dict.fromkeys([a, b, *labels]))  # A and B first, as in the figures above
     grid = app_data.probe_grid(probes, losses, ordered)
     if grid.empty:
-        st.info("This experiment's conversations have no scored probes.")
+        st.info(ui.plain(f"No probes to show: {YET}.") if running and probes.empty else
+                "This experiment's conversations have no scored probes.")
     else:
         differs_only = st.toggle("Only probes whose scores differ", key="cmp_xp_differs",
                                  help="Probes the configurations score differently, by any amount")
@@ -224,7 +228,10 @@ def experiment_comparison() -> None:
         st.plotly_chart(charts.funnel_chart(funnel), key="cmp_xp_funnel")
         ui.figures(funnel, key="cmp_xp_funnel_table")
 
-    if not all(pick.values()):
+    if not all(pick.values()) and running:
+        st.info(ui.plain(f"No run of {' and '.join(n for n, r in pick.items() if r is None)} on {conversation} yet "
+                         "(the experiment is running): its charts and final memories follow when it is replayed."))
+    elif not all(pick.values()):
         st.info(ui.plain(f"No run of {' and '.join(n for n, r in pick.items() if r is None)} on {conversation} (it did "
                          "not run, or was deleted): its charts and final memories need a run of A and of B. Pick "
                          "another conversation in the sidebar, or Resume the experiment to replay it."))

@@ -29,7 +29,7 @@ from workbench.experiments import (
     unscored_warning,
 )
 from workbench.models import usable_models
-from workbench.replay import TOKEN_COUNTERS, configuration_problem
+from workbench.replay import TOKEN_COUNTERS, configuration_problem, stopped_by_dataset
 from workbench.rescore import rescore_experiment
 from workbench.retention import SCORING, is_earlier
 
@@ -361,9 +361,17 @@ if actions.button("Compare", key=f"xp_open_compare_{experiment_id}", help="Two c
 running = experiment["status"] == "running" and not resuming  # (running in another process)
 unfinished = experiment["status"] != "completed" and not running  # (stopped after its last run: resume ends it)
 priced, stuck = "", ""  # what resuming should cost, on the button, as the CLI asks before paid work resumes
+# Failed runs stopped by a message of the dataset (dated behind what was already observed): a resume
+# replays them to that message again (the CLI said so; the app offered Resume, which failed them again)
+by_dataset = 0 if runs.empty else sum(status == "failed" and stopped_by_dataset(error)
+                                      for status, error in zip(runs.status, runs.error))
+AGAIN = "stopped on a message of the dataset dated behind what was already observed, and would stop there again"
 if pending and not running:
     blocked, every = blocked_runs(store, experiment_id)
     stuck = ("Nothing left can run here: " + "; ".join(sorted(set(blocked.values())))) if every else ""
+    if not stuck and by_dataset >= pending:
+        stuck = (f"Nothing left can run here: {'the run' if by_dataset == 1 else f'the {by_dataset} runs'} {AGAIN} "
+                 "(correct or re-date that message in the dataset, then start a new experiment)")
 if (pending or unfinished) and not running:
     try:
         cost = estimate_resume(store, experiment_id)[2]
@@ -446,7 +454,8 @@ if not failed.empty:
     # (a Resume greyed out for want of a key said "Resume retries them", the reason in a tooltip)
     retry = (f"{'it' if len(failed) == 1 else 'they'} cannot be retried here: "
              f"{stuck.removeprefix('Nothing left can run here: ')}" if stuck else
-             f"Resume retries {'it' if len(failed) == 1 else 'them'}")
+             f"Resume retries {'it' if len(failed) == 1 else 'them'}"
+             + (f", but {fmt.count(by_dataset, 'run')} {AGAIN}" if by_dataset else ""))
     st.warning(ui.plain(f"{fmt.count(len(failed), 'run')} did not complete and "
                         f"{'is' if len(failed) == 1 else 'are'} left out of the figures ({retry}):"))
     st.dataframe(failed, hide_index=True, key="xp_failed")

@@ -51,7 +51,21 @@ if later := [r for r, rule in zip(shown.run_id, shown.scoring) if (scoring_rule(
 
 if shown.empty:
     st.stop()
-run_id = ui.run_picker(store, "Run", "runs_pick", only=set(shown.run_id))  # acts on the run it shows
+# The run a link names (?run=…, as the explorer's address carries it here), else the run opened on
+# the other pages: the picker opened on the newest run while the address named another, and
+# "Delete run" deleted a run other than the one just viewed.
+if (linked := app_data.linked_step(dict(st.query_params))) and linked[0] != st.session_state.get("_runs_link"):
+    st.session_state["_runs_link"] = linked[0]
+    if linked[0] in set(runs.run_id):
+        ui.open_run(linked[0])
+        st.session_state.pop("runs_pick", None)
+    else:
+        ui.warn_link_run_gone(store, linked[0])
+run_id = ui.run_picker(store, "Run", "runs_pick", default=st.session_state.get(ui.RUN_KEY),
+                       only=set(shown.run_id))  # acts on the run it shows
+if st.query_params.get("run") not in (None, run_id):  # (the address named another run: it names this one)
+    st.session_state["_runs_link"] = run_id
+    st.query_params.from_dict({"run": run_id})
 # One row that wraps (in three equal columns of a 900 px page the labels were cut to "Open in the
 # expl…", "Export as Parqu…", and "Delete run" fell to a row of its own under its checkbox).
 actions = st.container(horizontal=True, vertical_alignment="center")
