@@ -1780,6 +1780,19 @@ def test_the_replay_bar_says_when_it_is_scoring() -> None:
         "message 419/419 · scoring the probes and recording the run…")
 
 
+def test_the_probe_grid_lists_probes_in_natural_order() -> None:
+    """Found by a walkthrough: Compare's Probe picker read q0, q1, q10, q100, q101, … q2."""
+    import pandas as pd
+
+    ids = [("conv-26", "q10"), ("conv-3", "q2"), ("conv-26", "q2"), ("conv-26", "q100"), ("conv-26", "q1")]
+    probes = pd.DataFrame([{"config_label": "A", "conversation_id": c, "run_id": "r", "probe_id": p,
+                            "method": "memory", "question": "?", "gold": "g", "category": "4", "score": 1.0}
+                           for c, p in ids])
+    grid = app_data.probe_grid(probes, pd.DataFrame(), ["A"])
+    assert list(zip(grid.conversation, grid.probe)) == [("conv-3", "q2"), ("conv-26", "q1"), ("conv-26", "q2"),
+                                                        ("conv-26", "q10"), ("conv-26", "q100")]
+
+
 def test_grid_differs_filter_and_cell_targets() -> None:
     import pandas as pd
 

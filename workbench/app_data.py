@@ -765,6 +765,15 @@ def funnel_note(summaries: Sequence[Any], labels: Sequence[str] | None = None) -
             "Retention counts these probes as kept; the funnel, which follows the evidence, does not.")
 
 
+_DIGITS = re.compile(r"\d+")
+
+
+def natural_key(text: str) -> str:
+    """``text`` with each run of digits padded to 20 places, so that text order is natural order
+    ("q2" before "q10", "conv-3" before "conv-26")."""
+    return _DIGITS.sub(lambda m: m.group().zfill(20), text)
+
+
 def probe_grid(probes: pd.DataFrame, losses: pd.DataFrame, labels: Sequence[str]) -> pd.DataFrame:
     """Probes × configurations (as prompt-testing tools lay out prompts × test cases).
 
@@ -776,7 +785,9 @@ def probe_grid(probes: pd.DataFrame, losses: pd.DataFrame, labels: Sequence[str]
     memory = probes[(probes.method == "memory")] if not probes.empty else probes
     if memory.empty:
         return pd.DataFrame(columns=base_columns + list(labels))
-    first = memory.drop_duplicates(["conversation_id", "probe_id"]).sort_values(["conversation_id", "probe_id"])
+    # (in natural order: q2 before q10; as text, the Probe picker read q0, q1, q10, q100, q101, …)
+    first = memory.drop_duplicates(["conversation_id", "probe_id"]).sort_values(
+        ["conversation_id", "probe_id"], key=lambda ids: ids.astype(str).map(natural_key))
     grid = pd.DataFrame({"conversation": first.conversation_id.values, "probe": first.probe_id.values,
                          "category": first.category.map(category_name).values, "question": first.question.values,
                          "gold": first.gold.values})

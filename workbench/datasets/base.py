@@ -240,6 +240,10 @@ def finish(conversation: Conversation, file: Path, *, turn_records: Sequence[str
             first = (turn_records[seen[turn.id] - 1] if turn_records else f"its {ordinal(seen[turn.id])} message")
             raise DatasetError(file, turn_record(index), "id", f"duplicate message id {turn.id!r} ({first} has it too)")
         seen[turn.id] = index
+    if blank := [turn.id for turn in conversation.turns if not turn.text.strip()]:  # (replayed without a word)
+        conversation.warnings.append(
+            f"{len(blank)} message{'s are' if len(blank) > 1 else ' is'} blank (no text, or only spaces), replayed as "
+            f"{'they are' if len(blank) > 1 else 'it is'} (first: {blank[0]!r})")
     if early:
         # Said up front: a replay fails on such a message only once the part of the thread it is
         # dated in has been condensed, which depends on the thresholds.

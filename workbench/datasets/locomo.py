@@ -102,6 +102,7 @@ def _sample(sample: Any, index: int, source: Source, single: bool) -> Conversati
                       for key in part if (m := _SESSION.fullmatch(key)))
     by_session: list[tuple[str, list[Turn]]] = []
     strangers: list[str] = []  # turns whose speaker is neither of the two named
+    blank: list[str] = []  # turns with no text and no image, skipped
     for _, key in sessions:
         turns: list[Turn] = []
         by_session.append((key, turns))
@@ -125,9 +126,12 @@ def _sample(sample: Any, index: int, source: Source, single: bool) -> Conversati
             caption = turn.get("blip_caption")
             if caption:
                 text = f"{text} [shares an image: {caption}]".strip()
-            if not text:
-                raise DatasetError(file, turn_where, "text", "missing" if "text" not in turn and
-                                   "clean_text" not in turn else "is empty (and the turn shares no image)")
+            if "text" not in turn and "clean_text" not in turn and not caption:
+                raise DatasetError(file, turn_where, "text", "missing")
+            if not text.strip():  # (skipped and said, as the chat exports do: one blank turn of a
+                # REALTALK file made it unreadable, the same blank in LoCoMo's "text" was replayed)
+                blank.append(str(turn.get("dia_id") or turn_where))
+                continue
             if turn.get("date_time") is not None:
                 created = parse_datetime(turn["date_time"], file, turn_where, "date_time")
                 dated = created
@@ -152,6 +156,9 @@ def _sample(sample: Any, index: int, source: Source, single: bool) -> Conversati
     # time, and a session dated before one already condensed failed the replay at its first turn.
     dated_order = sorted((pair for pair in by_session if pair[1]), key=lambda pair: pair[1][0].created_at)
     warnings: list[str] = []
+    if blank:
+        warnings.append(f"{len(blank)} turn{'s' if len(blank) > 1 else ''} with no text (and no image) "
+                        f"{'were' if len(blank) > 1 else 'was'} skipped (first: {blank[0]})")
     moved = [(early, late) for early, late in zip(dated_order, (p for p in by_session if p[1])) if early[0] != late[0]]
     if moved:
         (early, early_turns), (late, late_turns) = moved[0]
