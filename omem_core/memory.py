@@ -144,9 +144,10 @@ def _chain(storage: object) -> str:
 def positive_seconds(name: str, value: object) -> float:
     """``value`` as a float when it is a positive, finite number of seconds (not a ``bool``),
     else a ``ValueError`` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+    seconds = float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else math.nan
+    if not (math.isfinite(seconds) and seconds > 0):  # (a NumPy number too, as a sweep's values are)
         raise ValueError(f"{name} must be a positive, finite number of seconds, got {value!r}")
-    return float(value)
+    return seconds
 
 
 MAX_LAST = 2**62  # more messages than any store holds: a larger ``last`` reads the same

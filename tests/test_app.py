@@ -708,6 +708,8 @@ def test_an_experiment_whose_runs_a_dataset_date_stopped_offers_no_resume_that_w
     assert resume.disabled and "the 2 runs stopped on a message of the dataset" in resume.help
     assert any("cannot be retried here: the 2 runs stopped on a message of the dataset" in shown(w.value)
                for w in at.warning), [w.value for w in at.warning]
+    banner = [shown(e.value) for e in at.error if "This experiment failed" in shown(e.value)]
+    assert banner and not any("To finish it, press" in b for b in banner), banner  # (said of a disabled Resume)
 
 
 def test_a_run_without_gold_answers_says_why_it_has_no_retention_on_presentation_and_its_export(
@@ -2352,7 +2354,8 @@ def test_tune_and_compare_say_a_running_experiments_figures_are_partial(db: Path
         assert not any("never started, or deleted" in w.value for w in at.warning), page
 
 
-def test_compare_on_a_running_experiment_with_no_run_done_says_so_not_that_nothing_has_probes(db: Path) -> None:
+def test_compare_on_a_running_experiment_with_no_run_done_says_so_not_that_nothing_has_probes(
+        db: Path, tmp_path) -> None:
     """Found by a walkthrough: Compare opened right after Start said "these conversations have no
     probes" and "No run of A and B … (it did not run, or was deleted) … Resume the experiment"."""
     experiment_id = run_experiment_in(db, observation=(150, 600), dataset=LONGMEMEVAL, window=2)
@@ -2365,6 +2368,20 @@ def test_compare_on_a_running_experiment_with_no_run_done_says_so_not_that_nothi
     assert "This experiment is running (0 of 8 runs so far)" in said, said
     assert "no run of the experiment has completed yet" in said
     assert "have no probes" not in said and "did not run, or was deleted" not in said and "Resume" not in said, said
+    assert "No probe with evidence and a gold answer" not in said
+    # Runs completed of a dataset without probes: not "no run has completed yet"
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text("".join(json.dumps({"conversation_id": "c", "id": f"m{i}", "role": ("user", "assistant")[i % 2],
+                                        "content": f"message {i} " + "words " * 30,
+                                        "timestamp": f"2024-01-01T10:{i:02d}:00Z"}) + "\n" for i in range(12)))
+    other = run_experiment_in(db, observation=(150, 600), dataset=chat, window=2)
+    with RunStore(db) as s:
+        s.delete_experiment(experiment_id)
+        s.finish_experiment(other, "running", None, 0.0)
+    at = app("compare")
+    said = " ".join(shown(e.value) for e in [*at.info, *at.caption, *at.warning])
+    assert "This experiment is running (2 of 2 runs so far)" in said and "these conversations have no probes" in said
+    assert "has completed yet" not in said, said
 
 
 def test_experiment_tables_sort_their_figures_by_value(db: Path) -> None:

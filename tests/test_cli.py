@@ -318,6 +318,11 @@ def test_a_sweep_none_of_whose_configurations_can_run_is_refused_before_it_recor
     assert code == 1 and [r["status"] for r in runs] == ["failed", "completed"]
     assert ("warning: obs model gpt-4o-mini cannot run here and will be recorded as failed: "
             "gpt-4o-mini: missing OPENAI_API_KEY") in err
+    # a provider with no model ("ollama/" needs no key) is one too: the library refuses it, and the
+    # workbench listed it as usable (a paid-start question, then a failed run)
+    code, out, err = invoke("sweep", "--dataset", TINY, "--observer", "ollama/", "--yes", "--json")
+    assert code == 1 and "no configuration can run here: ollama/: names a provider (ollama) but no model" in err
+    assert len(json.loads(invoke("runs", "--json")[1])) == len(runs)  # nothing more recorded
 
 
 def test_bad_input_gets_a_clear_error(tmp_path) -> None:

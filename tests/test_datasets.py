@@ -1097,6 +1097,11 @@ def test_locomo_strangers_empty_turns_and_abstentions_references(tmp_path) -> No
             [ok, {"speaker": "Melanie", "dia_id": "D1:2", **blank}, {**ok, "dia_id": "D1:3"}]))), None, "locomo")
         assert [t.id for t in loaded.turns] == ["D1:1", "D1:3"], blank
         assert loaded.warnings == ["1 turn with no text (and no image) was skipped (first: D1:2)"], loaded.warnings
+    # a skipped blank turn's date_time still dates the undated turn after it (REALTALK's layout)
+    dated = [ok, {"speaker": "Melanie", "dia_id": "D1:2", "clean_text": " ", "date_time": "1:00 pm on 9 May, 2023"},
+             {**ok, "dia_id": "D1:3"}]
+    loaded = load_conversation(write(tmp_path, "d.json", json.dumps(sample(dated))), None, "locomo")
+    assert loaded.turns[-1].created_at.isoformat() == "2023-05-09T13:00:00+00:00"
     with pytest.raises(DatasetError, match="turn 1: field 'text': missing"):
         load_dataset(write(tmp_path, "b.json", json.dumps(sample([ok, {"speaker": "Melanie", "dia_id": "D1:2"}]))),
                      "locomo")

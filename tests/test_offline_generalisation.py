@@ -109,6 +109,8 @@ async def test_a_lone_label_in_an_ordinary_chat_stays_text() -> None:
          ["Маша живёт в Порту.", "Она работает в порту.", "Ей 34 года!"]),
         ("Élise est partie. Émile reste ici. ¿Vienes? Sí.", ["Élise est partie.", "Émile reste ici.", "¿Vienes?", "Sí."]),
         ("Wait. then it rained.", ["Wait. then it rained."]),  # (a lower-case letter starts no sentence)
+        ("ذهبت إلى السوق. اشتريت خبزا.", ["ذهبت إلى السوق.", "اشتريت خبزا."]),  # (a script without case)
+        ("See note. ¹ Footnote. ① Then.", ["See note. ¹ Footnote. ① Then."]),
     ],
 )
 def test_sentences_split_around_abbreviations_initials_and_list_numbers(text: str, expected: list[str]) -> None:

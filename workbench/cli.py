@@ -1367,7 +1367,7 @@ def _print_config_table(configs: list[dict[str, Any]]) -> None:
 def _probes_asked(data: dict[str, Any]) -> str | None:
     """What the probes column counts, when fewer than the conversations ask: "152 probes" of 199
     questions read as probes lost. ``None`` when all are scored or the dataset cannot be read."""
-    from .datasets import DatasetError, detect_format, list_conversations
+    from .datasets import DatasetError, list_conversations
 
     chosen = set(data["conversations"])
     try:

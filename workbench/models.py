@@ -48,9 +48,11 @@ def model_status(model: str) -> ModelStatus:
     import litellm
 
     try:
-        litellm.get_llm_provider(model)
+        model_name, provider, *_ = litellm.get_llm_provider(model)
     except Exception:
         return ModelStatus(model, False, _no_provider(model, litellm))
+    if not str(model_name).strip():  # (as the library refuses it: "ollama/" was listed as usable)
+        return ModelStatus(model, False, f"names a provider ({provider}) but no model: e.g. '{provider}/<model name>'")
     try:
         checked = litellm.validate_environment(model=model)
     except Exception as exc:

@@ -229,8 +229,9 @@ def tidy(sentence: str) -> str:
     return text.strip()
 
 
-# After . ! ? and a space, before a capital of any script ("Она", "Émile") or a digit (checked in
-# split_sentences: the capital was [A-Z], and a Russian message stayed one sentence). Not after
+# After . ! ? and a space, before a capital of any script ("Она", "Émile"), a letter of a script
+# without case, or a digit (checked in split_sentences: the capital was [A-Z], and a Russian or
+# Arabic message stayed one sentence). Not after
 # the 。 of Chinese or Japanese: with no space between words, a sentence there is one word to the
 # selection, and a message cut into such sentences kept only its first at any target.
 _BOUNDARY = re.compile(r"[.!?]+[\"'”’»)\]]*\s+(?=[\"'“«(\[¿¡]?\w)|\s+/\s+")
@@ -259,7 +260,9 @@ def _not_an_end(text: str, boundary: re.Match[str], start: int) -> bool:
 
 
 def _capital_or_digit(char: str) -> bool:
-    return char.isupper() or char.isdigit()
+    """A letter that is not lower case (a capital, or a letter of a script without case: Arabic,
+    Hebrew, Devanagari), or an ASCII digit ("¹" and "①" start no sentence, as before)."""
+    return char in "0123456789" or (char.isalpha() and not char.islower())
 
 
 def split_sentences(text: str) -> list[str]:

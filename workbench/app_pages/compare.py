@@ -59,6 +59,7 @@ def experiment_comparison() -> None:
 
     st.text(f"{experiment_id} · A = {a} · B = {b}")
     running = ui.running_notice(store, experiment, runs)  # (partial figures read as final: "CI excludes 0: yes")
+    none_yet = running and app_data.completed_pairs(runs) == 0  # (no probes is not "nothing completed")
     # (while it runs, what is missing is not replayed yet: it said "these conversations have no probes"
     # and "it did not run, or was deleted … Resume the experiment")
     YET = "no run of the experiment has completed yet (it is running: the page follows it)"
@@ -113,7 +114,7 @@ def experiment_comparison() -> None:
     else:  # ("Retention pools the 0 probes scored")
         st.caption("No probe is scored, so retention is not compared: " + (
             f"none of the {fmt.count(listed, 'probe')} has a gold answer the word score reads with its evidence out "
-            "of the window." if listed else YET + "." if running else "these conversations have no probes."))
+            "of the window." if listed else YET + "." if none_yet else "these conversations have no probes."))
 
     pick = {}
     for name, label in (("A", a), ("B", b)):
@@ -161,7 +162,7 @@ def experiment_comparison() -> None:
     ordered = list(dict.fromkeys([a, b, *labels]))  # A and B first, as in the figures above
     grid = app_data.probe_grid(probes, losses, ordered)
     if grid.empty:
-        st.info(ui.plain(f"No probes to show: {YET}.") if running and probes.empty else
+        st.info(ui.plain(f"No probes to show: {YET}.") if none_yet else
                 "This experiment's conversations have no scored probes.")
     else:
         differs_only = st.toggle("Only probes whose scores differ", key="cmp_xp_differs",
@@ -216,7 +217,8 @@ def experiment_comparison() -> None:
     st.subheader("Loss funnel")
     funnel = app_data.funnel_table(summaries, ordered)
     if funnel.empty or not int(funnel.iloc[0].sum()):
-        st.info("No probe with evidence and a gold answer: no funnel to draw.")
+        st.info(ui.plain(f"No funnel to draw: {YET}.") if none_yet else
+                "No probe with evidence and a gold answer: no funnel to draw.")
     else:
         said = int(funnel.iloc[0].max())
         st.caption(f"{said:,} scored probes have evidence named by the dataset (the messages that hold the "

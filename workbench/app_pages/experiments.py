@@ -273,6 +273,11 @@ planned = len(experiment["conversations"]) * len(experiment["configs"])
 done = app_data.completed_pairs(runs)
 pending = planned - done
 
+# Failed runs stopped by a message of the dataset (dated behind what was already observed): a resume
+# replays them to that message again (the CLI said so; the app offered Resume, which failed them again)
+by_dataset = 0 if runs.empty else sum(status == "failed" and stopped_by_dataset(error)
+                                      for status, error in zip(runs.status, runs.error))
+AGAIN = "stopped on a message of the dataset dated behind what was already observed, and would stop there again"
 resuming = experiment_id in here  # running in a thread of this process (started by any session)
 shown_status = (f"running · {done} of {planned} runs completed" if resuming
                 else app_data.experiment_status(experiment, runs))
@@ -335,7 +340,7 @@ elif experiment["status"] == "running":  # (in another process: the CLI)
 elif experiment["status"] != "completed":
     prefix, detail, suffix = app_data.unfinished_banner(
         experiment_id, experiment["status"], done, planned, experiment.get("error"),
-        resumable=not store.read_only, db=store.path)  # (an unfinished experiment resumes: its last runs, or its end)
+        resumable=not store.read_only and not 0 < pending <= by_dataset, db=store.path)  # (an unfinished experiment resumes: its last runs, or its end)
     # (an experiment interrupted, by its user's Stop too, or stopped by its cost limit is no error: red
     # said so, as runs once did)
     (st.error if experiment["status"] == "failed" else st.warning)(prefix + ui.plain(detail) + suffix)
@@ -361,11 +366,6 @@ if actions.button("Compare", key=f"xp_open_compare_{experiment_id}", help="Two c
 running = experiment["status"] == "running" and not resuming  # (running in another process)
 unfinished = experiment["status"] != "completed" and not running  # (stopped after its last run: resume ends it)
 priced, stuck = "", ""  # what resuming should cost, on the button, as the CLI asks before paid work resumes
-# Failed runs stopped by a message of the dataset (dated behind what was already observed): a resume
-# replays them to that message again (the CLI said so; the app offered Resume, which failed them again)
-by_dataset = 0 if runs.empty else sum(status == "failed" and stopped_by_dataset(error)
-                                      for status, error in zip(runs.status, runs.error))
-AGAIN = "stopped on a message of the dataset dated behind what was already observed, and would stop there again"
 if pending and not running:
     blocked, every = blocked_runs(store, experiment_id)
     stuck = ("Nothing left can run here: " + "; ".join(sorted(set(blocked.values())))) if every else ""

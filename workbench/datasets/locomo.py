@@ -128,10 +128,6 @@ def _sample(sample: Any, index: int, source: Source, single: bool) -> Conversati
                 text = f"{text} [shares an image: {caption}]".strip()
             if "text" not in turn and "clean_text" not in turn and not caption:
                 raise DatasetError(file, turn_where, "text", "missing")
-            if not text.strip():  # (skipped and said, as the chat exports do: one blank turn of a
-                # REALTALK file made it unreadable, the same blank in LoCoMo's "text" was replayed)
-                blank.append(str(turn.get("dia_id") or turn_where))
-                continue
             if turn.get("date_time") is not None:
                 created = parse_datetime(turn["date_time"], file, turn_where, "date_time")
                 dated = created
@@ -142,6 +138,11 @@ def _sample(sample: Any, index: int, source: Source, single: bool) -> Conversati
             else:
                 raise DatasetError(file, where_part, f"{key}_date_time",
                                    "missing (and its turns have no date_time)")
+            if not text.strip():  # (skipped and said, as the chat exports do: one blank turn of a
+                # REALTALK file made it unreadable, the same blank in LoCoMo's "text" was replayed;
+                # its date_time, read above, still dates the undated turns after it)
+                blank.append(str(turn.get("dia_id") or turn_where))
+                continue
             folded = speaker.strip().casefold()
             if speaker_b is not None and folded not in canonical:
                 strangers.append(f"{turn.get('dia_id')} ({speaker!r})")
