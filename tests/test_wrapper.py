@@ -1106,7 +1106,9 @@ async def test_reading_the_thread_from_its_own_event_callback_is_refused_not_a_h
     assert context[0].role == "system" and [m.id for m in context[1:]] == ["m18", "m19"]
     assert "a read of thread 't' was awaited inside that thread's own pass" in caplog.text
     assert seen == [3]  # u's memory and its window of two
-    assert (await asyncio.wait_for(scheduled[0], 10))[0].content == context[0].content
+    # (the scheduled read shares the pass or, on a loaded machine, starts after it and observes the
+    # next segment of t: its memory holds at least what this read returned)
+    assert (await asyncio.wait_for(scheduled[0], 10))[0].content.startswith(context[0].content)
     await asyncio.wait_for(store.recall("t", last=2), 10)  # the thread is not stuck
     await asyncio.wait_for(store.close(), 10)
 
