@@ -827,7 +827,12 @@ def test_a_store_held_by_another_process_opens_read_only(db: Path, monkeypatch) 
     from workbench.datasets import load_conversation
     from workbench.replay import ReplayConfig, replay
 
+    import tempfile
+
     monkeypatch.setenv("OMEM_DB_WAIT", "0.5")
+    copies = db.parent / "tmp"  # where the app's copy of the held file goes
+    copies.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(copies))
     with RunStore(db) as writer:  # a run recorded earlier
         asyncio.run(replay(load_conversation(PROJECT_DEMO), ReplayConfig(cache=False), writer))
     with held_by_another_process(db):
@@ -837,6 +842,10 @@ def test_a_store_held_by_another_process_opens_read_only(db: Path, monkeypatch) 
         [notice] = [shown(w.value) for w in at.warning if "Read-only" in shown(w.value)]
         assert notice.startswith("Read-only: another program keeps app.duckdb open") and notice.count(". ") == 0
         assert at.metric  # the stored run is shown from the snapshot
+        assert len(list(copies.iterdir())) == 1
+        at.button(key="omem_refresh").click().run()  # the file is still held: a new copy replaces the old
+        assert any("Read-only" in shown(w.value) for w in at.warning) and at.metric
+        assert len(list(copies.iterdir())) == 1
         assert at.sidebar.button(key="ex_run").disabled
         for page in ("runs", "compare", "present", "tune", "experiments", "traces"):
             at.switch_page(PAGES.format(page)).run()

@@ -332,6 +332,37 @@ def test_a_run_stopped_by_a_held_run_store_does_not_stay_running_in_a_long_lived
     resumed = asyncio.run(replay(load_conversation(DEMO_DATASET), store=store, resume=run["run_id"]))
     assert resumed.status == "completed"
 
+def test_a_snapshot_of_a_held_run_store_is_removed_when_closed_and_when_its_process_ends(tmp_path) -> None:
+    """The app's read-only copy of a held file (as large as the file) stayed in the temporary folder
+    for good, one more at each "Try the file again" that found the file still held."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import held_by_another_process
+
+    db = tmp_path / "r.duckdb"
+    RunStore(db).create_run(dataset="d", dataset_format="jsonl", conversation_id="c", config={}, messages=[])
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    take = ("import sys; from workbench.runstore import RunStore; s = RunStore.snapshot(sys.argv[1]); "
+            "print(len(s.runs()), s.path)")
+    with held_by_another_process(db):
+        snapshot = RunStore.snapshot(db)
+        copy = Path(snapshot.path)
+        assert copy.is_file() and copy.parent != db.parent and len(snapshot.runs()) == 1
+        snapshot.close()
+        assert not copy.parent.exists()
+        snapshot.close()  # (twice is harmless)
+        # a process that ends without closing its snapshot (the app, stopped) removes it too
+        done = subprocess.run([sys.executable, "-c", take, str(db)], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "TMPDIR": str(scratch)}, check=True)
+    count, path = done.stdout.split()
+    assert count == "1" and Path(path).is_relative_to(scratch)  # it was taken there, and is gone
+    assert list(scratch.iterdir()) == []
+    assert len(RunStore(db).runs()) == 1  # the original is untouched
+
+
 def test_a_failure_settled_later_leaves_alone_a_resume_of_the_run_in_the_same_process(tmp_path) -> None:
     """A failure that could not be written at once (the file held) was set at the store's next
     open even when the run had been resumed meanwhile by another store of the same process (the

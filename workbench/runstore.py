@@ -557,6 +557,14 @@ def version_problem(version: str) -> str | None:
     return None
 
 
+def _discard_snapshot(connection: duckdb.DuckDBPyConnection, folder: Path) -> None:
+    import shutil
+
+    with contextlib.suppress(duckdb.Error):
+        connection.close()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 class RunStore:
     """A DuckDB file of replay runs. ``RunStore(":memory:")`` for a throwaway store.
 
@@ -584,6 +592,7 @@ class RunStore:
         self._write_lock = threading.RLock()
         self._seq: dict[tuple[str, str], int] = {}
         self._keep: duckdb.DuckDBPyConnection | None = None  # ":memory:" and snapshots stay open
+        self._discard: Callable[[], Any] | None = None  # a snapshot's: close and remove its copy
         self._file_key = f":memory:{id(self)}" if self.path == ":memory:" else os.path.realpath(self.path)
         if self.path == ":memory:":
             self._keep = self._open()
@@ -609,22 +618,31 @@ class RunStore:
         """A read-only view of a file another process holds: a private copy taken now.
 
         The original is only read (never locked or written), so it cannot be corrupted; the copy
-        shows what had reached the file (and its WAL) when it was taken.
+        shows what had reached the file (and its WAL) when it was taken. The copy (as large as the
+        file) lives in a temporary folder that :meth:`close` removes, as does the end of the process
+        or the store's garbage collection, whichever comes first.
         """
         import shutil
         import tempfile
+        import weakref
 
         source = Path(path)
         folder = Path(tempfile.mkdtemp(prefix="omem-snapshot-"))
-        target = folder / source.name
-        shutil.copy2(source, target)
-        wal = source.with_name(source.name + ".wal")
-        if wal.exists():
-            shutil.copy2(wal, target.with_name(target.name + ".wal"))
-        store = cls(target)
-        store._keep = store._open()
+        try:
+            target = folder / source.name
+            shutil.copy2(source, target)
+            wal = source.with_name(source.name + ".wal")
+            if wal.exists():
+                shutil.copy2(wal, target.with_name(target.name + ".wal"))
+            store = cls(target)
+            store._keep = store._open()
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
         store.read_only = True
         store.snapshot_of = str(source)
+        # (Holds the connection, not the store: closes it first, then removes the copy.)
+        store._discard = weakref.finalize(store, _discard_snapshot, store._keep, folder)
         return store
 
     # -- connection ---------------------------------------------------------------------------
@@ -692,9 +710,13 @@ class RunStore:
         return cur
 
     def close(self) -> None:
-        if self._keep is not None:
+        """Close the connection a ``":memory:"`` store or a snapshot keeps open (a snapshot's copy is
+        removed); a store on a file holds none between operations. Safe to call twice."""
+        if self._discard is not None:
+            self._discard()  # (closes the connection too)
+        elif self._keep is not None:
             self._keep.close()
-            self._keep = None
+        self._keep = None
 
     def __enter__(self) -> RunStore:
         return self

@@ -80,6 +80,7 @@ def get_store() -> RunStore:
         st.warning(plain(f"Read-only: another program keeps {held} open, so this page shows a copy taken "
                          "when the app opened it, and replays and edits are off until that program closes it."))
         if st.button("Try the file again", key="omem_refresh"):
+            store.close()  # (removes the copy: each try that finds the file still held takes a new one)
             _open_store.clear()
             st.rerun()
     return store
