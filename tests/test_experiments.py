@@ -215,6 +215,35 @@ def test_runs_replayed_and_waiting_to_be_written_are_not_counted_in_progress(tmp
     assert progress_text(some, experiment_id)[1].startswith("4 of 6 runs to replay done (1 of them not completed) · last")
 
 
+def test_a_running_experiments_header_counts_its_completed_runs_as_they_are_written(tmp_path) -> None:
+    """The app's header of an experiment running in its process said the count of the page's last
+    draw ("0 of 12 runs completed") beside a bar at "6 of 12 runs to replay done". It is counted
+    from the progress, and equals the completed runs in the store at each report, on a resume too
+    (the bar's total is then the runs left, not the grid)."""
+    from workbench.app_data import running_status
+
+    seen: list[tuple[str, int]] = []
+    with RunStore(tmp_path / "x.duckdb") as store:
+        grid = [ReplayConfig(observation_threshold=o) for o in (100, 150, 200)]
+        experiment_id = ex.create_experiment(store, dataset=LONGMEMEVAL, grid=grid,
+                                             options=ex.ExperimentOptions(concurrency=1))
+        asyncio.run(ex.run_experiment(store, experiment_id))
+        runs = store.runs()
+        planned = len(runs)
+        for run_id in runs.run_id[:2]:
+            store.delete_run(run_id)
+
+        def check(p: ex.Progress) -> None:
+            completed = int((store.runs().status == "completed").sum())
+            seen.append((running_status(planned - 2, planned, p), completed))
+
+        asyncio.run(ex.run_experiment(store, experiment_id, progress=check))
+    assert planned >= 3 and len(seen) >= 2
+    assert all(said == f"running · {completed} of {planned} runs completed" for said, completed in seen), seen
+    assert seen[-1][1] == planned
+    assert running_status(planned - 2, planned, None) == f"running · {planned - 2} of {planned} runs completed"
+
+
 def test_the_cost_estimate_is_not_below_what_the_calls_it_estimates_cost(tmp_path, shared_datasets) -> None:
     """The estimate (notes a fifth of their input, reflections writing 0.55 of their threshold)
     came in below the cost of the calls made: $0.0358 against $0.0401 on LoCoMo at gpt-4o-mini's

@@ -245,6 +245,17 @@ def progress_text(p: Any, experiment_id: str) -> tuple[float, str]:
     return p.fraction, f"{p.done} of {p.total} runs to replay done{failed}{flying}{last}{eta}"
 
 
+def running_status(done: int, planned: int, p: Any) -> str:
+    """The header of an experiment running in this process: its completed runs counted from its
+    latest ``experiments.Progress`` (``p``; ``None`` before the first), as its bar counts them. It
+    said the count the page was last drawn with ("0 of 12 runs completed") beside a bar at "6 of 12
+    runs to replay done" until the next draw, seconds later. ``done``: the runs completed when the
+    page was drawn, ``planned``: the grid's."""
+    if p is not None:  # (p.total: the runs this start replays, every pair not completed when it began)
+        done = max(done, min(planned, planned - p.total + p.done - p.failed))
+    return f"running · {done} of {planned} runs completed"
+
+
 def spent_note(experiment: dict[str, Any], runs: pd.DataFrame, summaries: Sequence[Any]) -> str | None:
     """What the experiment spent in all, when the configurations' cost column (their completed
     runs) does not say it: failed runs, runs a resume replaced, runs cut off by the cost limit or

@@ -279,9 +279,16 @@ by_dataset = 0 if runs.empty else sum(status == "failed" and stopped_by_dataset(
                                       for status, error in zip(runs.status, runs.error))
 AGAIN = "stopped on a message of the dataset dated behind what was already observed, and would stop there again"
 resuming = experiment_id in here  # running in a thread of this process (started by any session)
-shown_status = (f"running · {done} of {planned} runs completed" if resuming
-                else app_data.experiment_status(experiment, runs))
-st.text(f"{experiment_id} · {shown_status} · {fmt.short_path(experiment['dataset'])}")
+where = fmt.short_path(experiment["dataset"])
+if resuming:
+    @st.fragment(run_every=1)
+    def header() -> None:  # (follows the bar below: the page itself is drawn again only every few seconds)
+        current = background.job(experiment_id)
+        status = app_data.running_status(done, planned, current.progress if current is not None else None)
+        st.text(f"{experiment_id} · {status} · {where}")
+    header()
+else:
+    st.text(f"{experiment_id} · {app_data.experiment_status(experiment, runs)} · {where}")
 # (before any figure: read first, they were taken for figures under the current rule)
 if rescored := st.session_state.pop("xp_rescored", None):
     st.success(rescored)
