@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import re
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -1101,6 +1103,18 @@ def test_compare_names_each_run_s_conversation_as_a_and_b(tmp_path) -> None:
         assert code == 0 and f"different conversations (A {names[0]}, B {names[1]})" in err, err
 
 
+class _CtrlC(io.RawIOBase):
+    """A terminal whose user presses Ctrl-C at the first question."""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if len(buffer):
+            raise KeyboardInterrupt
+        return 0
+
+
 def test_runs_and_experiments_are_deleted_from_the_cli_after_a_confirmation(tmp_path) -> None:
     db = str(tmp_path / "d.duckdb")
     ids = []
@@ -1116,6 +1130,11 @@ def test_runs_and_experiments_are_deleted_from_the_cli_after_a_confirmation(tmp_
     assert "nothing deleted (pass --yes" in result.stderr and "Aborted!" not in result.output
     result = CliRunner().invoke(cli, ["delete", ids[0], "--db", db], input="\n")  # Enter is no
     assert result.exit_code == 1 and "nothing deleted" in result.stderr
+    # a Ctrl-C at the question is an interrupt (exit 130, as the README says), not a "no" (it exited 1)
+    result = CliRunner().invoke(cli, ["delete", ids[0], "--db", db], input=_CtrlC())
+    assert result.exit_code == 130 and "interrupted" in result.stderr and "Aborted!" not in result.output
+    result = CliRunner().invoke(cli, ["experiment", "delete", experiment_id, "--db", db], input=_CtrlC())
+    assert result.exit_code == 130 and "interrupted" in result.stderr
     code, _, err = invoke("delete", ids[0], "no-such-run", "--yes", "--db", db)
     assert code == 1 and "no-such-run" in err  # an unknown id: nothing is deleted, not even the known one
     with RunStore(db) as store:

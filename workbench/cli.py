@@ -259,8 +259,10 @@ def _agree(question: str) -> bool:
     is no: a paid run started on a bare Enter, and a closed input printed only click's "Aborted!")."""
     try:
         return click.confirm(question, default=False, err=True)
-    except click.Abort:
-        _tell("")
+    except click.Abort as exc:
+        if isinstance(exc.__context__, KeyboardInterrupt):  # (click makes a Ctrl-C at a prompt its Abort)
+            raise KeyboardInterrupt from None  # an interrupt, as anywhere else: "interrupted", exit 130
+        _tell("")  # (the input ended: no answer, which is no)
         return False
 
 
