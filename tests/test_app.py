@@ -2346,6 +2346,21 @@ def test_tune_says_when_an_experiments_figures_stand_on_fewer_runs_than_planned(
     assert any(t.value.startswith(f"{experiment_id} · completed; 1 of 2 runs missing · ") for t in at.text)
 
 
+def test_experiments_and_tune_say_which_configurations_fell_behind(db: Path) -> None:
+    """Found by a walkthrough: on BEAM at obs 1000 the blind spot grew to 52k tokens, and only a
+    run's explorer said so and pointed at the backlog ceiling; the experiment's pages said nothing."""
+    experiment_id = run_experiment_in(db, observation=(20, 600), window=2, backlogs=(None, 60))
+    for page in ("experiments", "tune"):
+        at = app(page)
+        [note] = [shown(w.value) for w in at.warning if "fell behind" in shown(w.value)]
+        assert note.startswith("The observer fell behind under 1 configuration") and "max_backlog" in note, page
+        assert "obs 20 · max backlog off:" in note and "obs 600" not in note and "max backlog 60" not in note
+    with RunStore(db) as s:  # (the defaults keep up: nothing is said)
+        s.delete_experiment(experiment_id)
+    run_experiment_in(db, observation=(600,), window=2)
+    assert not any("fell behind" in shown(w.value) for w in app("experiments").warning)
+
+
 def test_tune_and_compare_say_a_running_experiments_figures_are_partial(db: Path) -> None:
     """Found in Chromium: during a run Tune said its missing runs were "never started, or deleted"
     and to Resume (disabled then), and Compare highlighted "CI excludes 0" from one conversation

@@ -244,6 +244,36 @@ def test_a_running_experiments_header_counts_its_completed_runs_as_they_are_writ
     assert running_status(planned - 2, planned, None) == f"running · {planned - 2} of {planned} runs completed"
 
 
+def test_an_experiment_says_which_configurations_fell_behind_and_what_bounds_it(tmp_path) -> None:
+    """Found by a walkthrough: on BEAM at obs 1000 the blind spot grew to 52k tokens, and only a
+    run's own page said so; the experiment's figures (what users decide on) said nothing of it nor of
+    the backlog ceiling that bounds it. `experiment show`, its JSON and its HTML export say it."""
+    import html
+
+    from workbench.catalog import DEMO_DATASET
+    from workbench.export_html import experiment_html
+
+    db = tmp_path / "x.duckdb"
+    small = dict(observation_threshold=20, reflection_threshold=80, last_messages=2)
+    with RunStore(db) as store:
+        grid = [ReplayConfig(**small), ReplayConfig(**small, max_backlog=60), ReplayConfig()]
+        experiment_id = ex.create_experiment(store, dataset=DEMO_DATASET, grid=grid,
+                                             options=ex.ExperimentOptions(concurrency=1))
+        asyncio.run(ex.run_experiment(store, experiment_id))
+        summaries = ex.summarise(store, experiment_id)
+        note = ex.report(store, experiment_id)["backlog_note"]
+        page = experiment_html(store, experiment_id)
+    behind, ceiling, default = summaries
+    assert behind.blind_spot_tokens > ex.BEHIND * 20 and default.blind_spot_tokens < 1000  # (the defaults keep up)
+    assert note.startswith("The observer fell behind under 1 configuration")
+    assert f"{behind.label}: {behind.blind_spot_tokens:,.0f} tokens" in note and "--max-backlog" in note
+    assert ceiling.label not in note and default.label not in note  # a ceiling set: it is bounded
+    assert note in html.unescape(page)
+    code, out, _ = invoke("experiment", "show", experiment_id, "--db", str(db))
+    assert code == 0 and "The observer fell behind under 1 configuration" in " ".join(out.split())
+    assert ex.backlog_note([ceiling, default]) is None
+
+
 def test_the_cost_estimate_is_not_below_what_the_calls_it_estimates_cost(tmp_path, shared_datasets) -> None:
     """The estimate (notes a fifth of their input, reflections writing 0.55 of their threshold)
     came in below the cost of the calls made: $0.0358 against $0.0401 on LoCoMo at gpt-4o-mini's

@@ -62,7 +62,8 @@ def config_rows(config: dict[str, Any]) -> dict[str, Any]:
         "token counter": config.get("token_counter"),
         "observer prompt": (config.get("observer_prompt") or {}).get("version"),
         "reflector prompt": (config.get("reflector_prompt") or {}).get("version"),
-        "max backlog": config.get("max_backlog") or "off",
+        # (text: "off" beside numbers made a column of mixed types, which Streamlit logged a traceback for)
+        "max backlog": f"{config['max_backlog']:,}" if config.get("max_backlog") else "off",
     }
 
 

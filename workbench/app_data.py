@@ -541,7 +541,8 @@ def config_table(configs: Sequence[dict[str, Any]]) -> pd.DataFrame:
                      "reflection threshold": c.get("reflection_threshold"), "window": c.get("last_messages"),
                      "observer prompt": (c.get("observer_prompt") or {}).get("version"),
                      "reflector prompt": (c.get("reflector_prompt") or {}).get("version"),
-                     "token counter": c.get("token_counter"), "max backlog": c.get("max_backlog") or "off"})
+                     "token counter": c.get("token_counter"),
+                     "max backlog": f"{c['max_backlog']:,}" if c.get("max_backlog") else "off"})  # (text: not mixed)
     return clean(pd.DataFrame(rows))
 
 

@@ -1315,6 +1315,8 @@ def _print_report(data: dict[str, Any], db: str, unreplayable: str | None = None
             _echo_wrapped(f"warning: {unscored_note(unread)}")
     if data.get("uneven_note"):
         _echo_wrapped(data["uneven_note"])
+    if data.get("backlog_note"):
+        _echo_wrapped(data["backlog_note"])
     if asked := _probes_asked(data):
         _echo_wrapped(asked)
     _print_breakdown(data["configs"], data.get("per_conversation"))

@@ -1476,6 +1476,31 @@ def uneven_note(runs: Any) -> str | None:
             "completed.")
 
 
+BEHIND = 2.0  # a mean blind spot over this many observation thresholds: the observer fell behind
+
+
+def backlog_note(summaries: Sequence[ConfigSummary]) -> str | None:
+    """The configurations whose observer fell behind on the experiment's conversations, when any
+    did, and what bounds it: their blind spot (messages neither in memory nor in the window)
+    averages over :data:`BEHIND` times their observation threshold, with no backlog ceiling. A
+    segment is at most the threshold, so reads that add more leave a backlog that keeps growing
+    (52k tokens at the end of a BEAM chat at obs 1000); the runs' pages said so, one conversation
+    at a time, and the experiment's pages never did."""
+    behind = [s for s in summaries
+              if s.blind_spot_tokens is not None and not s.config.get("max_backlog")
+              and s.blind_spot_tokens > BEHIND * int(s.config.get("observation_threshold") or 0) > 0]
+    if not behind:
+        return None
+    said = "; ".join(f"{s.label}: {s.blind_spot_tokens:,.0f} tokens, "
+                     f"{s.blind_spot_tokens / int(s.config['observation_threshold']):.0f}x its observation threshold"
+                     for s in behind[:4]) + (f"; and {len(behind) - 4} more" if len(behind) > 4 else "")
+    return (f"The observer fell behind under {count(len(behind), 'configuration')}: a read observes at most one "
+            f"segment, so on these conversations the blind spot (messages neither in memory nor in the window, "
+            f"invisible to the agent) grew; it averages, per read, {said}. A backlog ceiling bounds it (the "
+            "Experiments page's \"Backlog ceilings\", --max-backlog, max_backlog in the library): past it, a read "
+            "observes a larger segment. Compare with the same configuration under a ceiling.")
+
+
 def config_figures(summary: ConfigSummary) -> dict[str, Any]:
     """One configuration's pooled figures as ``report()`` (and `experiment compare --json`) give them."""
     keys = ("label", "config", "runs", "failed", "missing", "probes", "retention", "retention_ci95", "compression",
@@ -1524,7 +1549,7 @@ def report(store: Any, experiment_id: str) -> dict[str, Any]:
         # (None: never measured — its process died before any part of it ended)
         "elapsed_s": None if is_missing(experiment["elapsed_s"]) else float(experiment["elapsed_s"]),
         "configs": [config_figures(s) for s in summaries],
-        "comparisons": comparisons, "uneven_note": uneven_note(runs),
+        "comparisons": comparisons, "uneven_note": uneven_note(runs), "backlog_note": backlog_note(summaries),
         "per_conversation": conversations,
         # every call paid for: completed runs (the configurations' cost_usd), failed and replaced ones
         "spent_usd": spent_usd(store, experiment_id),
@@ -1563,4 +1588,4 @@ __all__ = ["ConfigSummary", "ExperimentError", "ExperimentOptions", "ExperimentO
            "choose_conversations", "compare", "config_figures", "config_grid", "create_experiment", "estimate_cost", "estimate_judging",
            "export_parquet", "labels",
            "pending_tasks", "report", "resolve_label", "run_experiment", "status_phrase", "summarise",
-           "uneven_note", "unscored_warning"]
+           "uneven_note", "unscored_warning", "backlog_note"]

@@ -104,6 +104,8 @@ def experiment_html(store: Any, experiment_id: str) -> str:
     page.table(app_data.summary_table(summaries))
     if uneven := experiments.uneven_note(runs):
         page.text("p", uneven, "warn")
+    if behind := experiments.backlog_note(summaries):
+        page.text("p", behind, "warn")
     if len(experiment["conversations"]) > 1:
         page.text("h2", "Retention per conversation (the spread the pooled interval does not show)")
         frame = app_data.conversation_numbers(experiments.per_conversation(experiment, runs, probes))

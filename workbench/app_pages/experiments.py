@@ -12,6 +12,7 @@ from workbench.datasets import DatasetError
 from workbench.errors import WorkbenchError
 from workbench.experiments import (
     ExperimentOptions,
+    backlog_note,
     blocked_runs,
     config_grid,
     create_experiment,
@@ -448,6 +449,8 @@ if spent := app_data.spent_note(experiment, runs, summaries):
     st.caption(spent)
 if uneven := uneven_note(runs):
     st.warning(uneven)
+if behind := backlog_note(summaries):
+    st.warning(ui.plain(behind))
 if len(experiment["conversations"]) > 1:
     st.subheader("Retention per conversation")
     st.caption("The spread between conversations, which the interval above (a bootstrap over probes) does not "

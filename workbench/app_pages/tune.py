@@ -8,7 +8,7 @@ import streamlit as st
 
 from workbench import analysis, app_data, charts, ui
 from workbench import formatting as fmt
-from workbench.experiments import shared_conversations, summaries_of, uneven_note
+from workbench.experiments import backlog_note, shared_conversations, summaries_of, uneven_note
 from workbench.replay import ReplayConfig, run_sweep
 
 store = ui.get_store()
@@ -57,6 +57,8 @@ if mode == "An experiment":
                                 f"completed ({', '.join(common)}), so the points rank on the same probes."))
         else:
             st.warning(ui.plain(uneven_note(runs) + " No conversation was completed by every configuration."))
+    if behind := backlog_note(summaries):
+        st.warning(ui.plain(behind))
     points = app_data.pareto_points(summaries)
     if points.empty:
         st.info("No configuration has both retention and compression yet (a dataset whose probes have no gold "
