@@ -113,6 +113,34 @@ def check_store(value: object, protocol: type, name: str) -> None:
                 if isinstance(value, (str, bytes)) or hasattr(value, "__fspath__") else "")
         raise TypeError(f"{name} must be {_article(protocol)} {protocol.__name__} (an object with {methods}), "
                         f"got {type(value).__name__} {value!r:.80}{hint}")
+    for method in names:
+        if kind := _not_awaitable(getattr(value, method)):
+            # (it passed, then failed at its first call with Python's "object NoneType can't be used in
+            # 'await' expression", after a plain save_messages had saved: an error for a batch it kept)
+            raise TypeError(f"{name}.{method} of {type(value).__name__} is {kind}, but a store's methods are "
+                            f"awaited: declare it 'async def {method}' returning its result (a plain method that "
+                            "returns an awaitable says so with its return annotation, '-> Awaitable[...]')")
+
+
+_AWAITABLE_ANNOTATIONS = ("Awaitable", "Coroutine", "Future", "Task")
+
+
+def _not_awaitable(method: object) -> str | None:
+    """What ``method`` is when a call of it cannot be awaited, as far as its definition says: a
+    function written with a plain ``def`` (under any decorator that keeps ``__wrapped__``) whose
+    return annotation names no awaitable, or an async generator; else ``None``."""
+    function = getattr(method, "__func__", method)
+    try:
+        function = inspect.unwrap(function)  # type: ignore[arg-type]
+    except ValueError:  # (a cycle of __wrapped__)
+        return None
+    if not inspect.isfunction(function) or inspect.iscoroutinefunction(function):
+        return None
+    if inspect.isasyncgenfunction(function):
+        return "an async generator (it yields)"
+    returns = function.__annotations__.get("return")
+    said = returns if isinstance(returns, str) else getattr(returns, "__name__", "") or repr(returns)
+    return None if any(word in said for word in _AWAITABLE_ANNOTATIONS) else "a plain function (def, not async def)"
 
 
 def _article(protocol: type) -> str:

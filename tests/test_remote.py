@@ -215,6 +215,65 @@ def test_the_rate_limiter_spaces_calls() -> None:
     assert 1.0 <= elapsed < 3.0  # calls 3-4 wait one period, call 5 a second one
 
 
+def test_the_rate_limiter_holds_across_event_loops_and_threads() -> None:
+    """The app runs each experiment in a thread with its own event loop, and the limiter (one per
+    model and limit) is kept by the process: its asyncio.Lock, bound to the first experiment's loop,
+    raised "bound to a different event loop" in the next one, and litellm then called the model
+    without waiting (10 calls in a minute at --rpm 6)."""
+    import threading
+
+    limiter = RateLimiter(2, period=0.4)
+    times: list[float] = []
+    errors: list[BaseException] = []
+
+    async def take(n: int) -> None:
+        async def one() -> None:
+            await limiter.acquire()
+            times.append(time.monotonic())
+
+        await asyncio.gather(*(one() for _ in range(n)))
+
+    def experiment() -> None:  # as background.start does: a thread, and asyncio.run in it
+        try:
+            asyncio.run(take(4))  # (the fourth waits while the third holds the limiter: a contended lock)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    for _ in range(2):  # one experiment after another: the second meets the limiter the first used
+        thread = threading.Thread(target=experiment)
+        thread.start()
+        thread.join(30)
+    assert errors == [] and len(times) == 8
+    times.sort()
+    assert all(later - earlier >= 0.4 - 0.01 for earlier, later in zip(times, times[2:]))  # never 3 in a period
+
+
+def test_a_call_cancelled_in_flight_does_not_hold_up_the_next_identical_call(tmp_path) -> None:
+    """An identical call in flight is shared; a first call cancelled by the library's timeout (or
+    Stop) was reported to no callback, so the next identical call of the loop waited for it until
+    its own timeout (15 minutes without one) instead of asking the model, which answered at once."""
+    import litellm
+
+    from workbench.cache import completion_kwargs, enable_litellm_cache, prepare_cache
+
+    async def call(server: OpenAIServer, timeout: float) -> str:
+        reply = await asyncio.wait_for(litellm.acompletion(
+            model=MODEL, api_base=server.url, messages=[{"role": "user", "content": "the same call"}],
+            **completion_kwargs(prepare_cache(tmp_path / "calls"))), timeout)
+        return reply.choices[0].message.content
+
+    async def calls(server: OpenAIServer) -> str:
+        assert enable_litellm_cache()
+        with pytest.raises(asyncio.TimeoutError):
+            await call(server, 0.5)  # the model is slow: cancelled by the timeout
+        server.delay = 0.0
+        return await call(server, 10)  # then answers at once
+
+    with OpenAIServer(reply=lambda body: "- answered", delay=3.0) as server:
+        assert asyncio.run(calls(server)) == "- answered"
+        assert len(server.received) == 2
+
+
 def test_rpm_reaches_the_gate_in_front_of_the_model(tmp_path) -> None:
     """With --rpm, the calls that reach the model go through a limiter (one per model)."""
     import litellm

@@ -566,6 +566,69 @@ def test_a_path_or_other_object_where_a_store_goes_is_refused_up_front(tmp_path)
                                                      observations=SQLiteObservationStore(tmp_path / "ok.db")))
 
 
+def test_a_store_whose_methods_cannot_be_awaited_is_refused_up_front() -> None:
+    """A store written with plain methods passed the check, then failed at its first call with
+    Python's "object NoneType can't be used in 'await' expression", after its plain save had kept
+    the batch the caller was told had failed."""
+    from collections.abc import Awaitable
+
+    from omem_core import InMemoryMemoryStore, Memory, create_observational_memory_store
+    from omem_core.observations import ObservationRecord
+
+    class Plain:  # what a first try at a store over a dict looks like
+        def __init__(self) -> None:
+            self.saved: list = []
+
+        def save_messages(self, messages) -> None:  # type: ignore[no-untyped-def]
+            self.saved.extend(messages)
+
+        async def recall(self, thread_id, *, last=None, before=None):  # type: ignore[no-untyped-def]
+            return []
+
+        async def delete_thread(self, thread_id) -> None:  # type: ignore[no-untyped-def]
+            return None
+
+    plain = Plain()
+    with pytest.raises(TypeError, match=r"^storage\.save_messages of Plain is a plain function \(def, not async def\), "
+                                        r"but a store's methods are awaited: declare it 'async def save_messages'"):
+        Memory(storage=plain)
+
+    class Yields(InMemoryMemoryStore):
+        async def recall(self, thread_id, *, last=None, before=None):  # type: ignore[no-untyped-def,override]
+            yield []
+
+    with pytest.raises(TypeError, match=r"^inner\.recall of Yields is an async generator \(it yields\)"):
+        create_observational_memory_store(Yields(), observer="omem/extractive")
+
+    class Records:  # an observation store with one plain method
+        async def list(self, thread_id: str) -> list[ObservationRecord]:
+            return []
+
+        def save(self, record: ObservationRecord) -> None: ...
+
+        async def delete_by_thread(self, thread_id: str) -> None: ...
+
+    with pytest.raises(TypeError, match=r"^observations\.save of Records is a plain function"):
+        create_observational_memory_store(observer="omem/extractive", observations=Records())
+
+    class Forwards:  # plain methods that return awaitables, and say so: accepted, and they work
+        def __init__(self) -> None:
+            self.inner = InMemoryMemoryStore()
+
+        def save_messages(self, messages) -> Awaitable[None]:  # type: ignore[no-untyped-def]
+            return self.inner.save_messages(messages)
+
+        def recall(self, thread_id, *, last=None, before=None) -> "Awaitable[list]":  # type: ignore[no-untyped-def]
+            return self.inner.recall(thread_id, last=last, before=before)
+
+        def delete_thread(self, thread_id) -> Awaitable[None]:  # type: ignore[no-untyped-def]
+            return self.inner.delete_thread(thread_id)
+
+    memory = Memory(storage=Forwards())
+    asyncio.run(memory.save_messages([Message(id="m1", thread_id="t", role="user", content="hello", created_at=T0)]))
+    assert [m.content for m in asyncio.run(memory.recall("t"))] == ["hello"]
+
+
 def test_a_sqlite_file_that_cannot_be_opened_is_named_in_the_error(tmp_path) -> None:
     import sqlite3
 

@@ -99,23 +99,27 @@ def prepare_cache(folder: str | Path | None = None) -> Path:
 
 class RateLimiter:
     """At most ``rpm`` acquisitions in any ``period`` seconds (60: requests per minute), as a
-    sliding log; async, first come first served."""
+    sliding log; async, and shared by every event loop and thread of the process (the app runs
+    each experiment in a thread with its own loop: an ``asyncio.Lock`` made on the first loop
+    raised "bound to a different event loop" on the next, and litellm then called the model
+    without waiting)."""
 
     def __init__(self, rpm: float, period: float = 60.0) -> None:
         self.rpm = rpm
         self.period = period
         self._times: list[float] = []
-        self._lock = asyncio.Lock()
+        self._mutex = threading.Lock()  # (held only to read and write the log, never across an await)
 
     async def acquire(self) -> None:
-        async with self._lock:
-            while True:
+        while True:
+            with self._mutex:
                 now = time.monotonic()
                 self._times = [t for t in self._times if now - t < self.period]
                 if len(self._times) < self.rpm:
                     self._times.append(now)
                     return
-                await asyncio.sleep(self.period - (now - self._times[0]) + 0.001)
+                wait = self.period - (now - self._times[0]) + 0.001
+            await asyncio.sleep(wait)
 
 
 class SQLiteCache:
@@ -216,7 +220,17 @@ class SQLiteCache:
             if found is not None:
                 self.shared += 1
                 return found
-        self._inflight[key] = loop.create_future()
+        future = self._inflight[key] = loop.create_future()
+        if (leader := asyncio.current_task()) is not None:
+            # A leader cancelled (the library's timeout, Stop) is reported to no callback: its
+            # waiters, and every later identical call of the loop, waited for it until their own
+            # timeout (SHARE_WAIT_S without one) rather than calling the model.
+            def gone(task: asyncio.Task[Any], key: str = key, future: asyncio.Future = future) -> None:
+                if self._inflight.get(key) is future and (task.cancelled() or task.exception() is not None):
+                    self._release(key, None)
+
+            leader.add_done_callback(gone)
+            future.add_done_callback(lambda _: leader.remove_done_callback(gone))
         call_id = kwargs.get("litellm_call_id")
         if call_id:
             self._leaders[str(call_id)] = key
