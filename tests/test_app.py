@@ -873,7 +873,7 @@ def test_the_app_holds_no_lock_between_its_operations(db: Path) -> None:
     assert not at.exception and len(store(db).runs()) == 2
 
 
-def test_uploads_are_keyed_by_content_and_a_dataset_without_probes_says_so(db: Path, tmp_path) -> None:
+def test_uploads_are_keyed_by_content_and_a_dataset_without_probes_says_so(db: Path, tmp_path, monkeypatch) -> None:
     from streamlit.testing.v1.element_tree import UnknownElement  # noqa: F401  (AppTest has no uploader API)
 
     from workbench import ui
@@ -888,10 +888,18 @@ def test_uploads_are_keyed_by_content_and_a_dataset_without_probes_says_so(db: P
     line = '{{"conversation_id": "{c}", "id": "m{i}", "role": "{r}", "content": "{t}", "timestamp": "2024-01-0{i}"}}'
     first = "\n".join(line.format(c="first", i=i, r=("user", "assistant")[i % 2], t="hello") for i in range(1, 3))
     second = "\n".join(line.format(c="second", i=i, r=("user", "assistant")[i % 2], t="bye") for i in range(1, 3))
+    import os
+    import stat
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     a = ui._saved_upload(Upload("chat.jsonl", first.encode()))
     b = ui._saved_upload(Upload("chat.jsonl", second.encode()))
     assert a != b and a.read_text() == first and b.read_text() == second  # same name, own files
     assert ui._saved_upload(Upload("other.jsonl", first.encode())).parent == a.parent  # same bytes, same folder
+    # in a folder of this user's, which no other user can read (it was /tmp/omem-uploads, mode 755)
+    root = a.parent.parent
+    assert root.parent == tmp_path and root.stat().st_uid == os.getuid() and not stat.S_IMODE(root.stat().st_mode) & 0o077
 
     path = tmp_path / "no-probes.jsonl"
     path.write_text(first)

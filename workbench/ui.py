@@ -232,6 +232,22 @@ def _stamp(path: Path) -> tuple[int, int]:
     return (info.st_size, info.st_mtime_ns)
 
 
+def _uploads() -> Path:
+    """The folder of this user's uploads, in the temporary folder and readable by this user only:
+    uploads are conversations, often private, and a shared ``omem-uploads`` let every user of the
+    machine read them (a folder of that name made by another user is refused, never used)."""
+    user = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
+    root = Path(tempfile.gettempdir()) / f"omem-uploads-{user}"
+    root.mkdir(mode=0o700, exist_ok=True)
+    if hasattr(os, "getuid"):
+        if root.is_symlink() or root.stat().st_uid != os.getuid():
+            raise ValueError(f"{root} belongs to another user (or is a link): remove it, or set TMPDIR to a "
+                             "folder of yours")
+        if root.stat().st_mode & 0o077:
+            root.chmod(0o700)
+    return root
+
+
 def _saved_upload(upload) -> Path:
     """The uploaded bytes in a folder named by their sha256 (per content, never per file name, so a
     second upload called like the first never shows the first file's data); a zip (a folder
@@ -240,7 +256,7 @@ def _saved_upload(upload) -> Path:
     as another error at the next upload of the file)."""
     data = upload.getvalue()
     digest = hashlib.sha256(data).hexdigest()[:16]
-    folder = Path(tempfile.gettempdir()) / "omem-uploads" / digest
+    folder = _uploads() / digest
     folder.mkdir(parents=True, exist_ok=True)
     name = Path(upload.name).name or "upload"
     target = folder / name
