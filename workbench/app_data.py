@@ -956,7 +956,7 @@ def offline_prompt_note(config_a: dict[str, Any], config_b: dict[str, Any]) -> s
     notes = offline_prompt_roles([config_a, config_b])
     if not notes:
         return None
-    return (f"The {' and '.join(notes)} prompt{'s' if len(notes) > 1 else ''} differ, but the built-in offline "
+    return (f"The {' and '.join(notes)} prompts differ, but the built-in offline "
             "model ignores prompt text: any difference here comes from other settings. Comparing prompt "
             "versions needs an LLM (choose a real observer/reflector model).")
 

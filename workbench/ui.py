@@ -645,6 +645,7 @@ def open_run(run_id: str) -> None:
 # -- experiments -----------------------------------------------------------------------------------
 
 EXPERIMENT_KEY = "omem_experiment"  # the experiment opened across pages
+_EXPERIMENT_LINK = "_omem_experiment_link"  # the address's experiment last followed (or written)
 TRACE_KEY = "omem_trace"  # (run_id, call seq) opened in Traces
 
 
@@ -660,6 +661,17 @@ def experiment_picker(store: RunStore, label: str, key: str, *, container=None, 
     box = container or st
     ids = list(frame.experiment_id)
     labels = {r["experiment_id"]: experiment_label(r) for r in frame.to_dict("records")}
+    # A link names its experiment (?experiment=…): followed once, then a pick by hand wins (the
+    # address follows the pick). Experiments, Tune and Compare kept no address: a link to the
+    # experiment shown (for a demo, a colleague) opened whichever the other tab had last opened.
+    linked = st.query_params.get("experiment")
+    if isinstance(linked, str) and linked.strip() and linked != st.session_state.get(_EXPERIMENT_LINK):
+        st.session_state[_EXPERIMENT_LINK] = linked
+        if linked.strip() in ids:
+            st.session_state[EXPERIMENT_KEY] = linked.strip()
+        else:
+            st.warning(plain(f"The link names experiment {linked.strip()}, which is not in this run store: the page "
+                             "shows another."))
     # The experiment opened across pages is the one shown, set through the widget's state: a
     # browser keeps a widget's own selection (the previous experiment after a new one started)
     # unless the app sets it. A pick by hand opens that experiment (the callback runs first).
@@ -676,6 +688,9 @@ def experiment_picker(store: RunStore, label: str, key: str, *, container=None, 
                            disabled=disabled)
     whole_label(box, labels.get(picked))
     st.session_state[EXPERIMENT_KEY] = picked
+    if st.query_params.get("experiment") != picked:  # the address names what is shown: a link to it
+        st.session_state[_EXPERIMENT_LINK] = picked
+        st.query_params.from_dict({"experiment": picked})
     return picked
 
 
