@@ -258,10 +258,15 @@ def test_the_quick_cli_paths_import_neither_litellm_nor_streamlit(tmp_path) -> N
     db = str(tmp_path / "r.duckdb")
     for extra in ([], ["--label", "nightly"]):
         assert invoke("replay", "--dataset", str(TINY), "--last-messages", "2", "--db", db, *extra)[0] == 0
+    code, out, _ = invoke("experiment", "run", "--dataset", str(TINY), "--observation-threshold", "40,60",
+                          "--concurrency", "1", "--json", "--db", db)
+    experiment_id = json.loads(out.strip().splitlines()[-1])["experiment_id"]
     probe = ("import sys, runpy; sys.argv = ['workbench'] + sys.argv[1:]\n"
              "try:\n    runpy.run_module('workbench', run_name='__main__')\nexcept SystemExit:\n    pass\n"
              "print('LOADED', sorted(m for m in ('litellm', 'streamlit', 'omem_core') if m in sys.modules))")
-    for args in (["--help"], ["runs", "--db", db], ["runs", "--db", str(tmp_path / "empty.duckdb")], ["datasets"]):
+    # (`experiment show` loaded litellm for one test of a run's error: 13-20 s before its first line)
+    for args in (["--help"], ["runs", "--db", db], ["runs", "--db", str(tmp_path / "empty.duckdb")], ["datasets"],
+                 ["experiment", "show", experiment_id, "--db", db], ["experiment", "list", "--db", db]):
         done = subprocess.run([sys.executable, "-c", probe, *args], cwd=ROOT, capture_output=True, text=True,
                               timeout=120)
         assert done.returncode == 0, done.stderr

@@ -24,3 +24,12 @@ class ConfigurationError(WorkbenchError, ValueError):
     def __init__(self, message: str, run_id: str | None = None) -> None:
         super().__init__(message)
         self.run_id = run_id
+
+
+REFUSED = "cannot be replayed"  # in a run's error: the library refused a message of the dataset
+
+
+def stopped_by_dataset(error: object) -> bool:
+    """Whether a run's recorded ``error`` says the library refused a message of its dataset (one
+    dated behind what was already observed): a resume would stop at that message again."""
+    return isinstance(error, str) and error.startswith("message ") and f" {REFUSED}: " in error

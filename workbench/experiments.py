@@ -1529,7 +1529,7 @@ def report(store: Any, experiment_id: str) -> dict[str, Any]:
                                 "conversations": conversation_tally(probes, base, other.label)})
     failed = sum(s.failed for s in summaries)
     missing = sum(s.missing for s in summaries)
-    from .replay import stopped_by_dataset
+    from .errors import stopped_by_dataset
 
     # the failed runs a resume would replay to the same end: stopped by a message of the dataset
     refused = sum(row["status"] == "failed" and stopped_by_dataset(row.get("error")) for row in conversations)
