@@ -173,7 +173,7 @@ class ReplayResult:
 
 # (in errors.py, which imports nothing: `experiment show` imported this module, and litellm with it,
 # for this test alone, 5-12 s of a 0.2 s command)
-from .errors import REFUSED, stopped_by_dataset  # noqa: E402
+from .errors import REFUSED, stopped_by_dataset  # noqa: E402, F401  (re-exported: the pages import it here)
 
 
 class ReplayFailed(WorkbenchError):
