@@ -30,4 +30,10 @@ if __name__ == "__main__":
             st.Page("workbench/app_pages/prompts.py", title="Prompts", icon=":material/edit_note:"),
         ],
     }
-    st.navigation(pages).run()
+    from workbench import ui
+    from workbench.runstore import RunStoreLocked
+
+    try:
+        st.navigation(pages).run()
+    except RunStoreLocked as exc:  # another program opened the file since: a read-only snapshot from now
+        ui.held_elsewhere(exc)

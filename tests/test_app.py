@@ -858,6 +858,34 @@ def test_a_store_held_by_another_process_opens_read_only(db: Path, monkeypatch) 
     assert len(RunStore(db).runs()) == 1  # the original was never written
 
 
+def test_a_store_another_program_opens_later_turns_the_pages_read_only_not_into_tracebacks(db: Path,
+                                                                                         monkeypatch) -> None:
+    """Found by a walkthrough: a notebook that opened the run store (read-only, as the project's
+    own notebook does) after the app had opened it made every page a red RunStoreLocked traceback,
+    which said "open read-write" and offered a snapshot nothing gave."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("OMEM_DB_WAIT", "0.5")
+    at = app()  # the app opened the store: the demo is replayed into it
+    assert at.metric
+    holder = subprocess.Popen([sys.executable, "-c", f"import duckdb, time; c = duckdb.connect({str(db)!r}, "
+                               "read_only=True); c.execute('SELECT 1'); print('ready', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        for page in ("experiments", "runs", "tune"):
+            at.switch_page(PAGES.format(page)).run()
+            assert not at.exception, (page, at.exception)
+            assert any(shown(w.value).startswith("Read-only: another program keeps app.duckdb open")
+                       for w in at.warning), (page, [w.value for w in at.warning])
+    finally:
+        holder.kill()
+        holder.wait()
+    at.button(key="omem_refresh").click().run()  # the notebook closed it: the file itself again
+    assert not at.exception and not any("Read-only" in shown(w.value) for w in at.warning)
+
+
 def test_the_app_holds_no_lock_between_its_operations(db: Path) -> None:
     """With the app open on the store, a CLI command in another process can write it."""
     import subprocess

@@ -855,7 +855,7 @@ def test_a_database_held_too_long_gets_a_clear_message(tmp_path, monkeypatch) ->
     with held_by_another_process(path):
         code, _, err = invoke("runs", "--db", str(path))
     assert code == 1 and "waiting for" in err  # it waited first, and said so
-    assert "open read-write in another process" in err and "stayed busy for 1 s" in err and "--db" in err
+    assert "is open in another process" in err and "stayed busy for 1 s" in err and "--db" in err
 
 
 def test_module_entry_point_help() -> None:

@@ -189,7 +189,7 @@ def test_a_file_held_by_another_process_gets_a_clear_message(tmp_path) -> None:
     path = tmp_path / "held.duckdb"
     RunStore(path).close()
     waits = []
-    with held_by_another_process(path), pytest.raises(RunStoreLocked, match="open read-write in another process"):
+    with held_by_another_process(path), pytest.raises(RunStoreLocked, match="is open in another process"):
         RunStore(path, wait_s=0.5, on_wait=waits.append)
     assert len(waits) == 1 and "waiting for" in waits[0]  # said once, while it waited
 

@@ -666,8 +666,8 @@ class RunStore:
                     raise RunStoreError(_describe_unreadable(self.path, exc)) from exc
                 if time.monotonic() >= deadline:
                     raise RunStoreLocked(
-                        f"{self.path} is open read-write in another process (a notebook or a program "
-                        f"that keeps it open) and stayed busy for {wait_s:g} s. Stop that process, "
+                        f"{self.path} is open in another process (a notebook or a program that keeps it "
+                        f"open, even read-only) and stayed busy for {wait_s:g} s. Stop that process, "
                         "or pass --db with another file. The app can still show a read-only snapshot."
                     ) from exc
                 if not told and self.on_wait is not None:

@@ -54,36 +54,65 @@ def db_path() -> str:
     return os.environ.get("OMEM_DB") or "runs.duckdb"
 
 
+SNAPSHOT_KEY = "omem_snapshot"  # this session's read-only copy of a run store another program holds
+
+
 @st.cache_resource(show_spinner=False)
-def _open_store(path: str) -> tuple[RunStore, str | None]:
+def _open_store(path: str) -> RunStore:
     """The app's run store. It holds no connection between operations (the CLI can write the same
-    file meanwhile); only when another program keeps the file open does the app fall back to a
-    read-only snapshot."""
+    file meanwhile): ``RunStoreLocked`` when another program keeps the file open (see get_store)."""
+    wait = float(os.environ["OMEM_DB_WAIT"]) if os.environ.get("OMEM_DB_WAIT") else APP_WAIT_S
+    return RunStore(path, wait_s=wait)
+
+
+def _snapshot(path: str) -> RunStore:
     try:
-        wait = float(os.environ["OMEM_DB_WAIT"]) if os.environ.get("OMEM_DB_WAIT") else APP_WAIT_S
-        return RunStore(path, wait_s=wait), None
-    except RunStoreLocked:
-        try:
-            return RunStore.snapshot(path), Path(path).name
-        except (OSError, RunStoreError) as exc:
-            raise RunStoreError(f"{path} is held by another program and no snapshot could be taken: {exc}") from exc
+        return RunStore.snapshot(path)
+    except (OSError, RunStoreError) as exc:
+        raise RunStoreError(f"{path} is held by another program and no snapshot could be taken: {exc}") from exc
 
 
 def get_store() -> RunStore:
-    """The run store (a read-only snapshot, with a notice, while another program holds the file)."""
+    """The run store; while another program keeps the file open, a read-only snapshot of it with
+    a notice. The snapshot is the session's own (its "Try the file again" closes it, which removed
+    the copy another tab was reading), and goes with the session."""
+    path = db_path()
+    store = st.session_state.get(SNAPSHOT_KEY)
+    if store is not None and store.snapshot_of != str(Path(path)):  # (another run store chosen since)
+        store.close()
+        store = st.session_state[SNAPSHOT_KEY] = None
     try:
-        store, held = _open_store(db_path())
+        if store is None:
+            try:
+                store = _open_store(path)
+            except RunStoreLocked:
+                store = st.session_state[SNAPSHOT_KEY] = _snapshot(path)
     except RunStoreError as exc:
         error("The run store cannot be opened: ", exc)
         st.stop()
-    if held:
-        st.warning(plain(f"Read-only: another program keeps {held} open, so this page shows a copy taken "
-                         "when the app opened it, and replays and edits are off until that program closes it."))
+    if store.snapshot_of is not None:
+        st.warning(plain(f"Read-only: another program keeps {Path(path).name} open, so this page shows a copy "
+                         "taken when the app found it so, and replays and edits are off until that program "
+                         "closes it."))
         if st.button("Try the file again", key="omem_refresh"):
             store.close()  # (removes the copy: each try that finds the file still held takes a new one)
-            _open_store.clear()
+            st.session_state[SNAPSHOT_KEY] = None
             st.rerun()
     return store
+
+
+def held_elsewhere(exc: RunStoreLocked) -> None:
+    """A page's operation found the run store held by another program past the wait (a notebook
+    keeping a connection, even a read-only one, opened after the app): the session goes on with a
+    read-only snapshot, as when the app opens on a held file. Every page showed a traceback."""
+    if st.session_state.get(SNAPSHOT_KEY) is not None:
+        raise exc  # (a snapshot is never held: not ours)
+    try:
+        st.session_state[SNAPSHOT_KEY] = _snapshot(db_path())
+    except RunStoreError as error_:
+        error("The run store cannot be opened: ", error_)
+        st.stop()
+    st.rerun()
 
 
 _MARKDOWN_SPECIAL = re.compile(r"([!-/:-@\[-`{-~])")
@@ -748,7 +777,7 @@ def _experiment_tables(path: str, experiment_id: str, stamp: tuple) -> dict:
     its update time and run counts), so pages rerun without recomputing bootstrap intervals."""
     from .experiments import summarise
 
-    store = _open_store(path)[0]
+    store = _open_store(path)
     with store.session():
         return {"experiment": store.experiment(experiment_id), "summaries": summarise(store, experiment_id),
                 "runs": store.experiment_runs(experiment_id), "probes": store.experiment_probes(experiment_id),
@@ -759,7 +788,7 @@ def _experiment_tables(path: str, experiment_id: str, stamp: tuple) -> dict:
 def _judging_inputs(path: str, run_id: str, stamp: tuple) -> tuple[list, str]:
     from .experiments import judging_inputs as inputs
 
-    return inputs(_open_store(path)[0], run_id)
+    return inputs(_open_store(path), run_id)
 
 
 def judging_inputs(store: RunStore, run: dict) -> tuple[list, str]:
