@@ -1167,6 +1167,25 @@ def run_experiment_in(db: Path, observation=(150, 600), observers=("omem/extract
     return experiment_id
 
 
+def test_compares_open_run_follows_configuration_a_until_another_is_picked(db: Path) -> None:
+    """Found by a walkthrough: the grid's "Configuration" picker kept the A of the page's first
+    draw; after A and B were changed, "Open run" opened a run of neither."""
+    run_experiment_in(db, observation=(150, 300, 600))
+    at = app("compare")
+
+    def configuration():  # type: ignore[no-untyped-def]
+        [picker] = [b for b in at.selectbox if b.label == "Configuration"]
+        return picker
+
+    assert configuration().value == at.sidebar.selectbox(key="cmp_xp_a").value == "obs 150"
+    at.sidebar.selectbox(key="cmp_xp_a").set_value("obs 300")
+    at.sidebar.selectbox(key="cmp_xp_b").set_value("obs 600").run()
+    assert configuration().value == "obs 300"  # (it stayed "obs 150")
+    configuration().set_value("obs 600").run()  # a pick by hand is kept when A changes
+    at.sidebar.selectbox(key="cmp_xp_a").set_value("obs 150").run()
+    assert configuration().value == "obs 600"
+
+
 def test_compare_forgets_a_probe_picked_in_another_experiment(db: Path) -> None:
     """The probe picker kept a row number across a switch of experiment: it showed the old
     experiment's probe and its Open run opened another probe's run. (Also: the charts' "1.1x

@@ -206,6 +206,11 @@ def experiment_comparison() -> None:
             # (a new widget when the toggle or another grid changes the options: see ui.choice)
             row = rows[ui.choice(left, "Probe", list(rows), key=f"cmp_xp_probe_{experiment_id}",
                                  format_func=questions.get)]
+            # A until another is picked here: it kept the A of its first draw, so after A changed,
+            # "Open run" opened a configuration that was neither A nor B.
+            if st.session_state.get("cmp_xp_cell_config") in (None, st.session_state.get("_cmp_xp_cell_a")):
+                st.session_state["cmp_xp_cell_config"] = a
+            st.session_state["_cmp_xp_cell_a"] = a
             label = ui.choice(middle, "Configuration", ordered, key="cmp_xp_cell_config")
             target = app_data.grid_target(grid, row, label)
             where = "at the step its evidence was lost" if target and target[1] is not None else "at its last step"
