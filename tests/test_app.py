@@ -577,6 +577,11 @@ def test_prompts_save_a_version(db: Path) -> None:
     assert not at.exception and at.success
     saved = store(db).prompts()
     assert list(saved.version) == ["v2-short"] and saved.text[0] == "Write short dated notes."
+    # the header says the text is saved, at once and later (it said "edited (not saved) … save it")
+    said = "observer@v2, edited · 24 characters: the text of observer@v2-short, saved"
+    assert [t.value for t in at.text if "observer@v2" in t.value] == [said]
+    at.run()
+    assert [t.value for t in at.text if "observer@v2" in t.value] == [said]
     at.text_area(key="pr_text_observer_v2").set_value("Something else.")
     at.button(key="pr_save").click().run()
     assert at.error and "already exists" in at.error[0].value

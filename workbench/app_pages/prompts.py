@@ -18,8 +18,11 @@ prompt = choices[version]
 header = st.empty()  # (filled once the text is read: it described the version, not the text edited)
 text = st.text_area("Text (the system message of each compaction call)", prompt.text, height=360,
                     key=f"pr_text_{name}_{version}")
+kept = [p for v, p in choices.items() if p.text == text and v != version]  # the edited text, saved as a version
 if text == prompt.text:
     header.text(f"{prompt.label} · sha256 {prompt.sha256[:16]}… · {len(prompt.text)} characters")
+elif kept:  # (it said "edited (not saved) … save it" of a text just saved, above "Saved …")
+    header.text(f"{prompt.label}, edited · {len(text)} characters: the text of {kept[0].label}, saved")
 else:
     header.text(f"{prompt.label}, edited (not saved) · {len(text)} characters (the version has "
                 f"{len(prompt.text)}): save it as a new version to use it")
@@ -36,6 +39,7 @@ if st.button("Save version", type="primary", key="pr_save",
     try:
         candidate = Prompt(name=name, version=new_version.strip(), text=text)
         if store.save_prompt(candidate):
+            header.text(f"{prompt.label}, edited · {len(text)} characters: the text of {candidate.label}, saved")
             st.success(ui.plain(f"Saved {candidate.label} (sha256 {candidate.sha256[:16]}…).")
                        + " Pick it in the explorer, Compare or a new experiment.")
         else:  # (it said "Saved", and no version was added)
