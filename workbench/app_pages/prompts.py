@@ -9,7 +9,8 @@ from workbench.runstore import RunStoreError, version_problem
 store = ui.get_store()
 st.title("Prompts")
 st.caption("Saved versions appear in the configuration forms of the explorer, Compare and Experiments. The "
-           "built-in offline model reads only a prompt's layout, not its text: comparing prompt versions needs a real model.")
+           "built-in offline model reads only a prompt's layout, not its text: comparing prompt versions needs a "
+           "real model.")
 
 name = st.radio("Prompt", ["observer", "reflector"], horizontal=True, key="pr_name")
 choices = ui.prompt_choices(store, name)
