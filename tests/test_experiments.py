@@ -203,6 +203,8 @@ def test_runs_replayed_and_waiting_to_be_written_are_not_counted_in_progress(tmp
     assert fractions == sorted(fractions) and fractions[-1] == 1.0
     from workbench.app_data import progress_text
 
+    assert progress_text(None, experiment_id) == (0.0, f"Starting {experiment_id}: reading the dataset and starting "
+                                                      "the workers (10-20 s)…")  # (not only "Starting …")
     waiting = ex.Progress(6, 32, 0, 0.0, "obs 100", "c", "completed", 1.0, in_flight=2, running=0.5, recording=24)
     assert progress_text(waiting, experiment_id) == (
         (6 + 24 + 0.5) / 32, "6 of 32 runs to replay done · 2 in progress, 25% through their messages · 24 replayed, "

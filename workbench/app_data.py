@@ -231,7 +231,8 @@ def progress_text(p: Any, experiment_id: str) -> tuple[float, str]:
     """A running experiment's progress bar: its fraction and text, from its latest
     ``experiments.Progress`` (``None`` before its first report)."""
     if p is None:
-        return 0.0, f"Starting {experiment_id}…"
+        # (it said only "Starting exp-…" for the 10-16 s a first start takes, which read as stuck)
+        return 0.0, f"Starting {experiment_id}: reading the dataset and starting the workers (10-20 s)…"
     eta = f", about {p.eta_s:.0f} s left" if p.eta_s is not None and p.done < p.total else ""
     # (" · 3 not completed" beside "3 of 6 done" read as 3 completed and 3 more that did not)
     failed = (" (all of them not completed)" if p.failed == p.done else f" ({p.failed} of them not completed)") \
