@@ -285,6 +285,19 @@ def test_rpm_reaches_the_gate_in_front_of_the_model(tmp_path) -> None:
     assert (MODEL, 1000.0) in limiters and len(limiters[(MODEL, 1000.0)]._times) == len(server.ok())
 
 
+def test_rpm_holds_with_the_cache_off_and_nothing_is_stored(tmp_path) -> None:
+    """--rpm rides on litellm's question to its cache before each call, which it asks only with
+    caching on: with --no-cache the limit was ignored (--rpm 2: four requests in the same second)."""
+    import litellm
+
+    with OpenAIServer(reply=note) as server:
+        code, data, err = run(server, tmp_path / "x.duckdb", "--rpm", "999", "--no-cache", "--concurrency", "2")
+    assert code == 0, err
+    limiter = litellm.cache.cache._limiters[(MODEL, 999.0)]
+    assert len(server.ok()) > 0 and len(limiter._times) == len(server.ok())  # every request took a slot
+    assert not (tmp_path / "cache").exists()  # and nothing was kept (OMEM_CACHE_DIR)
+
+
 def test_two_servers_under_one_model_string_never_share_cached_answers(tmp_path) -> None:
     """litellm's cache key leaves the server out: the second server's run was served the first
     one's answers (every call a cache hit), and a server failing every call looked completed."""

@@ -28,6 +28,7 @@ from .errors import WorkbenchError
 
 CACHE_FILE_KEY = "omem-cache-file"
 RPM_KEY = "omem-rpm"  # optional requests-per-minute limit for the calls that reach the model
+GATE_ONLY_KEY = "omem-gate-only"  # the rate limit without the cache: nothing is read, stored or shared
 CACHE_FILE_NAME = "litellm-cache.sqlite"
 SHARE_WAIT_S = 900.0  # the longest a call waits for an identical one in flight
 
@@ -162,12 +163,16 @@ class SQLiteCache:
         echoes the key) is written as the variable's name, as the run store writes it."""
         from omem_core._env import redact_secrets  # (litellm is loaded: this is one of its calls)
 
+        if _gate_only(kwargs):
+            return
         ttl = kwargs.get("ttl")
         self._con(self._path(kwargs)).execute("INSERT OR REPLACE INTO cache VALUES (?, ?, ?, ?)",
                                               [_stored_key(key, kwargs.get("model")), redact_secrets(json.dumps(value, default=str)),
                                                time.time(), ttl])
 
     def get_cache(self, key: str, **kwargs: Any) -> Any:
+        if _gate_only(kwargs):
+            return None
         row = self._con(self._path(kwargs)).execute(
             "SELECT value, created, ttl FROM cache WHERE key = ?", [_stored_key(key, kwargs.get("model"))]).fetchone()
         if row is None:
@@ -207,6 +212,9 @@ class SQLiteCache:
             self.set_cache(key, value, **kwargs)
 
     async def async_get_cache(self, key: str, **kwargs: Any) -> Any:
+        if _gate_only(kwargs):  # (--no-cache with --rpm: it was ignored, every call went out at once)
+            await self._limit(kwargs)
+            return None
         found = self.get_cache(key, **kwargs)
         if found is not None:
             return found
@@ -234,13 +242,17 @@ class SQLiteCache:
         call_id = kwargs.get("litellm_call_id")
         if call_id:
             self._leaders[str(call_id)] = key
+        await self._limit(kwargs)
+        return None
+
+    async def _limit(self, kwargs: dict[str, Any]) -> None:
+        """A slot of the call's requests-per-minute limiter, if it names one (one per model and limit)."""
         control = kwargs.get("cache") or {}
         rpm = control.get(RPM_KEY) if isinstance(control, dict) else None
         if rpm:
             model = str(kwargs.get("model"))
             limiter = self._limiters.setdefault((model, float(rpm)), RateLimiter(float(rpm)))
             await limiter.acquire()
-        return None
 
     async def batch_cache_write(self, key: str, value: Any, **kwargs: Any) -> None:
         self.set_cache(key, value, **kwargs)
@@ -249,6 +261,11 @@ class SQLiteCache:
         for con in (getattr(self._local, "connections", None) or {}).values():
             con.close()
         self._local.connections = {}
+
+
+def _gate_only(kwargs: dict[str, Any]) -> bool:
+    control = kwargs.get("cache")
+    return isinstance(control, dict) and bool(control.get(GATE_ONLY_KEY))
 
 
 def _waiter_release() -> Any:
@@ -325,6 +342,13 @@ def forget_connections() -> None:
         backend._local = threading.local()
         backend._inflight.clear()
         backend._leaders.clear()
+
+
+def gate_kwargs(rpm: float) -> dict[str, Any]:
+    """The per-call arguments that take a slot of an ``rpm`` limiter without the cache (a replay
+    with the cache off): litellm asks its cache backend before each call only when caching is on,
+    so the limit rides on that question, and nothing is read, stored or shared."""
+    return {"caching": True, "cache": {"use-cache": True, RPM_KEY: rpm, GATE_ONLY_KEY: True}}
 
 
 def completion_kwargs(path: Path, *, rpm: float | None = None, api_base: str | None = None) -> dict[str, Any]:

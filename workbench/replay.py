@@ -36,7 +36,7 @@ from omem_core import (
 
 from omem_core.wrapper import DEFAULT_MAX_INPUT_TOKENS as OBSERVER_INPUT_CAP
 
-from .cache import completion_kwargs, enable_litellm_cache, prepare_cache
+from .cache import RPM_KEY, completion_kwargs, enable_litellm_cache, gate_kwargs, prepare_cache
 from .datasets import Conversation
 from .errors import ConfigurationError, WorkbenchError
 from .formatting import cli_command, default_run_label, not_text, printable
@@ -375,6 +375,8 @@ async def replay(
                 cache_control = completion_kwargs(path, api_base=completion.get("api_base"))
                 cache_control["cache"].update(completion.pop("cache", None) or {})
                 completion.update(cache_control)
+        elif (rpm := (completion.pop("cache", None) or {}).get(RPM_KEY)) and enable_litellm_cache():
+            completion.update(gate_kwargs(rpm))  # (the limit without the cache: it was ignored)
         thread = conversation.id
         index_of = {t.id: i for i, t in enumerate(turns)}
         wrapper = create_observational_memory_store(
