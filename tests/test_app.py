@@ -1832,6 +1832,13 @@ def test_comparing_prompts_with_the_offline_model_says_it_needs_an_llm(db: Path)
     at = app("experiments")
     at.multiselect(key="xp_oprompts").select("short").run()
     assert any("ignores prompt text" in w.value for w in at.warning)
+    # Compare's own two runs: said before Run both, as the form above does (it came after the runs)
+    at.switch_page(PAGES.format("compare")).run()
+    at.sidebar.radio(key="cmp_mode").set_value("Run two configurations").run()
+    assert not any("ignores prompt text" in w.value for w in at.warning)
+    at.selectbox(key="cmp_b_oprompt").set_value("short").run()
+    assert not at.exception and [shown(w.value) for w in at.warning if "ignores prompt text" in w.value] == [
+        app_data.offline_prompt_note(a, b)]
 
 
 # -- the pure helpers behind the pages --------------------------------------------------------------
@@ -2445,6 +2452,17 @@ def test_a_link_names_the_experiment_on_experiments_tune_and_compare(db: Path) -
     assert any(shown(w.value) == "The link names experiment exp-gone, which is not in this run store: the page shows "
                "another." for w in at.warning), [w.value for w in at.warning]
     assert at.query_params["experiment"] == at.sidebar.selectbox(key="tune_exp").value
+
+
+def test_tune_offers_heatmaps_only_for_a_grid_of_thresholds(db: Path) -> None:
+    """A grid of backlog ceilings (or prompts) at one threshold showed a "Heatmaps for" picker with
+    no heatmap under it."""
+    run_experiment_in(db, observation=(600,), backlogs=(None, 2000))
+    at = app("tune")
+    assert not at.exception and not [b for b in at.selectbox if b.key == "tune_xp_settings"]
+    run_experiment_in(db, observation=(150, 600), backlogs=(None, 2000))  # (the newest is shown)
+    at = app("tune")
+    assert [b.label for b in at.selectbox if b.key == "tune_xp_settings"] == ["Heatmaps for"]
 
 
 def test_tune_and_compare_say_a_running_experiments_figures_are_partial(db: Path) -> None:

@@ -281,6 +281,9 @@ if mode == MODES[2]:
     if config_a is not None and config_b is not None and config_a.to_json() == config_b.to_json():
         st.warning("Configurations A and B are the same: both runs would replay alike. Change a setting on one "
                    "side to compare.")
+    elif config_a is not None and config_b is not None and \
+            (ignored := app_data.offline_prompt_note(config_a.to_json(), config_b.to_json())):
+        st.warning(ui.plain(ignored))  # before the runs, as the Experiments form says it (it came after them)
     if st.button("Run both", type="primary", key="cmp_run",
                  disabled=conversation is None or store.read_only or config_a is None or config_b is None):
         result_a = ui.run_replay(store, conversation, config_a)  # labelled by their configuration: "A" and
@@ -311,8 +314,8 @@ for name, info in (("A", info_a), ("B", info_b)):
                  "figures describe only the part replayed. ", info["error"] or "")
 if info_a["conversation_id"] != info_b["conversation_id"]:
     st.warning("The two runs replayed different conversations; their figures are not directly comparable.")
-if note := app_data.offline_prompt_note(info_a["config"], info_b["config"]):  # (as for an experiment's pair)
-    st.warning(note)
+if mode != MODES[2] and (note := app_data.offline_prompt_note(info_a["config"], info_b["config"])):
+    st.warning(note)  # (as for an experiment's pair; said above the form when it ran them)
 if note := scoring_note([info_a.get("scoring"), info_b.get("scoring")]):
     st.warning(ui.plain(app_data.as_sentence(note)))
 

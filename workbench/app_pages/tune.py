@@ -82,7 +82,9 @@ if mode == "An experiment":
                 st.switch_page("workbench/app_pages/compare.py")
     cells = app_data.threshold_cells(summaries)
     settings = list(dict.fromkeys(cells.settings))
-    if len(settings) > 1:  # one heatmap per combination of the other settings: a cell never averages two
+    gridded = cells.observation_threshold.nunique() > 1 or cells.reflection_threshold.nunique() > 1
+    # (only with thresholds to map: a grid of prompts alone showed the picker and no heatmap under it)
+    if len(settings) > 1 and gridded:  # one heatmap per combination of the other settings: a cell never averages two
         setting = st.selectbox("Heatmaps for", settings, key="tune_xp_settings",
                                help="What varies in the grid besides the two thresholds")
         cells = cells[cells.settings == setting]
