@@ -1115,6 +1115,26 @@ class _CtrlC(io.RawIOBase):
         return 0
 
 
+def test_the_model_call_cache_is_shown_and_cleared(tmp_path, monkeypatch) -> None:
+    """The cache only grows (answers of every model and omem version are kept) and nothing said
+    where it was or how large, nor emptied it: `cache` says both, `cache --clear` empties it."""
+    monkeypatch.setenv("OMEM_CACHE_DIR", str(tmp_path / "calls"))
+    db = str(tmp_path / "r.duckdb")
+    code, out, _ = invoke("cache")
+    assert code == 0 and out.strip() == f"no model-call cache at {tmp_path / 'calls' / 'litellm-cache.sqlite'} yet"
+    assert invoke("replay", "--db", db)[0] == 0  # the demo: three observer calls, cached
+    code, out, _ = invoke("cache")
+    assert code == 0 and out.startswith(f"model-call cache {tmp_path / 'calls' / 'litellm-cache.sqlite'}: 3 answers, ")
+    result = CliRunner().invoke(cli, ["cache", "--clear"], input="n\n")
+    assert result.exit_code == 1 and "nothing deleted" in result.stderr
+    assert " 3 answers, " in invoke("cache")[1]
+    code, out, _ = invoke("cache", "--clear", "--yes")
+    assert code == 0 and "deleted 3 cached answers" in out
+    assert ": 0 answers, " in invoke("cache")[1]
+    code, out, _ = invoke("replay", "--db", db, "--json")
+    assert code == 0 and json.loads(out.strip().splitlines()[-1])["cache_hits"] == 0  # asked the model again
+
+
 def test_runs_and_experiments_are_deleted_from_the_cli_after_a_confirmation(tmp_path) -> None:
     db = str(tmp_path / "d.duckdb")
     ids = []

@@ -266,7 +266,7 @@ def test_the_quick_cli_paths_import_neither_litellm_nor_streamlit(tmp_path) -> N
              "print('LOADED', sorted(m for m in ('litellm', 'streamlit', 'omem_core') if m in sys.modules))")
     # (`experiment show` loaded litellm for one test of a run's error: 13-20 s before its first line)
     for args in (["--help"], ["runs", "--db", db], ["runs", "--db", str(tmp_path / "empty.duckdb")], ["datasets"],
-                 ["experiment", "show", experiment_id, "--db", db], ["experiment", "list", "--db", db]):
+                 ["experiment", "show", experiment_id, "--db", db], ["experiment", "list", "--db", db], ["cache"]):
         done = subprocess.run([sys.executable, "-c", probe, *args], cwd=ROOT, capture_output=True, text=True,
                               timeout=120)
         assert done.returncode == 0, done.stderr

@@ -88,7 +88,7 @@ def prepare_cache(folder: str | Path | None = None) -> Path:
     try:
         con = _connect(path)
         try:
-            con.execute("INSERT OR REPLACE INTO cache VALUES ('omem:probe', '1', ?, 0)", [time.time()])
+            con.execute("INSERT OR REPLACE INTO cache VALUES (?, '1', ?, 0)", [PROBE_KEY, time.time()])
         finally:
             con.close()
     except (OSError, sqlite3.Error) as exc:
@@ -96,6 +96,51 @@ def prepare_cache(folder: str | Path | None = None) -> Path:
             f"the model-call cache folder {path.parent} cannot be written ({exc}); set OMEM_CACHE_DIR "
             "to a writable folder, or replay without the cache (--no-cache)") from exc
     return path
+
+
+PROBE_KEY = "omem:probe"  # the row prepare_cache writes to check the file is writable: not an answer
+
+
+def cache_summary(folder: str | Path | None = None) -> dict[str, Any]:
+    """What the model-call cache of ``folder`` (default :func:`default_cache_dir`) holds: its
+    ``path``, whether it ``exists``, its ``answers``, ``bytes`` (with its WAL) and the ``oldest`` and
+    ``newest`` answers' times (epoch seconds). Reads the file only (no model library is loaded)."""
+    path = Path(folder if folder is not None else default_cache_dir()) / CACHE_FILE_NAME
+    summary: dict[str, Any] = {"path": str(path), "exists": path.is_file(), "answers": 0, "bytes": 0,
+                               "oldest": None, "newest": None}
+    if not summary["exists"]:
+        return summary
+    summary["bytes"] = sum(p.stat().st_size for p in (path, path.with_name(path.name + "-wal")) if p.is_file())
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+        try:
+            row = con.execute("SELECT count(*), min(created), max(created) FROM cache WHERE key != ?",
+                              [PROBE_KEY]).fetchone()
+        finally:
+            con.close()
+    except sqlite3.Error as exc:
+        raise CacheUnavailable(f"the model-call cache {path} cannot be read ({exc})") from exc
+    summary.update(answers=int(row[0]), oldest=row[1], newest=row[2])
+    return summary
+
+
+def clear_cache(folder: str | Path | None = None) -> int:
+    """Delete every answer of the model-call cache of ``folder`` and give its space back; the
+    number of answers deleted. A replay running meanwhile keeps working (it asks the model again)."""
+    path = Path(folder if folder is not None else default_cache_dir()) / CACHE_FILE_NAME
+    if not path.is_file():
+        return 0
+    try:
+        con = sqlite3.connect(path, timeout=30, isolation_level=None)
+        try:
+            deleted = con.execute("DELETE FROM cache WHERE key != ?", [PROBE_KEY]).rowcount
+            con.execute("VACUUM")
+            con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            con.close()
+    except sqlite3.Error as exc:
+        raise CacheUnavailable(f"the model-call cache {path} cannot be cleared ({exc})") from exc
+    return int(deleted)
 
 
 class RateLimiter:

@@ -1180,6 +1180,40 @@ def _say_written(written: list[Path], about: dict[str, Any], as_json: bool) -> N
                          for path in written]})
 
 
+def _size(size: int) -> str:
+    return f"{size / 1e6:,.1f} MB" if size >= 1e6 else f"{size / 1e3:,.0f} kB"
+
+
+@cli.command("cache")
+@click.option("--clear", is_flag=True, help="Delete every cached answer (asks first; --yes does not).")
+@click.option("--yes", is_flag=True, help="Do not ask before clearing.")
+def cache_command(clear: bool, yes: bool) -> None:
+    """The model-call cache ($OMEM_CACHE_DIR, else ~/.cache/omem): where it is and what it holds;
+    --clear empties it (it only grows: answers of every model and omem version are kept)."""
+    import datetime
+
+    from .cache import CacheUnavailable, cache_summary, clear_cache
+
+    try:
+        summary = cache_summary()
+        if not summary["exists"]:
+            click.echo(f"no model-call cache at {summary['path']} yet")
+            return
+        when = [datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M") if t else None
+                for t in (summary["oldest"], summary["newest"])]
+        span = f", {when[0]} to {when[1]}" if summary["answers"] else ""
+        click.echo(f"model-call cache {summary['path']}: {count(summary['answers'], 'answer')}, "
+                   f"{_size(summary['bytes'])}{span}")
+        if not clear:
+            return
+        if not yes and not _agree(f"Delete {count(summary['answers'], 'cached answer')}?"):
+            raise click.ClickException("nothing deleted (pass --yes to clear without asking)")
+        deleted = clear_cache()
+    except CacheUnavailable as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"deleted {count(deleted, 'cached answer')}; the next calls ask their models again")
+
+
 @cli.command()
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path), metavar="[PATH]...")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
