@@ -2446,6 +2446,21 @@ def test_a_link_names_the_experiment_on_experiments_tune_and_compare(db: Path) -
         assert picker.value == second and at.query_params["experiment"] == second, page
         at.run()
         assert picker.value == second, page
+    # Compare names its pair too: a link opens it, a pick by hand rewrites it
+    at = app()
+    at.query_params.update({"experiment": first, "a": "obs 600", "b": "obs 150"})
+    at.switch_page(PAGES.format("compare")).run()
+    assert not at.exception, at.exception
+    assert (at.sidebar.selectbox(key="cmp_xp_a").value, at.sidebar.selectbox(key="cmp_xp_b").value) == \
+        ("obs 600", "obs 150")
+    at.sidebar.selectbox(key="cmp_xp_b").set_value("obs 600")
+    at.sidebar.selectbox(key="cmp_xp_a").set_value("obs 150").run()
+    assert (at.query_params["experiment"], at.query_params["a"], at.query_params["b"]) == (first, "obs 150", "obs 600")
+    at = app()
+    at.query_params.update({"experiment": first, "a": "obs 9999"})
+    at.switch_page(PAGES.format("compare")).run()
+    assert any(shown(w.value).startswith(f"The link names configuration 'obs 9999', which {first} does not have")
+               for w in at.warning), [w.value for w in at.warning]
     at = app()
     at.query_params["experiment"] = "exp-gone"
     at.switch_page(PAGES.format("tune")).run()

@@ -719,7 +719,7 @@ def experiment_picker(store: RunStore, label: str, key: str, *, container=None, 
     st.session_state[EXPERIMENT_KEY] = picked
     if st.query_params.get("experiment") != picked:  # the address names what is shown: a link to it
         st.session_state[_EXPERIMENT_LINK] = picked
-        st.query_params.from_dict({"experiment": picked})
+        st.query_params["experiment"] = picked  # (a page may name more: Compare's pair)
     return picked
 
 

@@ -36,6 +36,17 @@ def experiment_comparison() -> None:
     pair = st.session_state.pop("cmp_xp_pair", None)  # a point clicked in Tune
     if pair and all(p in labels for p in pair):
         st.session_state["cmp_xp_a"], st.session_state["cmp_xp_b"] = pair
+    # A link names the pair too (?experiment=…&a=…&b=…), followed once: a comparison can be sent or
+    # bookmarked (a reload showed the newest experiment's first two configurations).
+    linked = (st.query_params.get("a"), st.query_params.get("b"))
+    if any(linked) and linked != st.session_state.get("_cmp_xp_link"):
+        st.session_state["_cmp_xp_link"] = linked
+        for key, value in zip(("cmp_xp_a", "cmp_xp_b"), linked):
+            if value in labels:
+                st.session_state[key] = value
+            elif value:
+                st.warning(ui.plain(f"The link names configuration {value!r}, which {experiment_id} does not have: "
+                                    "another is shown."))
     for key, other in (("cmp_xp_a", "cmp_xp_b"), ("cmp_xp_b", "cmp_xp_a")):
         ui.kept(key, labels)  # (back from another page: the pair picked before, not the first two)
         if st.session_state.get(key) not in labels:  # (another experiment's: the first the other side is not)
@@ -44,6 +55,9 @@ def experiment_comparison() -> None:
     ui.whole_label(st.sidebar, a)
     b = st.sidebar.selectbox("Configuration B", labels, key="cmp_xp_b")
     ui.whole_label(st.sidebar, b)
+    if (st.query_params.get("a"), st.query_params.get("b")) != (a, b):  # the address names the pair shown
+        st.session_state["_cmp_xp_link"] = (a, b)
+        st.query_params["a"], st.query_params["b"] = a, b
     summaries, probes, losses, runs = (tables[k] for k in ("summaries", "probes", "losses", "runs"))
     # The conversations with a run of A and of B first (the charts and memories need both: the
     # first listed had none of A after its run was deleted, and those sections were left out
