@@ -126,21 +126,30 @@ _AWAITABLE_ANNOTATIONS = ("Awaitable", "Coroutine", "Future", "Task")
 
 
 def _not_awaitable(method: object) -> str | None:
-    """What ``method`` is when a call of it cannot be awaited, as far as its definition says: a
-    function written with a plain ``def`` (under any decorator that keeps ``__wrapped__``) whose
-    return annotation names no awaitable, or an async generator; else ``None``."""
-    function = getattr(method, "__func__", method)
-    try:
-        function = inspect.unwrap(function)  # type: ignore[arg-type]
-    except ValueError:  # (a cycle of __wrapped__)
-        return None
-    if not inspect.isfunction(function) or inspect.iscoroutinefunction(function):
-        return None
-    if inspect.isasyncgenfunction(function):
-        return "an async generator (it yields)"
-    returns = function.__annotations__.get("return")
-    said = returns if isinstance(returns, str) else getattr(returns, "__name__", "") or repr(returns)
-    return None if any(word in said for word in _AWAITABLE_ANNOTATIONS) else "a plain function (def, not async def)"
+    """What ``method`` is when its definition says a call of it cannot be awaited: an async
+    generator, or a plain ``def`` whose return annotation names a type that is no awaitable
+    (``-> None``, ``-> list[Message]``); else ``None``. Every layer of decorators that keep
+    ``__wrapped__`` is looked at, and any one that is ``async`` or says it returns an awaitable
+    clears it (a decorator that runs a plain function in a thread); a plain ``def`` without a
+    return annotation may forward another store's awaitable, and is taken on trust."""
+    layer: object = getattr(method, "__func__", method)
+    kind = None
+    for _ in range(100):  # (a cycle of __wrapped__ ends here)
+        if inspect.iscoroutinefunction(layer):
+            return None
+        if inspect.isfunction(layer):
+            if inspect.isasyncgenfunction(layer):
+                kind = kind or "an async generator (it yields)"
+            elif "return" in layer.__annotations__:
+                returns = layer.__annotations__["return"]
+                said = returns if isinstance(returns, str) else getattr(returns, "__name__", "") or repr(returns)
+                if any(word in said for word in _AWAITABLE_ANNOTATIONS):
+                    return None
+                kind = kind or f"a plain function (def, not async def) returning {said}"
+        layer = getattr(layer, "__wrapped__", None)
+        if layer is None:
+            break
+    return kind
 
 
 def _article(protocol: type) -> str:

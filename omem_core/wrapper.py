@@ -1333,8 +1333,11 @@ class ObservationalMemoryStore:
             )
 
         try:
+            # (a task of its own, cancelled at the timeout: since Python 3.12 wait_for runs a bare
+            # coroutine in the calling task and cancels nothing that a cache layer could see)
             response = await asyncio.wait_for(
-                litellm.acompletion(model=config.model, messages=messages, **self.completion_kwargs),
+                asyncio.ensure_future(litellm.acompletion(model=config.model, messages=messages,
+                                                          **self.completion_kwargs)),
                 timeout=self.timeout,
             )
         except asyncio.TimeoutError as exc:

@@ -891,6 +891,36 @@ def test_a_store_another_program_opens_later_turns_the_pages_read_only_not_into_
     assert not at.exception and not any("Read-only" in shown(w.value) for w in at.warning)
 
 
+def test_a_fragment_that_finds_the_store_held_turns_the_session_read_only_too(db: Path) -> None:
+    """The pages' timed fragments (following an experiment) rerun without app.py's handler: a
+    store held meanwhile showed their traceback. ui.guarded gives them the same snapshot."""
+    RunStore(db).close()
+
+    def page() -> None:
+        import streamlit as st
+
+        from workbench import ui
+        from workbench.runstore import RunStoreLocked
+
+        store = ui.get_store()
+
+        @ui.guarded
+        def body() -> None:  # (as a fragment's body: held the first time, as a notebook would make it)
+            if store.snapshot_of is None:
+                raise RunStoreLocked("held by the test")
+            st.text("read from the snapshot")
+
+        body()
+
+    at = AppTest.from_function(page).run(timeout=60)
+    assert not at.exception, at.exception
+    assert [t.value for t in at.text] == ["read from the snapshot"]
+    [notice] = [shown(w.value) for w in at.warning if shown(w.value).startswith("Read-only: another program keeps "
+                                                                                  "app.duckdb open")]
+    assert notice.endswith("What the page was doing when it found the file held (a save, a delete) was not done: "
+                           "do it again once the file is free.")  # (a click's work, dropped by the rerun, is said)
+
+
 def test_the_app_holds_no_lock_between_its_operations(db: Path) -> None:
     """With the app open on the store, a CLI command in another process can write it."""
     import subprocess

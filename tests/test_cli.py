@@ -690,6 +690,20 @@ def test_llm_judged_retention_through_litellm(scripted: Scripted, tmp_path) -> N
     assert judged[judged.score == 1.0].answer.iloc[0] == "The dog is Biscuit."
 
 
+def test_a_ctrl_c_at_the_judges_question_keeps_the_replay_and_says_so(scripted: Scripted, tmp_path) -> None:
+    """Found by review: once a Ctrl-C at a question became an interrupt, one at the judge's "Run
+    it?" (after the replay had completed and was recorded) said "interrupted before the command
+    finished", and the --json line had no run id."""
+    scripted.default = lambda messages: "- noted"
+    result = CliRunner().invoke(cli, ["replay", "--dataset", TINY, *SMALL, "--answerer", "scripted/model", "--judge",
+                                      "scripted/model", "--no-cache", "--json"], input=_CtrlC())
+    assert result.exit_code == 130, result.output
+    last = json.loads(result.stdout.strip().splitlines()[-1])
+    assert last["status"] == "interrupted" and "nothing was judged" in last["error"]
+    with RunStore(tmp_path / "cli.duckdb") as store:
+        assert last["run_id"] == store.runs().run_id[0] and store.run(last["run_id"])["status"] == "completed"
+
+
 def test_a_judge_that_names_no_verdict_is_said_not_scored_as_zero(scripted: Scripted, tmp_path) -> None:
     """Found by a researcher: a judge answering off script scored every probe 0 and printed
     "LLM-judged accuracy: 0.000", read as a measurement; `experiment show` likewise."""

@@ -251,27 +251,74 @@ def test_the_rate_limiter_holds_across_event_loops_and_threads() -> None:
 def test_a_call_cancelled_in_flight_does_not_hold_up_the_next_identical_call(tmp_path) -> None:
     """An identical call in flight is shared; a first call cancelled by the library's timeout (or
     Stop) was reported to no callback, so the next identical call of the loop waited for it until
-    its own timeout (15 minutes without one) instead of asking the model, which answered at once."""
+    its own timeout (15 minutes without one) instead of asking the model, which answered at once.
+    Through the library, as a replay makes the call: its timeout (since Python 3.12 wait_for cancels
+    nothing of a bare coroutine) and a memory whose first pass failed and is read again."""
+    from datetime import datetime, timedelta, timezone
+
+    from omem_core import CompactionError, Memory, Message, create_observational_memory_store
+    from workbench.cache import completion_kwargs, enable_litellm_cache, prepare_cache
+
+    start = datetime(2024, 1, 1, tzinfo=timezone.utc)
+    said = [Message(id=f"m{i}", thread_id="t", role=("user", "assistant")[i % 2], content=f"Fact number {i} is here.",
+                    created_at=start + timedelta(minutes=i)) for i in range(8)]
+
+    async def reads(server: OpenAIServer) -> str:
+        assert enable_litellm_cache()
+        store = create_observational_memory_store(
+            observer=MODEL, reflector=None, thresholds={"observation": 10}, timeout=1.0,
+            completion_kwargs={"api_base": server.url, **completion_kwargs(prepare_cache(tmp_path / "calls"))})
+        memory = Memory(store, last_messages=2)
+        await memory.save_messages(said)
+        with pytest.raises(CompactionError, match="timed out"):
+            await memory.recall("t")  # the model is slow: the call is cancelled at the timeout
+        server.delay = 0.0
+        read = await asyncio.wait_for(memory.recall("t"), 20)  # the same call again: answered at once
+        return read[0].content
+
+    with OpenAIServer(reply=lambda body: "- answered", delay=3.0) as server:
+        assert "answered" in asyncio.run(reads(server))
+        assert len(server.received) == 2
+
+
+def test_identical_calls_are_shared_within_each_event_loop_of_the_process(tmp_path) -> None:
+    """The app runs experiments in threads, each on its own event loop: a call in flight was kept
+    per cache key alone, so a second loop's identical call took the first loop's place, and a
+    later identical call of the first loop did not wait for its own loop's call (one more request),
+    or waited for a future the other thread released."""
+    import threading
+
     import litellm
 
     from workbench.cache import completion_kwargs, enable_litellm_cache, prepare_cache
 
-    async def call(server: OpenAIServer, timeout: float) -> str:
-        reply = await asyncio.wait_for(litellm.acompletion(
-            model=MODEL, api_base=server.url, messages=[{"role": "user", "content": "the same call"}],
-            **completion_kwargs(prepare_cache(tmp_path / "calls"))), timeout)
-        return reply.choices[0].message.content
+    def experiment(server: OpenAIServer, first_delay: float, errors: list) -> None:
+        async def both() -> None:
+            async def call() -> str:
+                reply = await litellm.acompletion(
+                    model=MODEL, api_base=server.url, messages=[{"role": "user", "content": "one call"}],
+                    **completion_kwargs(prepare_cache(tmp_path / "calls")))
+                return reply.choices[0].message.content
 
-    async def calls(server: OpenAIServer) -> str:
-        assert enable_litellm_cache()
-        with pytest.raises(asyncio.TimeoutError):
-            await call(server, 0.5)  # the model is slow: cancelled by the timeout
-        server.delay = 0.0
-        return await call(server, 10)  # then answers at once
+            await asyncio.sleep(first_delay)
+            leader = asyncio.ensure_future(call())
+            await asyncio.sleep(0.4)  # the other thread's identical call is in flight by now
+            assert await asyncio.wait_for(call(), 30) == await leader == "- shared"
 
-    with OpenAIServer(reply=lambda body: "- answered", delay=3.0) as server:
-        assert asyncio.run(calls(server)) == "- answered"
-        assert len(server.received) == 2
+        try:
+            asyncio.run(both())
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    assert enable_litellm_cache()
+    errors: list = []
+    with OpenAIServer(reply=lambda body: "- shared", delay=1.5) as server:
+        threads = [threading.Thread(target=experiment, args=(server, delay, errors)) for delay in (0.0, 0.2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert errors == [] and len(server.received) == 2  # one per loop: each loop's second call waited
 
 
 def test_rpm_reaches_the_gate_in_front_of_the_model(tmp_path) -> None:

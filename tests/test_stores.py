@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import itertools
 import random
 import re
@@ -589,8 +590,9 @@ def test_a_store_whose_methods_cannot_be_awaited_is_refused_up_front() -> None:
             return None
 
     plain = Plain()
-    with pytest.raises(TypeError, match=r"^storage\.save_messages of Plain is a plain function \(def, not async def\), "
-                                        r"but a store's methods are awaited: declare it 'async def save_messages'"):
+    with pytest.raises(TypeError, match=r"^storage\.save_messages of Plain is a plain function \(def, not async def\) "
+                                        r"returning None, but a store's methods are awaited: declare it 'async def "
+                                        r"save_messages'"):
         Memory(storage=plain)
 
     class Yields(InMemoryMemoryStore):
@@ -627,6 +629,34 @@ def test_a_store_whose_methods_cannot_be_awaited_is_refused_up_front() -> None:
     memory = Memory(storage=Forwards())
     asyncio.run(memory.save_messages([Message(id="m1", thread_id="t", role="user", content="hello", created_at=T0)]))
     assert [m.content for m in asyncio.run(memory.recall("t"))] == ["hello"]
+
+    class Proxy:  # a forwarding proxy without annotations: taken on trust, as before
+        def __init__(self) -> None:
+            self.inner = InMemoryMemoryStore()
+
+        def save_messages(self, messages):  # type: ignore[no-untyped-def]
+            return self.inner.save_messages(messages)
+
+        def recall(self, thread_id, *, last=None, before=None):  # type: ignore[no-untyped-def]
+            return self.inner.recall(thread_id, last=last, before=before)
+
+        def delete_thread(self, thread_id):  # type: ignore[no-untyped-def]
+            return self.inner.delete_thread(thread_id)
+
+    Memory(storage=Proxy())
+
+    def in_a_thread(function):  # type: ignore[no-untyped-def]  (a decorator that makes a plain method async)
+        @functools.wraps(function)
+        async def run(*args, **kwargs):  # type: ignore[no-untyped-def]
+            return await asyncio.to_thread(function, *args, **kwargs)
+        return run
+
+    class Threaded(InMemoryMemoryStore):
+        @in_a_thread
+        def delete_thread(self, thread_id: str) -> None:  # type: ignore[override]
+            return None
+
+    Memory(storage=Threaded())  # (the plain function under it said "-> None": refused, though async)
 
 
 def test_a_sqlite_file_that_cannot_be_opened_is_named_in_the_error(tmp_path) -> None:

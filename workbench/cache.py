@@ -184,8 +184,10 @@ class SQLiteCache:
     def __init__(self, path: str | Path | None = None) -> None:
         self.default_path = Path(path) if path is not None else None
         self._local = threading.local()
-        self._inflight: dict[str, asyncio.Future] = {}
-        self._leaders: dict[str, str] = {}  # litellm_call_id -> key it leads
+        # Per event loop and cache key (the app runs experiments in threads, each on its loop: one
+        # loop's leader released another loop's future, from the wrong thread, and left its own)
+        self._inflight: dict[tuple[asyncio.AbstractEventLoop, str], asyncio.Future] = {}
+        self._leaders: dict[str, tuple[asyncio.AbstractEventLoop, str]] = {}  # litellm_call_id -> what it leads
         self._limiters: dict[tuple[str, float], RateLimiter] = {}
         self.shared = 0  # calls served by an identical call in flight
 
@@ -229,20 +231,21 @@ class SQLiteCache:
 
     async def async_set_cache(self, key: str, value: Any, **kwargs: Any) -> None:
         self.set_cache(key, value, **kwargs)
-        self._release(key, value)
+        if not _gate_only(kwargs):
+            self._release((asyncio.get_running_loop(), key), value)
 
-    def _release(self, key: str, value: Any) -> None:
-        future = self._inflight.pop(key, None)
+    def _release(self, slot: tuple[asyncio.AbstractEventLoop, str], value: Any) -> None:
+        future = self._inflight.pop(slot, None)
         if future is not None and not future.done():
             future.set_result(value)
-        for call_id in [c for c, k in self._leaders.items() if k == key]:
+        for call_id in [c for c, s in self._leaders.items() if s == slot]:
             del self._leaders[call_id]
 
     def release_failed(self, call_id: str | None) -> None:
         """The call ``call_id`` failed: its waiters call the model themselves."""
-        key = self._leaders.pop(call_id, None) if call_id else None
-        if key is not None:
-            self._release(key, None)
+        slot = self._leaders.pop(call_id, None) if call_id else None
+        if slot is not None:
+            self._release(slot, None)
 
     def release_later(self, call_id: str | None, delay: float = 2.0) -> None:
         """The call ``call_id`` succeeded: its answer reaches the cache in a moment (litellm writes
@@ -264,8 +267,9 @@ class SQLiteCache:
         if found is not None:
             return found
         loop = asyncio.get_running_loop()
-        twin = self._inflight.get(key)
-        if twin is not None and not twin.done() and twin.get_loop() is loop:
+        slot = (loop, key)
+        twin = self._inflight.get(slot)
+        if twin is not None and not twin.done():
             try:
                 found = await asyncio.wait_for(asyncio.shield(twin), SHARE_WAIT_S)
             except (asyncio.TimeoutError, Exception):  # noqa: BLE001  (then this call goes to the model)
@@ -273,20 +277,21 @@ class SQLiteCache:
             if found is not None:
                 self.shared += 1
                 return found
-        future = self._inflight[key] = loop.create_future()
+        future = self._inflight[slot] = loop.create_future()
         if (leader := asyncio.current_task()) is not None:
-            # A leader cancelled (the library's timeout, Stop) is reported to no callback: its
-            # waiters, and every later identical call of the loop, waited for it until their own
-            # timeout (SHARE_WAIT_S without one) rather than calling the model.
-            def gone(task: asyncio.Task[Any], key: str = key, future: asyncio.Future = future) -> None:
-                if self._inflight.get(key) is future and (task.cancelled() or task.exception() is not None):
-                    self._release(key, None)
+            # A leader cancelled (the library's timeout, which runs each call as a task of its own,
+            # or Stop) is reported to no callback: its waiters, and every later identical call of
+            # the loop, waited for it until their own timeout (SHARE_WAIT_S without one) rather than
+            # calling the model. (Its exception is not read here: asyncio's "never retrieved" stays.)
+            def gone(task: asyncio.Task[Any], slot: tuple = slot, future: asyncio.Future = future) -> None:
+                if self._inflight.get(slot) is future and task.cancelled():
+                    self._release(slot, None)
 
             leader.add_done_callback(gone)
             future.add_done_callback(lambda _: leader.remove_done_callback(gone))
         call_id = kwargs.get("litellm_call_id")
         if call_id:
-            self._leaders[str(call_id)] = key
+            self._leaders[str(call_id)] = slot
         await self._limit(kwargs)
         return None
 

@@ -774,8 +774,12 @@ def _run_judge(store, result, conv, config, answerer, judge, yes, quiet) -> None
     probes = judging.left_the_window(store, result.run_id, conv.probes)
     estimate = judging.estimate(probes, context, answerer, judge)
     _tell(f"LLM-judged retention: {estimate.describe()}")
-    if estimate.cost_usd != 0 and not yes and not _agree("Run it?"):  # (free: offline)
-        return
+    try:
+        if estimate.cost_usd != 0 and not yes and not _agree("Run it?"):  # (free: offline)
+            return
+    except KeyboardInterrupt:  # (the replay is done and recorded: said, as a Ctrl-C while judging says it)
+        _exit_interrupted(f"\ninterrupted: nothing was judged; run {result.run_id} is kept as replayed",
+                          as_json=quiet, fields=lambda: {"run_id": result.run_id})
     costs: list[float | None] = []
     try:
         rows = _run_async(judging.judge_probes(probes, context, answerer=answerer, judge=judge, spent=costs.append))

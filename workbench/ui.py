@@ -7,13 +7,14 @@ model text is always shown as text (``st.code``/``st.text``/dataframes), never a
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import io
 import os
 import re
 import tempfile
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -91,14 +92,29 @@ def get_store() -> RunStore:
         error("The run store cannot be opened: ", exc)
         st.stop()
     if store.snapshot_of is not None:
+        cut = (" What the page was doing when it found the file held (a save, a delete) was not done: do it "
+               "again once the file is free." if st.session_state.pop("omem_held_cut", False) else "")
         st.warning(plain(f"Read-only: another program keeps {Path(path).name} open, so this page shows a copy "
                          "taken when the app found it so, and replays and edits are off until that program "
-                         "closes it."))
+                         f"closes it.{cut}"))
         if st.button("Try the file again", key="omem_refresh"):
             store.close()  # (removes the copy: each try that finds the file still held takes a new one)
             st.session_state[SNAPSHOT_KEY] = None
             st.rerun()
     return store
+
+
+def guarded(body: Callable[[], None]) -> Callable[[], None]:
+    """A fragment's ``body`` that reads the run store, turning a ``RunStoreLocked`` into the
+    session's read-only snapshot as a whole run of a page does (``app.py``): a fragment rerun does
+    not go through it, and showed the traceback."""
+    @functools.wraps(body)
+    def run() -> None:
+        try:
+            body()
+        except RunStoreLocked as exc:
+            held_elsewhere(exc)
+    return run
 
 
 def held_elsewhere(exc: RunStoreLocked) -> None:
@@ -109,6 +125,7 @@ def held_elsewhere(exc: RunStoreLocked) -> None:
         raise exc  # (a snapshot is never held: not ours)
     try:
         st.session_state[SNAPSHOT_KEY] = _snapshot(db_path())
+        st.session_state["omem_held_cut"] = True  # (said once, with the notice)
     except RunStoreError as error_:
         error("The run store cannot be opened: ", error_)
         st.stop()
@@ -740,6 +757,7 @@ def running_notice(store: RunStore, experiment: dict, runs: pd.DataFrame) -> boo
     experiment_id, seen = experiment["experiment_id"], (len(runs), experiment.get("status"))
 
     @st.fragment(run_every=5)
+    @guarded
     def follow() -> None:
         now = store.experiment_runs(experiment_id)
         if (len(now), store.experiment(experiment_id).get("status")) != seen:

@@ -340,6 +340,7 @@ elif experiment["status"] == "running":  # (in another process: the CLI)
     drawn_at = time.monotonic()
 
     @st.fragment(run_every=3)
+    @ui.guarded
     def watch() -> None:  # another process (the CLI) runs it: follow its progress
         every = max(FOLLOW_EVERY_S, st.session_state.get("xp_draw_s", 0.0) / FOLLOW_SHARE)
         if app_data.redraw_for_other_process(store, experiment_id, done, time.monotonic() - drawn_at >= every):
