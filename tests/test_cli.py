@@ -1132,19 +1132,22 @@ class _CtrlC(io.RawIOBase):
 def test_the_model_call_cache_is_shown_and_cleared(tmp_path, monkeypatch) -> None:
     """The cache only grows (answers of every model and omem version are kept) and nothing said
     where it was or how large, nor emptied it: `cache` says both, `cache --clear` empties it."""
-    monkeypatch.setenv("OMEM_CACHE_DIR", str(tmp_path / "calls"))
+    calls = tmp_path / "calls?#50%"  # (characters a file: URI would read as its own)
+    monkeypatch.setenv("OMEM_CACHE_DIR", str(calls))
     db = str(tmp_path / "r.duckdb")
     code, out, _ = invoke("cache")
-    assert code == 0 and out.strip() == f"no model-call cache at {tmp_path / 'calls' / 'litellm-cache.sqlite'} yet"
+    assert code == 0 and out.strip() == f"no model-call cache at {calls / 'litellm-cache.sqlite'} yet"
     assert invoke("replay", "--db", db)[0] == 0  # the demo: three observer calls, cached
-    code, out, _ = invoke("cache")
-    assert code == 0 and out.startswith(f"model-call cache {tmp_path / 'calls' / 'litellm-cache.sqlite'}: 3 answers, ")
+    code, out, err = invoke("cache")
+    assert code == 0 and out.startswith(f"model-call cache {calls / 'litellm-cache.sqlite'}: 3 answers, "), err
     result = CliRunner().invoke(cli, ["cache", "--clear"], input="n\n")
     assert result.exit_code == 1 and "nothing deleted" in result.stderr
     assert " 3 answers, " in invoke("cache")[1]
     code, out, _ = invoke("cache", "--clear", "--yes")
     assert code == 0 and "deleted 3 cached answers" in out
     assert ": 0 answers, " in invoke("cache")[1]
+    code, out, _ = invoke("cache", "--clear")  # an empty cache: no question
+    assert code == 0 and ": 0 answers, " in out and "deleted" not in out
     code, out, _ = invoke("replay", "--db", db, "--json")
     assert code == 0 and json.loads(out.strip().splitlines()[-1])["cache_hits"] == 0  # asked the model again
 

@@ -112,7 +112,8 @@ def cache_summary(folder: str | Path | None = None) -> dict[str, Any]:
         return summary
     summary["bytes"] = sum(p.stat().st_size for p in (path, path.with_name(path.name + "-wal")) if p.is_file())
     try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+        # (a URI from the resolved path: "?", "#" or "%" in a folder's name are escaped)
+        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
         try:
             row = con.execute("SELECT count(*), min(created), max(created) FROM cache WHERE key != ?",
                               [PROBE_KEY]).fetchone()

@@ -1208,7 +1208,7 @@ def cache_command(clear: bool, yes: bool) -> None:
         span = f", {when[0]} to {when[1]}" if summary["answers"] else ""
         click.echo(f"model-call cache {summary['path']}: {count(summary['answers'], 'answer')}, "
                    f"{_size(summary['bytes'])}{span}")
-        if not clear:
+        if not clear or not summary["answers"]:  # (an empty cache: nothing to ask about)
             return
         if not yes and not _agree(f"Delete {count(summary['answers'], 'cached answer')}?"):
             raise click.ClickException("nothing deleted (pass --yes to clear without asking)")
